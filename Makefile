@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine (see README):
+#   make run    plan the bundled example workloads on the bundled V100 profile
+#   make test   the whole test suite (import contract, unit, property, integration)
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: run test test-fast tools bench clean
+
+# The venv is rebuilt whenever the dependency lists change.
+$(BIN)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/stoke plan
+
+# System tools the integration tests need (promtool from Debian's prometheus package).
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing promtool (Debian package prometheus)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+	  || echo "warning: could not install promtool; promtool tests will be skipped"; }
+
+test: $(BIN)/.installed tools
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m "not triton and not s3 and not e2e"
+
+bench: $(BIN)/.installed
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

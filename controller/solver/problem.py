@@ -1,0 +1,201 @@
+"""Problem and plan types of the provisioning solver: plain frozen data.
+
+`plan_to_dict` / `plan_from_dict` convert a plan to and from its JSON shape
+(the `stoke plan --json` output); they do no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from interference.profile import DeviceProfile
+
+
+class ProblemError(ValueError):
+    """The problem cannot be solved as stated (bad input or an impossible SLO)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model served under a latency SLO at a request rate."""
+
+    name: str
+    model: str
+    slo_ms: float
+    rate_rps: float
+    gpu_type: str | None = None     # optional preference: only GPUs of this type
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ProblemError("workload name must be a non-empty string")
+        if not self.model or not isinstance(self.model, str):
+            raise ProblemError(f"workload {self.name!r}: model must be a non-empty string")
+        for attr in ("slo_ms", "rate_rps"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ProblemError(f"workload {self.name!r}: {attr} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """A GPU type of the inventory: its hourly price, optional count limit and fitted profile."""
+
+    name: str
+    price_per_hour: float
+    profile: DeviceProfile
+    max_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.price_per_hour < 0:
+            raise ProblemError(f"GPU type {self.name!r}: price_per_hour must be >= 0")
+        if self.max_count is not None and self.max_count < 0:
+            raise ProblemError(f"GPU type {self.name!r}: max_count must be >= 0")
+
+
+@dataclass(frozen=True)
+class Problem:
+    workloads: tuple[Workload, ...]
+    inventory: tuple[GpuType, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workloads", tuple(self.workloads))
+        object.__setattr__(self, "inventory", tuple(self.inventory))
+        if not self.inventory:
+            raise ProblemError("the GPU inventory is empty; give at least one GPU type")
+        names = [w.name for w in self.workloads]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ProblemError(f"workload names must be unique; repeated: {', '.join(duplicates)}")
+        types = {g.name for g in self.inventory}
+        if len(types) != len(self.inventory):
+            raise ProblemError("GPU type names in the inventory must be unique")
+        for w in self.workloads:
+            if w.gpu_type is not None and w.gpu_type not in types:
+                raise ProblemError(f"workload {w.name!r}: gpu_type {w.gpu_type!r} is not in the inventory "
+                                   f"({', '.join(sorted(types))})")
+            allowed = [g for g in self.inventory if w.gpu_type in (None, g.name)]
+            if not any(w.model in g.profile.models for g in allowed):
+                raise ProblemError(f"workload {w.name!r}: model {w.model!r} is not profiled on "
+                                   f"{'/'.join(g.name for g in allowed)}; profiled models: "
+                                   f"{', '.join(sorted({m for g in allowed for m in g.profile.models}))}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One workload (or one replica of it) on one GPU."""
+
+    name: str                     # workload name
+    model: str
+    slo_ms: float                 # the real SLO
+    rate_rps: float               # rate this replica serves
+    share_pct: float
+    batch: int
+    queue_delay_ms: float         # dynamic batching: longest wait for the batch to fill
+    predicted_latency_ms: float   # inference of one batch, co-located (t_inf)
+    predicted_throughput_rps: float
+    replica: int = 0
+    replicas: int = 1
+
+    @property
+    def predicted_worst_ms(self) -> float:
+        """Batch fill wait plus co-located inference: what a request sees at most without queueing."""
+        return self.queue_delay_ms + self.predicted_latency_ms
+
+    @property
+    def meets_slo(self) -> bool:
+        return (self.predicted_worst_ms <= self.slo_ms + 1e-9
+                and self.predicted_throughput_rps >= self.rate_rps - 1e-9)
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    gpu_type: str
+    price_per_hour: float
+    placements: tuple[Placement, ...]
+
+    @property
+    def share_pct(self) -> float:
+        return sum(p.share_pct for p in self.placements)
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    gpus: tuple[GpuPlan, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(g.price_per_hour for g in self.gpus)
+
+    @property
+    def slo_misses(self) -> tuple[str, ...]:
+        """Workloads (names) with at least one replica predicted to miss its SLO or rate."""
+        return tuple(sorted({p.name for g in self.gpus for p in g.placements if not p.meets_slo}))
+
+    def placements(self) -> list[tuple[int, Placement]]:
+        return [(i, p) for i, g in enumerate(self.gpus) for p in g.placements]
+
+
+def batch_queue_delay_ms(batch: int, rate_rps: float) -> float:
+    """Time for a batch of `batch` requests to fill at `rate_rps`, counted from the first one.
+
+    Triton's `max_queue_delay_microseconds` is set to this, so a batch never
+    waits longer for stragglers than the plan budgeted.
+    """
+    return 1000.0 * (batch - 1) / rate_rps
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "strategy": plan.strategy,
+        "gpu_count": plan.gpu_count,
+        "cost_per_hour": round(plan.cost_per_hour, 6),
+        "slo_misses": list(plan.slo_misses),
+        "notes": list(plan.notes),
+        "gpus": [{
+            "gpu_type": g.gpu_type,
+            "price_per_hour": g.price_per_hour,
+            "share_pct": round(g.share_pct, 6),
+            "workloads": [{
+                "name": p.name, "model": p.model, "slo_ms": p.slo_ms, "rate_rps": round(p.rate_rps, 6),
+                "share_pct": p.share_pct, "batch": p.batch, "queue_delay_ms": round(p.queue_delay_ms, 6),
+                "predicted_latency_ms": round(p.predicted_latency_ms, 6),
+                "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
+                "replica": p.replica, "replicas": p.replicas,
+            } for p in g.placements],
+        } for g in plan.gpus],
+    }
+
+
+def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
+    """Inverse of `plan_to_dict`; raises ProblemError naming the bad field."""
+    def need(obj: Mapping[str, Any], key: str, where: str) -> Any:
+        if not isinstance(obj, Mapping) or key not in obj:
+            raise ProblemError(f"{source}: {where} lacks field {key!r}; produce the plan with `stoke plan --json`")
+        return obj[key]
+
+    gpus = []
+    for gi, g in enumerate(need(data, "gpus", "plan")):
+        placements = []
+        for wi, w in enumerate(need(g, "workloads", f"gpus[{gi}]")):
+            where = f"gpus[{gi}].workloads[{wi}]"
+            rate = float(need(w, "rate_rps", where))
+            batch = int(need(w, "batch", where))
+            placements.append(Placement(
+                name=str(need(w, "name", where)), model=str(need(w, "model", where)),
+                slo_ms=float(need(w, "slo_ms", where)), rate_rps=rate,
+                share_pct=float(need(w, "share_pct", where)), batch=batch,
+                queue_delay_ms=float(w.get("queue_delay_ms", batch_queue_delay_ms(batch, rate))),
+                predicted_latency_ms=float(need(w, "predicted_latency_ms", where)),
+                predicted_throughput_rps=float(need(w, "predicted_throughput_rps", where)),
+                replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1))))
+        gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
+                            price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements)))
+    return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus),
+                notes=tuple(data.get("notes", ())))

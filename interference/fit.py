@@ -1,0 +1,228 @@
+"""Fit GPU and model coefficients from raw profile measurements.
+
+Raw measurements come in the published iGniter layout (one dict per section:
+``hardware`` and one per model; see inference-model.md). `InterferenceModel`
+is a scikit-learn style estimator: ``__init__`` stores hyper-parameters only,
+``fit`` returns self and sets attributes ending in ``_``, ``predict`` refuses
+to run before ``fit``.
+
+Every fit is deterministic: closed-form least squares, or bounded
+trust-region least squares (scipy) from a closed-form initial value.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted
+
+from interference.latency import predict_gpu
+from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+
+#: Grid of the solo profile: rows are batch sizes, columns MPS shares (percent).
+GRID_BATCHES = (1, 16, 32)
+GRID_SHARES = (10, 50, 100)
+#: (batch, share) of the three L2-utilisation points, in the order stored.
+L2_POINTS = ((1, 10), (16, 50), (32, 100))
+
+HARDWARE_FIELDS = ("maxGPUfrequency", "maxGPUpower", "idlepower", "bandwidth", "unit",
+                   "power", "frequency", "idletime")
+MODEL_FIELDS = ("kernel", "idletime_1", "activetime_1", "activetime_2", "frequency_2",
+                "l2cache", "l2caches", "gpulatency", "power", "frequency",
+                "inputdata", "outputdata")
+
+
+class RawProfileError(ValueError):
+    """Raw measurements are missing a field or hold an unusable value."""
+
+
+def _field(section: Mapping[str, Any], section_name: str, key: str) -> Any:
+    if key not in section:
+        raise RawProfileError(
+            f"section {section_name!r} lacks field {key!r}; add it (see inference-model.md for the layout)")
+    return section[key]
+
+
+def _grid(section: Mapping[str, Any], name: str, key: str) -> np.ndarray:
+    grid = np.asarray(_field(section, name, key), dtype=float)
+    if grid.shape != (len(GRID_BATCHES), len(GRID_SHARES)) or not np.all(np.isfinite(grid)):
+        raise RawProfileError(
+            f"section {name!r} field {key!r} must be a 3x3 grid of numbers "
+            f"[batch {list(GRID_BATCHES)}][share {list(GRID_SHARES)}], got {grid.tolist()!r}")
+    return grid
+
+
+def _series(section: Mapping[str, Any], name: str, key: str, length: int) -> np.ndarray:
+    values = np.asarray(_field(section, name, key), dtype=float)
+    if values.shape != (length,) or not np.all(np.isfinite(values)):
+        raise RawProfileError(
+            f"section {name!r} field {key!r} must be a list of {length} numbers, got {values.tolist()!r}")
+    return values
+
+
+def _positive(section: Mapping[str, Any], name: str, key: str) -> float:
+    value = _field(section, name, key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise RawProfileError(f"section {name!r} field {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:
+    """GPU-type coefficients from the ``hardware`` section.
+
+    Scheduling delay: per-kernel idle time of p = 1..5 co-located copies,
+    normalised to the max clock, as increase over p = 1, fitted linearly for
+    p >= 2. Clock vs power: readings at the cap are saturated, so the demanded
+    power is extrapolated from the unthrottled copies (linear in p) and
+    f - F = a_f * (P_demand - P_max) is fitted through the origin.
+    """
+    max_freq = _positive(hardware, "hardware", "maxGPUfrequency")
+    power_cap = _positive(hardware, "hardware", "maxGPUpower")
+    idle_power = _positive(hardware, "hardware", "idlepower")
+    bandwidth = _positive(hardware, "hardware", "bandwidth")
+    step = _positive(hardware, "hardware", "unit")
+    power = _series(hardware, "hardware", "power", 5)
+    freq = _series(hardware, "hardware", "frequency", 5)
+    idle = _series(hardware, "hardware", "idletime", 5)
+    copies = np.arange(1, 6, dtype=float)
+
+    normalised_idle = idle * freq / max_freq
+    growth = normalised_idle[1:] - normalised_idle[0]
+    sched_slope, sched_intercept = np.polyfit(copies[1:], growth, 1)
+
+    unthrottled = freq >= max_freq - 1e-9
+    if unthrottled.sum() >= 2:
+        slope, intercept = np.polyfit(copies[unthrottled], power[unthrottled], 1)
+        demanded = np.where(unthrottled, power, slope * copies + intercept)
+    else:
+        demanded = power
+    over = demanded - power_cap
+    throttled = (~unthrottled) & (over > 0)
+    if throttled.any():
+        x, y = over[throttled], freq[throttled] - max_freq
+        freq_slope = float(np.dot(x, y) / np.dot(x, x))
+    else:
+        freq_slope = 0.0  # never observed throttling: assume the clock holds
+    return GpuProfile(
+        name=name, max_freq_mhz=max_freq, power_cap_w=power_cap, idle_power_w=idle_power,
+        pcie_bytes_per_ms=bandwidth, share_step_pct=step,
+        sched_slope_ms=float(sched_slope), sched_intercept_ms=float(sched_intercept),
+        freq_slope_mhz_per_w=min(0.0, freq_slope))
+
+
+def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
+    k1, k2, k3, k4, k5 = params
+    return (k1 * batch * batch + k2 * batch + k3) / (share + k4) + k5
+
+
+def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> tuple[float, ...]:
+    """Bounded least squares for k_act(b, r) = (k1 b^2 + k2 b + k3)/(r + k4) + k5.
+
+    Residuals are relative (the grid spans two orders of magnitude, and a
+    relative error is what an SLO check feels). Initial value: k4 = k5 = 0
+    and k1..k3 from the linear fit of active_ms * r. k4 > -min(r) keeps the
+    denominator positive over the profiled range.
+    """
+    design = np.column_stack([batch ** 2, batch, np.ones_like(batch)])
+    k123, *_ = np.linalg.lstsq(design, active_ms * share, rcond=None)
+    x0 = np.array([*k123, 0.0, 0.0])
+    lower = np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0])
+    upper = np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()])
+    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+
+    def residual(params: np.ndarray) -> np.ndarray:
+        return (_active_time(params, batch, share) - active_ms) / active_ms
+
+    result = least_squares(residual, x0, bounds=(lower, upper), method="trf",
+                           x_scale="jac", max_nfev=5000)
+    return tuple(float(v) for v in result.x)
+
+
+def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelProfile:
+    """Model coefficients on one GPU type from its raw section (see module doc)."""
+    kernels = _field(section, name, "kernel")
+    if not isinstance(kernels, int) or kernels < 1:
+        raise RawProfileError(f"section {name!r} field 'kernel' must be a positive integer, got {kernels!r}")
+    idle_solo = float(_field(section, name, "idletime_1"))
+    latency = _grid(section, name, "gpulatency")
+    power = _grid(section, name, "power")
+    freq = _grid(section, name, "frequency")
+    l2_points = _series(section, name, "l2caches", len(L2_POINTS))
+    bytes_in = _positive(section, name, "inputdata")
+    bytes_out = _positive(section, name, "outputdata")
+
+    batch = np.repeat(np.asarray(GRID_BATCHES, float), len(GRID_SHARES))
+    share = np.tile(np.asarray(GRID_SHARES, float), len(GRID_BATCHES))
+    # Frequency-normalise throttled readings, then remove the solo idle time.
+    active = (latency * freq / gpu.max_freq_mhz).ravel() - idle_solo
+    if np.any(active <= 0):
+        raise RawProfileError(f"section {name!r}: 'gpulatency' must exceed 'idletime_1' at every grid point")
+    k_act = fit_active_time(batch, share, active)
+    ability = 1000.0 * batch / _active_time(np.asarray(k_act), batch, share)
+
+    unthrottled = freq.ravel() >= gpu.max_freq_mhz - 1e-9
+    if unthrottled.sum() < 2:
+        raise RawProfileError(f"section {name!r}: need at least two unthrottled grid points to fit power")
+    power_slope, power_intercept = np.polyfit(ability[unthrottled], power.ravel()[unthrottled] - gpu.idle_power_w, 1)
+
+    point_ability = np.array([1000.0 * b / _active_time(np.asarray(k_act), np.float64(b), np.float64(r))
+                              for b, r in L2_POINTS])
+    l2_slope, l2_intercept = np.polyfit(point_ability, l2_points, 1)
+
+    active_1 = _positive(section, name, "activetime_1")
+    active_2 = _positive(section, name, "activetime_2")
+    freq_2 = _positive(section, name, "frequency_2")
+    l2_single = _positive(section, name, "l2cache")
+    alpha = ((active_2 * freq_2 / gpu.max_freq_mhz) / active_1 - 1.0) / l2_single
+
+    return ModelProfile(
+        name=name, kernels=kernels, idle_time_ms=idle_solo, k_act=k_act,
+        power_slope_w=float(power_slope), power_intercept_w=float(power_intercept),
+        l2_slope=float(l2_slope), l2_intercept=float(l2_intercept),
+        cache_sensitivity=max(0.0, float(alpha)),
+        bytes_in=int(bytes_in), bytes_out=int(bytes_out))
+
+
+class InterferenceModel(BaseEstimator):
+    """Interference-aware latency model of one GPU type.
+
+    ``fit(raw)`` takes the raw sections (``{"hardware": {...}, "<model>":
+    {...}}``) and learns ``profile_`` (a `DeviceProfile`). ``predict(X)``
+    takes a list of GPU configurations, each a list of ``(model, batch,
+    share_pct)``, and returns for each a list of ``(latency_ms,
+    throughput_rps)``.
+    """
+
+    def __init__(self, gpu_name: str = "V100"):
+        self.gpu_name = gpu_name
+
+    def fit(self, raw: Mapping[str, Mapping[str, Any]], y: None = None) -> "InterferenceModel":
+        if "hardware" not in raw:
+            raise RawProfileError("raw profile has no 'hardware' section; add the GPU measurements")
+        gpu = fit_gpu(raw["hardware"], self.gpu_name)
+        models = {name: fit_model(section, name, gpu)
+                  for name, section in sorted(raw.items()) if name != "hardware"}
+        if not models:
+            raise RawProfileError("raw profile holds no model section; profile at least one model")
+        self.profile_ = DeviceProfile(gpu=gpu, models=models)
+        return self
+
+    @classmethod
+    def from_profile(cls, profile: DeviceProfile) -> "InterferenceModel":
+        model = cls(gpu_name=profile.gpu.name)
+        model.profile_ = profile
+        return model
+
+    def predict(self, X: Sequence[Sequence[tuple[str, float, float]]]) -> list[list[tuple[float, float]]]:
+        try:
+            check_is_fitted(self, "profile_")
+        except NotFittedError as err:
+            raise NotFittedError(f"{err}; call fit(raw) or InterferenceModel.from_profile(profile) first") from None
+        out = []
+        for config in X:
+            predictions = predict_gpu(self.profile_, config)
+            out.append([(p.latency_ms, p.throughput_rps) for p in predictions])
+        return out

@@ -1,0 +1,137 @@
+"""Reading raw measurements and reading/writing fitted profiles.
+
+The one module of `interference` that touches files. Fitted profiles are JSON
+with a ``format_version``; writes go through a temporary file and a rename so
+a reader never sees half a profile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+
+BUNDLED_RAW = "v100-raw.jsonl"
+BUNDLED_PROFILE = "v100-profile.json"
+
+
+class ProfileFileError(ValueError):
+    """A profile file is missing, malformed or lacks a field."""
+
+
+def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Merge JSON lines ``{"section": {"key": value}}`` into one dict per section."""
+    sections: dict[str, dict[str, Any]] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise ProfileFileError(f"{path}: cannot read raw profile ({err.strerror})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ProfileFileError(f"{path}:{number}: not valid JSON ({err.msg}); "
+                                   f"each line must be {{\"section\": {{\"key\": value}}}}") from None
+        if not isinstance(record, dict) or not all(isinstance(v, dict) for v in record.values()):
+            raise ProfileFileError(f"{path}:{number}: each line must be {{\"section\": {{\"key\": value}}}}")
+        for section, values in record.items():
+            sections.setdefault(section, {}).update(values)
+    if not sections:
+        raise ProfileFileError(f"{path}: raw profile is empty")
+    return sections
+
+
+def bundled_raw_path() -> Path:
+    return Path(str(resources.files("interference") / "data" / BUNDLED_RAW))
+
+
+def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
+    return {
+        "format_version": PROFILE_FORMAT_VERSION,
+        "gpu": dataclasses.asdict(profile.gpu),
+        "models": {name: dataclasses.asdict(m) for name, m in sorted(profile.models.items())},
+    }
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ProfileFileError(f"{where} must be an object")
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ProfileFileError(f"{where} lacks field {missing[0]!r}; refit with `stoke profile fit`")
+    values = {n: data[n] for n in names}
+    if "k_act" in values:
+        if not (isinstance(values["k_act"], list) and len(values["k_act"]) == 5):
+            raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
+        values["k_act"] = tuple(float(v) for v in values["k_act"])
+    return cls(**values)
+
+
+def profile_from_dict(data: Any, source: str = "profile") -> DeviceProfile:
+    if not isinstance(data, dict):
+        raise ProfileFileError(f"{source}: a fitted profile must be a JSON object")
+    version = data.get("format_version")
+    if version != PROFILE_FORMAT_VERSION:
+        raise ProfileFileError(f"{source}: format_version {version!r} is not supported (this stoke reads "
+                               f"{PROFILE_FORMAT_VERSION}); refit it with `stoke profile fit RAW.jsonl -o FILE`")
+    gpu = _build(GpuProfile, data.get("gpu"), f"{source}: gpu")
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise ProfileFileError(f"{source}: 'models' must be a non-empty object of fitted models")
+    return DeviceProfile(gpu=gpu, models={n: _build(ModelProfile, m, f"{source}: models.{n}")
+                                          for n, m in models.items()})
+
+
+def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ProfileFileError(f"{path}: cannot read profile ({err.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileFileError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
+    return profile_from_dict(data, str(path))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
+    """Write `text` to `path` through a temp file + rename; skip if unchanged.
+
+    Returns True when the file was written.
+    """
+    target = Path(path)
+    try:
+        if target.read_text() == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> bool:
+    return atomic_write_text(path, json.dumps(profile_to_dict(profile), indent=2, sort_keys=True) + "\n")
+
+
+def bundled_profile() -> DeviceProfile:
+    """The V100 profile fitted from the bundled raw measurements (iGniter's data)."""
+    path = Path(str(resources.files("interference") / "data" / BUNDLED_PROFILE))
+    return load_profile(path)

@@ -1,0 +1,3 @@
+from stoke.cli import main
+
+raise SystemExit(main())

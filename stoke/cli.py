@@ -1,0 +1,47 @@
+"""The `stoke` command line: a thin layer over every package below it.
+
+Each command group lives in `stoke.commands.<group>` and exposes
+`register(subparsers)`, which adds its sub-commands with `set_defaults(run=fn)`;
+`fn(args) -> int` returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from stoke import __version__
+from stoke.errors import UserError
+
+#: Command-group modules, in the order `stoke --help` lists them.
+COMMAND_MODULES = (
+    "stoke.commands.core",
+)
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stoke",
+        description="Interference-aware provisioning of GPU inference (NVIDIA Triton) and distributed training.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"stoke {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UserError as err:
+        print(f"stoke: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("stoke: interrupted", file=sys.stderr)
+        return 130
