@@ -1,0 +1,152 @@
+"""Workload files (YAML): the workloads to serve and, optionally, the GPU inventory.
+
+    gpu_types:                 # optional; default: the bundled V100 profile at $2.48/h
+      - name: V100
+        price_per_hour: 2.48
+        max_count: 16          # optional count limit
+        profile: v100.json     # optional fitted profile (path relative to this file)
+    workloads:
+      - name: web-alexnet
+        model: alexnet
+        slo_ms: 15
+        rate_rps: 500
+        gpu_type: V100         # optional preference
+
+Every error names the file, the field and the fix.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.solver.problem import GpuType, Problem, ProblemError, Workload
+from interference.profile_io import ProfileFileError, bundled_profile, load_profile
+
+#: Hourly on-demand price of the bundled GPU type (AWS p3.2xlarge, one V100, us-east-1).
+DEFAULT_GPU_PRICE = 3.06
+EXAMPLE_WORKLOADS = "example-workloads.yaml"
+
+
+class WorkloadFileError(ValueError):
+    """A workload file is malformed; the message names file, field and fix."""
+
+
+@dataclass(frozen=True)
+class WorkloadsFile:
+    workloads: tuple[Workload, ...]
+    gpu_types: tuple[GpuType, ...]
+
+    def problem(self) -> Problem:
+        return Problem(self.workloads, self.gpu_types)
+
+
+def example_workloads_path() -> Path:
+    return Path(str(resources.files("controller") / "data" / EXAMPLE_WORKLOADS))
+
+
+def default_gpu_types() -> tuple[GpuType, ...]:
+    return (GpuType(name="V100", price_per_hour=DEFAULT_GPU_PRICE, profile=bundled_profile()),)
+
+
+def _number(item: dict[str, Any], key: str, where: str, source: str, positive: bool = True) -> float:
+    if key not in item:
+        raise WorkloadFileError(f"{source}: {where} lacks field {key!r}; add it")
+    value = item[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WorkloadFileError(f"{source}: {where}.{key} must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise WorkloadFileError(f"{source}: {where}.{key} must be > 0, got {value!r}; give a positive value")
+    return float(value)
+
+
+def _text(item: dict[str, Any], key: str, where: str, source: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise WorkloadFileError(f"{source}: {where}.{key} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...]:
+    """Workloads from parsed YAML: a mapping with `workloads:` or a bare list."""
+    items = data.get("workloads") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise WorkloadFileError(f"{source}: field 'workloads' must be a non-empty list of "
+                                f"{{name, model, slo_ms, rate_rps}} entries")
+    workloads, seen = [], set()
+    for i, item in enumerate(items):
+        where = f"workloads[{i}]"
+        if not isinstance(item, dict):
+            raise WorkloadFileError(f"{source}: {where} must be a mapping with name, model, slo_ms, rate_rps")
+        unknown = sorted(set(item) - {"name", "model", "slo_ms", "rate_rps", "gpu_type"})
+        if unknown:
+            raise WorkloadFileError(f"{source}: {where} has unknown field {unknown[0]!r}; "
+                                    f"allowed: name, model, slo_ms, rate_rps, gpu_type")
+        name = _text(item, "name", where, source)
+        if name in seen:
+            raise WorkloadFileError(f"{source}: {where}.name {name!r} is repeated; workload names must be unique")
+        seen.add(name)
+        gpu_type = item.get("gpu_type")
+        if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type):
+            raise WorkloadFileError(f"{source}: {where}.gpu_type must be a GPU type name, got {gpu_type!r}")
+        workloads.append(Workload(name=name, model=_text(item, "model", where, source),
+                                  slo_ms=_number(item, "slo_ms", where, source),
+                                  rate_rps=_number(item, "rate_rps", where, source), gpu_type=gpu_type))
+    return tuple(workloads)
+
+
+def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ...]:
+    items = data.get("gpu_types") if isinstance(data, dict) else None
+    if items is None:
+        return default_gpu_types()
+    if not isinstance(items, list) or not items:
+        raise WorkloadFileError(f"{source}: field 'gpu_types' must be a non-empty list of "
+                                f"{{name, price_per_hour, profile?, max_count?}}")
+    types = []
+    for i, item in enumerate(items):
+        where = f"gpu_types[{i}]"
+        if not isinstance(item, dict):
+            raise WorkloadFileError(f"{source}: {where} must be a mapping")
+        name = _text(item, "name", where, source)
+        price = _number(item, "price_per_hour", where, source, positive=False)
+        if price < 0:
+            raise WorkloadFileError(f"{source}: {where}.price_per_hour must be >= 0")
+        max_count = item.get("max_count")
+        if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 0):
+            raise WorkloadFileError(f"{source}: {where}.max_count must be a whole number >= 0, got {max_count!r}")
+        if "profile" in item:
+            path = base_dir / str(item["profile"])
+            try:
+                profile = load_profile(path)
+            except ProfileFileError as err:
+                raise WorkloadFileError(f"{source}: {where}.profile: {err}") from None
+        else:
+            profile = bundled_profile()
+        types.append(GpuType(name=name, price_per_hour=price, profile=profile, max_count=max_count))
+    return tuple(types)
+
+
+def load_workloads_file(path: str | Path | None = None) -> WorkloadsFile:
+    """Read a workload file (default: the bundled example) and check it against its inventory."""
+    path = Path(path) if path is not None else example_workloads_path()
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise WorkloadFileError(f"{source}: cannot read workload file ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise WorkloadFileError(f"{source}: malformed YAML{at}; fix the syntax") from None
+    result = WorkloadsFile(parse_workloads(data, source), parse_gpu_types(data, source, path.parent))
+    try:
+        result.problem()
+    except ProblemError as err:
+        raise WorkloadFileError(f"{source}: {err}") from None
+    return result
