@@ -1,0 +1,693 @@
+"""Triton Inference Server on one node: processes, repository API, metrics scrape.
+
+The one module that runs `tritonserver` and talks to it (`tritonclient`).
+
+- `find_tritonserver` / `prepare_backend_dir` / `triton_env`: the server binary
+  shipped with `nvidia-pytriton`, a backend directory holding the Python
+  backend plus the stub for the running interpreter, and PATH /
+  LD_LIBRARY_PATH set so the stub uses this interpreter and its libpython
+  (see docs: triton-on-cpu reference).
+- `TritonProcess`: one server in explicit model-control mode on free loopback
+  ports; start (wait for readiness, with a timeout), load / unload with a
+  config override, scrape metrics, stop (SIGTERM, then SIGKILL).
+- `TritonFleet`: all processes of a node. Each assignment gets its own
+  process holding its resource share (CPU node: the child's core affinity,
+  ceil(share/100 x cores) cores, at least one; GPU node:
+  ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the
+  MPS daemon from `agents.mps`). `apply` makes the node serve exactly the
+  given assignments:
+
+  * nothing changed -> nothing done (``unchanged``);
+  * batch / queue-delay change -> ``load_model(config=...)`` in the same
+    process (``reloaded``); Triton keeps the old version serving until the new
+    one is ready, so no request fails;
+  * share / device / model change -> a new process with the new share, model
+    loaded there, endpoint switched, then the old process stopped (``moved``);
+  * a failed load keeps the previous config (or process) serving, and the
+    error is reported in ``ApplyReport.errors`` (rollback).
+- `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
+  counters -> observed figures (request rate, mean batch, queue / compute ms).
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from controller.assignment import ModelAssignment
+from controller.render import (CONFIG_NAME, ModelConfig, config_from_json, config_to_json, config_to_text,
+                               parse_config, read_config, render_config)
+
+HOST = "127.0.0.1"
+
+
+class TritonError(RuntimeError):
+    """A Triton process failed to start, load a model or answer."""
+
+
+# --------------------------------------------------------------------------- environment
+
+def _pytriton_root() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonError("nvidia-pytriton is not installed; it ships the tritonserver binary "
+                          "(pip install nvidia-pytriton)")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def find_tritonserver() -> Path:
+    """The `tritonserver` binary: $STOKE_TRITONSERVER, else the one inside nvidia-pytriton."""
+    override = os.environ.get("STOKE_TRITONSERVER")
+    path = Path(override) if override else _pytriton_root() / "bin" / "tritonserver"
+    if not os.access(path, os.X_OK):
+        raise TritonError(f"{path}: tritonserver binary not found or not executable; install nvidia-pytriton "
+                          f"or set STOKE_TRITONSERVER")
+    return path
+
+
+def prepare_backend_dir(workdir: str | os.PathLike[str]) -> Path:
+    """`workdir/backends/python` with the Python backend and the stub of the running interpreter."""
+    root = _pytriton_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    sources = {
+        "libtriton_python.so": root / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": root / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": root / "python_backend_stubs" / version / "triton_python_backend_stub",
+    }
+    backends = Path(workdir) / "backends"
+    target = backends / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, source in sources.items():
+        if not source.exists():
+            raise TritonError(f"{source}: missing from nvidia-pytriton (Python {version} backend stub)")
+        link = target / name
+        if link.is_symlink() and os.readlink(link) == str(source):
+            continue
+        tmp = target / f".{name}.tmp{os.getpid()}"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(source)
+        os.replace(tmp, link)
+    return backends
+
+
+def triton_env(base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """PATH starts with this interpreter's bin; LD_LIBRARY_PATH with its LIBDIR (libpython)."""
+    env = dict(os.environ if base is None else base)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join(p for p in (bindir, env.get("PATH", "")) if p)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def cpu_cores_for_share(share_pct: float, cores: Sequence[int], used: Mapping[int, int] | None = None) -> tuple[int, ...]:
+    """ceil(share/100 x cores) cores (at least one), the least used first (ties: lowest index)."""
+    cores = sorted(cores)
+    count = min(len(cores), max(1, math.ceil(share_pct / 100.0 * len(cores) - 1e-9)))
+    used = used or {}
+    return tuple(sorted(sorted(cores, key=lambda c: (used.get(c, 0), c))[:count]))
+
+
+# --------------------------------------------------------------------------- one process
+
+class TritonProcess:
+    """One `tritonserver` in explicit model-control mode on free loopback ports."""
+
+    def __init__(self, repository: str, *, workdir: str | os.PathLike[str], name: str = "triton",
+                 binary: str | os.PathLike[str] | None = None, backend_dir: str | os.PathLike[str] | None = None,
+                 cpu_cores: Sequence[int] | None = None, env: Mapping[str, str] | None = None,
+                 device_kind: str = "cpu", ready_timeout_s: float = 30.0, exit_timeout_s: int = 5,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.repository = repository if "://" in repository else str(Path(repository).resolve())
+        self.workdir = Path(workdir)
+        self.name = name
+        self.binary = Path(binary) if binary else find_tritonserver()
+        self.backend_dir = Path(backend_dir) if backend_dir else prepare_backend_dir(self.workdir)
+        self.cpu_cores = tuple(cpu_cores) if cpu_cores else None
+        self.env = dict(env or {})
+        self.device_kind = device_kind
+        self.ready_timeout_s = ready_timeout_s
+        self.exit_timeout_s = exit_timeout_s
+        self.extra_args = tuple(extra_args)
+        self.http_port = self.grpc_port = self.metrics_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / f"{name}.log"
+        self.started_s = 0.0          # seconds from spawn to ready (last start)
+        self._client: grpcclient.InferenceServerClient | None = None
+
+    # -- addresses
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        args = [str(self.binary), f"--model-repository={self.repository}",
+                f"--backend-directory={self.backend_dir}", "--model-control-mode=explicit",
+                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+                f"--metrics-port={self.metrics_port}", f"--http-address={HOST}", f"--grpc-address={HOST}",
+                f"--metrics-address={HOST}", "--disable-auto-complete-config", "--exit-on-error=true",
+                f"--exit-timeout-secs={self.exit_timeout_s}", "--log-verbose=0",
+                # cumulative latency summaries/histograms where the server supports them (2.51:
+                # accepted, but no per-model histogram for non-decoupled models)
+                "--metrics-config=histogram_latencies=true"]
+        if self.device_kind == "cpu":
+            args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
+        return args + list(self.extra_args)
+
+    def _preexec(self) -> None:
+        if self.cpu_cores:
+            os.sched_setaffinity(0, self.cpu_cores)   # inherited by the Python stubs it spawns
+
+    # -- life cycle
+    def start(self) -> float:
+        """Start and wait until ready; returns the seconds it took. Retries on a port clash."""
+        if self.alive():
+            return self.started_s
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        last = ""
+        for _attempt in range(3):
+            self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+            self._client = None
+            t0 = time.monotonic()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=triton_env(extra=self.env),
+                                             preexec_fn=self._preexec, cwd=self.workdir,
+                                             start_new_session=True)  # Ctrl-C of the CLI does not hit it
+            while time.monotonic() - t0 < self.ready_timeout_s:
+                if self.proc.poll() is not None:
+                    break
+                if self.server_ready():
+                    self.started_s = time.monotonic() - t0
+                    return self.started_s
+                time.sleep(0.02)
+            last = self.log_tail()
+            if self.proc.poll() is None:
+                self.stop(timeout_s=2)
+                raise TritonError(f"{self.name}: not ready within {self.ready_timeout_s:.0f} s; log tail: {last}")
+            if "address already in use" not in last.lower() and "failed to start" not in last.lower():
+                break
+        raise TritonError(f"{self.name}: tritonserver exited with code {self.proc.returncode if self.proc else '?'}; "
+                          f"log tail: {last}")
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def server_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=1) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM (Triton lets in-flight requests finish), then SIGKILL after the timeout."""
+        if self.proc is None:
+            return None
+        timeout_s = self.exit_timeout_s + 5 if timeout_s is None else timeout_s
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 - closing a dead channel
+                pass
+            self._client = None
+        return self.proc.returncode
+
+    # -- repository API
+    @property
+    def client(self) -> grpcclient.InferenceServerClient:
+        if self._client is None:
+            self._client = grpcclient.InferenceServerClient(self.grpc_url)
+        return self._client
+
+    def load(self, model: str, config: ModelConfig | None = None, timeout_s: float = 120.0) -> float:
+        """Load (or reload) `model`, with a full config override when given; returns seconds."""
+        t0 = time.monotonic()
+        try:
+            self.client.load_model(model, config=None if config is None else config_to_json(config),
+                                   client_timeout=timeout_s)
+        except InferenceServerException as err:
+            raise TritonError(f"{self.name}: load of {model!r} failed: {_one_line(err)}") from None
+        return time.monotonic() - t0
+
+    def unload(self, model: str) -> None:
+        try:
+            self.client.unload_model(model)
+        except InferenceServerException as err:
+            raise TritonError(f"{self.name}: unload of {model!r} failed: {_one_line(err)}") from None
+
+    def model_ready(self, model: str) -> bool:
+        try:
+            return bool(self.client.is_model_ready(model))
+        except InferenceServerException:
+            return False
+
+    def model_config(self, model: str) -> ModelConfig:
+        try:
+            reply = self.client.get_model_config(model, as_json=True)
+        except InferenceServerException as err:
+            raise TritonError(f"{self.name}: get_model_config({model!r}) failed: {_one_line(err)}") from None
+        return config_from_json(reply["config"])
+
+    def metrics_text(self, timeout_s: float = 2.0) -> str:
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as reply:
+                return reply.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, OSError) as err:
+            raise TritonError(f"{self.name}: cannot scrape {self.metrics_url}: {err}") from None
+
+    def state(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "alive": self.alive(), "returncode": self.returncode(),
+                "grpc": self.grpc_url, "http": self.http_url, "metrics": self.metrics_url,
+                "cpu_cores": list(self.cpu_cores or ()), "log": str(self.log_path)}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+# --------------------------------------------------------------------------- metrics
+
+COUNTERS = {
+    "nv_inference_request_success": "success",
+    "nv_inference_request_failure": "failure",
+    "nv_inference_count": "inferences",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_input_duration_us": "compute_input_us",
+    "nv_inference_compute_infer_duration_us": "compute_infer_us",
+    "nv_inference_compute_output_duration_us": "compute_output_us",
+}
+HISTOGRAM = "nv_inference_first_response_histogram_ms"
+
+
+def parse_metrics(text: str) -> dict[str, dict[str, float]]:
+    """Triton's Prometheus text -> {model: {counter: value summed over versions}}.
+
+    Histogram buckets, when present, appear as ``le:<bound>`` keys.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            model = sample.labels.get("model")
+            if model is None:
+                continue
+            # prometheus_client names counter samples `<family>_total`; Triton's lack the suffix
+            sample_name = family.name if sample.name == family.name + "_total" else sample.name
+            name = COUNTERS.get(sample_name)
+            if name is None and sample_name == HISTOGRAM + "_bucket":
+                name = f"le:{sample.labels.get('le')}"
+            if name is None:
+                continue
+            row = out.setdefault(model, {})
+            row[name] = row.get(name, 0.0) + float(sample.value)
+    return out
+
+
+@dataclass(frozen=True)
+class ObservedModel:
+    model: str
+    key: str
+    request_rate_rps: float
+    mean_batch: float
+    mean_queue_ms: float
+    mean_compute_ms: float
+    failures: int
+    success: int
+    endpoint: str
+    mean_request_ms: float = 0.0
+    window_s: float = 0.0
+    latency_p99_ms: float | None = None   # from the per-model histogram, when the server emits one
+
+
+def _quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | None:
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    for bound in bounds:
+        if buckets[bound] >= q * total:
+            return bound
+    return bounds[-1]
+
+
+def observe_model(model: str, key: str, endpoint: str, previous: Mapping[str, float],
+                  current: Mapping[str, float], window_s: float) -> ObservedModel:
+    """Figures over the window between two scrapes (counters that went down count from zero)."""
+    def delta(name: str) -> float:
+        now, before = current.get(name, 0.0), previous.get(name, 0.0)
+        return now - before if now >= before else now
+
+    success = delta("success")
+    executions = delta("executions")
+    buckets = {float(k[3:]): delta(k) for k in current if k.startswith("le:")}
+    compute_us = delta("compute_input_us") + delta("compute_infer_us") + delta("compute_output_us")
+    return ObservedModel(
+        model=model, key=key,
+        request_rate_rps=success / window_s if window_s > 0 else 0.0,
+        mean_batch=delta("inferences") / executions if executions else 0.0,
+        mean_queue_ms=delta("queue_us") / success / 1000.0 if success else 0.0,
+        mean_compute_ms=compute_us / success / 1000.0 if success else 0.0,
+        failures=int(current.get("failure", 0.0)), success=int(current.get("success", 0.0)),
+        endpoint=endpoint,
+        mean_request_ms=delta("request_us") / success / 1000.0 if success else 0.0,
+        window_s=window_s,
+        latency_p99_ms=_quantile_from_buckets(buckets, 0.99))
+
+
+# --------------------------------------------------------------------------- the fleet
+
+@dataclass(frozen=True)
+class ApplyReport:
+    started: tuple[str, ...] = ()
+    reloaded: tuple[str, ...] = ()
+    moved: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.started or self.reloaded or self.moved or self.stopped)
+
+
+@dataclass
+class _Slot:
+    assignment: ModelAssignment
+    process: TritonProcess
+    config: ModelConfig
+    cores: tuple[int, ...] | None
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    last_scrape: float = 0.0
+
+
+def _placement(a: ModelAssignment) -> tuple[str, int, float]:
+    """What a process embodies: changing it means a new process."""
+    return (a.model, a.device, round(float(a.share_pct), 6))
+
+
+class TritonFleet:
+    """All Triton processes of one node; makes the node serve exactly the given assignments."""
+
+    def __init__(self, repository: str, *, device_kind: str = "cpu", workdir: str | None = None,
+                 ready_timeout_s: float = 30.0, base_config: Callable[[str], ModelConfig] | None = None,
+                 env: Mapping[str, str] | None = None, mps: object | None = None,
+                 cpu_cores: Sequence[int] | None = None, latency_histogram: bool = False,
+                 exit_timeout_s: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
+        if device_kind not in ("cpu", "gpu"):
+            raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
+        self.repository = repository
+        self.device_kind = device_kind
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="stoke-triton-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_timeout_s = ready_timeout_s
+        self.env = dict(env or {})
+        self.mps = mps
+        self.cpu_cores = tuple(sorted(cpu_cores if cpu_cores else os.sched_getaffinity(0)))
+        self.latency_histogram = latency_histogram
+        self.exit_timeout_s = exit_timeout_s
+        self._clock = clock
+        self._base_config = base_config or self._default_base_config
+        self._binary = find_tritonserver()
+        self._backend_dir = prepare_backend_dir(self.workdir)
+        self._slots: dict[str, _Slot] = {}
+        self._lock = threading.RLock()
+        self._counter = 0
+        self._mps_started = False
+
+    # -- base configs
+    def _default_base_config(self, model: str) -> ModelConfig:
+        if "://" in self.repository:
+            from agents.repo_store import open_store   # the S3 wrapper; imported only for remote repositories
+            store = open_store(self.repository)
+            return parse_config(store.read_text(f"{model}/{CONFIG_NAME}"), f"{self.repository}/{model}/{CONFIG_NAME}")
+        return read_config(Path(self.repository) / model / CONFIG_NAME)
+
+    def _render(self, a: ModelAssignment) -> ModelConfig:
+        return render_config(self._base_config(a.model), a, device_kind=self.device_kind,
+                             gpu_index=0 if self.device_kind == "gpu" else None,
+                             latency_histogram=self.latency_histogram)
+
+    # -- processes
+    def _cores_in_use(self, exclude: str | None = None) -> dict[int, int]:
+        used: dict[int, int] = {}
+        for key, slot in self._slots.items():
+            if key != exclude and slot.cores:
+                for c in slot.cores:
+                    used[c] = used.get(c, 0) + 1
+        return used
+
+    def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None) -> _Slot:
+        cores = None
+        env = dict(self.env)
+        if self.device_kind == "cpu":
+            cores = cpu_cores_for_share(a.share_pct, self.cpu_cores, self._cores_in_use(exclude))
+        else:
+            self._ensure_mps()
+            env["CUDA_VISIBLE_DEVICES"] = str(a.device)
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, int(round(a.share_pct))))
+        self._counter += 1
+        process = TritonProcess(self.repository, workdir=self.workdir,
+                                name=f"triton-{_safe(a.key)}-{self._counter}", binary=self._binary,
+                                backend_dir=self._backend_dir, cpu_cores=cores, env=env,
+                                device_kind=self.device_kind, ready_timeout_s=self.ready_timeout_s,
+                                exit_timeout_s=self.exit_timeout_s)
+        process.start()
+        try:
+            process.load(a.model, config)
+        except TritonError:
+            process.stop(timeout_s=5)
+            raise
+        return _Slot(assignment=a, process=process, config=config, cores=cores, last_scrape=self._clock())
+
+    def _ensure_mps(self) -> None:
+        if self.mps is not None and not self._mps_started:
+            start = getattr(self.mps, "ensure_started", None) or getattr(self.mps, "start")
+            start()
+            self._mps_started = True
+
+    # -- the interface
+    def apply(self, assignments: Sequence[ModelAssignment]) -> ApplyReport:
+        desired: dict[str, ModelAssignment] = {}
+        errors: list[str] = []
+        for a in assignments:
+            if a.key in desired:
+                errors.append(f"{a.key}: duplicate assignment key; kept the first")
+                continue
+            desired[a.key] = a
+        started, reloaded, moved, stopped, unchanged = [], [], [], [], []
+        with self._lock:
+            for key in sorted(set(self._slots) - set(desired)):
+                self._slots.pop(key).process.stop()
+                stopped.append(key)
+            for key in sorted(desired):
+                a = desired[key]
+                slot = self._slots.get(key)
+                try:
+                    config = self._render(a)
+                except Exception as err:  # noqa: BLE001 - a bad base config is reported, others go on
+                    errors.append(f"{key}: cannot render the config of {a.model!r}: {err}")
+                    if slot is not None:
+                        unchanged.append(key)
+                    continue
+                if slot is None:
+                    try:
+                        self._slots[key] = self._spawn(a, config)
+                        started.append(key)
+                    except (TritonError, OSError) as err:
+                        errors.append(f"{key}: start failed: {err}")
+                    continue
+                if _placement(slot.assignment) != _placement(a):
+                    try:
+                        new = self._spawn(a, config, exclude=key)
+                    except (TritonError, OSError) as err:
+                        errors.append(f"{key}: move to share {a.share_pct:g}% / device {a.device} failed, "
+                                      f"the old process keeps serving: {err}")
+                        continue
+                    old, self._slots[key] = slot, new
+                    old.process.stop()
+                    moved.append(key)
+                    continue
+                if config_to_text(config) == config_to_text(slot.config):
+                    slot.assignment = a            # e.g. a new rate: nothing to do on the server
+                    unchanged.append(key)
+                    continue
+                try:
+                    slot.process.load(a.model, config)
+                    slot.config, slot.assignment = config, a
+                    reloaded.append(key)
+                except TritonError as err:
+                    errors.append(f"{key}: reload failed, previous config keeps serving: {err}")
+                    self._rollback(slot)
+        return ApplyReport(tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged),
+                           tuple(errors))
+
+    def _rollback(self, slot: _Slot) -> None:
+        """Triton keeps the old version after a failed reload; make sure, else load the old config."""
+        model = slot.assignment.model
+        try:
+            if slot.process.model_ready(model) and \
+                    slot.process.model_config(model).max_batch_size == slot.config.max_batch_size:
+                return
+            slot.process.load(model, slot.config)
+        except TritonError:
+            pass    # check_health restarts it with the old config
+
+    def check_health(self) -> list[str]:
+        """Restart crashed Triton processes (re-loading their models); returns events."""
+        events: list[str] = []
+        with self._lock:
+            for key in sorted(self._slots):
+                slot = self._slots[key]
+                model = slot.assignment.model
+                if slot.process.alive():
+                    if slot.process.model_ready(model):
+                        continue
+                    try:
+                        slot.process.load(model, slot.config)
+                        events.append(f"{key}: model {model} was not ready on {slot.process.grpc_url}; reloaded")
+                    except TritonError as err:
+                        events.append(f"{key}: model {model} not ready and reload failed: {err}")
+                    continue
+                code, pid = slot.process.returncode(), slot.process.pid
+                slot.process.stop()
+                try:
+                    new = self._spawn(slot.assignment, slot.config, exclude=key)
+                    self._slots[key] = new
+                    events.append(f"{key}: Triton pid {pid} exited with code {code}; restarted as pid "
+                                  f"{new.process.pid} on {new.process.grpc_url}")
+                except (TritonError, OSError) as err:
+                    events.append(f"{key}: Triton pid {pid} exited with code {code}; restart failed: {err}")
+        return events
+
+    def observe(self) -> list[ObservedModel]:
+        """Per-assignment figures since the previous `observe` (or since the model was loaded)."""
+        out: list[ObservedModel] = []
+        with self._lock:
+            for key in sorted(self._slots):
+                slot = self._slots[key]
+                try:
+                    metrics = parse_metrics(slot.process.metrics_text())
+                except TritonError:
+                    continue
+                now = self._clock()
+                current = metrics.get(slot.assignment.model, {})
+                out.append(observe_model(slot.assignment.model, key, slot.process.grpc_url, slot.last_metrics,
+                                         current, now - slot.last_scrape))
+                slot.last_metrics, slot.last_scrape = current, now
+        return out
+
+    def endpoints(self) -> dict[str, str]:
+        with self._lock:
+            return {key: slot.process.grpc_url for key, slot in sorted(self._slots.items())}
+
+    def endpoint(self, key: str) -> str:
+        """The current endpoint of one assignment (a load generator follows it across moves)."""
+        return self._slots[key].process.grpc_url
+
+    def running(self) -> list[ModelAssignment]:
+        with self._lock:
+            return [slot.assignment for _, slot in sorted(self._slots.items()) if slot.process.alive()]
+
+    def processes(self) -> dict[str, dict[str, object]]:
+        with self._lock:
+            return {key: slot.process.state() for key, slot in sorted(self._slots.items())}
+
+    def served_config(self, key: str) -> ModelConfig:
+        """What the server reports for the assignment's model (`get_model_config`)."""
+        slot = self._slots[key]
+        return slot.process.model_config(slot.assignment.model)
+
+    def close(self) -> None:
+        """Stop every process (graceful, then forceful), in parallel."""
+        with self._lock:
+            slots, self._slots = list(self._slots.values()), {}
+        threads = [threading.Thread(target=s.process.stop, daemon=True) for s in slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.mps is not None and self._mps_started:
+            try:
+                self.mps.quit()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+            self._mps_started = False
+
+    def __enter__(self) -> TritonFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)

@@ -1,0 +1,207 @@
+"""Plan / ModelAssignment -> Triton model configuration (`config.pbtxt`).
+
+`config.pbtxt` is Triton's `ModelConfig` protobuf
+(`tritonclient.grpc.model_config_pb2`), read and written with protobuf text
+format, never string templates. Rendering is a pure projection: it sets the
+fields a plan decides and keeps every other field of the user's base config,
+so rendering a rendered config again with the same assignment gives the same
+bytes (and rendering is deterministic).
+
+Fields a plan entry sets:
+
+- ``max_batch_size`` = the planned batch.
+- ``dynamic_batching``: ``preferred_batch_size [batch]`` (when batch > 1) and
+  ``max_queue_delay_microseconds`` = the plan's ``queue_delay_ms`` x 1000. The
+  solver derives it from the batch and the rate as ``1000 * (batch - 1) /
+  rate_rps`` (`controller.solver.problem.batch_queue_delay_ms`): the time for a
+  full batch to arrive at the planned rate. At the planned rate batches fill to
+  ``batch`` and go at once (preferred size); at a lower rate a batch waits at
+  most that long for stragglers, which is the wait the solver already counted
+  in ``predicted_worst_ms``. Batch 1 means no wait. Other dynamic-batching
+  fields of the base (priorities, ordering) are kept.
+- ``instance_group``: one group, ``KIND_GPU`` with ``gpus [index]`` on a GPU
+  node, ``KIND_CPU`` on a CPU node; the base group's count and other fields
+  are kept.
+- ``model_metrics`` (optional, `latency_histogram=True`): a per-model
+  ``nv_inference_first_response_histogram_ms`` histogram whose buckets include
+  the workload's SLO, so an alert can count requests slower than the SLO.
+  Triton 2.51 (the server shipped with nvidia-pytriton) does not know this
+  field and refuses such a config, so callers enable it only for newer servers.
+
+Only `write_config` touches the file system (atomic, and only when the bytes
+change).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from controller.assignment import ModelAssignment
+from controller.solver.problem import Plan, plan_from_dict
+from interference.profile_io import atomic_write_text
+
+ModelConfig = model_config_pb2.ModelConfig
+
+CONFIG_NAME = "config.pbtxt"
+HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
+#: Latency histogram buckets (ms); the workload's SLO is always added.
+DEFAULT_BUCKETS_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+DEVICE_KINDS = ("cpu", "gpu")
+
+
+class RenderError(ValueError):
+    """A base config or an assignment cannot be rendered; the message names the file/field."""
+
+
+def parse_config(text: str, source: str = "config.pbtxt") -> ModelConfig:
+    try:
+        return text_format.Parse(text, ModelConfig())
+    except text_format.ParseError as err:
+        raise RenderError(f"{source}: not a valid Triton model config ({err}); "
+                          f"fix the protobuf text format") from None
+
+
+def read_config(path: str | os.PathLike[str]) -> ModelConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise RenderError(f"{path}: cannot read model config ({err.strerror}); "
+                          f"each model needs <repo>/<model>/{CONFIG_NAME}") from None
+    return parse_config(text, str(path))
+
+
+def config_to_text(config: ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def config_to_json(config: ModelConfig) -> str:
+    """The JSON form Triton's repository API takes as a `load_model(config=...)` override."""
+    return json_format.MessageToJson(config, preserving_proto_field_name=True, sort_keys=True, indent=None)
+
+
+def config_from_json(data: str | Mapping[str, Any]) -> ModelConfig:
+    if isinstance(data, str):
+        return json_format.Parse(data, ModelConfig(), ignore_unknown_fields=True)
+    return json_format.ParseDict(dict(data), ModelConfig(), ignore_unknown_fields=True)
+
+
+def latency_buckets_ms(slo_ms: float) -> list[float]:
+    return sorted({*DEFAULT_BUCKETS_MS, float(slo_ms)})
+
+
+def queue_delay_us(assignment: ModelAssignment) -> int:
+    if assignment.batch <= 1:
+        return 0
+    return int(round(max(0.0, assignment.queue_delay_ms) * 1000.0))
+
+
+def _check(assignment: ModelAssignment, device_kind: str) -> None:
+    where = f"assignment {assignment.key!r}"
+    if device_kind not in DEVICE_KINDS:
+        raise RenderError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
+    if isinstance(assignment.batch, bool) or not isinstance(assignment.batch, int) or assignment.batch < 1:
+        raise RenderError(f"{where}: batch must be an integer >= 1, got {assignment.batch!r}")
+    if not 0 < assignment.share_pct <= 100:
+        raise RenderError(f"{where}: share_pct must be in (0, 100], got {assignment.share_pct!r}")
+    if assignment.device < 0:
+        raise RenderError(f"{where}: device must be >= 0, got {assignment.device!r}")
+
+
+def render_config(base: ModelConfig, assignment: ModelAssignment, *, device_kind: str,
+                  gpu_index: int | None = None, latency_histogram: bool = False) -> ModelConfig:
+    """The base config with the planned batch, batching, instance group (and histogram) set.
+
+    `gpu_index` overrides the GPU index written on a GPU node (a Triton process
+    started with ``CUDA_VISIBLE_DEVICES=<device>`` sees its GPU as 0).
+    """
+    _check(assignment, device_kind)
+    config = ModelConfig()
+    config.CopyFrom(base)
+    config.name = assignment.model
+    config.max_batch_size = assignment.batch
+
+    batching = config.dynamic_batching
+    del batching.preferred_batch_size[:]
+    if assignment.batch > 1:
+        batching.preferred_batch_size.append(assignment.batch)
+    batching.max_queue_delay_microseconds = queue_delay_us(assignment)
+
+    group = model_config_pb2.ModelInstanceGroup()
+    if len(base.instance_group):
+        group.CopyFrom(base.instance_group[0])
+    group.count = group.count or 1
+    del group.gpus[:]
+    if device_kind == "gpu":
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
+        group.gpus.append(assignment.device if gpu_index is None else gpu_index)
+    else:
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+    del config.instance_group[:]
+    config.instance_group.append(group)
+
+    if "model_metrics" in ModelConfig.DESCRIPTOR.fields_by_name:
+        config.ClearField("model_metrics")
+        if latency_histogram:
+            control = config.model_metrics.metric_control.add()
+            control.metric_identifier.family = HISTOGRAM_FAMILY
+            control.histogram_options.buckets.extend(latency_buckets_ms(assignment.slo_ms))
+    return config
+
+
+def write_config(path: str | os.PathLike[str], config: ModelConfig) -> bool:
+    """Write `config` as protobuf text, atomically, only when the bytes change; True if written."""
+    return atomic_write_text(path, config_to_text(config))
+
+
+def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignment]:
+    """One assignment per placement; the device is the GPU's position in the plan."""
+    if not isinstance(plan, Plan):
+        plan = plan_from_dict(plan)
+    return [ModelAssignment(workload=p.name, model=p.model, device=index, share_pct=p.share_pct,
+                            batch=p.batch, queue_delay_ms=p.queue_delay_ms, slo_ms=p.slo_ms,
+                            rate_rps=p.rate_rps, replica=p.replica)
+            for index, p in plan.placements()]
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
+def render_plan(plan: Plan | Mapping[str, Any], repo_dir: str | os.PathLike[str], device_kind: str,
+                *, latency_histogram: bool = False) -> list[str]:
+    """Write the configs of a plan into a local model repository; returns the changed paths.
+
+    Each model's ``config.pbtxt`` gets the first placement of that model (in
+    plan order). When placements of one model differ (two workloads or
+    replicas with other batches or GPUs), every placement also gets
+    ``<model>/configs/<workload>_<replica>.pbtxt`` (Triton's
+    ``--model-config-name``), since one directory holds one default config.
+    """
+    repo = Path(repo_dir)
+    by_model: dict[str, list[ModelConfig]] = {}
+    keyed: dict[str, list[tuple[str, ModelConfig]]] = {}
+    bases: dict[str, ModelConfig] = {}
+    for assignment in assignments_from_plan(plan):
+        if assignment.model not in bases:
+            bases[assignment.model] = read_config(repo / assignment.model / CONFIG_NAME)
+        config = render_config(bases[assignment.model], assignment, device_kind=device_kind,
+                               latency_histogram=latency_histogram)
+        by_model.setdefault(assignment.model, []).append(config)
+        keyed.setdefault(assignment.model, []).append(
+            (f"{_safe(assignment.workload)}_{assignment.replica}", config))
+    changed: list[str] = []
+    for model, configs in by_model.items():
+        path = repo / model / CONFIG_NAME
+        if write_config(path, configs[0]):
+            changed.append(str(path))
+        if len({config_to_text(c) for c in configs}) > 1:
+            for name, config in keyed[model]:
+                path = repo / model / "configs" / f"{name}.pbtxt"
+                if write_config(path, config):
+                    changed.append(str(path))
+    return changed
