@@ -1,0 +1,129 @@
+"""Client of the controller API: the one place callers (CLI, agent, tests) go through gRPC.
+
+Returns domain dataclasses or the protobuf messages (for display), and turns
+gRPC status codes into `ClientError` subclasses with one readable line.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import grpc
+
+from controller.api import convert
+from controller.api import stoke_pb2 as pb
+from controller.api import stoke_pb2_grpc as pb_grpc
+from controller.api.auth import channel_credentials
+from controller.assignment import ModelAssignment
+from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice
+from controller.solver import Workload
+
+
+class ClientError(Exception):
+    code = "UNKNOWN"
+
+
+class Unavailable(ClientError):
+    code = "UNAVAILABLE"
+
+
+class Unauthenticated(ClientError):
+    code = "UNAUTHENTICATED"
+
+
+class InvalidRequest(ClientError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFoundError(ClientError):
+    code = "NOT_FOUND"
+
+
+_CODES = {grpc.StatusCode.UNAVAILABLE: Unavailable, grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+          grpc.StatusCode.UNAUTHENTICATED: Unauthenticated, grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+          grpc.StatusCode.NOT_FOUND: NotFoundError}
+
+
+class ControllerClient:
+    def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None, tls: bool = False,
+                 timeout_s: float = 10.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        if tls or tls_ca:
+            self._channel = grpc.secure_channel(address, channel_credentials(tls_ca))
+        else:
+            self._channel = grpc.insecure_channel(address)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._ctl = pb_grpc.StokeControllerStub(self._channel)
+        self._agent = pb_grpc.AgentGatewayStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "ControllerClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return method(request, metadata=self._metadata, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else None
+            detail = err.details() if hasattr(err, "details") else str(err)
+            cls = _CODES.get(code, ClientError)
+            if cls is Unavailable:
+                detail = f"controller at {self.address} is unreachable ({detail})"
+            raise cls(detail) from None
+
+    # ------------------------------------------------------------ users
+
+    def apply_workloads(self, workloads: Sequence[Workload]) -> pb.ApplyWorkloadsResponse:
+        return self._call(self._ctl.ApplyWorkloads,
+                          pb.ApplyWorkloadsRequest(workloads=[convert.workload_to_pb(w) for w in workloads]))
+
+    def apply_raw(self, request: pb.ApplyWorkloadsRequest) -> pb.ApplyWorkloadsResponse:
+        return self._call(self._ctl.ApplyWorkloads, request)
+
+    def delete_workload(self, name: str) -> bool:
+        return self._call(self._ctl.DeleteWorkload, pb.DeleteWorkloadRequest(name=name)).deleted
+
+    def list_workloads(self) -> list[Workload]:
+        reply = self._call(self._ctl.ListWorkloads, pb.ListWorkloadsRequest())
+        return [convert.workload_from_pb(w) for w in reply.workloads]
+
+    def preview_plan(self) -> pb.PlanResponse:
+        return self._call(self._ctl.PreviewPlan, pb.PreviewPlanRequest(), timeout_s=120)
+
+    def get_plan(self) -> pb.PlanResponse:
+        return self._call(self._ctl.GetPlan, pb.GetPlanRequest())
+
+    def apply_plan(self) -> pb.PlanResponse:
+        return self._call(self._ctl.ApplyPlan, pb.ApplyPlanRequest(), timeout_s=120)
+
+    def list_nodes(self) -> pb.ListNodesResponse:
+        return self._call(self._ctl.ListNodes, pb.ListNodesRequest())
+
+    def status(self) -> pb.StatusResponse:
+        return self._call(self._ctl.GetStatus, pb.GetStatusRequest())
+
+    def upload_profile(self, profile_json: str, gpu_type: str = "") -> pb.UploadProfileResponse:
+        return self._call(self._ctl.UploadProfile, pb.UploadProfileRequest(profile_json=profile_json,
+                                                                           gpu_type=gpu_type))
+
+    def list_profiles(self) -> pb.ListProfilesResponse:
+        return self._call(self._ctl.ListProfiles, pb.ListProfilesRequest())
+
+    # ------------------------------------------------------------ agents
+
+    def register(self, node_id: str, devices: Sequence[NodeDevice], address: str = "") -> float:
+        reply = self._call(self._agent.Register, pb.RegisterRequest(
+            node_id=node_id, devices=[convert.device_to_pb(d) for d in devices], address=address))
+        return reply.heartbeat_interval_s
+
+    def heartbeat(self, report: HeartbeatReport) -> HeartbeatAnswer:
+        return convert.answer_from_pb(self._call(self._agent.Heartbeat, convert.report_to_pb(report)))
+
+
+def assignments_of(reply: pb.HeartbeatResponse) -> tuple[ModelAssignment, ...]:
+    return tuple(convert.assignment_from_pb(a) for a in reply.assignments)

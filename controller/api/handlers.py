@@ -1,0 +1,98 @@
+"""Thin gRPC handlers: convert wire types, call `ControlService`, map its errors to status codes."""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import grpc
+
+from controller.api import convert
+from controller.api import stoke_pb2 as pb
+from controller.api import stoke_pb2_grpc as pb_grpc
+from controller.service import ControlService, InvalidArgument, NotFound
+
+log = logging.getLogger("stoke.controller.api")
+
+
+def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except InvalidArgument as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except NotFound as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except Exception as err:  # noqa: BLE001 - reported to the caller, logged here
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+    return wrapper
+
+
+class ControllerHandlers(pb_grpc.StokeControllerServicer):
+    def __init__(self, service: ControlService) -> None:
+        self.service = service
+
+    @_rpc
+    def ApplyWorkloads(self, request, context):  # noqa: N802
+        created, updated, unchanged = self.service.apply_workloads(
+            [convert.workload_fields(w) for w in request.workloads])
+        return pb.ApplyWorkloadsResponse(created=created, updated=updated, unchanged=unchanged)
+
+    @_rpc
+    def DeleteWorkload(self, request, context):  # noqa: N802
+        return pb.DeleteWorkloadResponse(deleted=self.service.delete_workload(request.name))
+
+    @_rpc
+    def ListWorkloads(self, request, context):  # noqa: N802
+        return pb.ListWorkloadsResponse(workloads=[convert.workload_to_pb(w) for w in self.service.list_workloads()])
+
+    @_rpc
+    def PreviewPlan(self, request, context):  # noqa: N802
+        return pb.PlanResponse(plan=convert.plan_to_pb(self.service.preview_plan()))
+
+    @_rpc
+    def GetPlan(self, request, context):  # noqa: N802
+        view = self.service.current_plan()
+        if view is None:
+            raise NotFound("no plan has been applied yet; apply workloads with `stoke workload apply -f FILE`")
+        return pb.PlanResponse(plan=convert.plan_to_pb(view))
+
+    @_rpc
+    def ApplyPlan(self, request, context):  # noqa: N802
+        outcome = self.service.apply_plan()
+        return pb.PlanResponse(plan=convert.plan_to_pb(outcome.plan), changed=outcome.changed,
+                               changes=[convert.change_to_pb(c) for c in outcome.changes])
+
+    @_rpc
+    def ListNodes(self, request, context):  # noqa: N802
+        return pb.ListNodesResponse(nodes=[convert.node_to_pb(n) for n in self.service.list_nodes()])
+
+    @_rpc
+    def GetStatus(self, request, context):  # noqa: N802
+        return convert.status_to_pb(self.service.status())
+
+    @_rpc
+    def UploadProfile(self, request, context):  # noqa: N802
+        rows = self.service.upload_profile(request.profile_json, request.gpu_type)
+        return pb.UploadProfileResponse(profiles=[convert.profile_row_to_pb(r) for r in rows])
+
+    @_rpc
+    def ListProfiles(self, request, context):  # noqa: N802
+        return pb.ListProfilesResponse(profiles=[convert.profile_row_to_pb(r) for r in self.service.list_profiles()])
+
+
+class AgentHandlers(pb_grpc.AgentGatewayServicer):
+    def __init__(self, service: ControlService) -> None:
+        self.service = service
+
+    @_rpc
+    def Register(self, request, context):  # noqa: N802
+        interval = self.service.register(request.node_id, [convert.device_from_pb(d) for d in request.devices],
+                                         request.address)
+        return pb.RegisterResponse(heartbeat_interval_s=interval)
+
+    @_rpc
+    def Heartbeat(self, request, context):  # noqa: N802
+        return convert.answer_to_pb(self.service.heartbeat(convert.report_from_pb(request)))

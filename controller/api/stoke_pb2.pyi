@@ -1,0 +1,409 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Workload(_message.Message):
+    __slots__ = ("name", "model", "slo_ms", "rate_rps", "gpu_type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    slo_ms: float
+    rate_rps: float
+    gpu_type: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+
+class ApplyWorkloadsRequest(_message.Message):
+    __slots__ = ("workloads",)
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    workloads: _containers.RepeatedCompositeFieldContainer[Workload]
+    def __init__(self, workloads: _Optional[_Iterable[_Union[Workload, _Mapping]]] = ...) -> None: ...
+
+class ApplyWorkloadsResponse(_message.Message):
+    __slots__ = ("created", "updated", "unchanged")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    created: _containers.RepeatedScalarFieldContainer[str]
+    updated: _containers.RepeatedScalarFieldContainer[str]
+    unchanged: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, created: _Optional[_Iterable[str]] = ..., updated: _Optional[_Iterable[str]] = ..., unchanged: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteWorkloadRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteWorkloadResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListWorkloadsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkloadsResponse(_message.Message):
+    __slots__ = ("workloads",)
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    workloads: _containers.RepeatedCompositeFieldContainer[Workload]
+    def __init__(self, workloads: _Optional[_Iterable[_Union[Workload, _Mapping]]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("workload", "model", "slo_ms", "rate_rps", "share_pct", "batch", "queue_delay_ms", "predicted_latency_ms", "predicted_throughput_rps", "replica", "replicas")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_THROUGHPUT_RPS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    model: str
+    slo_ms: float
+    rate_rps: float
+    share_pct: float
+    batch: int
+    queue_delay_ms: float
+    predicted_latency_ms: float
+    predicted_throughput_rps: float
+    replica: int
+    replicas: int
+    def __init__(self, workload: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., queue_delay_ms: _Optional[float] = ..., predicted_latency_ms: _Optional[float] = ..., predicted_throughput_rps: _Optional[float] = ..., replica: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class PlanGpu(_message.Message):
+    __slots__ = ("gpu_type", "price_per_hour", "node_id", "device", "placements")
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    gpu_type: str
+    price_per_hour: float
+    node_id: str
+    device: int
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, gpu_type: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+
+class Pending(_message.Message):
+    __slots__ = ("workload", "reason")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    reason: str
+    def __init__(self, workload: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("revision", "strategy", "gpus", "notes", "cost_per_hour", "pending", "created_unix")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    COST_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    strategy: str
+    gpus: _containers.RepeatedCompositeFieldContainer[PlanGpu]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    cost_per_hour: float
+    pending: _containers.RepeatedCompositeFieldContainer[Pending]
+    created_unix: float
+    def __init__(self, revision: _Optional[int] = ..., strategy: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[PlanGpu, _Mapping]]] = ..., notes: _Optional[_Iterable[str]] = ..., cost_per_hour: _Optional[float] = ..., pending: _Optional[_Iterable[_Union[Pending, _Mapping]]] = ..., created_unix: _Optional[float] = ...) -> None: ...
+
+class NodeChange(_message.Message):
+    __slots__ = ("node_id", "start", "reload", "move", "stop")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    RELOAD_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    start: _containers.RepeatedScalarFieldContainer[str]
+    reload: _containers.RepeatedScalarFieldContainer[str]
+    move: _containers.RepeatedScalarFieldContainer[str]
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., start: _Optional[_Iterable[str]] = ..., reload: _Optional[_Iterable[str]] = ..., move: _Optional[_Iterable[str]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PreviewPlanRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ApplyPlanRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PlanResponse(_message.Message):
+    __slots__ = ("plan", "changed", "changes")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    changed: bool
+    changes: _containers.RepeatedCompositeFieldContainer[NodeChange]
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ..., changed: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[NodeChange, _Mapping]]] = ...) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("index", "name", "kind", "memory_bytes", "cores", "gpu_type")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    kind: str
+    memory_bytes: int
+    cores: int
+    gpu_type: str
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cores: _Optional[int] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("workload", "model", "device", "share_pct", "batch", "queue_delay_ms", "slo_ms", "rate_rps", "replica")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    model: str
+    device: int
+    share_pct: float
+    batch: int
+    queue_delay_ms: float
+    slo_ms: float
+    rate_rps: float
+    replica: int
+    def __init__(self, workload: _Optional[str] = ..., model: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., queue_delay_ms: _Optional[float] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., replica: _Optional[int] = ...) -> None: ...
+
+class Observed(_message.Message):
+    __slots__ = ("key", "model", "request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success", "endpoint")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MEAN_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    model: str
+    request_rate_rps: float
+    mean_batch: float
+    mean_queue_ms: float
+    mean_compute_ms: float
+    failures: int
+    success: int
+    endpoint: str
+    def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("node_id", "devices", "state", "last_heartbeat_unix", "seconds_since_heartbeat", "assigned", "running", "events", "address", "applied_revision")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    state: str
+    last_heartbeat_unix: float
+    seconds_since_heartbeat: float
+    assigned: _containers.RepeatedCompositeFieldContainer[Assignment]
+    running: _containers.RepeatedCompositeFieldContainer[Assignment]
+    events: _containers.RepeatedScalarFieldContainer[str]
+    address: str
+    applied_revision: int
+    def __init__(self, node_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., state: _Optional[str] = ..., last_heartbeat_unix: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., assigned: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node_id", "devices", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "running", "observed", "events", "errors", "applied_revision")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    running: _containers.RepeatedCompositeFieldContainer[Assignment]
+    observed: _containers.RepeatedCompositeFieldContainer[Observed]
+    events: _containers.RepeatedScalarFieldContainer[str]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    applied_revision: int
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    registered: bool
+    revision: int
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    heartbeat_interval_s: float
+    def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica", "node_id", "device", "share_pct", "batch", "predicted_latency_ms", "serving", "observed", "observed_latency_ms", "observed_rate_rps", "endpoint")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    replica: int
+    node_id: str
+    device: int
+    share_pct: float
+    batch: int
+    predicted_latency_ms: float
+    serving: bool
+    observed: bool
+    observed_latency_ms: float
+    observed_rate_rps: float
+    endpoint: str
+    def __init__(self, replica: _Optional[int] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., predicted_latency_ms: _Optional[float] = ..., serving: _Optional[bool] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., endpoint: _Optional[str] = ...) -> None: ...
+
+class WorkloadStatus(_message.Message):
+    __slots__ = ("name", "model", "slo_ms", "rate_rps", "state", "reason", "replicas", "predicted_latency_ms", "observed", "observed_latency_ms", "observed_rate_rps", "slo_attainment")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    slo_ms: float
+    rate_rps: float
+    state: str
+    reason: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    predicted_latency_ms: float
+    observed: bool
+    observed_latency_ms: float
+    observed_rate_rps: float
+    slo_attainment: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., predicted_latency_ms: _Optional[float] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("revision", "workloads", "gpus_in_use", "cost_per_hour", "nodes_ready", "nodes_lost", "last_error")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    COST_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    NODES_READY_FIELD_NUMBER: _ClassVar[int]
+    NODES_LOST_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    workloads: _containers.RepeatedCompositeFieldContainer[WorkloadStatus]
+    gpus_in_use: int
+    cost_per_hour: float
+    nodes_ready: int
+    nodes_lost: int
+    last_error: str
+    def __init__(self, revision: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[WorkloadStatus, _Mapping]]] = ..., gpus_in_use: _Optional[int] = ..., cost_per_hour: _Optional[float] = ..., nodes_ready: _Optional[int] = ..., nodes_lost: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class UploadProfileRequest(_message.Message):
+    __slots__ = ("profile_json", "gpu_type")
+    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    profile_json: str
+    gpu_type: str
+    def __init__(self, profile_json: _Optional[str] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+
+class ProfileInfo(_message.Message):
+    __slots__ = ("gpu_type", "model", "uploaded_unix")
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    gpu_type: str
+    model: str
+    uploaded_unix: float
+    def __init__(self, gpu_type: _Optional[str] = ..., model: _Optional[str] = ..., uploaded_unix: _Optional[float] = ...) -> None: ...
+
+class UploadProfileResponse(_message.Message):
+    __slots__ = ("profiles",)
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileInfo]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ...) -> None: ...
+
+class ListProfilesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles",)
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileInfo]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ...) -> None: ...

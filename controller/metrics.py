@@ -1,0 +1,103 @@
+"""Prometheus metrics of the controller (the one controller module importing prometheus_client).
+
+Per workload (labels workload, model), read from `ControlService.status()` at
+scrape time by a collector, so there is no second copy of the state:
+  stoke_workload_slo_ms, stoke_workload_predicted_latency_ms,
+  stoke_workload_observed_latency_ms, stoke_workload_observed_rate_rps,
+  stoke_workload_planned_share_pct (sum over replicas), stoke_workload_planned_batch
+  (largest replica batch), stoke_workload_slo_attainment.
+Cluster: stoke_gpus_in_use, stoke_plan_cost_per_hour, stoke_plan_revision,
+  stoke_nodes{state}.
+Durations and errors (fed by the service through the Observer protocol):
+  stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
+  (histogram), stoke_reconcile_errors_total (counter).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from controller.service import ControlService
+
+_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _StateCollector(Collector):
+    def __init__(self, service: ControlService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self.service.status()
+        labels = ["workload", "model"]
+        fams = {
+            "slo": GaugeMetricFamily("stoke_workload_slo_ms", "Latency SLO of the workload (ms)", labels=labels),
+            "pred": GaugeMetricFamily("stoke_workload_predicted_latency_ms",
+                                      "Predicted worst latency of the planned replicas (ms)", labels=labels),
+            "obs": GaugeMetricFamily("stoke_workload_observed_latency_ms",
+                                     "Observed mean latency (queue + compute) of the worst replica (ms)",
+                                     labels=labels),
+            "rate": GaugeMetricFamily("stoke_workload_observed_rate_rps", "Observed request rate (req/s)",
+                                      labels=labels),
+            "share": GaugeMetricFamily("stoke_workload_planned_share_pct",
+                                       "Planned share summed over replicas (%)", labels=labels),
+            "batch": GaugeMetricFamily("stoke_workload_planned_batch", "Planned batch size (largest replica)",
+                                       labels=labels),
+            "att": GaugeMetricFamily("stoke_workload_slo_attainment",
+                                     "Fraction of observed replicas meeting the SLO (0..1)", labels=labels),
+        }
+        for w in status.workloads:
+            lv = [w.workload.name, w.workload.model]
+            fams["slo"].add_metric(lv, w.workload.slo_ms)
+            if w.replicas:
+                fams["pred"].add_metric(lv, w.predicted_latency_ms)
+                fams["share"].add_metric(lv, sum(r.share_pct for r in w.replicas))
+                fams["batch"].add_metric(lv, max(r.batch for r in w.replicas))
+            if w.observed_latency_ms is not None:
+                fams["obs"].add_metric(lv, w.observed_latency_ms)
+                fams["rate"].add_metric(lv, w.observed_rate_rps or 0.0)
+            if w.slo_attainment is not None:
+                fams["att"].add_metric(lv, w.slo_attainment)
+        yield from fams.values()
+        yield GaugeMetricFamily("stoke_gpus_in_use", "GPUs (device slots) used by the applied plan",
+                                value=status.gpus_in_use)
+        yield GaugeMetricFamily("stoke_plan_cost_per_hour", "Hourly cost of the applied plan",
+                                value=status.cost_per_hour)
+        yield GaugeMetricFamily("stoke_plan_revision", "Revision of the applied plan", value=status.revision)
+        nodes = GaugeMetricFamily("stoke_nodes", "Nodes by state", labels=["state"])
+        nodes.add_metric(["ready"], status.nodes_ready)
+        nodes.add_metric(["lost"], status.nodes_lost)
+        yield nodes
+
+
+class ControllerMetrics:
+    """Registry with the state collector and the duration/error instruments; an `Observer`."""
+
+    def __init__(self, service: ControlService | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.solve_seconds = Histogram("stoke_plan_solve_seconds", "Wall time of one solver run",
+                                       buckets=_BUCKETS, registry=self.registry)
+        self.reconcile_seconds = Histogram("stoke_reconcile_duration_seconds", "Wall time of one reconcile pass",
+                                           buckets=_BUCKETS, registry=self.registry)
+        self.reconcile_errors = Counter("stoke_reconcile_errors", "Reconcile passes that failed",
+                                        registry=self.registry)
+        if service is not None:
+            self.attach(service)
+
+    def attach(self, service: ControlService) -> None:
+        self.registry.register(_StateCollector(service))
+        service.observer = self
+
+    def solved(self, seconds: float) -> None:
+        self.solve_seconds.observe(seconds)
+
+    def reconciled(self, seconds: float, error: bool) -> None:
+        self.reconcile_seconds.observe(seconds)
+        if error:
+            self.reconcile_errors.inc()
+
+    def serve(self, host: str, port: int):  # type: ignore[no-untyped-def]
+        """Start the /metrics HTTP endpoint; returns (server, thread)."""
+        return start_http_server(port, addr=host, registry=self.registry)
