@@ -513,7 +513,10 @@ class TritonFleet:
         else:
             self._ensure_mps()
             env["CUDA_VISIBLE_DEVICES"] = str(a.device)
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, int(round(a.share_pct))))
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(a.share_pct)))))
+            client_env = getattr(self.mps, "client_env", None)
+            if client_env is not None:
+                env.update(client_env(a.share_pct))     # pipe / log directories of the daemon
         self._counter += 1
         process = TritonProcess(self.repository, workdir=self.workdir,
                                 name=f"triton-{_safe(a.key)}-{self._counter}", binary=self._binary,

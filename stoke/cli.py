@@ -17,6 +17,7 @@ from stoke.errors import UserError
 #: Command-group modules, in the order `stoke --help` lists them.
 COMMAND_MODULES = (
     "stoke.commands.core",
+    "stoke.commands.triton",
 )
 
 EXIT_USAGE = 2

@@ -1,0 +1,217 @@
+"""Open-loop load generator for Triton over gRPC.
+
+Requests are sent at scheduled arrival times (constant spacing or Poisson,
+seeded) whether or not earlier ones have returned: a slow server does not slow
+the sender down, so queueing shows up in the latencies (no coordinated
+omission: a request's latency counts from its *scheduled* time). Responses come
+back on gRPC's threads through `async_infer` callbacks.
+
+The target is an address or a callable returning the current address, so a
+run follows a model that the Triton fleet moves to another process.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+ARRIVALS = ("constant", "poisson")
+
+
+class LoadError(RuntimeError):
+    """The target cannot be reached or the model's inputs cannot be built."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    model: str
+    target: str
+    arrival: str
+    rate_rps: float             # requested
+    seconds: float              # requested duration of the arrival schedule
+    sent: int
+    ok: int
+    failed: int
+    throughput_rps: float       # successful responses per second of the run
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    slo_ms: float | None
+    over_slo_share: float | None    # share of requests (failed ones included) slower than the SLO
+    max_send_lag_ms: float      # how late the generator itself sent, at worst (its own overhead)
+    errors: tuple[str, ...] = field(default=())   # distinct error messages (first 5)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not len(values):
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def arrival_offsets(rate_rps: float, seconds: float, arrival: str = "constant", seed: int = 0) -> np.ndarray:
+    """Send times (s from the start) of every request in [0, seconds)."""
+    if rate_rps <= 0 or seconds <= 0:
+        raise ValueError("rate_rps and seconds must be > 0")
+    if arrival == "constant":
+        return np.arange(int(math.floor(rate_rps * seconds + 1e-9))) / rate_rps
+    if arrival == "poisson":
+        rng = np.random.default_rng(seed)
+        n = int(rate_rps * seconds * 1.5 + 20)
+        times = np.cumsum(rng.exponential(1.0 / rate_rps, size=n))
+        while times[-1] < seconds:
+            times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1.0 / rate_rps, size=n))])
+        return times[times < seconds] - 0.0
+    raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+
+
+def build_inputs(client: grpcclient.InferenceServerClient, model: str, batch: int = 1,
+                 seed: int = 0) -> list[grpcclient.InferInput]:
+    """Random inputs matching the model's metadata (dynamic dims become 1, batch dim = `batch`)."""
+    try:
+        meta = client.get_model_metadata(model, as_json=True)
+        config = client.get_model_config(model, as_json=True)["config"]
+    except InferenceServerException as err:
+        raise LoadError(f"model {model!r}: cannot read metadata ({err})") from None
+    batched = int(config.get("max_batch_size", 0)) > 0
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for spec in meta["inputs"]:
+        shape = [int(d) if int(d) > 0 else 1 for d in spec["shape"]]
+        if batched:
+            shape[0] = batch
+        dtype = triton_to_np_dtype(spec["datatype"])
+        if dtype is None or dtype == np.object_:
+            raise LoadError(f"model {model!r}: input {spec['name']} has unsupported type {spec['datatype']}")
+        data = (rng.random(shape) * 10).astype(dtype)
+        tensor = grpcclient.InferInput(spec["name"], shape, spec["datatype"])
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    return inputs
+
+
+class LoadGenerator:
+    """Sends `model` requests open-loop to `target` (address or callable returning one)."""
+
+    def __init__(self, target: str | Callable[[], str], model: str, *, batch: int = 1,
+                 max_in_flight: int = 2000, timeout_s: float = 10.0,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._target = target if callable(target) else (lambda: target)
+        self.model = model
+        self.batch = batch
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._sleep = sleep
+        self._clients: dict[str, grpcclient.InferenceServerClient] = {}
+        self._inputs: list[grpcclient.InferInput] | None = None
+
+    def _client(self, url: str) -> grpcclient.InferenceServerClient:
+        client = self._clients.get(url)
+        if client is None:
+            client = self._clients[url] = grpcclient.InferenceServerClient(url)
+        return client
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing only
+                pass
+        self._clients.clear()
+
+    def prepare(self) -> None:
+        if self._inputs is None:
+            url = self._target()
+            try:
+                self._inputs = build_inputs(self._client(url), self.model, self.batch)
+            except InferenceServerException as err:
+                raise LoadError(f"{url}: {err}") from None
+
+    def run(self, rate_rps: float, seconds: float, *, arrival: str = "constant", seed: int = 0,
+            slo_ms: float | None = None) -> LoadReport:
+        self.prepare()
+        assert self._inputs is not None
+        offsets = arrival_offsets(rate_rps, seconds, arrival, seed)
+        n = len(offsets)
+        latency = np.full(n, np.nan)      # ms, NaN = failed / not answered
+        errors: dict[str, int] = {}
+        lock = threading.Lock()
+        pending = [0]
+        all_done = threading.Event()
+        finished = [False]
+        last_done = [0.0]
+
+        def on_done(i: int, scheduled: float, result: object, error: object) -> None:
+            now = self._clock()
+            if error is None:
+                latency[i] = (now - scheduled) * 1000.0
+            else:
+                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                with lock:
+                    errors[message] = errors.get(message, 0) + 1
+            with lock:
+                pending[0] -= 1
+                last_done[0] = max(last_done[0], now)
+                if finished[0] and pending[0] == 0:
+                    all_done.set()
+
+        max_lag = 0.0
+        sent = 0
+        start = self._clock() + 0.005
+        for i, offset in enumerate(offsets):
+            due = start + offset
+            wait = due - self._clock()
+            if wait > 0.0005:
+                self._sleep(wait)
+            max_lag = max(max_lag, self._clock() - due)
+            if pending[0] >= self.max_in_flight:
+                with lock:
+                    errors["dropped: too many requests in flight"] = errors.get(
+                        "dropped: too many requests in flight", 0) + 1
+                continue
+            with lock:
+                pending[0] += 1
+            try:
+                url = self._target()
+                self._client(url).async_infer(
+                    self.model, self._inputs, client_timeout=self.timeout_s,
+                    callback=lambda result, error, i=i, due=due: on_done(i, due, result, error))
+                sent += 1
+            except Exception as err:  # noqa: BLE001 - a failed send is a failed request
+                on_done(i, due, None, err)
+        with lock:
+            finished[0] = True
+            if pending[0] == 0:
+                all_done.set()
+        all_done.wait(self.timeout_s + 5)
+        end = max(last_done[0], start + seconds)
+        good = latency[~np.isnan(latency)]
+        ok = int(good.size)
+        over = None
+        if slo_ms is not None and n:
+            over = float((np.sum(good > slo_ms) + (n - ok)) / n)
+        return LoadReport(
+            model=self.model, target=self._target(), arrival=arrival, rate_rps=float(rate_rps),
+            seconds=float(seconds), sent=sent, ok=ok, failed=n - ok,
+            throughput_rps=ok / (end - start) if end > start else 0.0,
+            p50_ms=percentile(good, 50), p95_ms=percentile(good, 95), p99_ms=percentile(good, 99),
+            mean_ms=float(good.mean()) if ok else math.nan, max_ms=float(good.max()) if ok else math.nan,
+            slo_ms=slo_ms, over_slo_share=over, max_send_lag_ms=max_lag * 1000.0,
+            errors=tuple(f"{m} (x{c})" for m, c in sorted(errors.items(), key=lambda kv: -kv[1])[:5]))
+
+    def __enter__(self) -> LoadGenerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,266 @@
+"""Model repository stores: a local directory and S3, behind one interface.
+
+The one module that imports boto3. A store holds files under relative POSIX
+paths (``model/config.pbtxt``, ``model/1/model.py``); `sync` makes a store
+hold exactly a local repository's files, by checksum (MD5, which is the S3
+ETag of a single-part upload):
+
+- only changed or new files are written; identical ones are left alone;
+- within a model, payload files (versions, code, weights) go first and
+  ``config.pbtxt`` last, so a reader never sees a config that points at files
+  not there yet (a new model becomes visible only once complete);
+- stale files are deleted after every upload; a model that disappears loses
+  its ``config.pbtxt`` first, so it is never half visible.
+
+S3 credentials and region come from the standard AWS environment
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``,
+profiles); the endpoint from ``endpoint_url`` (or ``AWS_ENDPOINT_URL``, or the
+``s3://host:port/bucket/path`` form Triton uses for a custom endpoint).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+CONFIG_NAME = "config.pbtxt"
+IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
+
+
+class StoreError(RuntimeError):
+    """A repository store cannot be read or written."""
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    uploaded: tuple[str, ...]
+    deleted: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.uploaded or self.deleted)
+
+
+def md5_hex(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def scan_local(root: str | os.PathLike[str]) -> dict[str, str]:
+    """{relative POSIX path: md5} of a local repository (temp files and caches skipped)."""
+    base = Path(root)
+    if not base.is_dir():
+        raise StoreError(f"{base}: model repository directory not found")
+    out: dict[str, str] = {}
+    for path in sorted(base.rglob("*")):
+        rel = path.relative_to(base)
+        if not path.is_file() or any(p in IGNORED_PARTS or p.startswith(".") for p in rel.parts):
+            continue
+        if path.suffix == ".pyc":
+            continue
+        out[rel.as_posix()] = md5_hex(path.read_bytes())
+    return out
+
+
+def upload_order(paths: list[str]) -> list[str]:
+    """Payload files before each model's config.pbtxt (deeper paths first, config last)."""
+    return sorted(paths, key=lambda p: (PurePosixPath(p).name == CONFIG_NAME, p))
+
+
+def delete_order(paths: list[str]) -> list[str]:
+    """config.pbtxt first, so a disappearing model is hidden before its files go."""
+    return sorted(paths, key=lambda p: (PurePosixPath(p).name != CONFIG_NAME, p))
+
+
+class RepoStore(ABC):
+    """A model repository somewhere; paths are relative POSIX paths."""
+
+    url: str
+
+    @abstractmethod
+    def listing(self) -> dict[str, str]:
+        """{path: md5} of every file in the store."""
+
+    @abstractmethod
+    def read_bytes(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def delete(self, path: str) -> None: ...
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    def sync(self, local_dir: str | os.PathLike[str]) -> SyncReport:
+        """Make the store hold exactly the files of `local_dir`, writing only what changed."""
+        wanted = scan_local(local_dir)
+        present = self.listing()
+        changed = [p for p, digest in wanted.items() if present.get(p) != digest]
+        stale = [p for p in present if p not in wanted]
+        for path in upload_order(changed):
+            self.write_bytes(path, (Path(local_dir) / path).read_bytes())
+        for path in delete_order(stale):
+            self.delete(path)
+        unchanged = sorted(p for p in wanted if p not in changed)
+        return SyncReport(tuple(upload_order(changed)), tuple(delete_order(stale)), tuple(unchanged))
+
+    def download(self, local_dir: str | os.PathLike[str]) -> SyncReport:
+        """The reverse of `sync`: make `local_dir` hold exactly the store's files."""
+        local = LocalStore(local_dir, create=True)
+        wanted, present = self.listing(), local.listing()
+        changed = [p for p, digest in wanted.items() if present.get(p) != digest]
+        stale = [p for p in present if p not in wanted]
+        for path in upload_order(changed):
+            local.write_bytes(path, self.read_bytes(path))
+        for path in delete_order(stale):
+            local.delete(path)
+        return SyncReport(tuple(upload_order(changed)), tuple(delete_order(stale)),
+                          tuple(sorted(p for p in wanted if p not in changed)))
+
+
+def _check_rel(path: str) -> str:
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise StoreError(f"{path!r}: store paths must be relative and stay inside the repository")
+    return rel.as_posix()
+
+
+class LocalStore(RepoStore):
+    """A model repository directory; every write is a temp file + rename."""
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+        self.root = Path(root)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self.url = str(self.root)
+
+    def listing(self) -> dict[str, str]:
+        if not self.root.exists():
+            return {}
+        return scan_local(self.root)
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            return (self.root / _check_rel(path)).read_bytes()
+        except OSError as err:
+            raise StoreError(f"{self.root / path}: cannot read ({err.strerror})") from None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        target = self.root / _check_rel(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def delete(self, path: str) -> None:
+        target = self.root / _check_rel(path)
+        target.unlink(missing_ok=True)
+        parent = target.parent
+        while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+
+_S3_URL = re.compile(r"^s3://(?P<rest>.+)$")
+
+
+def parse_s3_url(url: str, endpoint_url: str | None = None) -> tuple[str, str, str | None]:
+    """(bucket, prefix, endpoint_url) of ``s3://bucket/prefix`` or ``s3://host:port/bucket/prefix``."""
+    match = _S3_URL.match(url)
+    if not match:
+        raise StoreError(f"{url!r}: not an S3 URL; use s3://bucket/path or s3://host:port/bucket/path")
+    parts = [p for p in match.group("rest").split("/") if p]
+    if parts and re.fullmatch(r"[^/]+:\d+", parts[0]):
+        host = parts.pop(0)
+        endpoint_url = endpoint_url or f"http://{host}"
+    if not parts:
+        raise StoreError(f"{url!r}: the S3 URL names no bucket; use s3://bucket/path")
+    bucket, prefix = parts[0], "/".join(parts[1:])
+    if bucket != bucket.lower():
+        raise StoreError(f"{url!r}: S3 bucket names must be lowercase ({bucket!r})")
+    return bucket, prefix, endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def triton_s3_url(bucket: str, prefix: str, endpoint_url: str | None) -> str:
+    """The ``--model-repository`` value Triton needs (a custom endpoint goes in the URL)."""
+    path = "/".join(p for p in (bucket, prefix.strip("/")) if p)
+    if endpoint_url:
+        host = re.sub(r"^https?://", "", endpoint_url).rstrip("/")
+        return f"s3://{host}/{path}"
+    return f"s3://{path}"
+
+
+class S3Store(RepoStore):
+    """A model repository under ``s3://bucket/prefix`` (boto3; standard AWS credentials)."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, client: object | None = None) -> None:
+        self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
+        self.url = url
+        self.client = client or boto3.client("s3", endpoint_url=self.endpoint_url)
+
+    @property
+    def triton_url(self) -> str:
+        return triton_s3_url(self.bucket, self.prefix, self.endpoint_url)
+
+    def _key(self, path: str) -> str:
+        rel = _check_rel(path)
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def create_bucket(self) -> None:
+        try:
+            self.client.create_bucket(Bucket=self.bucket)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise StoreError(f"s3://{self.bucket}: cannot create bucket: {err}") from None
+
+    def listing(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    out[obj["Key"][len(prefix):]] = obj["ETag"].strip('"')
+        except (ClientError, BotoCoreError) as err:
+            raise StoreError(f"{self.url}: cannot list ({err})") from None
+        return out
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+        except (ClientError, BotoCoreError) as err:
+            raise StoreError(f"{self.url}/{path}: cannot read ({err})") from None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        # one PUT is atomic on S3: readers see the old object or the new one, never half
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+        except (ClientError, BotoCoreError) as err:
+            raise StoreError(f"{self.url}/{path}: cannot write ({err})") from None
+
+    def delete(self, path: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+        except (ClientError, BotoCoreError) as err:
+            raise StoreError(f"{self.url}/{path}: cannot delete ({err})") from None
+
+
+def open_store(url: str, *, endpoint_url: str | None = None) -> RepoStore:
+    """`S3Store` for ``s3://...``, else `LocalStore`."""
+    if url.startswith("s3://"):
+        return S3Store(url, endpoint_url=endpoint_url)
+    return LocalStore(url)

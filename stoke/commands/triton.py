@@ -1,0 +1,234 @@
+"""`stoke triton render|up|sync` and `stoke load`: a plan on a real Triton server."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stoke.errors import UserError
+
+
+def _read_plan(path: str) -> Any:
+    from controller.solver.problem import ProblemError, plan_from_dict
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise UserError(f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`")
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: not valid JSON (line {err.lineno}: {err.msg}); "
+                        f"write the plan with `stoke plan --json`")
+    try:
+        return plan_from_dict(data, source=path)
+    except (ProblemError, TypeError, ValueError) as err:
+        raise UserError(str(err).splitlines()[0])
+
+
+def _check_repo(repo: str) -> None:
+    if "://" not in repo and not Path(repo).is_dir():
+        raise UserError(f"--repo {repo}: model repository directory not found; give a directory holding "
+                        f"<model>/config.pbtxt (e.g. triton_repo)")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- render
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from controller.render import RenderError, render_plan
+    _check_repo(args.repo)
+    plan = _read_plan(args.plan)
+    try:
+        changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
+    except RenderError as err:
+        raise UserError(str(err))
+    if args.json:
+        print(json.dumps({"changed": changed}, indent=2))
+    elif changed:
+        print(_table(["written"], [[p] for p in changed]))
+    else:
+        print(f"{args.repo}: every config already matches the plan; nothing written")
+    return 0
+
+
+# --------------------------------------------------------------------------- up
+
+def _default_assignments(repo: str) -> list[Any]:
+    """Without a plan: every model of a local repository, whole machine, its base batch."""
+    from controller.assignment import ModelAssignment
+    from controller.render import CONFIG_NAME, RenderError, read_config
+    if "://" in repo:
+        raise UserError(f"--repo {repo}: a remote repository needs --plan PLAN.json naming the models to serve")
+    out = []
+    for path in sorted(Path(repo).glob(f"*/{CONFIG_NAME}")):
+        try:
+            base = read_config(path)
+        except RenderError as err:
+            raise UserError(str(err))
+        batch = max(1, base.max_batch_size)
+        out.append(ModelAssignment(workload=path.parent.name, model=path.parent.name, device=0, share_pct=100.0,
+                                   batch=batch, queue_delay_ms=base.dynamic_batching.max_queue_delay_microseconds / 1000.0,
+                                   slo_ms=100.0, rate_rps=1.0))
+    if not out:
+        raise UserError(f"--repo {repo}: no <model>/{CONFIG_NAME} found; point --repo at a model repository")
+    return out
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from agents.triton import TritonError, TritonFleet
+    from controller.render import assignments_from_plan
+    _check_repo(args.repo)
+    assignments = assignments_from_plan(_read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
+    if args.models:
+        wanted = set(args.models.split(","))
+        assignments = [a for a in assignments if a.model in wanted or a.workload in wanted]
+        if not assignments:
+            raise UserError(f"--models {args.models}: none of these models/workloads is in the plan or repository")
+    mps = None
+    if args.device_kind == "gpu":
+        from agents.mps import MpsControl
+        mps = MpsControl()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    report = None
+    try:
+        fleet = TritonFleet(args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps,
+                            ready_timeout_s=args.ready_timeout)
+    except TritonError as err:
+        raise UserError(str(err))
+    try:
+        report = fleet.apply(assignments)
+        endpoints, procs = fleet.endpoints(), fleet.processes()
+        rows = [[a.key, a.model, f"{a.share_pct:g}%", a.batch, f"{a.queue_delay_ms:g}",
+                 ",".join(map(str, procs[a.key]["cpu_cores"])) or f"gpu{a.device}", endpoints[a.key]]
+                for a in fleet.running()]
+        if args.json:
+            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": list(report.errors)}, indent=2))
+        else:
+            print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
+            for error in report.errors:
+                print(f"error: {error}", file=sys.stderr)
+            print("serving; Ctrl-C stops every Triton process" if args.seconds is None
+                  else f"serving for {args.seconds:g} s", flush=True)
+        sys.stdout.flush()
+        if not endpoints:
+            return 1
+        deadline = None if args.seconds is None else time.monotonic() + args.seconds
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())) if deadline else 1.0)
+            for event in fleet.check_health():
+                print(f"health: {event}", flush=True)
+    except KeyboardInterrupt:
+        print("stopping Triton processes", file=sys.stderr)
+    finally:
+        fleet.close()
+        signal.signal(signal.SIGTERM, previous)
+    return 1 if report is None or report.errors else 0
+
+
+# --------------------------------------------------------------------------- sync
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from agents.repo_store import S3Store, StoreError, open_store
+    _check_repo(args.repo)
+    try:
+        store = open_store(args.dest, endpoint_url=args.endpoint_url)
+        if isinstance(store, S3Store) and args.create_bucket:
+            store.create_bucket()
+        report = store.sync(args.repo)
+    except StoreError as err:
+        raise UserError(str(err))
+    if args.json:
+        print(json.dumps({"uploaded": report.uploaded, "deleted": report.deleted,
+                          "unchanged": len(report.unchanged)}, indent=2))
+    else:
+        rows = [["upload", p] for p in report.uploaded] + [["delete", p] for p in report.deleted]
+        print(_table(["action", "path"], rows) if rows else "already in sync")
+        print(f"{len(report.uploaded)} uploaded, {len(report.deleted)} deleted, {len(report.unchanged)} unchanged")
+    return 0
+
+
+# --------------------------------------------------------------------------- load
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from agents.loadgen import LoadError, LoadGenerator
+    if args.rate <= 0 or args.seconds <= 0:
+        raise UserError("--rate and --seconds must be > 0 (requests per second, seconds of load)")
+    try:
+        with LoadGenerator(args.url, args.model, batch=args.batch) as gen:
+            report = gen.run(args.rate, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms)
+    except LoadError as err:
+        raise UserError(f"--url {args.url} --model {args.model}: {err}")
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
+    rows = [["requested rate", f"{report.rate_rps:g} rps ({report.arrival})"],
+            ["sent / ok / failed", f"{report.sent} / {report.ok} / {report.failed}"],
+            ["throughput", f"{report.throughput_rps:.1f} rps"],
+            ["latency p50 / p95 / p99", f"{report.p50_ms:.2f} / {report.p95_ms:.2f} / {report.p99_ms:.2f} ms"],
+            ["latency mean / max", f"{report.mean_ms:.2f} / {report.max_ms:.2f} ms"],
+            ["generator lag (max)", f"{report.max_send_lag_ms:.2f} ms"]]
+    if report.over_slo_share is not None:
+        rows.append([f"over SLO {report.slo_ms:g} ms", f"{100 * report.over_slo_share:.2f}%"])
+    print(_table(["figure", "value"], rows))
+    for error in report.errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    triton = subparsers.add_parser("triton", help="serve a plan on real Triton servers (render, up, sync)")
+    sub = triton.add_subparsers(dest="triton_command", metavar="SUBCOMMAND", required=True)
+
+    p = sub.add_parser("render", help="write config.pbtxt files for a plan")
+    p.add_argument("plan", metavar="PLAN.json", help="output of `stoke plan --json`")
+    p.add_argument("--repo", required=True, help="model repository directory")
+    p.add_argument("--device-kind", choices=("cpu", "gpu"), default="gpu",
+                   help="KIND_GPU with the plan's GPU index, or KIND_CPU (default gpu)")
+    p.add_argument("--latency-histogram", action="store_true",
+                   help="add model_metrics with an SLO bucket (needs Triton >= 2.52; 2.51 refuses it)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_render)
+
+    p = sub.add_parser("up", help="start Triton processes for a plan on this machine and print endpoints")
+    p.add_argument("--repo", required=True, help="model repository: a directory or s3://[host:port/]bucket/path")
+    p.add_argument("--plan", metavar="PLAN.json", help="plan to serve (default: every model, whole machine)")
+    p.add_argument("--models", help="comma-separated models/workloads to serve (default all)")
+    p.add_argument("--device-kind", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--workdir", help="where logs and the backend directory go (default a temp dir)")
+    p.add_argument("--ready-timeout", type=float, default=30.0, help="seconds to wait for each server")
+    p.add_argument("--seconds", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_up)
+
+    p = sub.add_parser("sync", help="sync a model repository into a store (S3 or a directory) by checksum")
+    p.add_argument("repo", metavar="DIR", help="local model repository")
+    p.add_argument("dest", metavar="DEST", help="s3://bucket/path, s3://host:port/bucket/path or a directory")
+    p.add_argument("--endpoint-url", help="S3 endpoint (default from the AWS environment)")
+    p.add_argument("--create-bucket", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_sync)
+
+    p = subparsers.add_parser("load", help="open-loop load on a Triton model over gRPC; latency percentiles")
+    p.add_argument("--url", required=True, help="HOST:PORT of Triton's gRPC endpoint")
+    p.add_argument("--model", required=True)
+    p.add_argument("--rate", type=float, required=True, help="requests per second")
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--slo-ms", type=float, help="report the share of requests slower than this")
+    p.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1, help="samples per request")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_load)
