@@ -25,8 +25,12 @@ class Workload:
     slo_ms: float
     rate_rps: float
     gpu_type: str | None = None     # optional preference: only GPUs of this type
+    arrivals: str = "poisson"       # "poisson" (independent users) or "constant" (paced clients)
 
     def __post_init__(self) -> None:
+        if self.arrivals not in ("poisson", "constant"):
+            raise ProblemError(f"workload {self.name!r}: arrivals must be 'poisson' or 'constant', "
+                               f"got {self.arrivals!r}")
         if not self.name or not isinstance(self.name, str):
             raise ProblemError("workload name must be a non-empty string")
         if not self.model or not isinstance(self.model, str):
@@ -110,9 +114,18 @@ class Placement:
 
 @dataclass(frozen=True)
 class GpuPlan:
+    """One GPU of the plan.
+
+    `key` is an opaque, stable identity the caller may give GPUs of a
+    current plan (e.g. "node-a/0"); `solve(..., current=plan)` carries it
+    over to the GPU that keeps those workloads, so callers can map plan GPUs
+    to real devices without reshuffling. New GPUs get key None.
+    """
+
     gpu_type: str
     price_per_hour: float
     placements: tuple[Placement, ...]
+    key: str | None = None
 
     @property
     def share_pct(self) -> float:
@@ -160,6 +173,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "notes": list(plan.notes),
         "gpus": [{
             "gpu_type": g.gpu_type,
+            "key": g.key,
             "price_per_hour": g.price_per_hour,
             "share_pct": round(g.share_pct, 6),
             "workloads": [{
@@ -196,6 +210,7 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                 predicted_throughput_rps=float(need(w, "predicted_throughput_rps", where)),
                 replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1))))
         gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
-                            price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements)))
+                            price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements),
+                            key=g.get("key")))
     return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus),
                 notes=tuple(data.get("notes", ())))

@@ -1,0 +1,114 @@
+"""The published iGniter heuristic, faithful, with its known flaws fixed.
+
+Formulation (inference-model.md): each workload gets half its SLO, T/2, as
+the inference-latency target (the other half is left for the batch to fill).
+Batch b = smallest b with b*(1/R + d_in/B) >= T/2. Lower-bound share = the
+smallest share on the step grid meeting T/2 alone. Workloads too big for one
+GPU get dedicated whole GPUs first (capacity 0.9 x throughput at 100%).
+Then, in decreasing lower-bound order, each workload is tried on every open
+GPU: add it, and while shares sum to <= 100, add one step to each co-located
+workload that misses its target; the added shares are the interference cost;
+the cheapest GPU wins, else a new GPU is opened.
+
+Fixes over the published code: the plan keeps the real SLO; a workload on a
+new GPU is checked (and raised) too; throughput >= rate is part of every
+check; nothing is ever placed above 100% (too-big workloads are split, and
+a workload whose model cannot reach T/2 even alone is rejected).
+"""
+from __future__ import annotations
+
+import math
+
+from controller.solver.candidates import (MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
+                                          min_share_solo, reject, to_placement, with_replicas)
+from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload
+
+#: Share of the solo throughput a dedicated GPU is loaded to (published value).
+DEDICATED_LOAD = 0.9
+
+
+def igniter_batch(cache: PointCache, model: str, half_slo_ms: float, rate_rps: float) -> int:
+    """Smallest b with b*(1/R + d_in/B) >= T/2 (R in req/ms), within 1..MAX_BATCH."""
+    m = cache.profile.model(model)
+    per_request = 1000.0 / rate_rps + m.bytes_in / cache.profile.gpu.pcie_bytes_per_ms
+    return int(min(MAX_BATCH, max(1, math.ceil(half_slo_ms / per_request - 1e-9))))
+
+
+def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
+    half = workload.slo_ms / 2.0
+    items: list[Item] = []
+    residual = workload.rate_rps
+    batch = igniter_batch(cache, workload.model, half, residual)
+    share = min_share_solo(cache, workload.model, batch, Target(half, residual))
+    if share is None:
+        # Dedicated GPUs: the largest batch whose solo latency at 100% meets T/2.
+        dedicated = None
+        for b in range(MAX_BATCH, 0, -1):
+            latency, throughput = cache.solo_table(workload.model)
+            if latency[b - 1, -1] <= half + EPS:
+                dedicated = (b, DEDICATED_LOAD * float(throughput[b - 1, -1]))
+                break
+        if dedicated is None:
+            raise reject(workload, cache, half, "half the SLO (iGniter's inference target)")
+        b_full, capacity = dedicated
+        while share is None and residual > EPS:
+            items.append(Item(workload, min(capacity, residual), b_full, 100.0, Target(half, min(capacity, residual))))
+            residual -= capacity
+            if residual <= EPS:
+                break
+            batch = igniter_batch(cache, workload.model, half, residual)
+            share = min_share_solo(cache, workload.model, batch, Target(half, residual))
+    if residual > EPS:
+        items.append(Item(workload, residual, batch, share, Target(half, residual)))
+    return items
+
+
+def solve_igniter(problem: Problem) -> Plan:
+    caches = {g.name: PointCache(g) for g in problem.inventory}
+    items: list[tuple[Item, str]] = []
+    for workload in problem.workloads:
+        types = sorted(allowed_types(workload, problem.inventory), key=lambda g: g.price_per_hour)
+        gpu_type = types[0].name  # the published algorithm is homogeneous: cheapest allowed type
+        items += [(i, gpu_type) for i in with_replicas(igniter_items(workload, caches[gpu_type]))]
+    items.sort(key=lambda pair: -pair[0].min_share)  # stable: input order breaks ties
+
+    limits = {g.name: g.max_count for g in problem.inventory}
+    bins: list[tuple[str, list[Item], list[float]]] = []   # (type, items, shares)
+    for item, gpu_type in items:
+        cache = caches[gpu_type]
+        best = None
+        for index, (bin_type, members, shares) in enumerate(bins):
+            if bin_type != gpu_type or sum(shares) + item.min_share > 100.0 + EPS:
+                continue
+            fitted = colocate(cache, members + [item], shares + [item.min_share])
+            if fitted is None:
+                continue
+            cost = sum(fitted[0]) - sum(shares) - item.min_share
+            if best is None or cost < best[0] - EPS:
+                best = (cost, index, fitted[0])
+                if cost <= EPS:
+                    break  # nothing beats zero; the first zero-cost GPU is what a full scan keeps
+        if best is not None:
+            _, index, new_shares = best
+            bins[index] = (gpu_type, bins[index][1] + [item], new_shares)
+            continue
+        opened = sum(1 for b in bins if b[0] == gpu_type)
+        if limits[gpu_type] is not None and opened >= limits[gpu_type]:
+            raise ProblemError(f"the inventory has only {limits[gpu_type]} GPUs of type {gpu_type!r}; "
+                               f"workload {item.workload.name!r} needs another; raise max_count")
+        fitted = colocate(cache, [item])
+        if fitted is None:
+            raise reject(item.workload, cache, item.target.max_latency_ms, "half the SLO (iGniter's inference target)")
+        bins.append((gpu_type, [item], fitted[0]))
+    return _plan("igniter", problem, caches, bins)
+
+
+def _plan(strategy: str, problem: Problem, caches: dict[str, PointCache],
+          bins: list[tuple[str, list[Item], list[float]]], notes: tuple[str, ...] = ()) -> Plan:
+    prices = {g.name: g.price_per_hour for g in problem.inventory}
+    gpus = []
+    for gpu_type, members, shares in bins:
+        predictions = caches[gpu_type].predict(members, shares)
+        gpus.append(GpuPlan(gpu_type=gpu_type, price_per_hour=prices[gpu_type], placements=tuple(
+            to_placement(i, s, p) for i, s, p in zip(members, shares, predictions))))
+    return Plan(strategy=strategy, gpus=tuple(gpus), notes=notes)

@@ -1,0 +1,361 @@
+"""stoke's strategy: joint batch/share from the real latency budget, best fit, local search.
+
+Formulation. A request of workload w (SLO T, rate R) waits at most for its
+batch to fill, q(b) = (b-1)/R, then the batch runs in t_inf(b, r) on a GPU
+shared with others. stoke keeps a safety margin m of the SLO for queueing
+and jitter (default 10%) and a throughput headroom u (default 10%):
+
+    q(b) + t_inf(b, r | co-located) <= (1 - m) * T      and      h(b, r) >= (1 + u) * R
+
+Per workload and GPU type it builds the candidate table over b = 1..32 (the
+smallest share meeting both alone) and keeps the batch with the smallest
+share. Workloads that need more than a GPU are split into n replicas of rate
+R/n (the smallest n that fits); a workload whose model cannot meet (1-m)*T
+even at batch 1 on a whole GPU is rejected.
+
+Placement: candidates in decreasing share order, best fit (the GPU left
+fullest after `colocate` raises the shares that interference pushes over
+their target); a new GPU is opened from the type where the workload costs
+least (price x share). Then a local search tries to empty GPUs, lightest
+first: move each of its workloads to another GPU, or swap it with a smaller
+workload of another GPU; a GPU is dropped only when all its workloads found a
+place. Instances of up to `EXACT_LIMIT` candidates are solved exactly (depth-
+first search over partitions with the same feasibility check), so small plans
+are optimal for the model.
+
+Stability: with `current` (the plan that runs), its GPUs are re-used first,
+in order and with their keys, holding the workloads they held where those
+still fit; only what no longer fits, and new workloads, are placed again.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.solver.candidates import (ARRIVAL_CV2, MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
+                                          reject, smallest_latency_ms, to_placement, wait_p99_ms, with_replicas)
+from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
+
+#: Share of the SLO kept free for what the model does not capture (jitter, RPC).
+SAFETY_MARGIN = 0.10
+#: Highest planned utilisation of a replica (rate / throughput at its batch).
+MAX_UTILISATION = 0.9
+#: Up to this many candidates the placement is solved exactly.
+EXACT_LIMIT = 8
+#: Wall-clock budget of the local search, seconds (a bound, not a clock read for results).
+SEARCH_BUDGET_S = 0.6
+
+
+def stoke_target(workload: Workload, rate_rps: float, batch: int) -> Target | None:
+    """Budget for the co-located inference plus queueing: (1-m)*SLO less the batch fill time."""
+    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - batch_queue_delay_ms(batch, rate_rps)
+    if budget <= 0:
+        return None
+    return Target(budget, rate_rps, batch, queueing=True, max_utilisation=MAX_UTILISATION,
+                  arrival_cv2=ARRIVAL_CV2[workload.arrivals])
+
+
+def best_candidate(workload: Workload, cache: PointCache, rate_rps: float) -> Item | None:
+    """The (batch, share) with the smallest share meeting the budget alone, or None.
+
+    Evaluated on the whole solo table at once: rows are batches, columns shares.
+    """
+    latency, throughput = cache.solo_table(workload.model)
+    batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - 1000.0 * (batches - 1.0) / rate_rps
+    utilisation = rate_rps / throughput
+    wait = wait_p99_ms(utilisation, batches, 1000.0 * batches / throughput, ARRIVAL_CV2[workload.arrivals])
+    ok = (utilisation <= MAX_UTILISATION + EPS) & (latency + wait <= budget + EPS)
+    rows = np.flatnonzero(ok.any(axis=1))
+    if rows.size == 0:
+        return None
+    first = np.argmax(ok[rows], axis=1)           # smallest feasible share per batch
+    pick = int(np.argmin(first))                  # smallest share; ties -> smallest batch
+    batch, share = int(rows[pick]) + 1, float(cache.shares[first[pick]])
+    return Item(workload, rate_rps, batch, share, stoke_target(workload, rate_rps, batch))
+
+
+def stoke_items(workload: Workload, cache: PointCache) -> list[Item]:
+    """Candidates of one workload on one GPU type, split into replicas when one GPU is too small."""
+    single = best_candidate(workload, cache, workload.rate_rps)
+    if single is not None:
+        return [single]
+    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms
+    if smallest_latency_ms(cache, workload.model) > budget:
+        raise reject(workload, cache, budget, f"the SLO less stoke's {SAFETY_MARGIN:.0%} safety margin")
+    # Like iGniter, fill whole GPUs first (they pack perfectly), then place the
+    # residual rate as one more replica: an even split would waste a share of each GPU.
+    full = _full_gpu_capacity(workload, cache)
+    if full is None:
+        raise reject(workload, cache, budget, f"the SLO less stoke's {SAFETY_MARGIN:.0%} safety margin")
+    capacity, batch = full
+    items, residual = [], workload.rate_rps
+    while residual > EPS:
+        candidate = best_candidate(workload, cache, residual)
+        if candidate is not None:
+            items.append(candidate)
+            break
+        rate = min(capacity, residual)
+        items.append(Item(workload, rate, batch, 100.0, stoke_target(workload, rate, batch)))
+        residual -= rate
+    return items
+
+
+def _full_gpu_capacity(workload: Workload, cache: PointCache) -> tuple[float, int] | None:
+    """Highest rate one whole GPU serves within the budget, and the batch it needs.
+
+    Feasible rates at a batch form an interval (too slow and the batch takes
+    too long to fill; too fast and requests queue), so a dense grid of rates
+    per batch, evaluated at once, finds its top.
+    """
+    latency, throughput = cache.solo_table(workload.model)
+    batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+    top = throughput[:, -1:] * MAX_UTILISATION                                # (B, 1)
+    rates = top * np.linspace(0.02, 1.0, 128)[None, :]                         # (B, R)
+    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - 1000.0 * (batches - 1.0) / rates
+    wait = wait_p99_ms(rates / throughput[:, -1:], batches, 1000.0 * batches / throughput[:, -1:],
+                       ARRIVAL_CV2[workload.arrivals])
+    ok = latency[:, -1:] + wait <= budget + EPS
+    if not ok.any():
+        return None
+    feasible = np.where(ok, rates, 0.0)
+    row = int(np.argmax(feasible.max(axis=1)))
+    return float(feasible[row].max()), row + 1
+
+
+@dataclass
+class Bin:
+    gpu_type: str
+    items: list[Item]
+    shares: list[float]
+    key: str | None = None
+
+    @property
+    def load(self) -> float:
+        return sum(self.shares)
+
+
+@dataclass
+class _State:
+    problem: Problem
+    caches: dict[str, PointCache]
+    bins: list[Bin] = field(default_factory=list)
+
+    def opened(self, gpu_type: str) -> int:
+        return sum(1 for b in self.bins if b.gpu_type == gpu_type)
+
+    def fit_into(self, item: Item, gpu_type: str, exclude: tuple[int, ...] = ()) -> tuple[int, list[float]] | None:
+        """Best fit: the open GPU left fullest by adding `item`, with the new shares."""
+        cache = self.caches[gpu_type]
+        best = None
+        for index, b in enumerate(self.bins):
+            if b.gpu_type != gpu_type or index in exclude or b.load + item.min_share > 100.0 + EPS:
+                continue
+            fitted = colocate(cache, b.items + [item], b.shares + [item.min_share])
+            if fitted is not None and (best is None or sum(fitted[0]) > best[0] + EPS):
+                best = (sum(fitted[0]), index, fitted[0])
+                if best[0] >= 100.0 - EPS:
+                    break
+        return None if best is None else (best[1], best[2])
+
+
+def _choose_type(workload: Workload, state: _State) -> tuple[str, list[Item]]:
+    """The allowed GPU type where the workload costs least (price x total share), with room left."""
+    options = []
+    for g in allowed_types(workload, state.problem.inventory):
+        try:
+            items = stoke_items(workload, state.caches[g.name])
+        except ProblemError:
+            continue
+        options.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
+    if not options:
+        types = allowed_types(workload, state.problem.inventory)
+        stoke_items(workload, state.caches[types[0].name])  # raises the descriptive rejection
+    options.sort(key=lambda o: (o[0], o[1]))
+    return options[0][1], options[0][2]
+
+
+def _place(state: _State, item: Item, gpu_type: str) -> None:
+    found = state.fit_into(item, gpu_type)
+    if found is not None:
+        index, shares = found
+        b = state.bins[index]
+        b.items.append(item)
+        b.shares[:] = shares
+        return
+    limit = next(g.max_count for g in state.problem.inventory if g.name == gpu_type)
+    if limit is not None and state.opened(gpu_type) >= limit:
+        raise ProblemError(f"the inventory has only {limit} GPUs of type {gpu_type!r}; workload "
+                           f"{item.workload.name!r} needs another; raise max_count or add a GPU type")
+    fitted = colocate(state.caches[gpu_type], [item])
+    if fitted is None:  # cannot happen: min_share was checked alone
+        raise ProblemError(f"workload {item.workload.name!r} does not fit a whole {gpu_type}")
+    state.bins.append(Bin(gpu_type, [item], fitted[0]))
+
+
+def _try_empty(state: _State, victim: int) -> bool:
+    """Move (or swap) every workload off GPU `victim`; commit only if it empties."""
+    saved = [(b.items[:], b.shares[:]) for b in state.bins]
+    source = state.bins[victim]
+    pending = sorted(zip(source.items, source.shares), key=lambda p: -p[0].min_share)
+    for item, _ in pending:
+        found = state.fit_into(item, source.gpu_type, exclude=(victim,))
+        if found is None:
+            found = _swap_in(state, item, source.gpu_type, victim)
+        if found is None:
+            for b, (items, shares) in zip(state.bins, saved):
+                b.items[:], b.shares[:] = items, shares
+            return False
+        index, shares = found
+        state.bins[index].items.append(item)
+        state.bins[index].shares[:] = shares
+    del state.bins[victim]
+    return True
+
+
+def _swap_in(state: _State, item: Item, gpu_type: str, victim: int) -> tuple[int, list[float]] | None:
+    """Make room for `item` on some GPU by moving one smaller workload of it to a third GPU."""
+    cache = state.caches[gpu_type]
+    for index, b in enumerate(state.bins):
+        if index == victim or b.gpu_type != gpu_type:
+            continue
+        for k, other in enumerate(b.items):
+            if other.min_share >= item.min_share or b.load - b.shares[k] + item.min_share > 100.0 + EPS:
+                continue
+            rest = b.items[:k] + b.items[k + 1:]
+            fitted = colocate(cache, rest + [item])
+            if fitted is None:
+                continue
+            moved = state.fit_into(other, gpu_type, exclude=(victim, index))
+            if moved is None:
+                continue
+            target, target_shares = moved
+            state.bins[target].items.append(other)
+            state.bins[target].shares[:] = target_shares
+            b.items[:] = rest
+            b.shares[:] = fitted[0][:-1]
+            return index, fitted[0]
+    return None
+
+
+def _local_search(state: _State, deadline: float) -> None:
+    """Empty GPUs, lightest first, until no GPU can be emptied or the budget is spent."""
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        for victim in sorted(range(len(state.bins)), key=lambda i: state.bins[i].load):
+            if time.monotonic() >= deadline:
+                return
+            if _try_empty(state, victim):
+                improved = True
+                break
+
+
+def _exact(state: _State, items: list[Item], gpu_type: str) -> list[Bin] | None:
+    """Fewest GPUs for `items` on one type: depth-first search over partitions."""
+    cache = state.caches[gpu_type]
+    items = sorted(items, key=lambda i: -i.min_share)
+    best: list[list[Item]] | None = None
+    feasible: dict[frozenset[int], bool] = {}
+
+    def fits(group: list[int]) -> bool:
+        key = frozenset(group)
+        if key not in feasible:
+            feasible[key] = colocate(cache, [items[i] for i in group]) is not None
+        return feasible[key]
+
+    def search(k: int, groups: list[list[int]]) -> None:
+        nonlocal best
+        if best is not None and len(groups) >= len(best):
+            return
+        if k == len(items):
+            best = [[items[i] for i in g] for g in groups]
+            return
+        for g in groups:
+            g.append(k)
+            if fits(g):
+                search(k + 1, groups)
+            g.pop()
+        groups.append([k])
+        search(k + 1, groups)
+        groups.pop()
+
+    search(0, [])
+    if best is None:
+        return None
+    return [Bin(gpu_type, group, colocate(cache, group)[0]) for group in best]
+
+
+def _seed_from(state: _State, current: Plan, items: dict[tuple[str, int], tuple[Item, str]]) -> None:
+    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold."""
+    for gpu in current.gpus:
+        if gpu.gpu_type not in state.caches:
+            continue
+        b = Bin(gpu.gpu_type, [], [], key=gpu.key)
+        for placement in gpu.placements:
+            found = items.get((placement.name, placement.replica))
+            if found is None or found[1] != gpu.gpu_type:
+                continue
+            fitted = colocate(state.caches[gpu.gpu_type], b.items + [found[0]], b.shares + [found[0].min_share])
+            if fitted is not None:
+                b.items.append(found[0])
+                b.shares[:] = fitted[0]
+                del items[(placement.name, placement.replica)]
+        if b.items:
+            state.bins.append(b)
+
+
+def solve_stoke(problem: Problem, current: Plan | None = None) -> Plan:
+    started = time.monotonic()
+    state = _State(problem, {g.name: PointCache(g) for g in problem.inventory})
+    pending: dict[tuple[str, int], tuple[Item, str]] = {}
+    for workload in problem.workloads:
+        gpu_type, items = _choose_type(workload, state)
+        for item in with_replicas(items):
+            pending[item.key] = (item, gpu_type)
+    notes: list[str] = []
+    if current is not None:
+        _seed_from(state, current, pending)
+    order = sorted(pending.values(), key=lambda pair: -pair[0].min_share)
+    for item, gpu_type in order:
+        try:
+            _place(state, item, gpu_type)
+        except ProblemError:
+            # Out of GPUs of this type: fall back to the next cheapest allowed type.
+            others = [g for g in sorted(allowed_types(item.workload, problem.inventory),
+                                        key=lambda g: g.price_per_hour) if g.name != gpu_type]
+            for g in others:
+                try:
+                    _place(state, stoke_items(item.workload, state.caches[g.name])[0], g.name)
+                    break
+                except ProblemError:
+                    continue
+            else:
+                raise
+    _local_search(state, started + SEARCH_BUDGET_S)
+
+    types = {b.gpu_type for b in state.bins}
+    all_items = [i for b in state.bins for i in b.items]
+    if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
+        gpu_type = types.pop()
+        exact = _exact(state, all_items, gpu_type)
+        if exact is not None and len(exact) < len(state.bins):
+            state.bins = exact
+            notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
+        elif exact is not None:
+            notes.append(f"exact search confirms {len(state.bins)} GPU(s) is the fewest")
+    return _to_plan(state, tuple(notes))
+
+
+def _to_plan(state: _State, notes: tuple[str, ...]) -> Plan:
+    prices = {g.name: g.price_per_hour for g in state.problem.inventory}
+    gpus = []
+    for b in state.bins:
+        predictions = state.caches[b.gpu_type].predict(b.items, b.shares)
+        order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
+        gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=tuple(
+            to_placement(b.items[k], b.shares[k], predictions[k]) for k in order)))
+    return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)
