@@ -1,0 +1,596 @@
+"""SLO alerting artefacts generated from the workloads: pure functions, no I/O.
+
+From a list of `Workload`s (and optionally the `Plan` that serves them) this
+module builds, as plain dicts / text:
+
+* Prometheus recording rules: the SLI error ratio per workload and window,
+  and metadata (objective, error budget, burn rates, budget remaining);
+* Prometheus alert rules: multi-window multi-burn-rate (Google SRE workbook,
+  the scheme Sloth and Pyrra generate), labelled `severity` and `workload`;
+* `promtool test rules` unit tests for those rules (fast burn pages, slow burn
+  files a ticket, a healthy series stays silent);
+* a Grafana dashboard (JSON) and Grafana alert provisioning (YAML).
+
+SLI (error ratio of a latency SLO). A request is *bad* when it is slower than
+the workload's SLO. The latency histogram must have a bucket bound at each
+workload's `slo_ms`; then, over a window `w`,
+
+    error_ratio(w) = 1 - sum(rate(H_bucket{SEL, le="SLO"}[w])) / sum(rate(H_count{SEL}[w]))
+
+`H` defaults to Triton's per-model histogram
+`nv_inference_first_response_histogram_ms` (buckets from `model_metrics` in
+config.pbtxt; `--metrics-config histogram_latencies=true`) and is configurable
+(`SloOptions.histogram`). `SEL` is `SloOptions.selector` formatted with the
+workload (default `model="{model}"`). The `le` bound is matched with a regex
+accepting both the shortest form (`15`, what Triton 2.51's prometheus-cpp
+prints, verified) and the float form (`15.0`, what Python's client prints and
+what Prometheus 3 normalises `le` to), so the rules survive either.
+
+Objective: 99.9 % of requests within the SLO over 30 days (configurable). The
+burn-rate table (per the SRE workbook, for a 30-day period):
+
+    severity  long  short  burn   (budget spent when it fires)
+    page      1h    5m     14.4   2 %
+    page      6h    30m    6      5 %
+    ticket    1d    2h     3      10 %
+    ticket    3d    6h     1      10 %
+
+A pair fires when the long AND the short window both burn faster than the
+rate; the pairs of one severity are ORed. No traffic (0/0 = NaN) never fires.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from controller.solver.problem import Plan, Workload
+
+#: (severity, long window, short window, burn rate), the SRE workbook's table for 30 days.
+BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
+    ("page", "1h", "5m", 14.4),
+    ("page", "6h", "30m", 6.0),
+    ("ticket", "1d", "2h", 3.0),
+    ("ticket", "3d", "6h", 1.0),
+)
+SEVERITIES = ("page", "ticket")
+#: Every window an SLI is recorded over (short to long).
+SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
+
+DEFAULT_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+DEFAULT_OBJECTIVE = 0.999
+DEFAULT_PERIOD_DAYS = 30
+
+RULES_FILE = "prometheus-rules.yml"
+RULES_TEST_FILE = "prometheus-rules.test.yml"
+DASHBOARD_FILE = "grafana-dashboard.json"
+GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
+
+_LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
+
+
+class AlertConfigError(ValueError):
+    """Options or workloads cannot be turned into valid rules; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SloOptions:
+    """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, Triton's histogram."""
+
+    objective: float = DEFAULT_OBJECTIVE          # share of requests that must meet the SLO
+    period_days: int = DEFAULT_PERIOD_DAYS        # SLO period (budget window)
+    histogram: str = DEFAULT_HISTOGRAM            # histogram metric family, in milliseconds
+    selector: str = 'model="{model}"'             # label matchers of one workload's series
+    rule_interval: str | None = None              # group evaluation interval (None: Prometheus' global)
+    datasource_uid: str = "prometheus"            # Grafana data source of the dashboard/alerts
+    folder: str = "stoke"                         # Grafana folder of the alert rules
+    org_id: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.objective, bool) or not isinstance(self.objective, (int, float)) \
+                or not 0.0 < self.objective < 1.0:
+            raise AlertConfigError(f"objective must be a ratio in (0, 1) such as 0.999, got {self.objective!r}")
+        if isinstance(self.period_days, bool) or not isinstance(self.period_days, int) or self.period_days < 1:
+            raise AlertConfigError(f"period_days must be a whole number >= 1, got {self.period_days!r}")
+        if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.histogram):
+            raise AlertConfigError(f"histogram {self.histogram!r} is not a Prometheus metric name")
+        try:
+            self.selector.format(model="m", name="n")
+        except (KeyError, IndexError, ValueError) as err:
+            raise AlertConfigError(f"selector {self.selector!r} may use only {{model}} and {{name}} ({err})") from None
+
+    @property
+    def error_budget(self) -> float:
+        return 1.0 - self.objective
+
+    @property
+    def period(self) -> str:
+        return f"{self.period_days}d"
+
+
+# --------------------------------------------------------------------------- helpers
+
+def format_number(value: float) -> str:
+    """Short text of a number for expressions: 15 -> '15', 0.0010000000000000009 -> '0.001'."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.12g}"
+
+
+def le_text(slo_ms: float) -> str:
+    """The `le` bound as Triton 2.51 prints it (shortest round-trip form): 15 -> '15', 2.5 -> '2.5'."""
+    value = float(slo_ms)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def le_matcher(slo_ms: float) -> str:
+    """Regex matching the `le` label of the bucket at `slo_ms` in every printed form.
+
+    Used inside a PromQL raw (backtick) string, so the backslashes stay as they are.
+    Triton 2.51 (prometheus-cpp) prints `15`; Python clients and Prometheus 3
+    (which normalises `le` on ingestion) print `15.0`. 2.5 is `2.5` in both.
+    """
+    text = le_text(slo_ms)
+    escaped = re.escape(text)
+    return f"{escaped}(\\.0)?" if "." not in text and "e" not in text else escaped
+
+
+def _check_label_value(value: str, what: str) -> str:
+    if not _LABEL_VALUE.match(value):
+        raise AlertConfigError(f"{what} {value!r} cannot be a label value (no quotes, backslashes or newlines)")
+    return value
+
+
+def workload_selector(workload: Workload, options: SloOptions) -> str:
+    """Label matchers (without braces) of one workload's Triton series."""
+    _check_label_value(workload.model, f"workload {workload.name!r}: model")
+    return options.selector.format(model=workload.model, name=workload.name)
+
+
+def _ident(workload: Workload) -> dict[str, str]:
+    return {"workload": _check_label_value(workload.name, "workload name"), "model": workload.model}
+
+
+def _wl(workload: Workload) -> str:
+    return f'workload="{workload.name}"'
+
+
+def _uid(*parts: str) -> str:
+    """Stable Grafana uid (<= 40 chars, [a-zA-Z0-9_-])."""
+    slug = re.sub(r"[^a-zA-Z0-9_-]+", "-", "-".join(parts)).strip("-")[:27]
+    digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:12]
+    return f"{slug}-{digest}"
+
+
+def _validate(workloads: Sequence[Workload]) -> tuple[Workload, ...]:
+    workloads = tuple(workloads)
+    if not workloads:
+        raise AlertConfigError("no workloads: give at least one workload to alert on")
+    names = [w.name for w in workloads]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise AlertConfigError(f"workload names must be unique; repeated: {', '.join(repeated)}")
+    for w in workloads:
+        _check_label_value(w.name, "workload name")
+        _check_label_value(w.model, f"workload {w.name!r}: model")
+    return workloads
+
+
+def shared_selectors(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, list[str]]:
+    """Selectors used by more than one workload (their SLIs then measure the same traffic)."""
+    by_selector: dict[str, list[str]] = {}
+    for w in workloads:
+        by_selector.setdefault(workload_selector(w, options), []).append(w.name)
+    return {sel: names for sel, names in by_selector.items() if len(names) > 1}
+
+
+# --------------------------------------------------------------------------- Prometheus rules
+
+def sli_expr(workload: Workload, window: str, options: SloOptions) -> str:
+    sel = workload_selector(workload, options)
+    h = options.histogram
+    good = f"sum(rate({h}_bucket{{{sel},le=~`{le_matcher(workload.slo_ms)}`}}[{window}]))"
+    total = f"sum(rate({h}_count{{{sel}}}[{window}]))"
+    return f"1 - ({good} / {total})"
+
+
+def recording_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """SLI error ratio of `workload` over every window, then its period average."""
+    labels = _ident(workload)
+    rules = [{"record": f"slo:sli_error:ratio_rate{w}", "expr": sli_expr(workload, w, options), "labels": dict(labels)}
+             for w in SLI_WINDOWS]
+    five = f"slo:sli_error:ratio_rate5m{{{_wl(workload)}}}"
+    rules.append({"record": f"slo:sli_error:ratio_rate{options.period}",
+                  "expr": f"sum_over_time({five}[{options.period}]) / count_over_time({five}[{options.period}])",
+                  "labels": dict(labels)})
+    return rules
+
+
+def metadata_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """Objective, budget, SLO target, planned rate, burn rates and budget remaining of `workload`."""
+    labels = _ident(workload)
+    wl = _wl(workload)
+    budget = f"slo:error_budget:ratio{{{wl}}}"
+
+    def rule(record: str, expr: str) -> dict[str, Any]:
+        return {"record": record, "expr": expr, "labels": dict(labels)}
+
+    return [
+        rule("slo:objective:ratio", f"vector({format_number(options.objective)})"),
+        rule("slo:error_budget:ratio", f"vector({format_number(options.error_budget)})"),
+        rule("slo:time_period:days", f"vector({options.period_days})"),
+        rule("slo:latency_target:ms", f"vector({format_number(workload.slo_ms)})"),
+        rule("slo:target_rate:rps", f"vector({format_number(workload.rate_rps)})"),
+        rule("slo:current_burn_rate:ratio", f"slo:sli_error:ratio_rate5m{{{wl}}} / on(workload, model) {budget}"),
+        rule("slo:period_burn_rate:ratio",
+             f"slo:sli_error:ratio_rate{options.period}{{{wl}}} / on(workload, model) {budget}"),
+        rule("slo:period_error_budget_remaining:ratio", f"1 - slo:period_burn_rate:ratio{{{wl}}}"),
+    ]
+
+
+def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> str:
+    """Pairs of (long AND short window above burn x budget), ORed, for one severity."""
+    wl = _wl(workload)
+    parts = []
+    for sev, long_w, short_w, burn in BURN_WINDOWS:
+        if sev != severity:
+            continue
+        threshold = f"({format_number(burn)} * {format_number(options.error_budget)})"
+        parts.append(f"(slo:sli_error:ratio_rate{long_w}{{{wl}}} > {threshold}\n"
+                     f" and slo:sli_error:ratio_rate{short_w}{{{wl}}} > {threshold})")
+    if not parts:
+        raise AlertConfigError(f"unknown severity {severity!r}; use one of {', '.join(SEVERITIES)}")
+    return "\nor\n".join(parts)
+
+
+def alert_annotations(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, str]:
+    pairs = [f"{lw}/{sw} at {format_number(b)}x" for s, lw, sw, b in BURN_WINDOWS if s == severity]
+    objective = format_number(options.objective * 100)
+    return {
+        "summary": f"{workload.name}: latency SLO error budget burning too fast ({severity})",
+        "description": (f"Workload {workload.name} (model {workload.model}): more than the allowed share of "
+                        f"requests is slower than {format_number(workload.slo_ms)} ms; objective {objective}% "
+                        f"over {options.period}; windows {', '.join(pairs)}."),
+    }
+
+
+def alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, Any]:
+    return {
+        "alert": ALERT_NAMES[severity],
+        "expr": alert_expr(workload, severity, options),
+        "labels": {"severity": severity, **_ident(workload)},
+        "annotations": alert_annotations(workload, severity, options),
+    }
+
+
+def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """The rule file (`groups:`) for all workloads: SLI, metadata and alert groups per workload."""
+    groups = []
+    for w in _validate(workloads):
+        for kind, rules in (("sli", recording_rules(w, options)), ("meta", metadata_rules(w, options)),
+                            ("alerts", [alert_rule(w, s, options) for s in SEVERITIES])):
+            group: dict[str, Any] = {"name": f"stoke-slo-{kind}-{w.name}"}
+            if options.rule_interval:
+                group["interval"] = options.rule_interval
+            group["rules"] = rules
+            groups.append(group)
+    return {"groups": groups}
+
+
+# --------------------------------------------------------------------------- promtool unit tests
+
+#: (scenario, error ratio as a multiple of the error budget, evaluation time)
+TEST_SCENARIOS: tuple[tuple[str, float, str], ...] = (
+    ("fast burn", 20.0, "20m"),    # 20 x budget: above every pair's burn rate, pages at once
+    ("slow burn", 2.0, "6h10m"),   # 2 x budget: only the 3d/6h pair at 1x (a ticket), once 6h have passed
+    ("healthy", 0.5, "6h10m"),     # half the budget: silent
+)
+
+
+def expected_firing(error_ratio: float, options: SloOptions = SloOptions()) -> tuple[str, ...]:
+    """Severities that fire for a constant error ratio, once every window has filled."""
+    return tuple(s for s in SEVERITIES
+                 if any(sev == s and error_ratio > burn * options.error_budget for sev, _, _, burn in BURN_WINDOWS))
+
+
+def _series_values(per_step: float, steps: int) -> str:
+    return f"0+{format_number(per_step)}x{steps}"
+
+
+def rule_tests(workloads: Sequence[Workload], options: SloOptions = SloOptions(),
+               rules_file: str = RULES_FILE, le_style: str = "short") -> dict[str, Any]:
+    """A `promtool test rules` file for the generated rules.
+
+    Every workload gets 600 requests/min (a sample every 2 minutes) and a constant
+    share of slow requests: the fast burn 20 x the error budget (capped at
+    100 %), the slow burn 2 x, the healthy series 0.5 x. Which severities fire
+    follows from the burn-rate table (`expected_firing`); with the default
+    99.9 % objective: page and ticket, ticket only, nothing. `le_style` writes
+    the bucket bound as Triton prints it ('short': `15`) or as Python clients
+    and Prometheus 3 do ('float': `15.0`).
+    """
+    if le_style not in ("short", "float"):
+        raise AlertConfigError("le_style must be 'short' or 'float'")
+    workloads = _validate(workloads)
+    step_minutes = 2
+    total = 600.0 * step_minutes               # requests per step: 600/min
+    steps = (6 * 60 + 20) // step_minutes
+    tests = []
+    for name, multiple, eval_time in TEST_SCENARIOS:
+        ratio = min(1.0, multiple * options.error_budget)
+        firing = expected_firing(ratio, options)
+        good = total * (1.0 - ratio)
+        # Workloads sharing a selector share the series: one bucket per distinct SLO bound, all with
+        # the same good count (no request lands between two SLO bounds), so each sees `ratio`.
+        series: dict[str, str] = {}
+        for w in workloads:
+            sel = workload_selector(w, options)
+            le = le_text(w.slo_ms)
+            if le_style == "float" and "." not in le and "e" not in le:
+                le += ".0"
+            series[f'{options.histogram}_bucket{{{sel},le="{le}"}}'] = _series_values(good, steps)
+            series[f'{options.histogram}_bucket{{{sel},le="+Inf"}}'] = _series_values(total, steps)
+            series[f"{options.histogram}_count{{{sel}}}"] = _series_values(total, steps)
+        cases = []
+        for severity in SEVERITIES:
+            exp = []
+            if severity in firing:
+                exp = [{"exp_labels": {"severity": severity, **_ident(w)},
+                        "exp_annotations": alert_annotations(w, severity, options)} for w in workloads]
+            cases.append({"eval_time": eval_time, "alertname": ALERT_NAMES[severity], "exp_alerts": exp})
+        expr_tests = [{  # the recorded SLI equals the injected error ratio (to 1e-9)
+            "expr": f"abs(slo:sli_error:ratio_rate5m{{{_wl(w)}}} - {format_number(ratio)}) < bool 1e-9",
+            "eval_time": eval_time,
+            "exp_samples": [{"labels": "{" + ",".join(f'{k}="{v}"' for k, v in _ident(w).items()) + "}",
+                             "value": 1}],
+        } for w in workloads]
+        tests.append({"name": f"{name}: {', '.join(firing) or 'nothing'} fires",
+                      "interval": f"{step_minutes}m",
+                      "input_series": [{"series": k, "values": v} for k, v in series.items()], "alert_rule_test": cases,
+                      "promql_expr_test": expr_tests})
+    return {"rule_files": [rules_file], "evaluation_interval": f"{step_minutes}m", "tests": tests}
+
+
+# --------------------------------------------------------------------------- Grafana dashboard
+
+def _target(expr: str, legend: str, ref: str, ds: dict[str, str]) -> dict[str, Any]:
+    return {"refId": ref, "expr": expr, "legendFormat": legend, "datasource": ds}
+
+
+def _panel(pid: int, title: str, kind: str, grid: tuple[int, int, int, int], targets: list[dict[str, Any]],
+           ds: dict[str, str], unit: str = "short", **extra: Any) -> dict[str, Any]:
+    x, y, w, h = grid
+    panel = {"id": pid, "type": kind, "title": title, "datasource": ds,
+             "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
+             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "options": {}}
+    panel.update(extra)
+    return panel
+
+
+def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per workload: its replicas' GPU index, GPU type, node, share and batch from the plan."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    if plan is None:
+        return rows
+    for gpu, p in plan.placements():
+        rows.setdefault(p.name, []).append({
+            "gpu": gpu, "gpu_type": plan.gpus[gpu].gpu_type,
+            "node": (nodes or {}).get(gpu, f"gpu-{gpu}"),
+            "share_pct": p.share_pct, "batch": p.batch, "replica": p.replica, "replicas": p.replicas,
+            "rate_rps": p.rate_rps, "predicted_worst_ms": p.predicted_worst_ms})
+    return rows
+
+
+def _plan_markdown(name: str, rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"Workload **{name}** is not in the plan (rendered without a plan, or not placed)."
+    lines = ["| replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
+                     f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
+                     f"{format_number(round(r['rate_rps'], 2))} | {format_number(round(r['predicted_worst_ms'], 3))} |")
+    return "\n".join(lines)
+
+
+def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOptions(),
+                      plan: Plan | None = None, nodes: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """Dashboard: per workload a row with latency vs SLO, rate, budget, batch, share and node."""
+    workloads = _validate(workloads)
+    ds = {"type": "prometheus", "uid": "${datasource}"}
+    rows = plan_rows(plan, nodes)
+    panels: list[dict[str, Any]] = []
+    pid = 0
+    y = 0
+
+    def next_id() -> int:
+        nonlocal pid
+        pid += 1
+        return pid
+
+    for w in workloads:
+        sel = workload_selector(w, options)
+        wl = _wl(w)
+        h = options.histogram
+        panels.append({"id": next_id(), "type": "row", "title": f"{w.name} ({w.model}, SLO {format_number(w.slo_ms)} ms, "
+                       f"{format_number(w.rate_rps)} rps)", "collapsed": False,
+                       "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
+        y += 1
+        slo_threshold = {"mode": "absolute", "steps": [{"color": "green", "value": None},
+                                                       {"color": "red", "value": float(w.slo_ms)}]}
+        latency = _panel(next_id(), f"{w.name}: latency vs SLO", "timeseries", (0, y, 8, 8), [
+            _target(f"histogram_quantile(0.99, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p99", "A", ds),
+            _target(f"histogram_quantile(0.5, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p50", "B", ds),
+            _target(f"sum(rate(nv_inference_request_duration_us{{{sel}}}[5m])) / "
+                    f"sum(rate(nv_inference_request_success{{{sel}}}[5m])) / 1000", "mean (Triton)", "C", ds),
+            _target(f"slo:latency_target:ms{{{wl}}}", "SLO", "D", ds),
+        ], ds, unit="ms")
+        latency["fieldConfig"]["defaults"]["thresholds"] = slo_threshold
+        latency["fieldConfig"]["defaults"]["custom"] = {"thresholdsStyle": {"mode": "line"}}
+        panels.append(latency)
+        panels.append(_panel(next_id(), f"{w.name}: request rate", "timeseries", (8, y, 8, 8), [
+            _target(f"sum(rate(nv_inference_request_success{{{sel}}}[5m]))", "served", "A", ds),
+            _target(f"sum(rate(nv_inference_request_failure{{{sel}}}[5m]))", "failed", "B", ds),
+            _target(f"slo:target_rate:rps{{{wl}}}", "planned", "C", ds),
+        ], ds, unit="reqps"))
+        budget = _panel(next_id(), f"{w.name}: error budget remaining ({options.period})", "stat", (16, y, 4, 4), [
+            _target(f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining", "A", ds)], ds,
+            unit="percentunit")
+        budget["fieldConfig"]["defaults"]["thresholds"] = {"mode": "absolute", "steps": [
+            {"color": "red", "value": None}, {"color": "orange", "value": 0.25}, {"color": "green", "value": 0.5}]}
+        panels.append(budget)
+        panels.append(_panel(next_id(), f"{w.name}: burn rate (5m)", "stat", (20, y, 4, 4), [
+            _target(f"slo:current_burn_rate:ratio{{{wl}}}", "burn", "A", ds)], ds, unit="short"))
+        batch_targets = [_target(f"sum(rate(nv_inference_count{{{sel}}}[5m])) / "
+                                 f"sum(rate(nv_inference_exec_count{{{sel}}}[5m]))", "observed mean batch", "A", ds)]
+        wrows = rows.get(w.name, [])
+        for i, r in enumerate(wrows):
+            batch_targets.append(_target(f"vector({r['batch']})", f"planned batch (replica {r['replica']})",
+                                         chr(ord("B") + i), ds))
+        panels.append(_panel(next_id(), f"{w.name}: batch", "timeseries", (16, y + 4, 8, 4), batch_targets[:26], ds))
+        y += 8
+        panels.append(_panel(next_id(), f"{w.name}: placement (share, batch, node)", "text", (0, y, 24, 4), [], ds,
+                             options={"mode": "markdown", "content": _plan_markdown(w.name, wrows)}))
+        y += 4
+
+    panels.append({"id": next_id(), "type": "row", "title": "Devices (stoke agent exporter)", "collapsed": False,
+                   "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
+    y += 1
+    device_panels = [
+        ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
+        ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
+        ("power", "stoke_device_power_watts", "watt"),
+        ("memory used", "stoke_device_memory_used_bytes", "bytes"),
+    ]
+    for i, (title, metric, unit) in enumerate(device_panels):
+        panels.append(_panel(next_id(), title, "timeseries", (6 * i, y, 6, 8), [
+            _target(metric, "{{instance}} {{kind}}{{device}}", "A", ds)], ds, unit=unit))
+    y += 8
+    panels.append(_panel(next_id(), "throttle reasons active", "timeseries", (0, y, 12, 6), [
+        _target("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}", "A", ds)], ds))
+    panels.append(_panel(next_id(), "GPU processes (compute + MPS)", "timeseries", (12, y, 12, 6), [
+        _target("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}", "A", ds)], ds))
+
+    return {
+        "uid": _uid("stoke-slo", *(w.name for w in workloads)),
+        "title": "stoke: inference SLOs",
+        "tags": ["stoke", "slo", "triton"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
+                                 "label": "Data source",
+                                 "current": {"text": options.datasource_uid, "value": options.datasource_uid}}]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+# --------------------------------------------------------------------------- Grafana alert provisioning
+
+_DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(window: str) -> int:
+    return int(window[:-1]) * _DURATION_SECONDS[window[-1]]
+
+
+def grafana_alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """One Grafana-managed rule evaluating the same burn-rate expression (A) with a threshold (C)."""
+    longest = max(_seconds(lw) for s, lw, _, _ in BURN_WINDOWS if s == severity)
+    return {
+        "uid": _uid("stoke", severity, workload.name),
+        "title": f"{workload.name}: latency SLO burn ({severity})",
+        "condition": "C",
+        "data": [
+            {"refId": "A", "relativeTimeRange": {"from": longest, "to": 0},
+             "datasourceUid": options.datasource_uid,
+             "model": {"refId": "A", "expr": alert_expr(workload, severity, options), "instant": True,
+                       "intervalMs": 1000, "maxDataPoints": 43200}},
+            {"refId": "C", "relativeTimeRange": {"from": 0, "to": 0}, "datasourceUid": "__expr__",
+             "model": {"refId": "C", "type": "threshold", "expression": "A",
+                       "datasource": {"type": "__expr__", "uid": "__expr__"},
+                       "conditions": [{"evaluator": {"type": "gt", "params": [0]}}]}},
+        ],
+        "noDataState": "OK",
+        "execErrState": "Error",
+        "for": "0s",
+        "isPaused": False,
+        "labels": {"severity": severity, **_ident(workload)},
+        "annotations": alert_annotations(workload, severity, options),
+    }
+
+
+def grafana_alerting(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """Grafana alert provisioning file: apiVersion 1, one group with every workload's rules.
+
+    The rules read the `slo:sli_error:*` series, so the Prometheus recording
+    rules must be loaded; Grafana only evaluates the alert expressions.
+    """
+    workloads = _validate(workloads)
+    return {"apiVersion": 1, "groups": [{
+        "orgId": options.org_id, "name": "stoke-slo", "folder": options.folder, "interval": "1m",
+        "rules": [grafana_alert_rule(w, s, options) for w in workloads for s in SEVERITIES]}]}
+
+
+# --------------------------------------------------------------------------- all files
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (PromQL) as literal blocks."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def _yaml(data: Any, header: str) -> str:
+    return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120,
+                              allow_unicode=True)
+
+
+def render_all(workloads: Sequence[Workload], options: SloOptions = SloOptions(), plan: Plan | None = None,
+               nodes: Mapping[int, str] | None = None) -> dict[str, str]:
+    """Every artefact as file name -> text (deterministic; the caller writes them)."""
+    workloads = _validate(workloads)
+    shared = shared_selectors(workloads, options)
+    note = ""
+    if shared:
+        note = "".join(f"# NOTE: workloads {', '.join(n)} share the series {{{s}}}: their SLIs measure the same "
+                       f"traffic. Give each workload its own series (selector option).\n" for s, n in shared.items())
+    header = (f"# Generated by `stoke alerts render`; do not edit. Objective {format_number(options.objective * 100)}% "
+              f"of requests under each workload's SLO over {options.period};\n# SLI histogram {options.histogram}.\n"
+              + note)
+    files = {
+        RULES_FILE: _yaml(prometheus_rules(workloads, options), header),
+        DASHBOARD_FILE: json.dumps(grafana_dashboard(workloads, options, plan, nodes), indent=2) + "\n",
+        GRAFANA_ALERTS_FILE: _yaml(grafana_alerting(workloads, options), header),
+    }
+    files[RULES_TEST_FILE] = _yaml(rule_tests(workloads, options), header)
+    return files
+
+
+def summary_rows(workloads: Iterable[Workload], options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """One row per workload for a human table: SLO, objective and the page/ticket thresholds."""
+    out = []
+    for w in workloads:
+        out.append({"workload": w.name, "model": w.model, "slo_ms": w.slo_ms,
+                    "objective_pct": options.objective * 100,
+                    "page_error_ratio": 14.4 * options.error_budget,
+                    "ticket_error_ratio": 1.0 * options.error_budget,
+                    "selector": workload_selector(w, options)})
+    return out
