@@ -347,6 +347,10 @@ class ControlService:
     def _mark_changed(self) -> None:
         self._changed.set()
 
+    def wake(self) -> None:
+        """Make the next `wait_for_change` return at once."""
+        self._changed.set()
+
     def wait_for_change(self, timeout: float) -> bool:
         """Block until something changed that needs a reconcile (or timeout); clears the flag."""
         fired = self._changed.wait(timeout)
@@ -584,6 +588,7 @@ class ControlService:
         with self._reconcile_lock:
             started = time.perf_counter()
             error = False
+            fingerprint = None
             try:
                 self.check_nodes()
                 inputs = self._observe()
@@ -598,6 +603,7 @@ class ControlService:
             except ProblemError as err:
                 error = True
                 self._last_error = f"solve failed: {err}"
+                self._last_inputs = fingerprint      # re-solve on the next change, not every tick
                 raise
             except Exception as err:
                 error = True
@@ -616,6 +622,8 @@ class ControlService:
 
     def _act(self, view: PlanView) -> ApplyOutcome:
         applied = self._applied
+        if applied is None and not view.plan.gpus and not view.pending:
+            return ApplyOutcome(plan=view, changed=False, changes=())   # nothing to run, nothing to record
         if applied is not None:
             old = self.current_plan()
             assert old is not None

@@ -1,0 +1,242 @@
+"""The node agent: register, heartbeat, apply assignments, report what runs.
+
+Two threads, so a slow apply (starting Triton processes) never delays a
+heartbeat and the controller never mistakes a busy node for a lost one:
+
+- the *control* thread (`heartbeat_once`) registers the node with its devices,
+  then heartbeats every interval with the last snapshot of what runs, the
+  per-model figures scraped from Triton and the events since the last
+  heartbeat. Assignments come back in every heartbeat answer (polling: the
+  answer carries the node's full assignment list and the plan revision). If
+  the controller is unreachable it retries with exponential backoff
+  (`backoff_s` doubling up to `max_backoff_s`) while Triton keeps serving;
+  an answer ``registered=False`` (a restarted controller) makes it register
+  again.
+- the *fleet* thread (`fleet_once`) is the only one touching the Triton fleet:
+  it applies the latest assignments when they differ from what it applied
+  last (idempotent: `TritonFleet.apply` reloads on a batch change, moves on a
+  share change, leaves the rest), retries a failed apply after
+  `retry_apply_s`, restarts crashed Triton processes (`check_health`) and
+  scrapes the figures (`observe`), then publishes a snapshot.
+
+The fleet is any object with `apply`, `observe`, `check_health`, `running`,
+`close` (see `agents.triton.TritonFleet`); the client any object with
+`register` and `heartbeat` (see `controller.api.client.ControllerClient`).
+Time comes from the injected `clock`; waiting from the injected `sleep`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from controller.assignment import ModelAssignment
+from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice, Observation
+
+log = logging.getLogger("stoke.agent")
+
+
+class Fleet(Protocol):
+    def apply(self, assignments: Sequence[ModelAssignment]) -> Any: ...
+    def observe(self) -> list[Any]: ...
+    def check_health(self) -> list[str]: ...
+    def running(self) -> list[ModelAssignment]: ...
+    def close(self) -> None: ...
+
+
+class Client(Protocol):
+    def register(self, node_id: str, devices: Sequence[NodeDevice], address: str = "") -> float: ...
+    def heartbeat(self, report: HeartbeatReport) -> HeartbeatAnswer: ...
+
+
+def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
+    """This node's devices, through `agents.device` when present, else the CPU as one device."""
+    try:
+        from agents.device import open_device   # NVML / CPU behind one interface
+    except ImportError:
+        open_device = None
+    if open_device is not None:
+        device = open_device(kind)
+        try:
+            infos = device.describe()
+        finally:
+            close = getattr(device, "close", None)
+            if close:
+                close()
+        return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
+                                memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
+                                cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
+    cores = len(os.sched_getaffinity(0))
+    return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
+                       cores=cores),)
+
+
+def observation_of(o: Any) -> Observation:
+    """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation."""
+    return Observation(key=o.key, model=o.model, request_rate_rps=float(o.request_rate_rps),
+                       mean_batch=float(o.mean_batch), mean_queue_ms=float(o.mean_queue_ms),
+                       mean_compute_ms=float(o.mean_compute_ms), failures=int(o.failures), success=int(o.success),
+                       endpoint=str(o.endpoint))
+
+
+@dataclass
+class AgentState:
+    registered: bool = False
+    connected: bool = False
+    failures: int = 0                    # consecutive controller failures
+    next_attempt: float = 0.0
+    desired: tuple[ModelAssignment, ...] | None = None
+    desired_revision: int = 0
+    applied: tuple[ModelAssignment, ...] | None = None
+    applied_revision: int = 0
+    apply_errors: tuple[str, ...] = ()
+    last_apply: float = 0.0
+    applies: int = 0
+    running: tuple[ModelAssignment, ...] = ()
+    observed: tuple[Observation, ...] = ()
+    events: list[str] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(self, client: Client, fleet: Fleet, node_id: str, devices: Sequence[NodeDevice], *,
+                 address: str = "", heartbeat_interval_s: float = 2.0, backoff_s: float = 0.5,
+                 max_backoff_s: float = 10.0, retry_apply_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.fleet = fleet
+        self.node_id = node_id
+        self.devices = tuple(devices)
+        self.address = address
+        self.interval_s = heartbeat_interval_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.retry_apply_s = retry_apply_s
+        self.clock = clock
+        self.state = AgentState()
+        self._lock = threading.Lock()
+        self._wake_fleet = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------ control side
+
+    def _event(self, text: str) -> None:
+        with self._lock:
+            self.state.events.append(f"{time.strftime('%H:%M:%S', time.gmtime())} {text}")
+            del self.state.events[:-50]
+
+    def heartbeat_once(self) -> float:
+        """Register if needed, heartbeat once; returns the seconds to wait before the next call."""
+        s = self.state
+        now = self.clock()
+        if now < s.next_attempt:
+            return s.next_attempt - now
+        try:
+            if not s.registered:
+                interval = self.client.register(self.node_id, self.devices, self.address)
+                if interval > 0:
+                    self.interval_s = interval
+                s.registered = True
+                log.info("registered %s with %d device(s)", self.node_id, len(self.devices))
+            with self._lock:
+                events = list(s.events)
+                report = HeartbeatReport(node_id=self.node_id, running=s.running, observed=s.observed,
+                                         events=tuple(events), errors=s.apply_errors,
+                                         applied_revision=s.applied_revision)
+            answer = self.client.heartbeat(report)
+        except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
+            s.failures += 1
+            delay = min(self.max_backoff_s, self.backoff_s * (2 ** (s.failures - 1)))
+            if s.connected or s.failures == 1:
+                log.warning("controller unreachable (%s); retrying in %.1fs, Triton keeps serving", err, delay)
+            s.connected = False
+            s.next_attempt = now + delay
+            return delay
+        with self._lock:
+            del s.events[:len(events)]
+        if not s.connected and s.failures:
+            self._event(f"reconnected to the controller after {s.failures} failed attempt(s)")
+        s.connected, s.failures, s.next_attempt = True, 0, 0.0
+        if not answer.registered:
+            s.registered = False          # the controller restarted or forgot us: register right away
+            return 0.0
+        if answer.heartbeat_interval_s > 0:
+            self.interval_s = answer.heartbeat_interval_s
+        with self._lock:
+            if s.desired != tuple(answer.assignments) or s.desired_revision != answer.revision:
+                s.desired, s.desired_revision = tuple(answer.assignments), answer.revision
+                self._wake_fleet.set()
+        return self.interval_s
+
+    # ------------------------------------------------------------ fleet side
+
+    def fleet_once(self) -> None:
+        """Apply if the desired assignments changed (or a failed apply is due a retry), heal, observe."""
+        s = self.state
+        with self._lock:
+            desired, revision = s.desired, s.desired_revision
+        now = self.clock()
+        due = desired is not None and (desired != s.applied or
+                                       (s.apply_errors and now - s.last_apply >= self.retry_apply_s))
+        if due:
+            assert desired is not None
+            report = self.fleet.apply(desired)
+            s.last_apply, s.applies = now, s.applies + 1
+            s.applied = desired
+            errors = tuple(getattr(report, "errors", ()))
+            s.apply_errors = errors
+            if not errors:
+                s.applied_revision = revision
+            parts = [f"{name} {', '.join(keys)}" for name in ("started", "reloaded", "moved", "stopped")
+                     if (keys := getattr(report, name, ()))]
+            if parts or errors:
+                self._event(f"applied revision {revision}: " + ("; ".join(parts) or "no change")
+                            + (f"; errors: {' | '.join(errors)}" if errors else ""))
+        for e in self.fleet.check_health():
+            self._event(e)
+        observed = tuple(observation_of(o) for o in self.fleet.observe())
+        running = tuple(self.fleet.running())
+        with self._lock:
+            s.observed, s.running = observed, running
+
+    # ------------------------------------------------------------ threads
+
+    def _control_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.heartbeat_once()
+            except Exception:  # noqa: BLE001 - never let the loop die
+                log.exception("heartbeat failed")
+                wait = self.interval_s
+            self._stop.wait(max(0.0, wait))
+
+    def _fleet_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.fleet_once()
+            except Exception:  # noqa: BLE001
+                log.exception("fleet step failed")
+            self._wake_fleet.wait(self.interval_s)
+            self._wake_fleet.clear()
+
+    def start(self) -> None:
+        for target, name in ((self._control_loop, "agent-control"), (self._fleet_loop, "agent-fleet")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, close_fleet: bool = True) -> None:
+        self._stop.set()
+        self._wake_fleet.set()
+        for t in self._threads:
+            t.join(timeout=30)
+        self._threads.clear()
+        if close_fleet:
+            self.fleet.close()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
