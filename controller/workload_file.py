@@ -11,6 +11,7 @@
         slo_ms: 15
         rate_rps: 500
         gpu_type: V100         # optional preference
+        arrivals: poisson      # optional: poisson (default, independent users) or constant (paced clients)
 
 Every error names the file, the field and the fix.
 """
@@ -82,10 +83,14 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
         where = f"workloads[{i}]"
         if not isinstance(item, dict):
             raise WorkloadFileError(f"{source}: {where} must be a mapping with name, model, slo_ms, rate_rps")
-        unknown = sorted(set(item) - {"name", "model", "slo_ms", "rate_rps", "gpu_type"})
+        unknown = sorted(set(item) - {"name", "model", "slo_ms", "rate_rps", "gpu_type", "arrivals"})
         if unknown:
             raise WorkloadFileError(f"{source}: {where} has unknown field {unknown[0]!r}; "
-                                    f"allowed: name, model, slo_ms, rate_rps, gpu_type")
+                                    f"allowed: name, model, slo_ms, rate_rps, gpu_type, arrivals")
+        arrivals = item.get("arrivals", "poisson")
+        if arrivals not in ("poisson", "constant"):
+            raise WorkloadFileError(f"{source}: {where}.arrivals must be 'poisson' (independent users, the default) "
+                                    f"or 'constant' (paced clients), got {arrivals!r}")
         name = _text(item, "name", where, source)
         if name in seen:
             raise WorkloadFileError(f"{source}: {where}.name {name!r} is repeated; workload names must be unique")
@@ -95,7 +100,8 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
             raise WorkloadFileError(f"{source}: {where}.gpu_type must be a GPU type name, got {gpu_type!r}")
         workloads.append(Workload(name=name, model=_text(item, "model", where, source),
                                   slo_ms=_number(item, "slo_ms", where, source),
-                                  rate_rps=_number(item, "rate_rps", where, source), gpu_type=gpu_type))
+                                  rate_rps=_number(item, "rate_rps", where, source), gpu_type=gpu_type,
+                                  arrivals=arrivals))
     return tuple(workloads)
 
 

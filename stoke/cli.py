@@ -18,6 +18,7 @@ from stoke.errors import UserError
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.control",
 )
 
 EXIT_USAGE = 2

@@ -1,27 +1,31 @@
 """stoke's strategy: joint batch/share from the real latency budget, best fit, local search.
 
-Formulation. A request of workload w (SLO T, rate R) waits at most for its
-batch to fill, q(b) = (b-1)/R, then the batch runs in t_inf(b, r) on a GPU
-shared with others. stoke keeps a safety margin m of the SLO for queueing
-and jitter (default 10%) and a throughput headroom u (default 10%):
+Formulation. A request of workload w (SLO T, rate R) waits at most q(b) =
+(b-1)/R for its batch to fill (Triton's max queue delay), may queue behind
+earlier batches, then runs in t_inf(b, r) on a GPU shared with others. With
+a safety margin m (default 10%) and a utilisation cap (default 0.9):
 
-    q(b) + t_inf(b, r | co-located) <= (1 - m) * T      and      h(b, r) >= (1 + u) * R
+    q(b) + t_inf(b, r | co-located) + W99(b, r) <= (1 - m) * T,    R / h(b, r) <= 0.9
 
-Per workload and GPU type it builds the candidate table over b = 1..32 (the
-smallest share meeting both alone) and keeps the batch with the smallest
-share. Workloads that need more than a GPU are split into n replicas of rate
-R/n (the smallest n that fits); a workload whose model cannot meet (1-m)*T
-even at batch 1 on a whole GPU is rejected.
+where W99 is the p99 queueing wait of a G/G/1 server whose customers are
+batches (`candidates.wait_p99_ms`; it depends on whether clients send
+Poisson or paced traffic). Per workload and GPU type the solo candidate
+table over b = 1..32 x every share step is evaluated at once and the batch
+with the smallest feasible share kept: batch and share are chosen jointly
+from the whole budget instead of splitting the SLO in half. A workload that
+needs more than one GPU fills whole GPUs at their best feasible rate, then
+places the residual rate as one more replica; one whose model cannot meet
+(1-m)*T even at batch 1 on a whole GPU is rejected.
 
 Placement: candidates in decreasing share order, best fit (the GPU left
 fullest after `colocate` raises the shares that interference pushes over
 their target); a new GPU is opened from the type where the workload costs
 least (price x share). Then a local search tries to empty GPUs, lightest
-first: move each of its workloads to another GPU, or swap it with a smaller
-workload of another GPU; a GPU is dropped only when all its workloads found a
-place. Instances of up to `EXACT_LIMIT` candidates are solved exactly (depth-
-first search over partitions with the same feasibility check), so small plans
-are optimal for the model.
+first: move each of its workloads to another GPU, or swap it for a smaller
+workload that moves to a third; a GPU is dropped only when all its workloads
+found a place. Instances of up to `EXACT_LIMIT` candidates are also solved
+exactly (depth-first search over partitions with the same feasibility
+check), so small plans are optimal for the model.
 
 Stability: with `current` (the plan that runs), its GPUs are re-used first,
 in order and with their keys, holding the workloads they held where those
