@@ -2,7 +2,7 @@
 
 Configuration (YAML, every key optional; `stoke controller --config FILE`):
 
-    listen: 127.0.0.1:7070          # gRPC address (host:port; port 0 = any free port)
+    listen: 127.0.0.1:50051         # gRPC address (host:port; port 0 = any free port)
     metrics_listen: 127.0.0.1:9470  # Prometheus /metrics ("" = off)
     db: stoke-controller.db         # SQLite file (WAL); relative to the config file
     token_file: token.txt           # bearer token (first line); else $STOKE_TOKEN; else no auth (a warning)
@@ -55,7 +55,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    listen: str = "127.0.0.1:7070"
+    listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9470"
     db: str = "stoke-controller.db"
     token_file: str | None = None
@@ -148,7 +148,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
     if strategy not in STRATEGIES:
         raise ConfigError(f"{source}: strategy {strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
     values = dict(
-        listen=address("listen", "127.0.0.1:7070"),
+        listen=address("listen", "127.0.0.1:50051"),
         metrics_listen=address("metrics_listen", "127.0.0.1:9470", allow_empty=True),
         db=rel(data.get("db", "stoke-controller.db"), "db") or "stoke-controller.db",
         token_file=rel(data.get("token_file"), "token_file"),

@@ -378,7 +378,7 @@ class ControlService:
             if w.model not in known:
                 raise InvalidArgument(f"{where}.model", f"{w.model!r} has no fitted profile on this controller "
                                       f"(profiled: {', '.join(known) or 'none'}); upload one with "
-                                      f"`stoke profile upload` or use a profiled model")
+                                      f"`stoke profiles upload FILE` or use a profiled model")
             if w.gpu_type is not None and w.gpu_type not in profiles:
                 raise InvalidArgument(f"{where}.gpu_type", f"{w.gpu_type!r} has no profile "
                                       f"(known: {', '.join(sorted(profiles)) or 'none'}); drop it or use a "
