@@ -91,14 +91,15 @@ def read_spec(path: str | os.PathLike[str] | None) -> tuple[Any, str]:
 
 
 def read_curve_csv(path: str | os.PathLike[str] | None, batch: int | None = None) -> dict[str, np.ndarray]:
-    """Columns of a loss-curve CSV (header row required).
+    """Columns of a loss-curve CSV (header row required; lines starting with # are comments).
 
     Accepted layouts: ``samples,loss``; ``iteration,loss`` with a ``batch``
     column or the `batch` argument (samples = iteration * batch); or the
     heterogeneous layout ``b_w,R,n,j,loss``.
     """
     target = data_path(BUNDLED_CURVE) if path is None else Path(path)
-    rows = list(csv.reader(_read_text(target, "loss curve").splitlines()))
+    lines = [ln for ln in _read_text(target, "loss curve").splitlines() if not ln.lstrip().startswith("#")]
+    rows = list(csv.reader(lines))
     if len(rows) < 2:
         raise TrainingSpecError(f"{target}: needs a header row and data rows (e.g. 'samples,loss')")
     header = [h.strip() for h in rows[0]]

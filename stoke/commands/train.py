@@ -1,0 +1,369 @@
+"""`stoke train ...`: distributed-training provisioning commands.
+
+    stoke train plan [SPEC.yaml] [--strategy spot|homogeneous] [--prices offline|live] [--json] [-o PLAN.json]
+    stoke train fit-loss [CURVE.csv] [--batch N] [--json] [-o FIT.json]
+    stoke train launch [PLAN.json] [--endpoint-url URL] [--region R]
+    stoke train watch [PLAN.json] [--metadata-url URL] [--endpoint-url URL] [--max-polls N]
+    stoke train terminate [--cluster NAME]
+    stoke train render [PLAN.json] [-o FILE]
+    stoke train comm-sim [PROFILE.yaml] [--scheduler fifo|priority|blocks|all] [--json]
+
+With no file, each command uses the bundled examples (the ResNet-110 spot
+fixture, an example loss curve, the ResNet-50-like gradient profile).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from controller.training import files
+from controller.training.blocks import plan_blocks, profile_from_dict
+from controller.training.comm_sim import SCHEDULERS, compare
+from controller.training.homogeneous import provision_homogeneous
+from controller.training.kube import render_manifests, validate_manifests
+from controller.training.problem import (TrainingPlan, TrainingSpecError, plan_from_dict, plan_to_dict,
+                                         spec_from_dict, with_overrides)
+from controller.training.spot import provision_spot
+from interference.profile_io import atomic_write_text
+from interference.training import TrainingModelError
+from interference.training_fit import LossCurveEstimator, SpotLossEstimator
+from stoke.errors import UserError
+
+FIT_FORMAT_VERSION = 1
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _add_cloud_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint-url", help="EC2 endpoint (e.g. a moto server for tests); default: AWS")
+    p.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
+    p.add_argument("--cluster", help="cluster tag value (default: the plan's job name)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="plan, launch and watch distributed training clusters",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = train.add_subparsers(dest="train_command", metavar="SUBCOMMAND", required=True)
+
+    p = sub.add_parser("plan", help="cheapest cluster that reaches the target loss by the deadline")
+    p.add_argument("spec", nargs="?", help="SPEC.yaml (default: the bundled ResNet-110 fixture)")
+    p.add_argument("--strategy", choices=("spot", "homogeneous"), default="spot")
+    p.add_argument("--prices", choices=("offline", "live"), default="offline",
+                   help="offline: bundled catalog; live: EC2 spot history + pricing API (cached)")
+    p.add_argument("--search", choices=("auto", "exact", "window"), default="auto",
+                   help="spot search: exact table, published sliding window, or auto (exact when small)")
+    p.add_argument("--deadline", type=float, help="override job.deadline_s")
+    p.add_argument("--loss", type=float, help="override job.target_loss")
+    p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("-o", "--output", help="also write the plan JSON here (input of `train launch`)")
+    p.add_argument("--endpoint-url", help="EC2/pricing endpoint for --prices live")
+    p.add_argument("--region", default="us-east-1")
+    p.set_defaults(run=run_plan)
+
+    p = sub.add_parser("fit-loss", help="fit a convergence curve from a loss CSV")
+    p.add_argument("curve", nargs="?", help="CURVE.csv: samples,loss | iteration,loss[,batch] | b_w,R,n,j,loss")
+    p.add_argument("--batch", type=int, help="global batch when the CSV has iterations but no batch column")
+    p.add_argument("--target", type=float, help="also report the samples to reach this loss")
+    p.add_argument("--r-weight", type=float, default=1.0, help="heterogeneous fit: weight of R (0 = R term off)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-o", "--output", help="write the fitted coefficients (JSON) here")
+    p.set_defaults(run=run_fit_loss)
+
+    p = sub.add_parser("launch", help="launch the plan's spot workers and PS (idempotent)")
+    p.add_argument("plan", nargs="?", help="PLAN.json from `train plan -o` (default: plan the bundled spec)")
+    p.add_argument("--image", default=None, help="AMI id of the training image")
+    _add_cloud_options(p)
+    p.set_defaults(run=run_launch)
+
+    p = sub.add_parser("watch", help="poll spot interruption notices; re-plan and replace on a notice")
+    p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
+    p.add_argument("--spec", help="SPEC.yaml the plan came from (default: the bundled one)")
+    p.add_argument("--metadata-url", default="http://169.254.169.254",
+                   help="instance metadata base URL, or a template with {instance_id}")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
+    p.add_argument("--max-polls", type=int, default=None, help="stop after this many polls (default: forever)")
+    _add_cloud_options(p)
+    p.set_defaults(run=run_watch)
+
+    p = sub.add_parser("terminate", help="terminate every instance of the cluster")
+    p.add_argument("plan", nargs="?", help="PLAN.json (names the cluster when --cluster is not given)")
+    _add_cloud_options(p)
+    p.set_defaults(run=run_terminate)
+
+    p = sub.add_parser("render", help="render the plan as Kubernetes Services + StatefulSets (YAML)")
+    p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
+    p.add_argument("--image", default="tensorflow/tensorflow:2.15.0-gpu")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
+    p.set_defaults(run=run_render)
+
+    p = sub.add_parser("comm-sim", help="simulate PS push/pull under FIFO, priority and block scheduling")
+    p.add_argument("profile", nargs="?", help="PROFILE.yaml (default: bundled resnet50; see --model)")
+    p.add_argument("--model", choices=("resnet50", "vgg19"), help="bundled profile to use when no file is given")
+    p.add_argument("--scheduler", choices=SCHEDULERS + ("all",), default="all")
+    p.add_argument("--bandwidth", type=float, help="override the profile's bandwidth (MB/s)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_comm_sim)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _errors():
+    return (TrainingSpecError, TrainingModelError)
+
+
+def _load_spec(path: str | None, strategy: str = "spot", prices: str = "offline", *, endpoint_url=None,
+               region="us-east-1", cache=None):
+    try:
+        data, source = files.read_spec(path)
+        if prices == "live":
+            from agents.cloud import CloudError, PriceSource, make_clients
+            ec2, pricing = make_clients(region, endpoint_url)
+            src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
+            types = list((data or {}).get("workers", {}) or {}) if isinstance(data, dict) else None
+            try:
+                catalog = src.live(types)
+            except CloudError as err:
+                raise UserError(f"{source}: live prices failed ({err}); retry with --prices offline") from None
+            notes = src.notes
+        else:
+            catalog, notes = files.offline_catalog(), []
+        market = "spot" if strategy == "spot" else "on_demand"
+        return spec_from_dict(data, catalog, source, market=market), catalog, notes
+    except _errors() as err:
+        raise UserError(str(err)) from None
+
+
+def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
+    try:
+        if strategy == "homogeneous":
+            return provision_homogeneous(spec)
+        return provision_spot(spec, search=search)
+    except _errors() as err:
+        raise UserError(str(err)) from None
+
+
+def _load_plan(path: str | None) -> TrainingPlan:
+    if path is None:
+        spec, _, _ = _load_spec(None)
+        return _solve(spec, "spot")
+    try:
+        return plan_from_dict(files.read_json(path, "plan"), path)
+    except _errors() as err:
+        raise UserError(str(err)) from None
+
+
+def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None:
+    print(f"job {plan.job}: {plan.strategy} plan, target loss {plan.target_loss}, deadline {plan.deadline_s:.0f} s "
+          f"({catalog_line})")
+    if not plan.feasible:
+        print(f"INFEASIBLE: {plan.reason}")
+        return
+    have = dict(plan.existing)
+    rows = [[t, c, have.get(t, 0), c - have.get(t, 0)] for t, c in plan.counts]
+    print(_table(["instance type", "workers", "kept", "new"], rows))
+    print(f"parameter servers: {plan.ps_count} x {plan.ps_type}")
+    print(f"predicted time {_fmt(plan.predicted_time_s)} s, cost ${_fmt(plan.predicted_cost, 2)}, "
+          f"bottleneck: {plan.bottleneck} ({plan.details.get('explanation', '')})")
+    print(f"searched {plan.candidates} candidates ({plan.search})")
+    for note in notes:
+        print(f"note: {note}")
+
+
+# --------------------------------------------------------------------------- commands
+
+def run_plan(args: argparse.Namespace) -> int:
+    spec, catalog, notes = _load_spec(args.spec, args.strategy, args.prices, endpoint_url=args.endpoint_url,
+                                      region=args.region, cache=args.price_cache)
+    if args.deadline is not None or args.loss is not None:
+        if (args.deadline is not None and args.deadline <= 0) or (args.loss is not None and args.loss <= 0):
+            raise UserError("--deadline and --loss must be positive numbers")
+        spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
+    plan = _solve(spec, args.strategy, args.search)
+    body = plan_to_dict(plan)
+    body["prices"] = {"source": catalog.source, "as_of": catalog.prices_as_of, "notes": notes}
+    if args.output:
+        atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        _print_plan(plan, notes, f"{catalog.source} prices as of {catalog.prices_as_of}")
+    return 0 if plan.feasible else 1
+
+
+def run_fit_loss(args: argparse.Namespace) -> int:
+    try:
+        cols = files.read_curve_csv(args.curve, args.batch)
+        if {"b_w", "R", "n", "j"} <= set(cols):
+            import numpy as np
+            X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
+            est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
+            coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
+            body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
+                    "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
+            rows = [[k, v] for k, v in coeffs.items()]
+        else:
+            t0 = time.perf_counter()
+            est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
+            fit_ms = (time.perf_counter() - t0) * 1000
+            c = est.curve_
+            coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
+            body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
+                    "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
+            rows = [[k, v] for k, v in coeffs.items()]
+            if args.target is not None:
+                body["samples_to_target"] = est.samples_for(args.target)
+                rows.append([f"samples to loss {args.target}", _fmt(body["samples_to_target"], 0)])
+    except _errors() as err:
+        raise UserError(str(err)) from None
+    if args.output:
+        atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(f"{body['kind']} fitted on {body['points']} points, rmse {body['rmse']}")
+        print(_table(["coefficient", "value"], rows))
+        print("paste into SPEC.yaml under " + ("homogeneous.curve" if body["kind"] == "loss_curve" else "spot.loss"))
+    return 0
+
+
+def _launcher(args: argparse.Namespace, plan: TrainingPlan):
+    from agents.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    ec2, _ = make_clients(args.region, args.endpoint_url)
+    return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from agents.cloud import CloudError
+    plan = _load_plan(args.plan)
+    if not plan.feasible:
+        raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); re-plan first")
+    launcher = _launcher(args, plan)
+    try:
+        report = launcher.apply(plan)
+        running = launcher.instances()
+    except CloudError as err:
+        print(f"stoke: error: {err}", file=sys.stderr)
+        return 1
+    print(f"cluster {launcher.cluster}: {report.summary()}")
+    print(_table(["instance", "type", "role", "state"], [[i.id, i.type, i.role, i.state] for i in running]))
+    return 0
+
+
+def run_terminate(args: argparse.Namespace) -> int:
+    from agents.cloud import CloudError
+    if args.cluster is None and args.plan is None:
+        raise UserError("name the cluster: --cluster NAME or a PLAN.json")
+    plan = _load_plan(args.plan) if args.cluster is None else None
+    launcher = _launcher(args, plan) if plan else None
+    if launcher is None:
+        from agents.cloud import SpotLauncher, make_clients
+        ec2, _ = make_clients(args.region, args.endpoint_url)
+        launcher = SpotLauncher(ec2, args.cluster)
+    try:
+        report = launcher.terminate()
+    except CloudError as err:
+        print(f"stoke: error: {err}", file=sys.stderr)
+        return 1
+    print(f"cluster {launcher.cluster}: {report.summary()}")
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from agents.cloud import CloudError, RevocationWatcher
+    plan = _load_plan(args.plan)
+    spec, _, _ = _load_spec(args.spec)
+    if args.interval <= 0:
+        raise UserError("--interval must be a positive number of seconds")
+    watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
+
+    def report(result) -> None:
+        print(f"revoked: {', '.join(result.revoked)}")
+        if result.plan is not None and result.plan.feasible:
+            adds = ", ".join(f"{c} x {t}" for t, c in result.plan.additions) or "nothing"
+            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} s, "
+                  f"${_fmt(result.plan.predicted_cost, 2)}; launch: {result.launch.summary() if result.launch else '-'}")
+        elif result.plan is not None:
+            print(f"re-plan infeasible: {result.plan.reason}")
+        sys.stdout.flush()
+
+    try:
+        handled = watcher.run(max_polls=args.max_polls, on_event=report)
+    except CloudError as err:
+        print(f"stoke: error: {err}", file=sys.stderr)
+        return 1
+    print(f"watch ended: {handled} revocation(s) handled")
+    return 0
+
+
+def run_render(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.plan)
+    if not plan.feasible:
+        raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
+    catalog = files.offline_catalog()
+    gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
+    objects = render_manifests(plan, image=args.image, namespace=args.namespace, gpus_per_type=gpus)
+    problems = validate_manifests(objects)
+    if problems:
+        raise UserError(f"rendered manifests are malformed: {problems[0]}")
+    text = yaml.safe_dump_all(objects, sort_keys=False)
+    if args.output:
+        atomic_write_text(args.output, text)
+        print(f"wrote {len(objects)} objects to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def run_comm_sim(args: argparse.Namespace) -> int:
+    try:
+        data, source = files.read_gradient_profile(args.profile, args.model)
+        profile = profile_from_dict(data, source)
+    except _errors() as err:
+        raise UserError(str(err)) from None
+    if args.bandwidth is not None:
+        if args.bandwidth <= 0:
+            raise UserError("--bandwidth must be a positive number of MB/s")
+        from dataclasses import replace
+        profile = replace(profile, bandwidth_mb_s=args.bandwidth)
+    chosen = SCHEDULERS if args.scheduler == "all" else (args.scheduler,)
+    t0 = time.perf_counter()
+    blocks = plan_blocks(profile)
+    planner_ms = (time.perf_counter() - t0) * 1000
+    results = compare(profile, chosen)
+    if args.json:
+        print(json.dumps({"profile": profile.name, "bandwidth_mb_s": profile.bandwidth_mb_s,
+                          "planner_ms": round(planner_ms, 3), "blocks": len(blocks),
+                          "results": [{"scheduler": r.scheduler, "iteration_ms": round(r.iteration_ms, 3),
+                                       "gpu_idle_ms": round(r.gpu_idle_ms, 3),
+                                       "link_utilisation": round(r.link_utilisation, 4),
+                                       "messages": r.messages} for r in results]}, indent=2))
+        return 0
+    total_mb = sum(g.bytes for g in profile.gradients) / 1e6
+    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, link {profile.bandwidth_mb_s:.0f} MB/s, "
+          f"compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
+    base = {r.scheduler: r.iteration_ms for r in results}
+    rows = []
+    for r in results:
+        vs = [f"{base[s] / r.iteration_ms:.2f}x vs {s}" for s in ("fifo", "priority") if s in base and s != r.scheduler]
+        rows.append([r.scheduler, _fmt(r.iteration_ms, 2), _fmt(r.gpu_idle_ms, 2), f"{100 * r.link_utilisation:.1f}%",
+                     r.messages, ", ".join(vs)])
+    print(_table(["scheduler", "iteration ms", "GPU idle ms", "link util", "messages", "speed-up"], rows))
+    print(f"block planner: {len(blocks)} blocks planned in {planner_ms:.2f} ms")
+    return 0
