@@ -19,6 +19,9 @@ COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
     "stoke.commands.control",
+    "stoke.commands.alerts",
+    "stoke.commands.device",
+    "stoke.commands.train",
 )
 
 EXIT_USAGE = 2
