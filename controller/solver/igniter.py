@@ -21,7 +21,7 @@ import math
 
 from controller.solver.candidates import (MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
                                           min_share_solo, reject, to_placement, with_replicas)
-from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload
+from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
 
 #: Share of the solo throughput a dedicated GPU is loaded to (published value).
 DEDICATED_LOAD = 0.9
@@ -41,12 +41,15 @@ def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
     batch = igniter_batch(cache, workload.model, half, residual)
     share = min_share_solo(cache, workload.model, batch, Target(half, residual))
     if share is None:
-        # Dedicated GPUs: the largest batch whose solo latency at 100% meets T/2.
+        # Dedicated GPUs: the largest batch whose solo latency at 100% meets T/2
+        # (fix: and whose batch still fills within the SLO at the dedicated rate).
         dedicated = None
+        latency, throughput = cache.solo_table(workload.model)
         for b in range(MAX_BATCH, 0, -1):
-            latency, throughput = cache.solo_table(workload.model)
-            if latency[b - 1, -1] <= half + EPS:
-                dedicated = (b, DEDICATED_LOAD * float(throughput[b - 1, -1]))
+            capacity = DEDICATED_LOAD * float(throughput[b - 1, -1])
+            fill = batch_queue_delay_ms(b, capacity)
+            if latency[b - 1, -1] <= half + EPS and fill + latency[b - 1, -1] <= workload.slo_ms + EPS:
+                dedicated = (b, capacity)
                 break
         if dedicated is None:
             raise reject(workload, cache, half, "half the SLO (iGniter's inference target)")
