@@ -1,0 +1,66 @@
+"""`stoke alerts render` options and errors (no promtool needed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from stoke.cli import main
+
+WORKLOADS_YAML = """workloads:
+  - {name: photo-tagging, model: alexnet, slo_ms: 15, rate_rps: 500}
+  - {name: search, model: resnet50, slo_ms: 40, rate_rps: 100}
+"""
+
+
+def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOADS_YAML)
+    plan = Plan("stoke", (GpuPlan("V100", 3.06, (Placement("search", "resnet50", 40, 100, 60.0, 4, 1.0, 9.0, 300),)),))
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan_to_dict(plan)))
+    out = tmp_path / "out"
+    rc = main(["alerts", "render", str(wl), "--out", str(out), "--objective", "99", "--selector", 'model="{name}"',
+               "--plan", str(plan_file), "--histogram", "stoke_request_latency_ms", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [w["workload"] for w in doc["workloads"]] == ["photo-tagging", "search"]
+    assert doc["shared_selectors"] == {}
+    rules = (out / "prometheus-rules.yml").read_text()
+    assert 'stoke_request_latency_ms_bucket{model="search",le=~`40(\\.0)?`}' in rules
+    assert "(14.4 * 0.01)" in rules
+    dash = json.loads((out / "grafana-dashboard.json").read_text())
+    content = [p for p in dash["panels"] if p["title"] == "search: placement (share, batch, node)"][0]
+    assert "| 0/1 | gpu-0 | 0 | V100 | 60 | 4 |" in content["options"]["content"]
+    assert yaml.safe_load((out / "grafana-alerts.yml").read_text())["apiVersion"] == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--objective", "100"], "--objective must be a percentage"),
+    (["--selector", 'model="{oops}"'], "selector"),
+    (["--histogram", "not a metric"], "not a Prometheus metric name"),
+    (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv, message):
+    assert main(["alerts", "render", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stoke: error:") and message in err and "\n" not in err
+
+
+def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workloads:\n  - {name: a, model: alexnet, slo_ms: -1, rate_rps: 5}\n")
+    assert main(["alerts", "render", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "slo_ms" in capsys.readouterr().err
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOADS_YAML)
+    plan = Plan("stoke", (GpuPlan("V100", 3.06, (Placement("other", "vgg19", 40, 10, 50, 1, 0, 9, 30),)),))
+    (tmp_path / "p.json").write_text(json.dumps(plan_to_dict(plan)))
+    assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "o"), "--plan", str(tmp_path / "p.json")]) == 2
+    assert "plan places workloads not in the workload file (other)" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "file")]) == 2
+    assert "not a folder" in capsys.readouterr().err

@@ -1,0 +1,195 @@
+"""Pure checks of the generated SLO rules, dashboard and Grafana provisioning (no promtool)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from controller.alerts import (BURN_WINDOWS, DASHBOARD_FILE, GRAFANA_ALERTS_FILE, RULES_FILE, RULES_TEST_FILE,
+                               SLI_WINDOWS, AlertConfigError, SloOptions, alert_expr, expected_firing,
+                               format_number, grafana_alerting, grafana_dashboard, le_matcher, le_text,
+                               prometheus_rules, render_all, rule_tests, shared_selectors)
+from controller.solver.problem import GpuPlan, Placement, Plan, Workload
+
+WORKLOADS = (
+    Workload("photo-tagging", "alexnet", 15, 500),
+    Workload("thumbnail-filter", "alexnet", 10, 1200),
+    Workload("product-search", "resnet50", 40, 400),
+    Workload("fine-grained", "resnet50", 12.5, 50),
+)
+
+
+def _plan() -> Plan:
+    def place(name: str, model: str, slo: float, share: float, batch: int, replica: int = 0, replicas: int = 1):
+        return Placement(name=name, model=model, slo_ms=slo, rate_rps=100, share_pct=share, batch=batch,
+                         queue_delay_ms=1.0, predicted_latency_ms=5.0, predicted_throughput_rps=200,
+                         replica=replica, replicas=replicas)
+    return Plan(strategy="stoke", gpus=(
+        GpuPlan("V100", 3.06, (place("photo-tagging", "alexnet", 15, 37.5, 4),
+                               place("product-search", "resnet50", 40, 50, 8, 0, 2))),
+        GpuPlan("V100", 3.06, (place("product-search", "resnet50", 40, 45, 8, 1, 2),)),
+    ))
+
+
+def test_le_forms_match_triton_and_prometheus3_printing():
+    assert le_text(15) == "15" and le_text(15.0) == "15" and le_text(12.5) == "12.5"
+    rx = re.compile(le_matcher(15))
+    assert rx.fullmatch("15") and rx.fullmatch("15.0")          # Triton 2.51 / Prometheus 3 + Python client
+    assert not rx.fullmatch("150") and not rx.fullmatch("15.5") and not rx.fullmatch("1.5")
+    rx = re.compile(le_matcher(2.5))
+    assert rx.fullmatch("2.5") and not rx.fullmatch("2x5") and not rx.fullmatch("25")
+    assert format_number(1 - 0.999) == "0.001" and format_number(14.4) == "14.4" and format_number(6.0) == "6"
+
+
+def test_recording_rules_cover_every_window_per_workload():
+    groups = prometheus_rules(WORKLOADS)["groups"]
+    assert len(groups) == 3 * len(WORKLOADS)
+    by_name = {g["name"]: g for g in groups}
+    for w in WORKLOADS:
+        sli = by_name[f"stoke-slo-sli-{w.name}"]["rules"]
+        records = [r["record"] for r in sli]
+        assert records == [f"slo:sli_error:ratio_rate{x}" for x in SLI_WINDOWS] + ["slo:sli_error:ratio_rate30d"]
+        for r in sli[:-1]:
+            assert r["labels"] == {"workload": w.name, "model": w.model}
+            assert f'model="{w.model}"' in r["expr"]
+            assert f"le=~`{le_matcher(w.slo_ms)}`" in r["expr"]
+            assert "nv_inference_first_response_histogram_ms_count" in r["expr"]
+        meta = {r["record"]: r["expr"] for r in by_name[f"stoke-slo-meta-{w.name}"]["rules"]}
+        assert meta["slo:objective:ratio"] == "vector(0.999)"
+        assert meta["slo:error_budget:ratio"] == "vector(0.001)"
+        assert meta["slo:latency_target:ms"] == f"vector({format_number(w.slo_ms)})"
+        assert "slo:period_error_budget_remaining:ratio" in meta
+
+
+def test_alerts_are_multiwindow_multi_burn_rate_pairs():
+    w = WORKLOADS[0]
+    groups = {g["name"]: g for g in prometheus_rules([w])["groups"]}
+    alerts = groups[f"stoke-slo-alerts-{w.name}"]["rules"]
+    assert [a["labels"]["severity"] for a in alerts] == ["page", "ticket"]
+    assert all(a["labels"]["workload"] == w.name for a in alerts)
+    for alert in alerts:
+        sev = alert["labels"]["severity"]
+        pairs = alert["expr"].split("\nor\n")
+        wanted = [(lw, sw, b) for s, lw, sw, b in BURN_WINDOWS if s == sev]
+        assert len(pairs) == len(wanted) == 2
+        for text, (lw, sw, burn) in zip(pairs, wanted):
+            threshold = f"({format_number(burn)} * 0.001)"
+            assert f"slo:sli_error:ratio_rate{lw}{{workload=\"{w.name}\"}} > {threshold}" in text
+            assert f"and slo:sli_error:ratio_rate{sw}{{workload=\"{w.name}\"}} > {threshold}" in text
+    assert "(14.4 * 0.001)" in alerts[0]["expr"] and "(6 * 0.001)" in alerts[0]["expr"]
+    assert "(3 * 0.001)" in alerts[1]["expr"] and "(1 * 0.001)" in alerts[1]["expr"]
+
+
+def test_objective_is_configurable():
+    expr = alert_expr(WORKLOADS[0], "page", SloOptions(objective=0.99))
+    assert "(14.4 * 0.01)" in expr
+    with pytest.raises(AlertConfigError, match="objective"):
+        SloOptions(objective=99.9)
+    with pytest.raises(AlertConfigError, match="selector"):
+        SloOptions(selector='model="{nope}"')
+    with pytest.raises(AlertConfigError, match="metric name"):
+        SloOptions(histogram="bad-name")
+
+
+def test_expected_firing_follows_the_burn_table():
+    assert expected_firing(0.02) == ("page", "ticket")       # 20 x budget
+    assert expected_firing(0.002) == ("ticket",)              # 2 x budget
+    assert expected_firing(0.0005) == ()
+    assert expected_firing(0.5, SloOptions(objective=0.9)) == ("ticket",)   # 14.4 x 10 % > 100 %: no page
+
+
+def test_bad_workloads_are_refused():
+    with pytest.raises(AlertConfigError, match="no workloads"):
+        prometheus_rules([])
+    with pytest.raises(AlertConfigError, match="unique"):
+        prometheus_rules([WORKLOADS[0], WORKLOADS[0]])
+    with pytest.raises(AlertConfigError, match="label value"):
+        prometheus_rules([Workload('we"ird', "alexnet", 10, 1)])
+
+
+def test_shared_selectors_are_reported_and_per_workload_selector_separates_them():
+    assert shared_selectors(WORKLOADS) == {'model="alexnet"': ["photo-tagging", "thumbnail-filter"],
+                                           'model="resnet50"': ["product-search", "fine-grained"]}
+    assert shared_selectors(WORKLOADS, SloOptions(selector='model="{name}"')) == {}
+    text = render_all(WORKLOADS)[RULES_FILE]
+    assert "# NOTE: workloads photo-tagging, thumbnail-filter share the series" in text
+
+
+def test_rule_tests_expectations_and_shared_series():
+    tests = rule_tests(WORKLOADS, le_style="float")
+    assert tests["rule_files"] == [RULES_FILE]
+    names = [t["name"] for t in tests["tests"]]
+    assert names == ["fast burn: page, ticket fires", "slow burn: ticket fires", "healthy: nothing fires"]
+    fast = tests["tests"][0]
+    series = [s["series"] for s in fast["input_series"]]
+    assert len(series) == len(set(series))                    # shared model series written once
+    assert 'nv_inference_first_response_histogram_ms_bucket{model="alexnet",le="10.0"}' in series
+    assert 'nv_inference_first_response_histogram_ms_bucket{model="resnet50",le="12.5"}' in series
+    page = next(c for c in fast["alert_rule_test"] if c["alertname"] == "StokeLatencySLOBurnPage")
+    assert {a["exp_labels"]["workload"] for a in page["exp_alerts"]} == {w.name for w in WORKLOADS}
+    healthy = tests["tests"][2]
+    assert all(c["exp_alerts"] == [] for c in healthy["alert_rule_test"])
+
+
+def test_dashboard_has_per_workload_latency_rate_budget_batch_share_node():
+    dash = grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"})
+    json.loads(json.dumps(dash))                              # JSON-serialisable
+    assert dash["schemaVersion"] >= 36 and dash["title"] and re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", dash["uid"])
+    assert dash["templating"]["list"][0]["type"] == "datasource"
+    panels = dash["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
+        refs = [t["refId"] for t in p.get("targets", [])]
+        assert len(refs) == len(set(refs)) and all(t["expr"] for t in p.get("targets", []))
+    titles = {p["title"]: p for p in panels}
+    for w in WORKLOADS:
+        latency = titles[f"{w.name}: latency vs SLO"]
+        exprs = " ".join(t["expr"] for t in latency["targets"])
+        assert "histogram_quantile(0.99" in exprs and f'slo:latency_target:ms{{workload="{w.name}"}}' in exprs
+        assert latency["fieldConfig"]["defaults"]["unit"] == "ms"
+        assert latency["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == float(w.slo_ms)
+        assert "nv_inference_request_success" in titles[f"{w.name}: request rate"]["targets"][0]["expr"]
+        assert f"{w.name}: error budget remaining (30d)" in titles
+        assert "nv_inference_exec_count" in titles[f"{w.name}: batch"]["targets"][0]["expr"]
+        assert f"{w.name}: placement (share, batch, node)" in titles
+    share = titles["product-search: placement (share, batch, node)"]["options"]["content"]
+    assert "| 0/2 | node-a | 0 | V100 | 50 | 8 |" in share and "| 1/2 | gpu-1 | 1 | V100 | 45 | 8 |" in share
+    batch = titles["photo-tagging: batch"]["targets"]
+    assert [t["expr"] for t in batch[1:]] == ["vector(4)"]
+    assert "not in the plan" in titles["fine-grained: placement (share, batch, node)"]["options"]["content"]
+    assert any(t["expr"].startswith("stoke_device_utilization_ratio") for p in panels for t in p.get("targets", []))
+
+
+def test_grafana_alert_provisioning_structure():
+    doc = yaml.safe_load(render_all(WORKLOADS)[GRAFANA_ALERTS_FILE])
+    assert doc["apiVersion"] == 1
+    [group] = doc["groups"]
+    assert set(group) == {"orgId", "name", "folder", "interval", "rules"}
+    assert group["orgId"] == 1 and group["folder"] == "stoke" and group["interval"] == "1m"
+    rules = group["rules"]
+    assert len(rules) == 2 * len(WORKLOADS)
+    uids = [r["uid"] for r in rules]
+    assert len(set(uids)) == len(uids) and all(re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", u) for u in uids)
+    for r in rules:
+        assert {"uid", "title", "condition", "data", "noDataState", "execErrState", "for", "labels"} <= set(r)
+        refs = [d["refId"] for d in r["data"]]
+        assert r["condition"] in refs
+        query = r["data"][0]
+        assert query["datasourceUid"] == "prometheus" and "slo:sli_error:ratio_rate" in query["model"]["expr"]
+        assert query["relativeTimeRange"]["from"] >= 3600
+        assert r["data"][1]["model"]["type"] == "threshold" and r["data"][1]["model"]["expression"] == "A"
+        assert r["labels"]["severity"] in ("page", "ticket") and r["labels"]["workload"]
+    assert grafana_alerting(WORKLOADS, SloOptions(folder="slo", org_id=3))["groups"][0]["orgId"] == 3
+
+
+def test_render_all_is_deterministic_and_complete():
+    a, b = render_all(WORKLOADS, plan=_plan()), render_all(WORKLOADS, plan=_plan())
+    assert a == b
+    assert set(a) == {RULES_FILE, RULES_TEST_FILE, DASHBOARD_FILE, GRAFANA_ALERTS_FILE}
+    assert yaml.safe_load(a[RULES_FILE])["groups"] and yaml.safe_load(a[RULES_TEST_FILE])["tests"]
+    json.loads(a[DASHBOARD_FILE])
