@@ -104,7 +104,7 @@ class AgentState:
 class Agent:
     def __init__(self, client: Client, fleet: Fleet, node_id: str, devices: Sequence[NodeDevice], *,
                  address: str = "", heartbeat_interval_s: float = 2.0, backoff_s: float = 0.5,
-                 max_backoff_s: float = 10.0, retry_apply_s: float = 10.0,
+                 max_backoff_s: float = 2.0, retry_apply_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.fleet = fleet
@@ -150,7 +150,7 @@ class Agent:
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
-            delay = min(self.max_backoff_s, self.backoff_s * (2 ** (s.failures - 1)))
+            delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
             if s.connected or s.failures == 1:
                 log.warning("controller unreachable (%s); retrying in %.1fs, Triton keeps serving", err, delay)
             s.connected = False

@@ -17,8 +17,8 @@ since the last one does nothing.
 Nodes: a node missing heartbeats for `heartbeat_timeout_s` is marked lost and
 its slots leave the inventory, so the next reconcile re-plans its workloads
 onto the others. After a controller restart, the nodes of the applied plan
-are "waiting" (their slots stay in the inventory) until they heartbeat or
-time out, so a restart does not reshuffle anything.
+are "waiting" (their slots stay in the inventory) until they register again or
+miss twice the heartbeat timeout, so a restart does not reshuffle anything.
 
 Errors: bad input raises `InvalidArgument(field, message)`; an unknown name
 raises `NotFound`. Nothing here knows about gRPC. Time comes from the injected
@@ -91,6 +91,10 @@ class Observation:
     @property
     def latency_ms(self) -> float:
         return self.mean_queue_ms + self.mean_compute_ms
+
+    @property
+    def success_in_window(self) -> bool:
+        return self.request_rate_rps > 0 or self.mean_compute_ms > 0
 
 
 @dataclass(frozen=True)
@@ -477,7 +481,9 @@ class ControlService:
         lost = []
         with self._lock:
             for node in self._nodes.values():
-                if node.state != "lost" and now - node.last_heartbeat > self.config.heartbeat_timeout_s:
+                # nodes known only from the stored plan (after a restart) get twice the timeout to come back
+                limit = self.config.heartbeat_timeout_s * (2 if node.state == "waiting" else 1)
+                if node.state != "lost" and now - node.last_heartbeat > limit:
                     node.state = "lost"
                     node.events.append(f"{_stamp(now)} lost: no heartbeat for "
                                        f"{now - node.last_heartbeat:.1f}s")
@@ -674,9 +680,10 @@ class ControlService:
         for w in workloads:
             reps = tuple(sorted(replicas.get(w.name, ()), key=lambda r: r.replica))
             obs = [r.observed for r in reps if r.observed is not None]
-            observed_latency = max((o.latency_ms for o in obs), default=None) if obs else None
+            busy = [o for o in obs if o.success_in_window]     # latency is only known where requests came
+            observed_latency = max((o.latency_ms for o in busy), default=None) if busy else None
             observed_rate = sum(o.request_rate_rps for o in obs) if obs else None
-            attainment = (sum(1 for o in obs if o.latency_ms <= w.slo_ms) / len(obs)) if obs else None
+            attainment = (sum(1 for o in busy if o.latency_ms <= w.slo_ms) / len(busy)) if busy else None
             if not reps:
                 state, reason = "pending", pending.get(w.name, "not planned yet")
             elif any(nodes.get(r.node_id) is None or nodes[r.node_id].state != "ready" for r in reps):

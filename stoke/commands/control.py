@@ -163,11 +163,7 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from controller.workload_file import WorkloadFileError, load_workloads_file
-    try:
-        workloads = load_workloads_file(args.file).workloads
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
+    workloads = read_workloads(args.file)
     reply = _call(args, lambda c: c.apply_workloads(workloads), source=args.file)
     if args.json:
         print(json.dumps(_to_dict(reply), indent=2))
@@ -176,6 +172,23 @@ def run_workload_apply(args: argparse.Namespace) -> int:
                 + [[n, "unchanged"] for n in reply.unchanged])
         print(render_table(["workload", "result"], rows))
     return 0
+
+
+def read_workloads(path: str) -> tuple[Any, ...]:
+    """The workloads of a YAML file (its gpu_types are ignored: the controller's nodes are the inventory)."""
+    import yaml
+
+    from controller.workload_file import WorkloadFileError, parse_workloads
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the workloads file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    try:
+        return parse_workloads(data, path)
+    except WorkloadFileError as err:
+        raise UserError(str(err)) from None
 
 
 def run_workload_rm(args: argparse.Namespace) -> int:
@@ -262,7 +275,7 @@ def format_status(s: Any) -> str:
         rows.append([w.name, w.model, w.state, nodes, share, batch, w.slo_ms,
                      w.predicted_latency_ms if w.replicas else None,
                      w.observed_latency_ms if w.observed else None, w.rate_rps,
-                     w.observed_rate_rps if w.observed else None,
+                     sum(r.observed_rate_rps for r in w.replicas) if any(r.observed for r in w.replicas) else None,
                      f"{w.slo_attainment:.0%}" if w.observed else "-"])
     head = (f"plan revision {s.revision}: {s.gpus_in_use} device(s), ${s.cost_per_hour:,.2f}/hour; "
             f"nodes ready {s.nodes_ready}, lost {s.nodes_lost}")
@@ -395,9 +408,9 @@ def demo_workloads(path: str | None) -> tuple[Any, ...]:
     """The workloads of `path`, or the bundled examples scaled to CPU (the first three, one per demo model)."""
     from controller.solver import Workload
     from controller.workload_file import WorkloadFileError, example_workloads_path, load_workloads_file
+    if path:
+        return read_workloads(path)
     try:
-        if path:
-            return load_workloads_file(path).workloads
         examples = load_workloads_file(example_workloads_path()).workloads
     except WorkloadFileError as err:
         raise UserError(str(err)) from None
