@@ -9,7 +9,7 @@ import pytest
 from agents.device import (THROTTLE_REASONS, CpuDevice, CpuTimes, DeviceError, NvmlDevice, decode_throttle_reasons,
                            mhz_to_hz, milliwatts_to_watts, open_device, parse_meminfo, parse_proc_stat,
                            utilization_pct)
-from fakes import FakeGpu, FakeNvml
+from device_fakes import FakeGpu, FakeNvml
 
 STAT = """cpu  100 0 50 800 50 0 0 0 0 0
 cpu0 60 0 30 400 10 0 0 0 0 0

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.device import CpuDevice, DeviceError, NvmlDevice, open_device, serve_device_metrics
-from fakes import FakeGpu, FakeNvml
+from device_fakes import FakeGpu, FakeNvml
 from stoke.cli import main
 
 
