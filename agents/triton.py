@@ -12,7 +12,8 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
   config override, scrape metrics, stop (SIGTERM, then SIGKILL).
 - `TritonFleet`: all processes of a node. Each assignment gets its own
   process holding its resource share (CPU node: the child's core affinity,
-  ceil(share/100 x cores) cores, at least one; GPU node:
+  ceil(share/100 x cores) cores, at least one, and by default one model
+  instance per core so the model can use them; GPU node:
   ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the
   MPS daemon from `agents.mps`). `apply` makes the node serve exactly the
   given assignments:
@@ -22,7 +23,8 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
     process (``reloaded``); Triton keeps the old version serving until the new
     one is ready, so no request fails;
   * share / device / model change -> a new process with the new share, model
-    loaded there, endpoint switched, then the old process stopped (``moved``);
+    loaded there, endpoint switched, then (after `drain_s`) the old process
+    stopped gracefully (``moved``);
   * a failed load keeps the previous config (or process) serving, and the
     error is reported in ``ApplyReport.errors`` (rollback).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
@@ -460,7 +462,8 @@ class TritonFleet:
                  ready_timeout_s: float = 30.0, base_config: Callable[[str], ModelConfig] | None = None,
                  env: Mapping[str, str] | None = None, mps: object | None = None,
                  cpu_cores: Sequence[int] | None = None, latency_histogram: bool = False,
-                 exit_timeout_s: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
+                 exit_timeout_s: int = 5, cpu_instance_per_core: bool = True, drain_s: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if device_kind not in ("cpu", "gpu"):
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
@@ -474,6 +477,8 @@ class TritonFleet:
         self.cpu_cores = tuple(sorted(cpu_cores if cpu_cores else os.sched_getaffinity(0)))
         self.latency_histogram = latency_histogram
         self.exit_timeout_s = exit_timeout_s
+        self.cpu_instance_per_core = cpu_instance_per_core
+        self.drain_s = drain_s
         self._clock = clock
         self._base_config = base_config or self._default_base_config
         self._binary = find_tritonserver()
@@ -492,9 +497,13 @@ class TritonFleet:
         return read_config(Path(self.repository) / model / CONFIG_NAME)
 
     def _render(self, a: ModelAssignment) -> ModelConfig:
-        return render_config(self._base_config(a.model), a, device_kind=self.device_kind,
-                             gpu_index=0 if self.device_kind == "gpu" else None,
-                             latency_histogram=self.latency_histogram)
+        config = render_config(self._base_config(a.model), a, device_kind=self.device_kind,
+                               gpu_index=0 if self.device_kind == "gpu" else None,
+                               latency_histogram=self.latency_histogram)
+        if self.device_kind == "cpu" and self.cpu_instance_per_core:
+            # a CPU share is a set of cores; one model instance per core lets the model use them all
+            config.instance_group[0].count = len(cpu_cores_for_share(a.share_pct, self.cpu_cores))
+        return config
 
     # -- processes
     def _cores_in_use(self, exclude: str | None = None) -> dict[int, int]:
@@ -576,7 +585,8 @@ class TritonFleet:
                                       f"the old process keeps serving: {err}")
                         continue
                     old, self._slots[key] = slot, new
-                    old.process.stop()
+                    time.sleep(self.drain_s)        # clients that read the old endpoint have sent by now
+                    old.process.stop()              # SIGTERM: Triton finishes their in-flight requests
                     moved.append(key)
                     continue
                 if config_to_text(config) == config_to_text(slot.config):

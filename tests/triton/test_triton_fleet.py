@@ -105,7 +105,9 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     assert os.sched_getaffinity(new["pid"]) == set(new["cpu_cores"])     # the real affinity of the child
     with pytest.raises(ProcessLookupError):
         os.kill(old["pid"], 0)                                             # old process is gone
-    assert fleet.served_config("echo#0").max_batch_size == 16
+    served = fleet.served_config("echo#0")
+    assert served.max_batch_size == 16
+    assert served.instance_group[0].count == len(os.sched_getaffinity(0))   # one instance per core of the share
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [a.share_pct for a in fleet.running() if a.key == "echo#0"] == [100.0]
 
