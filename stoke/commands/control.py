@@ -366,6 +366,7 @@ def run_controller(args: argparse.Namespace) -> int:
 
 
 def run_agent(args: argparse.Namespace) -> int:
+    _quiet_grpc()
     from dataclasses import replace
 
     from agents.agent import Agent, local_devices
@@ -427,17 +428,49 @@ def demo_workloads(path: str | None) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def find_cpu_profile(repository: str, given: str | None) -> str:
+def demo_cpu_profile(name: str = "CPU") -> Any:
+    """Placeholder CPU coefficients for the demo models (share = % of the node's cores).
+
+    Rough figures, not a fit: `stoke up` uses them only when no fitted CPU
+    profile exists under triton_repo/profiles/ (and says so).
+    """
+    from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+    gpu = GpuProfile(name=name, max_freq_mhz=3000.0, power_cap_w=1000.0, idle_power_w=10.0, pcie_bytes_per_ms=1e9,
+                     share_step_pct=5.0, sched_slope_ms=0.001, sched_intercept_ms=0.0, freq_slope_mhz_per_w=-1.0)
+
+    def model(n: str, k2: float, k3: float, k5: float) -> ModelProfile:
+        return ModelProfile(name=n, kernels=4, idle_time_ms=0.05, k_act=(0.0, k2, k3, 0.0, k5),
+                            power_slope_w=0.001, power_intercept_w=1.0, l2_slope=0.001, l2_intercept=1.0,
+                            cache_sensitivity=0.001, bytes_in=256, bytes_out=64)
+
+    return DeviceProfile(gpu=gpu, models={"tiny_echo": model("tiny_echo", 2.0, 20.0, 0.2),
+                                          "mlp_small": model("mlp_small", 5.0, 30.0, 0.3),
+                                          "conv_medium": model("conv_medium", 60.0, 40.0, 0.5),
+                                          "embed_large": model("embed_large", 10.0, 40.0, 0.5)})
+
+
+def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
+    """--profile, else triton_repo/profiles/*cpu*.json, else the placeholder written to `workdir`."""
     if given:
         return given
     candidates = sorted(Path(repository, "profiles").glob("*cpu*.json")) if Path(repository).is_dir() else []
-    if not candidates:
-        raise UserError(f"{repository}/profiles/: no fitted CPU profile (*cpu*.json); fit one with "
-                        f"`stoke profile fit` or pass --profile FILE")
-    return str(candidates[0])
+    if candidates:
+        return str(candidates[0])
+    from interference.profile_io import save_profile
+    path = workdir / "demo-cpu-profile.json"
+    save_profile(demo_cpu_profile(), path)
+    print(f"note: no fitted CPU profile in {repository}/profiles/; planning with placeholder coefficients "
+          f"({path})", flush=True)
+    return str(path)
+
+
+def _quiet_grpc() -> None:
+    """grpc core logs an INFO line whenever a Triton process is forked beside its threads; keep errors only."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def run_up(args: argparse.Namespace) -> int:
+    _quiet_grpc()
     from agents.agent import Agent, local_devices
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
@@ -447,7 +480,8 @@ def run_up(args: argparse.Namespace) -> int:
     if not Path(args.repository).is_dir():
         raise UserError(f"--repository {args.repository}: no such model repository; run from the stoke checkout "
                         f"or pass --repository PATH")
-    profile_path = find_cpu_profile(args.repository, args.profile)
+    tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
+    profile_path = find_cpu_profile(args.repository, args.profile, tmp)
     try:
         profile = load_profile(profile_path)
     except ProfileFileError as err:
@@ -455,7 +489,6 @@ def run_up(args: argparse.Namespace) -> int:
     workloads = demo_workloads(args.workloads)
     started = time.monotonic()
     stop = _until_signal(args.seconds)
-    tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
     token = secrets.token_urlsafe(16)
     (tmp / "token").write_text(token + "\n")
     config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),

@@ -266,3 +266,13 @@ def test_killed_agent_moves_its_workloads_to_the_other(stack):
     print(f"killed node: re-planned after {replanned_after:.1f}s, serving after {time.monotonic() - killed:.1f}s")
     assert replanned_after <= TIMEOUT_S + 3
     assert {r.node_id for w in status.workloads for r in w.replicas} == {survivor}
+
+
+def test_stoke_up_serves_the_demo_within_a_minute(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "stoke", "up", "--seconds", "12", "--json", "--no-load"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+    report = json.loads(result.stdout[result.stdout.index("{\n"):])
+    assert report["ready_after_s"] is not None and report["ready_after_s"] < 60
+    assert {w["state"] for w in report["status"]["workloads"]} == {"serving"}
