@@ -63,7 +63,18 @@ class Target:
     arrival_cv2: float = 1.0
 
     def met_by(self, prediction: Prediction) -> bool:
-        return bool(self.met_by_arrays(prediction.latency_ms, prediction.throughput_rps))
+        """Scalar twin of `met_by_arrays` (plain floats: numpy on scalars is slow on this hot path)."""
+        latency, throughput = prediction.latency_ms, prediction.throughput_rps
+        if not self.queueing:
+            return latency <= self.latency_budget_ms + EPS and throughput >= self.rate_rps - EPS
+        rho = self.rate_rps / throughput
+        if rho > self.max_utilisation + EPS:
+            return False
+        rho = min(rho, 0.999999)
+        service = 1000.0 * self.batch / throughput
+        wait = rho / (1.0 - rho) * (self.arrival_cv2 / self.batch + SERVICE_CV2) / 2.0 * service
+        wait *= math.log(max(100.0 * rho, 1.0))
+        return latency + wait <= self.latency_budget_ms + EPS
 
     def met_by_arrays(self, latency_ms: Any, throughput_rps: Any) -> Any:
         """Vectorised check over arrays of predicted latency and throughput."""

@@ -34,13 +34,13 @@ still fit; only what no longer fits, and new workloads, are placed again.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from controller.solver.candidates import (ARRIVAL_CV2, MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
                                           reject, smallest_latency_ms, to_placement, wait_p99_ms, with_replicas)
+from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
 
 #: Share of the SLO kept free for what the model does not capture (jitter, RPC).
@@ -49,8 +49,8 @@ SAFETY_MARGIN = 0.10
 MAX_UTILISATION = 0.9
 #: Up to this many candidates the placement is solved exactly.
 EXACT_LIMIT = 8
-#: Wall-clock budget of the local search, seconds (a bound, not a clock read for results).
-SEARCH_BUDGET_S = 0.6
+#: Co-location checks the local search may spend (a work bound keeps solves deterministic).
+SEARCH_EVALUATIONS = 6000
 
 
 def stoke_target(workload: Workload, rate_rps: float, batch: int) -> Target | None:
@@ -130,137 +130,101 @@ def _full_gpu_capacity(workload: Workload, cache: PointCache) -> tuple[float, in
     return float(feasible[row].max()), row + 1
 
 
-@dataclass
-class Bin:
-    gpu_type: str
-    items: list[Item]
-    shares: list[float]
-    key: str | None = None
-
-    @property
-    def load(self) -> float:
-        return sum(self.shares)
-
-
-@dataclass
-class _State:
-    problem: Problem
-    caches: dict[str, PointCache]
-    bins: list[Bin] = field(default_factory=list)
-
-    def opened(self, gpu_type: str) -> int:
-        return sum(1 for b in self.bins if b.gpu_type == gpu_type)
-
-    def fit_into(self, item: Item, gpu_type: str, exclude: tuple[int, ...] = ()) -> tuple[int, list[float]] | None:
-        """Best fit: the open GPU left fullest by adding `item`, with the new shares."""
-        cache = self.caches[gpu_type]
-        best = None
-        for index, b in enumerate(self.bins):
-            if b.gpu_type != gpu_type or index in exclude or b.load + item.min_share > 100.0 + EPS:
-                continue
-            fitted = colocate(cache, b.items + [item], b.shares + [item.min_share])
-            if fitted is not None and (best is None or sum(fitted[0]) > best[0] + EPS):
-                best = (sum(fitted[0]), index, fitted[0])
-                if best[0] >= 100.0 - EPS:
-                    break
-        return None if best is None else (best[1], best[2])
-
-
-def _choose_type(workload: Workload, state: _State) -> tuple[str, list[Item]]:
-    """The allowed GPU type where the workload costs least (price x total share), with room left."""
+def _choose_type(workload: Workload, problem: Problem, packing: Packing,
+                 exclude: Sequence[str] = ()) -> tuple[str, list[Item]]:
+    """The allowed GPU type where the workload costs least (price x total share)."""
     options = []
-    for g in allowed_types(workload, state.problem.inventory):
+    allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
+    for g in allowed:
         try:
-            items = stoke_items(workload, state.caches[g.name])
+            items = stoke_items(workload, packing.caches[g.name])
         except ProblemError:
             continue
         options.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
     if not options:
-        types = allowed_types(workload, state.problem.inventory)
-        stoke_items(workload, state.caches[types[0].name])  # raises the descriptive rejection
+        if not allowed:
+            raise ProblemError(f"workload {workload.name!r} needs another GPU but every allowed GPU type is at its "
+                               f"max_count; raise max_count or add a GPU type")
+        stoke_items(workload, packing.caches[allowed[0].name])  # raises the descriptive rejection
     options.sort(key=lambda o: (o[0], o[1]))
     return options[0][1], options[0][2]
 
 
-def _place(state: _State, item: Item, gpu_type: str) -> None:
-    found = state.fit_into(item, gpu_type)
+def _place(packing: Packing, item: Item, gpu_type: str) -> bool:
+    """Best fit, else a new GPU; False when the type is at its count limit."""
+    found = packing.best_fit(item, gpu_type)
     if found is not None:
-        index, shares = found
-        b = state.bins[index]
-        b.items.append(item)
-        b.shares[:] = shares
-        return
-    limit = next(g.max_count for g in state.problem.inventory if g.name == gpu_type)
-    if limit is not None and state.opened(gpu_type) >= limit:
-        raise ProblemError(f"the inventory has only {limit} GPUs of type {gpu_type!r}; workload "
-                           f"{item.workload.name!r} needs another; raise max_count or add a GPU type")
-    fitted = colocate(state.caches[gpu_type], [item])
+        b, shares = found
+        packing.update(b, b.items + [item], shares)
+        return True
+    if not packing.can_open(gpu_type):
+        return False
+    fitted = colocate(packing.caches[gpu_type], [item])
     if fitted is None:  # cannot happen: min_share was checked alone
         raise ProblemError(f"workload {item.workload.name!r} does not fit a whole {gpu_type}")
-    state.bins.append(Bin(gpu_type, [item], fitted[0]))
-
-
-def _try_empty(state: _State, victim: int) -> bool:
-    """Move (or swap) every workload off GPU `victim`; commit only if it empties."""
-    saved = [(b.items[:], b.shares[:]) for b in state.bins]
-    source = state.bins[victim]
-    pending = sorted(zip(source.items, source.shares), key=lambda p: -p[0].min_share)
-    for item, _ in pending:
-        found = state.fit_into(item, source.gpu_type, exclude=(victim,))
-        if found is None:
-            found = _swap_in(state, item, source.gpu_type, victim)
-        if found is None:
-            for b, (items, shares) in zip(state.bins, saved):
-                b.items[:], b.shares[:] = items, shares
-            return False
-        index, shares = found
-        state.bins[index].items.append(item)
-        state.bins[index].shares[:] = shares
-    del state.bins[victim]
+    packing.open_bin(gpu_type, [item], fitted[0])
     return True
 
 
-def _swap_in(state: _State, item: Item, gpu_type: str, victim: int) -> tuple[int, list[float]] | None:
-    """Make room for `item` on some GPU by moving one smaller workload of it to a third GPU."""
-    cache = state.caches[gpu_type]
-    for index, b in enumerate(state.bins):
-        if index == victim or b.gpu_type != gpu_type:
-            continue
+def _try_empty(packing: Packing, victim: Bin) -> bool:
+    """Move (or swap) every workload off `victim`; keep the changes only if it empties."""
+    packing.checkpoint()
+    for item in sorted(victim.items, key=lambda i: -i.min_share):
+        found = packing.best_fit(item, victim.gpu_type, exclude=(victim.id,))
+        if found is None:
+            found = _swap_in(packing, item, victim)
+        if found is None:
+            packing.rollback()
+            return False
+        b, shares = found
+        packing.update(b, b.items + [item], shares)
+    packing.close(victim)
+    packing.commit()
+    return True
+
+
+def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float]] | None:
+    """Make room for `item` on a GPU by moving one smaller workload from there to a third GPU."""
+    cache = packing.caches[victim.gpu_type]
+    for tried, b in enumerate(packing.candidates(victim.gpu_type, 0.0, exclude=(victim.id,))):
+        if tried >= 8:
+            return None
         for k, other in enumerate(b.items):
             if other.min_share >= item.min_share or b.load - b.shares[k] + item.min_share > 100.0 + EPS:
                 continue
-            rest = b.items[:k] + b.items[k + 1:]
-            fitted = colocate(cache, rest + [item])
+            rest, rest_shares = b.items[:k] + b.items[k + 1:], b.shares[:k] + b.shares[k + 1:]
+            packing.evaluations += 1
+            fitted = colocate(cache, rest + [item], [i.min_share for i in rest] + [item.min_share])
             if fitted is None:
                 continue
-            moved = state.fit_into(other, gpu_type, exclude=(victim, index))
+            moved = packing.best_fit(other, victim.gpu_type, exclude=(victim.id, b.id))
             if moved is None:
                 continue
             target, target_shares = moved
-            state.bins[target].items.append(other)
-            state.bins[target].shares[:] = target_shares
-            b.items[:] = rest
-            b.shares[:] = fitted[0][:-1]
-            return index, fitted[0]
+            packing.update(target, target.items + [other], target_shares)
+            packing.update(b, rest, fitted[0][:-1])
+            return b, fitted[0]
     return None
 
 
-def _local_search(state: _State, deadline: float) -> None:
-    """Empty GPUs, lightest first, until no GPU can be emptied or the budget is spent."""
+def _local_search(packing: Packing, budget: int) -> None:
+    """Empty GPUs, lightest first, until none can be emptied or `budget` checks are spent.
+
+    The budget counts co-location checks, not seconds, so a solve is deterministic.
+    """
+    stop = packing.evaluations + budget
     improved = True
-    while improved and time.monotonic() < deadline:
+    while improved and packing.evaluations < stop:
         improved = False
-        for victim in sorted(range(len(state.bins)), key=lambda i: state.bins[i].load):
-            if time.monotonic() >= deadline:
+        for victim in sorted(packing.bins.values(), key=lambda b: (b.load, b.id)):
+            if packing.evaluations >= stop:
                 return
-            if _try_empty(state, victim):
+            if victim.id in packing.bins and _try_empty(packing, victim):
                 improved = True
-                break
 
 
-def _exact(state: _State, items: list[Item], gpu_type: str) -> list[Bin] | None:
+def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     """Fewest GPUs for `items` on one type: depth-first search over partitions."""
-    cache = state.caches[gpu_type]
     items = sorted(items, key=lambda i: -i.min_share)
     best: list[list[Item]] | None = None
     feasible: dict[frozenset[int], bool] = {}
@@ -288,77 +252,73 @@ def _exact(state: _State, items: list[Item], gpu_type: str) -> list[Bin] | None:
         groups.pop()
 
     search(0, [])
-    if best is None:
-        return None
-    return [Bin(gpu_type, group, colocate(cache, group)[0]) for group in best]
+    return best
 
 
-def _seed_from(state: _State, current: Plan, items: dict[tuple[str, int], tuple[Item, str]]) -> None:
+def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], tuple[Item, str]]) -> None:
     """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold."""
     for gpu in current.gpus:
-        if gpu.gpu_type not in state.caches:
+        if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
             continue
-        b = Bin(gpu.gpu_type, [], [], key=gpu.key)
+        items: list[Item] = []
+        shares: list[float] = []
         for placement in gpu.placements:
-            found = items.get((placement.name, placement.replica))
+            found = pending.get((placement.name, placement.replica))
             if found is None or found[1] != gpu.gpu_type:
                 continue
-            fitted = colocate(state.caches[gpu.gpu_type], b.items + [found[0]], b.shares + [found[0].min_share])
+            fitted = colocate(packing.caches[gpu.gpu_type], items + [found[0]], shares + [found[0].min_share])
             if fitted is not None:
-                b.items.append(found[0])
-                b.shares[:] = fitted[0]
-                del items[(placement.name, placement.replica)]
-        if b.items:
-            state.bins.append(b)
+                items, shares = items + [found[0]], fitted[0]
+                del pending[(placement.name, placement.replica)]
+        if items:
+            packing.open_bin(gpu.gpu_type, items, shares, key=gpu.key)
 
 
 def solve_stoke(problem: Problem, current: Plan | None = None) -> Plan:
-    started = time.monotonic()
-    state = _State(problem, {g.name: PointCache(g) for g in problem.inventory})
+    packing = Packing({g.name: PointCache(g) for g in problem.inventory},
+                      {g.name: g.max_count for g in problem.inventory})
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
     for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, state)
+        gpu_type, items = _choose_type(workload, problem, packing)
         for item in with_replicas(items):
             pending[item.key] = (item, gpu_type)
-    notes: list[str] = []
     if current is not None:
-        _seed_from(state, current, pending)
-    order = sorted(pending.values(), key=lambda pair: -pair[0].min_share)
-    for item, gpu_type in order:
-        try:
-            _place(state, item, gpu_type)
-        except ProblemError:
-            # Out of GPUs of this type: fall back to the next cheapest allowed type.
-            others = [g for g in sorted(allowed_types(item.workload, problem.inventory),
-                                        key=lambda g: g.price_per_hour) if g.name != gpu_type]
-            for g in others:
-                try:
-                    _place(state, stoke_items(item.workload, state.caches[g.name])[0], g.name)
-                    break
-                except ProblemError:
-                    continue
-            else:
-                raise
-    _local_search(state, started + SEARCH_BUDGET_S)
+        _seed_from(packing, current, pending)
+    spilled: dict[str, list[str]] = {}
+    for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
+        if _place(packing, item, gpu_type):
+            continue
+        # Out of GPUs of this type: the next cheapest allowed type, re-sized for it.
+        full = spilled.setdefault(item.workload.name, [gpu_type])
+        while True:
+            other, items = _choose_type(item.workload, problem, packing, exclude=full)
+            replacement = items[min(item.replica, len(items) - 1)]
+            if _place(packing, replacement, other):
+                break
+            full.append(other)
+    _local_search(packing, SEARCH_EVALUATIONS)
 
-    types = {b.gpu_type for b in state.bins}
-    all_items = [i for b in state.bins for i in b.items]
+    notes: list[str] = []
+    bins = list(packing.bins.values())
+    types = {b.gpu_type for b in bins}
+    all_items = [i for b in bins for i in b.items]
     if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
         gpu_type = types.pop()
-        exact = _exact(state, all_items, gpu_type)
-        if exact is not None and len(exact) < len(state.bins):
-            state.bins = exact
+        exact = _exact(packing.caches[gpu_type], all_items)
+        if exact is not None and len(exact) < len(bins):
+            cache = packing.caches[gpu_type]
+            bins = [Bin(k, gpu_type, group, colocate(cache, group)[0]) for k, group in enumerate(exact)]
             notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
         elif exact is not None:
-            notes.append(f"exact search confirms {len(state.bins)} GPU(s) is the fewest")
-    return _to_plan(state, tuple(notes))
+            notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
+    return _to_plan(problem, packing.caches, bins, tuple(notes))
 
 
-def _to_plan(state: _State, notes: tuple[str, ...]) -> Plan:
-    prices = {g.name: g.price_per_hour for g in state.problem.inventory}
+def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], notes: tuple[str, ...]) -> Plan:
+    prices = {g.name: g.price_per_hour for g in problem.inventory}
     gpus = []
-    for b in state.bins:
-        predictions = state.caches[b.gpu_type].predict(b.items, b.shares)
+    for b in bins:
+        predictions = caches[b.gpu_type].predict(b.items, b.shares)
         order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
         gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=tuple(
             to_placement(b.items[k], b.shares[k], predictions[k]) for k in order)))
