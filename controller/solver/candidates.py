@@ -144,18 +144,20 @@ class PointCache:
         return round(steps * self.step, 6)
 
 
-def colocate(cache: PointCache, items: Sequence[Item],
-             shares: Sequence[float] | None = None) -> tuple[list[float], list[Prediction]] | None:
+def colocate(cache: PointCache, items: Sequence[Item], shares: Sequence[float] | None = None,
+             max_added: float = math.inf) -> tuple[list[float], list[Prediction]] | None:
     """Smallest shares (from `shares`, default each item's minimum) with every target met.
 
     Each round predicts the GPU and adds one share step to every workload
     that misses its target. Returns (shares, predictions), or None when the
-    shares would pass 100%.
+    shares would pass 100% or more than `max_added` would be added.
     """
     current = [i.min_share for i in items] if shares is None else list(shares)
+    start = sum(current)
     step = cache.step
     while True:
-        if sum(current) > 100.0 + EPS:
+        total = sum(current)
+        if total > 100.0 + EPS or total - start > max_added + EPS:
             return None
         predictions = cache.predict(items, current)
         missing = [k for k, (item, p) in enumerate(zip(items, predictions)) if not item.target.met_by(p)]

@@ -21,6 +21,7 @@ import math
 
 from controller.solver.candidates import (MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
                                           min_share_solo, reject, to_placement, with_replicas)
+from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
 
 #: Share of the solo throughput a dedicated GPU is loaded to (published value).
@@ -75,34 +76,33 @@ def solve_igniter(problem: Problem) -> Plan:
         items += [(i, gpu_type) for i in with_replicas(igniter_items(workload, caches[gpu_type]))]
     items.sort(key=lambda pair: -pair[0].min_share)  # stable: input order breaks ties
 
-    limits = {g.name: g.max_count for g in problem.inventory}
-    bins: list[tuple[str, list[Item], list[float]]] = []   # (type, items, shares)
+    packing = Packing(caches, {g.name: g.max_count for g in problem.inventory})
     for item, gpu_type in items:
         cache = caches[gpu_type]
-        best = None
-        for index, (bin_type, members, shares) in enumerate(bins):
-            if bin_type != gpu_type or sum(shares) + item.min_share > 100.0 + EPS:
-                continue
-            fitted = colocate(cache, members + [item], shares + [item.min_share])
+        best: tuple[float, Bin, list[float]] | None = None
+        # Every open GPU with room by shares alone; `candidates` skips the full ones.
+        for b in sorted(packing.candidates(gpu_type, item.min_share), key=lambda b: b.id):
+            bound = math.inf if best is None else best[0] - cache.step  # only strictly cheaper can win
+            fitted = colocate(cache, b.items + [item], b.shares + [item.min_share], max_added=bound)
             if fitted is None:
                 continue
-            cost = sum(fitted[0]) - sum(shares) - item.min_share
-            if best is None or cost < best[0] - EPS:
-                best = (cost, index, fitted[0])
-                if cost <= EPS:
-                    break  # nothing beats zero; the first zero-cost GPU is what a full scan keeps
+            cost = sum(fitted[0]) - b.load - item.min_share
+            best = (cost, b, fitted[0])
+            if cost <= EPS:
+                break  # nothing beats zero; the first zero-cost GPU is what a full scan keeps
         if best is not None:
-            _, index, new_shares = best
-            bins[index] = (gpu_type, bins[index][1] + [item], new_shares)
+            _, b, shares = best
+            packing.update(b, b.items + [item], shares)
             continue
-        opened = sum(1 for b in bins if b[0] == gpu_type)
-        if limits[gpu_type] is not None and opened >= limits[gpu_type]:
-            raise ProblemError(f"the inventory has only {limits[gpu_type]} GPUs of type {gpu_type!r}; "
+        if not packing.can_open(gpu_type):
+            raise ProblemError(f"the inventory has only {packing.limits[gpu_type]} GPUs of type {gpu_type!r}; "
                                f"workload {item.workload.name!r} needs another; raise max_count")
         fitted = colocate(cache, [item])
         if fitted is None:
-            raise reject(item.workload, cache, item.target.max_latency_ms, "half the SLO (iGniter's inference target)")
-        bins.append((gpu_type, [item], fitted[0]))
+            raise reject(item.workload, cache, item.target.latency_budget_ms,
+                         "half the SLO (iGniter's inference target)")
+        packing.open_bin(gpu_type, [item], fitted[0])
+    bins = [(b.gpu_type, b.items, b.shares) for b in packing.bins.values()]
     return _plan("igniter", problem, caches, bins)
 
 
