@@ -593,13 +593,14 @@ class ControlService:
         """One observe -> solve -> diff -> act pass. Returns None when nothing needed doing."""
         with self._reconcile_lock:
             started = time.perf_counter()
-            error = False
+            error = skipped = False
             fingerprint = None
             try:
                 self.check_nodes()
                 inputs = self._observe()
                 fingerprint = self._fingerprint(inputs)
                 if not force and fingerprint == self._last_inputs:
+                    skipped = True
                     return None
                 outcome = self._act(self._solve(inputs))
                 # what was just solved, with the revision it produced (a change meanwhile triggers another pass)
@@ -616,7 +617,8 @@ class ControlService:
                 self._last_error = f"reconcile failed: {type(err).__name__}: {err}"
                 raise
             finally:
-                self.observer.reconciled(time.perf_counter() - started, error)
+                if not skipped:      # passes with nothing to do are not timed
+                    self.observer.reconciled(time.perf_counter() - started, error)
 
     def apply_plan(self) -> ApplyOutcome:
         try:
