@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-type", default="", help="GPU type of this node's devices (default: decided by the "
                                                    "controller's gpu_types)")
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
+    p.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
+                   help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)")
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_agent)
 
@@ -385,13 +387,24 @@ def run_agent(args: argparse.Namespace) -> int:
                             ready_timeout_s=args.ready_timeout)
     except TritonError as err:
         raise UserError(f"cannot run Triton: {err}") from None
+    exporter = None
+    if args.metrics_port >= 0:
+        from agents.device import DeviceError, open_device, serve_device_metrics
+        try:
+            exporter = serve_device_metrics(open_device(args.device), args.metrics_port)
+        except (DeviceError, OSError) as err:
+            fleet.close()
+            raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
     agent = Agent(client, fleet, args.node_id, devices)
     agent.start()
-    print(f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}", flush=True)
+    print(f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}"
+          + (f", device metrics {exporter.url}" if exporter else ""), flush=True)
     stop = _until_signal()
     stop.wait()
     agent.stop()
     client.close()
+    if exporter is not None:
+        exporter.close()
     return 0
 
 
