@@ -18,6 +18,7 @@ Configuration (YAML, every key optional; `stoke controller --config FILE`):
         price_per_hour: 0.10
         match: [cpu]                # case-insensitive substrings of the device name
     cpu_gpu_type: CPU               # GPU type of CPU devices no `match` claims
+    failed_device_block_s: 120      # a device where every assignment failed to start leaves the inventory this long
     profiles:                       # fitted profiles uploaded at start (relative to the config file)
       - path: triton_repo/profiles/cpu.json
         gpu_type: CPU               # optional; default: the profile's gpu.name
@@ -67,12 +68,14 @@ class ControllerConfig:
     strategy: str = "stoke"
     gpu_types: tuple[GpuTypeConfig, ...] = (GpuTypeConfig("CPU", 0.10, ("cpu",)),)
     cpu_gpu_type: str = "CPU"
+    failed_device_block_s: float = 120.0
     profiles: tuple[tuple[str, str], ...] = field(default=())   # (path, gpu_type or "")
 
     def service_config(self) -> ServiceConfig:
         return ServiceConfig(heartbeat_interval_s=self.heartbeat_interval_s,
                              heartbeat_timeout_s=self.heartbeat_timeout_s, strategy=self.strategy,
-                             gpu_types=self.gpu_types, cpu_gpu_type=self.cpu_gpu_type)
+                             gpu_types=self.gpu_types, cpu_gpu_type=self.cpu_gpu_type,
+                             failed_device_block_s=self.failed_device_block_s)
 
 
 def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> ControllerConfig:
@@ -95,7 +98,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
             raise ConfigError(f"{path}: the config must be a mapping of keys (listen, db, ...)")
         data = loaded
     known = {"listen", "metrics_listen", "db", "token_file", "tls", "heartbeat_interval_s", "heartbeat_timeout_s",
-             "reconcile_interval_s", "strategy", "gpu_types", "cpu_gpu_type", "profiles"}
+             "reconcile_interval_s", "strategy", "gpu_types", "cpu_gpu_type", "profiles", "failed_device_block_s"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -156,6 +159,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
         heartbeat_interval_s=positive("heartbeat_interval_s", 2.0),
         heartbeat_timeout_s=positive("heartbeat_timeout_s", 10.0),
         reconcile_interval_s=positive("reconcile_interval_s", 1.0),
+        failed_device_block_s=positive("failed_device_block_s", 120.0),
         strategy=strategy, gpu_types=tuple(gpu_types), cpu_gpu_type=str(data.get("cpu_gpu_type", "CPU")),
         profiles=tuple(profiles))
     values.update({k: v for k, v in overrides.items() if v is not None})

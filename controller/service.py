@@ -20,6 +20,12 @@ onto the others. After a controller restart, the nodes of the applied plan
 are "waiting" (their slots stay in the inventory) until they register again or
 miss twice the heartbeat timeout, so a restart does not reshuffle anything.
 
+Failures come back as constraints: when a node reports that every assignment
+of one of its devices failed to start, that device leaves the inventory for
+`failed_device_block_s` and the next solve places its workloads elsewhere; a
+single failing assignment shows as state "failing" with the agent's error (the
+agent retries it).
+
 Errors: bad input raises `InvalidArgument(field, message)`; an unknown name
 raises `NotFound`. Nothing here knows about gRPC. Time comes from the injected
 `clock` (unix seconds).
@@ -127,6 +133,7 @@ class NodeState:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
     errors: tuple[str, ...] = ()
     applied_revision: int = 0
+    blocked: dict[int, float] = field(default_factory=dict)   # device index -> blocked until (clock)
 
 
 @dataclass(frozen=True)
@@ -187,7 +194,7 @@ class ReplicaStatus:
 @dataclass(frozen=True)
 class WorkloadStatus:
     workload: Workload
-    state: str                  # serving | starting | pending | degraded
+    state: str                  # serving | starting | failing | pending | degraded
     reason: str
     replicas: tuple[ReplicaStatus, ...]
     predicted_latency_ms: float
@@ -224,6 +231,7 @@ class ServiceConfig:
     strategy: str = "stoke"
     gpu_types: tuple[GpuTypeConfig, ...] = (GpuTypeConfig("CPU", 0.10, ("cpu",)),)
     cpu_gpu_type: str = "CPU"       # the GPU type of CPU devices no `match` claims
+    failed_device_block_s: float = 120.0   # a device where every assignment failed leaves the inventory this long
 
     def gpu_type_for(self, device: NodeDevice) -> str:
         if device.gpu_type:
@@ -470,10 +478,35 @@ class ControlService:
                 node.events.append(e)
             node.errors = tuple(report.errors)
             node.applied_revision = report.applied_revision
+            self._block_failed_devices(node, now)
             revision = self._applied.revision if self._applied else 0
             return HeartbeatAnswer(registered=True, revision=revision,
                                    assignments=self._cut.get(report.node_id, ()),
                                    heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    def _block_failed_devices(self, node: NodeState, now: float) -> None:
+        """Failures come back as constraints: a device where every assignment failed to start leaves the
+        inventory for `failed_device_block_s`, so the next solve places its workloads elsewhere."""
+        failed = {e.split(":", 1)[0].strip() for e in node.errors}
+        by_device: dict[int, list[str]] = {}
+        for a in self._cut.get(node.node_id, ()):
+            by_device.setdefault(a.device, []).append(a.key)
+        running = {a.key for a in node.running}
+        for device, keys in by_device.items():
+            if device in node.blocked or not keys:
+                continue
+            if all(k in failed and k not in running for k in keys):
+                node.blocked[device] = now + self.config.failed_device_block_s
+                node.events.append(f"{_stamp(now)} device {device} blocked for "
+                                   f"{self.config.failed_device_block_s:g}s: all {len(keys)} assignment(s) failed "
+                                   f"({'; '.join(e for e in node.errors)[:300]})")
+                self._mark_changed()
+
+    def errors_of(self, node_id: str) -> dict[str, str]:
+        """{assignment key: error} the node reported for its last apply."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return {e.split(":", 1)[0].strip(): e for e in (node.errors if node else ())}
 
     def check_nodes(self) -> list[str]:
         """Mark nodes lost that missed heartbeats for the timeout; returns their ids."""
@@ -504,8 +537,15 @@ class ControlService:
 
     def _healthy_slots(self) -> list[Binding]:
         with self._lock:
+            now = self.clock()
+            for n in self._nodes.values():
+                for device, until in list(n.blocked.items()):
+                    if until <= now:
+                        del n.blocked[device]
+                        n.events.append(f"{_stamp(now)} device {device} unblocked")
             return [Binding(n.node_id, d.index, d.gpu_type or self.config.gpu_type_for(d))
-                    for n in self._nodes.values() if n.state in ("ready", "waiting") for d in n.devices]
+                    for n in self._nodes.values() if n.state in ("ready", "waiting") for d in n.devices
+                    if d.index not in n.blocked]
 
     # ------------------------------------------------------------ plans
 
@@ -660,6 +700,7 @@ class ControlService:
         with self._lock:
             nodes = {n.node_id: n for n in self._nodes.values()}
             running = {(n.node_id, a.key): a for n in nodes.values() for a in n.running}
+            errors = {(n.node_id, e.split(":", 1)[0].strip()): e for n in nodes.values() for e in n.errors}
             observed = {(n.node_id, k): o for n in nodes.values() for k, o in n.observed.items()}
         replicas: dict[str, list[ReplicaStatus]] = collections.defaultdict(list)
         pending: dict[str, str] = {}
@@ -692,6 +733,9 @@ class ControlService:
                 state, reason = "degraded", "a node of this workload is not ready"
             elif all(r.serving for r in reps):
                 state, reason = "serving", ""
+            elif failing := [errors[(r.node_id, f"{w.name}#{r.replica}")] for r in reps
+                             if not r.serving and (r.node_id, f"{w.name}#{r.replica}") in errors]:
+                state, reason = "failing", failing[0]
             else:
                 state, reason = "starting", "the node has not reported the planned config yet"
             out.append(WorkloadStatus(workload=w, state=state, reason=reason, replicas=reps,

@@ -1,6 +1,8 @@
 """Unit tests of the protocol-neutral service: real store (tmp SQLite), real solver, fake clock."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from controller.service import (ControlService, HeartbeatReport, InvalidArgument, NodeDevice, Observation,
@@ -175,3 +177,28 @@ def test_pending_when_no_node(tmp_path):
     svc.reconcile()
     st = svc.status()
     assert st.workloads[0].state == "pending" and "no ready node" in st.workloads[0].reason
+
+
+def test_device_where_everything_failed_is_blocked_and_replanned(svc):
+    clock = svc.clock_
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    node = where(svc)["a#0"][0]
+    other = ({"node-a", "node-b"} - {node}).pop()
+    svc.heartbeat(HeartbeatReport(node_id=node, errors=("a#0: start failed: boom",)))
+    outcome = svc.reconcile()
+    assert outcome is not None and where(svc)["a#0"][0] == other
+    assert any("blocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
+    # a failed reload (the old config keeps running): reported as failing, the device is not blocked
+    old_config = replace(svc.heartbeat(HeartbeatReport(node_id=other)).assignments[0], batch=7)
+    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=("a#0: reload failed: bad config",)))
+    a = svc.status().workloads[0]
+    assert a.state == "failing" and "bad config" in a.reason
+    assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
+    # the block expires: the device is back in the inventory (nothing moves: the plan is stable)
+    clock.advance(121)
+    svc.heartbeat(HeartbeatReport(node_id=node))
+    svc.heartbeat(HeartbeatReport(node_id=other))
+    svc.reconcile()
+    assert where(svc)["a#0"][0] == other
+    assert any("unblocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
