@@ -276,28 +276,53 @@ def per_gpu_batch(memory_gb, a2: float, b2: float) -> np.ndarray:
 
 
 def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhead_s: float = 0.0,
-                  remaining: float = 1.0) -> dict[str, np.ndarray]:
+                  remaining: float = 1.0, by_type: bool = False) -> dict[str, np.ndarray]:
     """Evaluate many heterogeneous clusters at once.
 
     `batch`, `compute_s`, `gpus`, `price` are per worker type (length T);
-    `counts` is an int array (K, T) of workers per type in each candidate.
+    `counts` is an int array (K, T) of workers per type in each candidate
+    (or (T, K) with `by_type=True`, the layout the search builds).
     `remaining` (0..1] scales the iterations still to run (after a
     revocation part of the work is done); `overhead_s` is added to the time.
     Returns arrays of length K: n, b_w, R, j, t_exp, time, cost, bottleneck.
     """
-    counts = np.atleast_2d(np.asarray(counts, dtype=float))
+    # Candidates are grouped by size n (T_i depends on n only), so each
+    # group's sums are BLAS matrix-vector products over the transposed
+    # (types x candidates) table: 10^5 candidates in a few milliseconds.
+    table = np.asarray(counts, dtype=float)
+    counts_t = table if by_type else np.atleast_2d(table).T                          # (T, K)
     batch, compute_s, gpus, price = (np.asarray(v, dtype=float) for v in (batch, compute_s, gpus, price))
-    n = counts.sum(axis=1)
+    n_raw = counts_t.sum(axis=0)
+    order = np.argsort(n_raw, kind="stable")
+    grouped = np.ascontiguousarray(counts_t[:, order])
+    n_sorted = n_raw[order]
+    cuts = np.flatnonzero(np.diff(n_sorted)) + 1
+    starts = np.concatenate([[0], cuts]).astype(int)
+    ends = np.concatenate([cuts, [len(n_sorted)]]).astype(int)
+    t_tab = job.iteration_times(compute_s, gpus, np.maximum(n_sorted[starts], 1.0)) if len(starts) and len(n_sorted) \
+        else np.zeros((0, len(batch)))
+    size = len(n_sorted)
+    rate_s, speed_s, sq_s, vmax_s = (np.zeros(size) for _ in range(4))
+    for g, (lo, hi) in enumerate(zip(starts, ends)):
+        if hi <= lo:
+            continue
+        block = grouped[:, lo:hi]
+        inv = 1.0 / t_tab[g]
+        v = batch * inv
+        rate_s[lo:hi] = inv @ block
+        speed_s[lo:hi] = v @ block
+        sq_s[lo:hi] = (v * v) @ block
+        top = vmax_s[lo:hi]
+        for t in np.argsort(-v, kind="stable"):
+            np.copyto(top, v[t], where=(top == 0.0) & (block[t] > 0))
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    rate, total_speed, sq, v_max = (a[inverse] for a in (rate_s, speed_s, sq_s, vmax_s))
+    n = n_raw
     safe_n = np.maximum(n, 1.0)
-    t_i = job.iteration_times(compute_s, gpus, safe_n)                # (K, T)
-    rate = (counts / t_i).sum(axis=1)                                 # sum 1/T_i
-    speeds = batch / t_i                                              # v per type
-    total_speed = (counts * speeds).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         b_w = total_speed / rate
-        w = speeds / total_speed[:, None]
-        w_max = np.where(counts > 0, w, 0.0).max(axis=1)
-        r_sq = (counts * w * w).sum(axis=1) - 2.0 * w_max + 1.0
+        r_sq = sq / (total_speed * total_speed) - 2.0 * v_max / total_speed + 1.0
     r = np.sqrt(np.maximum(r_sq, 0.0))
     j_real = job.loss.iterations(b_w, r, safe_n, job.target_loss)
     j = np.ceil(np.maximum(j_real, 0.0) * remaining - 1e-9)
@@ -305,9 +330,9 @@ def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhe
         t_exp = 1.0 / rate
         time = j * t_exp + overhead_s
     time = np.where((n > 0) & np.isfinite(j_real) & (j_real > 0), time, np.inf)
-    cost = time * (counts * price).sum(axis=1) / 3600.0
+    cost = time * (price @ counts_t) / 3600.0
     comm = 2.0 * job.model_mb / job.worker_bandwidth(safe_n)
-    comp_mean = (counts * compute_s).sum(axis=1) / safe_n
+    comp_mean = (compute_s @ counts_t) / safe_n
     contended = job.required_bw_mb_s > job.ps_bw_mb_s / safe_n
     code = np.where(comp_mean >= comm, WORKER_COMPUTE, np.where(contended, PS_NETWORK, WORKER_NETWORK))
     return {"n": n, "b_w": b_w, "R": r, "j": j, "t_exp": t_exp, "time": time, "cost": cost,

@@ -66,29 +66,41 @@ def count_vectors(lower: np.ndarray, upper: np.ndarray, max_total: int) -> int:
     for lo, hi in zip(lower, upper):
         width = int(hi - lo)
         new = np.zeros_like(ways)
-        for extra in range(width + 1):
+        for extra in range(min(width, max_total) + 1):
             new[extra:] += ways[:len(ways) - extra]
         ways = new
     return int(ways.sum())
 
 
-def enumerate_vectors(lower: np.ndarray, upper: np.ndarray, min_total: int, max_total: int) -> np.ndarray:
-    """All integer vectors lower <= c <= upper with min_total <= sum(c) <= max_total, as rows."""
-    rows = np.zeros((1, 0), dtype=np.int64)
-    sums = np.zeros(1, dtype=np.int64)
+def enumerate_vectors(lower: np.ndarray, upper: np.ndarray, min_total: int, max_total: int,
+                      *, by_type: bool = False) -> np.ndarray:
+    """All integer vectors lower <= c <= upper with min_total <= sum(c) <= max_total.
+
+    Rows (K, T), or with `by_type` the transposed (T, K) table the
+    vectorised evaluation prefers.
+
+    Built one type at a time: each partial row is repeated once per value
+    the next type may take without the sum exceeding max_total (vectorised).
+    """
+    lower = np.asarray(lower, dtype=np.int64)
+    upper = np.asarray(upper, dtype=np.int64)
     rest_min = np.concatenate([np.cumsum(lower[::-1])[::-1][1:], [0]]).astype(np.int64)
+    columns: list[np.ndarray] = []
+    sums = np.zeros(1, dtype=np.int64)
     for t in range(len(lower)):
-        parts, part_sums = [], []
-        for value in range(int(lower[t]), int(upper[t]) + 1):
-            keep = sums + value + rest_min[t] <= max_total
-            if not keep.any():
-                break
-            parts.append(np.column_stack([rows[keep], np.full(keep.sum(), value, dtype=np.int64)]))
-            part_sums.append(sums[keep] + value)
-        if not parts:
-            return np.zeros((0, len(lower)), dtype=np.int64)
-        rows, sums = np.concatenate(parts), np.concatenate(part_sums)
-    return rows[sums >= min_total]
+        room = np.minimum(upper[t], max_total - rest_min[t] - sums) - lower[t]
+        keep = room >= 0
+        if not keep.any():
+            return np.zeros((len(lower), 0) if by_type else (0, len(lower)), dtype=np.int64)
+        reps = room[keep] + 1
+        parent = np.repeat(np.nonzero(keep)[0], reps)
+        starts = np.cumsum(reps) - reps
+        values = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(starts, reps) + lower[t]
+        columns = [c[parent] for c in columns] + [values]
+        sums = sums[parent] + values
+    ok = sums >= min_total
+    table = np.vstack([c[ok] for c in columns]) if columns else np.zeros((0, int(ok.sum())), dtype=np.int64)
+    return table if by_type else np.ascontiguousarray(table.T)
 
 
 def window_vectors(order_times: np.ndarray, lower: np.ndarray, upper: np.ndarray,
@@ -151,22 +163,24 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
 
     details: dict = {"n_lower": n_lower, "n_upper": n_cap, "recovery_overhead_s": overhead}
     mode = search
-    rows = np.zeros((0, len(names)), dtype=np.int64)
+    table = np.zeros((len(names), 0), dtype=np.int64)          # candidates, one column each
     if feasible_sizes:
         table_size = count_vectors(lower, upper, feasible_sizes[-1])
         if mode == "auto":
             mode = "exact" if table_size <= exact_limit else "window"
         if mode == "exact":
-            rows = enumerate_vectors(lower, upper, feasible_sizes[0], feasible_sizes[-1])
-            ok = np.isin(rows.sum(axis=1), feasible_sizes)
-            rows = rows[ok]
+            table = enumerate_vectors(lower, upper, feasible_sizes[0], feasible_sizes[-1], by_type=True)
+            allowed = np.zeros(feasible_sizes[-1] + 1, dtype=bool)
+            allowed[feasible_sizes] = True
+            table = table[:, allowed[table.sum(axis=0)]]
         else:
-            rows = window_vectors(t_types[0], lower, upper, feasible_sizes)
+            table = np.ascontiguousarray(window_vectors(t_types[0], lower, upper, feasible_sizes).T)
     elif mode == "auto":
         mode = "exact"
 
-    if len(rows):
-        out = evaluate_spot(job, batch, comp, gpus, price, rows, overhead_s=overhead, remaining=remaining)
+    if table.shape[1]:
+        out = evaluate_spot(job, batch, comp, gpus, price, table, overhead_s=overhead, remaining=remaining,
+                            by_type=True)
         meets = out["time"] <= spec.deadline_s + 1e-9
     else:
         out, meets = None, np.zeros(0, dtype=bool)
@@ -174,16 +188,17 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
     existing = tuple((t, int(c)) for t, c in zip(names, lower) if c)
     common = dict(strategy="spot", job=spec.name, ps_type="on-demand PS" if spec.ps.type == "same" else spec.ps.type,
                   ps_count=1, deadline_s=spec.deadline_s, target_loss=spec.target_loss, existing=existing,
-                  candidates=int(len(rows)), search=mode)
+                  candidates=int(table.shape[1]), search=mode)
     if meets.any():
         cost = np.where(meets, out["cost"], np.inf)
         # Cheapest; ties go to the fewer workers, then the faster plan (deterministic).
-        best = int(np.lexsort((out["time"], rows.sum(axis=1), np.round(cost, 9)))[0])
+        tied = np.flatnonzero(cost <= cost.min() * (1 + 1e-12))
+        best = int(tied[np.lexsort((out["time"][tied], out["n"][tied]))[0]])
         code = BOTTLENECKS[int(out["bottleneck"][best])]
         details.update({"iterations": int(out["j"][best]), "t_exp_s": round(float(out["t_exp"][best]), 6),
                         "b_w": round(float(out["b_w"][best]), 3), "R": round(float(out["R"][best]), 6),
                         "explanation": BOTTLENECK_TEXT[code]})
-        return TrainingPlan(feasible=True, counts=tuple((t, int(c)) for t, c in zip(names, rows[best])),
+        return TrainingPlan(feasible=True, counts=tuple((t, int(c)) for t, c in zip(names, table[:, best])),
                             predicted_time_s=float(out["time"][best]), predicted_cost=float(out["cost"][best]),
                             bottleneck=code, details=details, **common)
 
