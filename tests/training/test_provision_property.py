@@ -185,3 +185,29 @@ def test_homogeneous_matches_brute_force(workers, deadline, sync, ps_count, cpu,
     assert plan.feasible
     assert plan.predicted_cost == pytest.approx(brute[0], rel=1e-9)
     assert plan.predicted_time_s <= deadline + 1e-6
+
+
+@SETTINGS
+@given(bounds=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=4),
+       max_total=st.integers(0, 9), min_total=st.integers(0, 4))
+def test_candidate_table_matches_itertools(bounds, max_total, min_total):
+    from controller.training.spot import count_vectors, enumerate_vectors
+    import numpy as np
+    lower = np.array([lo for lo, _ in bounds])
+    upper = np.array([lo + extra for lo, extra in bounds])
+    expected = sorted(c for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)])
+                      if min_total <= sum(c) <= max_total)
+    rows = enumerate_vectors(lower, upper, min_total, max_total)
+    assert sorted(map(tuple, rows.tolist())) == expected
+    assert enumerate_vectors(lower, upper, min_total, max_total, by_type=True).shape == (len(bounds), len(expected))
+    assert count_vectors(lower, upper, max_total) == sum(
+        1 for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)]) if sum(c) <= max_total)
+
+
+def test_auto_search_falls_back_to_window_on_large_tables():
+    from controller.training import files
+    from controller.training.problem import spec_from_dict
+    spec = spec_from_dict(files.read_spec(None)[0], files.offline_catalog(), "fixture")
+    assert provision_spot(spec).search == "exact"
+    plan = provision_spot(spec, exact_limit=10)
+    assert plan.search == "window" and [c for _, c in plan.counts] == [2, 0, 2, 0, 0]
