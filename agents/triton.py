@@ -278,6 +278,26 @@ class TritonProcess:
             self._client = None
         return self.proc.returncode
 
+    def unload_and_stop(self, models: Sequence[str], timeout_s: float = 5.0) -> int | None:
+        """Unload `models`, wait until they are gone, then stop: faster than SIGTERM alone.
+
+        Triton's shutdown polls its live models once a second; a server whose
+        models are already unloaded exits at the first poll (~1 s saved).
+        """
+        if self.alive():
+            try:
+                for model in models:
+                    self.client.unload_model(model)
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    index = self.client.get_model_repository_index(as_json=True).get("models", [])
+                    if not any(m.get("state") in ("READY", "UNLOADING", "LOADING") for m in index):
+                        break
+                    time.sleep(0.02)
+            except InferenceServerException:
+                pass        # a server that does not answer is stopped by the signal below
+        return self.stop()
+
     # -- repository API
     @property
     def client(self) -> grpcclient.InferenceServerClient:
@@ -558,7 +578,8 @@ class TritonFleet:
         started, reloaded, moved, stopped, unchanged = [], [], [], [], []
         with self._lock:
             for key in sorted(set(self._slots) - set(desired)):
-                self._slots.pop(key).process.stop()
+                gone = self._slots.pop(key)
+                gone.process.unload_and_stop([gone.assignment.model])
                 stopped.append(key)
             for key in sorted(desired):
                 a = desired[key]
@@ -586,7 +607,8 @@ class TritonFleet:
                         continue
                     old, self._slots[key] = slot, new
                     time.sleep(self.drain_s)        # clients that read the old endpoint have sent by now
-                    old.process.stop()              # SIGTERM: Triton finishes their in-flight requests
+                    # unload (in-flight requests finish first), then SIGTERM
+                    old.process.unload_and_stop([old.assignment.model])
                     moved.append(key)
                     continue
                 if config_to_text(config) == config_to_text(slot.config):
@@ -683,7 +705,8 @@ class TritonFleet:
         """Stop every process (graceful, then forceful), in parallel."""
         with self._lock:
             slots, self._slots = list(self._slots.values()), {}
-        threads = [threading.Thread(target=s.process.stop, daemon=True) for s in slots]
+        threads = [threading.Thread(target=s.process.unload_and_stop, args=([s.assignment.model],), daemon=True)
+                   for s in slots]
         for t in threads:
             t.start()
         for t in threads:
