@@ -136,7 +136,12 @@ def _load_spec(path: str | None, strategy: str = "spot", prices: str = "offline"
             from agents.cloud import CloudError, PriceSource, make_clients
             ec2, pricing = make_clients(region, endpoint_url)
             src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
-            types = list((data or {}).get("workers", {}) or {}) if isinstance(data, dict) else None
+            types = None
+            if isinstance(data, dict) and isinstance(data.get("workers"), dict):
+                types = list(data["workers"])
+                ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
+                if ps_type != "same":
+                    types.append(str(ps_type))
             try:
                 catalog = src.live(types)
             except CloudError as err:

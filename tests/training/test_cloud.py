@@ -262,3 +262,14 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
     assert "0 revocation(s) handled" in capsys.readouterr().out
     assert main(["train", "terminate", *args]) == 0
     assert "terminated 5" in capsys.readouterr().out
+
+
+def test_cli_plan_with_live_prices(moto_url, tmp_path, capsys):
+    cache = tmp_path / "prices.json"
+    assert main(["train", "plan", "--prices", "live", "--endpoint-url", moto_url, "--price-cache", str(cache),
+                 "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["prices"]["source"] == "live" and body["prices"]["as_of"].endswith("Z")
+    assert any("pricing API" in n or "on-demand" in n for n in body["prices"]["notes"])
+    assert json.loads(cache.read_text())["catalog"]["types"]["m5.xlarge"]["spot_per_hour"] == pytest.approx(0.00001)
+    assert body["counts"]["p3.2xlarge"] == 2        # the spec's own fixture prices still decide the plan
