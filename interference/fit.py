@@ -11,7 +11,7 @@ trust-region least squares (scipy) from a closed-form initial value.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -21,6 +21,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+
+if TYPE_CHECKING:
+    from interference.profiling import ProfileSession
 
 #: Grid of the solo profile: rows are batch sizes, columns MPS shares (percent).
 GRID_BATCHES = (1, 16, 32)
@@ -226,3 +229,43 @@ class InterferenceModel(BaseEstimator):
             predictions = predict_gpu(self.profile_, config)
             out.append([(p.latency_ms, p.throughput_rps) for p in predictions])
         return out
+
+
+def fit_measured_profile(session: "ProfileSession") -> DeviceProfile:
+    """A device profile from `stoke profile run` measurements (a CPU node, typically).
+
+    Same model form as a GPU, with what a CPU node lacks switched off: the
+    share is whole cores (step = 100/cores); no power cap, no clock drop, no
+    scheduling-delay growth; input/output transfer is inside the measured
+    latency (bandwidth set so high the transfer term vanishes). k_act is
+    fitted on the (batch, share) grid with the same bounded least squares as
+    a GPU. Interference: every co-located workload adds one unit of "cache
+    pressure" (c = 1), and alpha is the measured slowdown with one busy
+    neighbour: alpha = t_pair / t_solo - 1.
+    """
+    from interference.profiling import MeasurePoint
+
+    if not session.done:
+        done, total = session.progress()
+        raise RawProfileError(f"measurements are incomplete ({done}/{total} points); resume `stoke profile run`")
+    gpu = GpuProfile(name=session.device, max_freq_mhz=1.0, power_cap_w=1e9, idle_power_w=0.0,
+                     pcie_bytes_per_ms=1e12, share_step_pct=round(100.0 / session.cores, 6),
+                     sched_slope_ms=0.0, sched_intercept_ms=0.0, freq_slope_mhz_per_w=0.0)
+    models = {}
+    for model in session.models:
+        points = [p for p in session.points() if p.model == model and p.neighbours == 0]
+        batch = np.array([p.batch for p in points], dtype=float)
+        share = np.array([p.share_pct for p in points], dtype=float)
+        latency = np.array([session.results[p.key] for p in points])
+        k_act = fit_active_time(batch, share, latency)
+        alpha = 0.0
+        if session.cores >= 2:
+            b, s = session.colocation_batch, session.shares[0]
+            pair = session.results[MeasurePoint(model, s, b, 1).key]
+            solo = session.results.get(MeasurePoint(model, s, b).key) or float(_active_time(np.asarray(k_act), b, s))
+            alpha = max(0.0, pair / solo - 1.0)
+        bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
+        models[model] = ModelProfile(name=model, kernels=1, idle_time_ms=0.0, k_act=k_act, power_slope_w=0.0,
+                                     power_intercept_w=0.0, l2_slope=0.0, l2_intercept=1.0, cache_sensitivity=alpha,
+                                     bytes_in=bytes_in, bytes_out=bytes_out)
+    return DeviceProfile(gpu=gpu, models=models)

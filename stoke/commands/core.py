@@ -11,9 +11,10 @@ from typing import Any
 from controller.simulate import SimulationReport, simulate
 from controller.solver import STRATEGIES, Plan, ProblemError, plan_from_dict, plan_to_dict, solve
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
-from interference.fit import InterferenceModel, RawProfileError
+from interference.fit import InterferenceModel, RawProfileError, fit_measured_profile
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
+from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, read_raw, save_profile
 from stoke.errors import UserError
 from stoke.table import render_table
@@ -68,6 +69,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
     f.set_defaults(run=run_profile_fit)
+    r = profile.add_parser(
+        "run", help="measure models on this node's Triton (CPU) and write measurements for `profile fit`",
+        description="Profile models served by real Triton processes on this machine: latency at every batch in "
+                    "--batches and every whole-core share, plus one co-location point per model. Progress is "
+                    "checkpointed to OUTPUT after every point; run again with the same OUTPUT to resume.")
+    r.add_argument("--repo", default="triton_repo", help="model repository (default: triton_repo)")
+    r.add_argument("--models", default="mlp_small,conv_medium,embed_large",
+                   help="comma-separated models (default: the three demo models)")
+    r.add_argument("--batches", default="1,8,16,32", help="batch sizes (default 1,8,16,32)")
+    r.add_argument("--requests", type=int, default=20, help="requests per point (median taken; default 20)")
+    r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
+    r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
+    r.set_defaults(run=run_profile_run)
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -248,17 +262,56 @@ def format_report(report: SimulationReport) -> str:
             f"keep p99 within SLO\n\n{table}")
 
 
+def _is_measurements(path: str) -> bool:
+    """`stoke profile run` output (one JSON object) rather than iGniter JSON lines."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == MEASUREMENTS_FORMAT
+
+
+def run_profile_run(args: argparse.Namespace) -> int:
+    import os
+
+    from agents.profiler import run_session
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise UserError(f"--batches must be comma-separated whole numbers, got {args.batches!r}") from None
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    missing = [m for m in models if not (Path(args.repo) / m / "config.pbtxt").is_file()]
+    if missing:
+        raise UserError(f"{args.repo}: no model {missing[0]!r} (no {missing[0]}/config.pbtxt); "
+                        f"pick models from the repository")
+    cores = len(os.sched_getaffinity(0))
+    output = Path(args.output)
+    if output.exists():
+        try:
+            session = ProfileSession.from_dict(json.loads(output.read_text()), str(output))
+        except ValueError as err:
+            raise UserError(f"{err}; remove the file to start afresh") from None
+        print(f"resuming {output}: {session.progress()[0]}/{session.progress()[1]} points measured")
+    else:
+        session = ProfileSession(device=args.device_name or f"cpu-{cores}core", cores=cores, models=models,
+                                 batches=batches)
+    run_session(session, args.repo, output, requests=args.requests)
+    print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
+    return 0
+
+
 # -- profile fit -----------------------------------------------------------------------------------
 
 def run_profile_fit(args: argparse.Namespace) -> int:
     try:
-        raw = read_raw(args.raw)
-        model = InterferenceModel(gpu_name=args.gpu_name).fit(raw)
-    except (ProfileFileError, RawProfileError) as err:
+        if _is_measurements(args.raw):
+            profile = fit_measured_profile(ProfileSession.from_dict(json.loads(Path(args.raw).read_text()), args.raw))
+        else:
+            profile = InterferenceModel(gpu_name=args.gpu_name).fit(read_raw(args.raw)).profile_
+    except (ProfileFileError, RawProfileError, ValueError) as err:
         message = str(err)
         raise UserError(message if message.startswith(args.raw) else f"{args.raw}: {message}") from None
-    save_profile(model.profile_, args.output)
-    profile = model.profile_
+    save_profile(profile, args.output)
     print(f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
           f"-> {args.output}")
     rows = [[name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]

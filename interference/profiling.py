@@ -1,0 +1,99 @@
+"""Light-weight profiling as ask/tell: which measurements to take, and what was told.
+
+A `ProfileSession` proposes the next measurement point (`ask`), is told its
+result (`tell`), and round-trips through a plain dict (`to_dict` /
+`from_dict`) so a runner can checkpoint after every point and resume an
+interrupted profile. It does no measuring itself: a runner (for Triton on a
+CPU node, `agents.profiler`) drives the load.
+
+Points are grouped so a runner restarts as little as possible: per model,
+per share, every batch; then one co-location point per model (a copy of the
+same model at the same share running closed-loop beside it).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+MEASUREMENTS_FORMAT = "stoke-measurements"
+MEASUREMENTS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MeasurePoint:
+    model: str
+    share_pct: float
+    batch: int
+    neighbours: int = 0      # copies of the same model loaded beside it, kept busy
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.share_pct:g}|{self.batch}|{self.neighbours}"
+
+
+@dataclass
+class ProfileSession:
+    """Measurement plan for one device type (`device` names it: e.g. "cpu-2core")."""
+
+    device: str
+    cores: int
+    models: Sequence[str]
+    batches: Sequence[int] = (1, 8, 16, 32)
+    colocation_batch: int = 8
+    model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)   # model -> (bytes_in, bytes_out)
+    results: dict[str, float] = field(default_factory=dict)               # point key -> median latency (ms)
+
+    @property
+    def shares(self) -> list[float]:
+        """Whole cores: 100/cores, 2*100/cores, ..., 100."""
+        return [round(100.0 * k / self.cores, 6) for k in range(1, self.cores + 1)]
+
+    def points(self) -> list[MeasurePoint]:
+        out = [MeasurePoint(m, s, b) for m in self.models for s in self.shares for b in self.batches]
+        if self.cores >= 2:
+            out += [MeasurePoint(m, self.shares[0], self.colocation_batch, neighbours=1) for m in self.models]
+        return out
+
+    def ask(self) -> MeasurePoint | None:
+        return next((p for p in self.points() if p.key not in self.results), None)
+
+    def tell(self, point: MeasurePoint, latency_ms: float) -> None:
+        if not latency_ms > 0:
+            raise ValueError(f"{point.key}: a latency must be > 0 ms, got {latency_ms!r}")
+        self.results[point.key] = float(latency_ms)
+
+    @property
+    def done(self) -> bool:
+        return self.ask() is None
+
+    def progress(self) -> tuple[int, int]:
+        points = self.points()
+        return sum(p.key in self.results for p in points), len(points)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": MEASUREMENTS_FORMAT, "version": MEASUREMENTS_VERSION, "device": self.device,
+                "cores": self.cores, "models": list(self.models), "batches": list(self.batches),
+                "colocation_batch": self.colocation_batch,
+                "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
+                "points": [dict(asdict(p), latency_ms=self.results.get(p.key)) for p in self.points()]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "measurements") -> "ProfileSession":
+        if not isinstance(data, dict) or data.get("format") != MEASUREMENTS_FORMAT:
+            raise ValueError(f"{source}: not a stoke measurements file (field 'format' must be "
+                             f"{MEASUREMENTS_FORMAT!r}); write one with `stoke profile run`")
+        if data.get("version") != MEASUREMENTS_VERSION:
+            raise ValueError(f"{source}: measurements version {data.get('version')!r} is not supported "
+                             f"(this stoke reads {MEASUREMENTS_VERSION})")
+        try:
+            session = cls(device=str(data["device"]), cores=int(data["cores"]), models=list(data["models"]),
+                          batches=[int(b) for b in data["batches"]],
+                          colocation_batch=int(data.get("colocation_batch", 8)),
+                          model_bytes={m: (int(b[0]), int(b[1])) for m, b in data.get("model_bytes", {}).items()})
+            for p in data.get("points", []):
+                if p.get("latency_ms") is not None:
+                    point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
+                    session.tell(point, float(p["latency_ms"]))
+        except (KeyError, TypeError, IndexError) as err:
+            raise ValueError(f"{source}: measurements lack field {err}; re-run `stoke profile run`") from None
+        return session
