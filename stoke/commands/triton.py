@@ -36,8 +36,8 @@ def _check_repo(repo: str) -> None:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 
 
@@ -101,7 +101,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.device_kind == "gpu":
         from agents.mps import MpsControl
         mps = MpsControl()
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     report = None
     try:
         fleet = TritonFleet(args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps,
@@ -115,7 +115,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                  ",".join(map(str, procs[a.key]["cpu_cores"])) or f"gpu{a.device}", endpoints[a.key]]
                 for a in fleet.running()]
         if args.json:
-            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": list(report.errors)}, indent=2))
+            # one line, so a caller can read it while the servers keep running
+            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": list(report.errors)}), flush=True)
         else:
             print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
             for error in report.errors:
@@ -134,7 +135,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("stopping Triton processes", file=sys.stderr)
     finally:
         fleet.close()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 1 if report is None or report.errors else 0
 
 

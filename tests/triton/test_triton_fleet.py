@@ -219,3 +219,25 @@ def test_cli_up_and_load(fleet, capsys):
     pid = shown["processes"]["tiny_echo#0"]["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)                                        # stopped on exit
+
+
+def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "stoke", "triton", "up", "--repo", str(DEMO_REPO), "--models",
+                             "tiny_echo", "--workdir", str(tmp_path), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()                # `up --json` prints one line, then serves
+        assert line, proc.stderr.read()
+        shown = json.loads(line)
+        pid = shown["processes"]["tiny_echo#0"]["pid"]
+        assert infer(shown["endpoints"]["tiny_echo#0"], "tiny_echo").shape == (2, 8)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
