@@ -507,16 +507,20 @@ class TritonFleet:
         self._lock = threading.RLock()
         self._counter = 0
         self._mps_started = False
+        self._store = None
 
     # -- base configs
     def _default_base_config(self, model: str) -> ModelConfig:
         if "://" in self.repository:
-            from agents.repo_store import open_store   # the S3 wrapper; imported only for remote repositories
-            store = open_store(self.repository)
+            if self._store is None:
+                from agents.repo_store import open_store   # the S3 wrapper; imported only for remote repositories
+                self._store = open_store(self.repository)
+            store = self._store
             return parse_config(store.read_text(f"{model}/{CONFIG_NAME}"), f"{self.repository}/{model}/{CONFIG_NAME}")
         return read_config(Path(self.repository) / model / CONFIG_NAME)
 
-    def _render(self, a: ModelAssignment) -> ModelConfig:
+    def render(self, a: ModelAssignment) -> ModelConfig:
+        """The config this fleet loads for `a` (base config + plan fields + this node's kind)."""
         config = render_config(self._base_config(a.model), a, device_kind=self.device_kind,
                                gpu_index=0 if self.device_kind == "gpu" else None,
                                latency_histogram=self.latency_histogram)
@@ -534,18 +538,22 @@ class TritonFleet:
                     used[c] = used.get(c, 0) + 1
         return used
 
-    def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None) -> _Slot:
-        cores = None
+    def resources(self, a: ModelAssignment, exclude: str | None = None) -> tuple[tuple[int, ...] | None, dict[str, str]]:
+        """(CPU cores, extra environment) of the process that serves `a` (the same code path on both kinds)."""
         env = dict(self.env)
         if self.device_kind == "cpu":
-            cores = cpu_cores_for_share(a.share_pct, self.cpu_cores, self._cores_in_use(exclude))
-        else:
+            return cpu_cores_for_share(a.share_pct, self.cpu_cores, self._cores_in_use(exclude)), env
+        env["CUDA_VISIBLE_DEVICES"] = str(a.device)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(a.share_pct)))))
+        client_env = getattr(self.mps, "client_env", None)
+        if client_env is not None:
+            env.update(client_env(a.share_pct))     # pipe / log directories of the daemon
+        return None, env
+
+    def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None) -> _Slot:
+        if self.device_kind == "gpu":
             self._ensure_mps()
-            env["CUDA_VISIBLE_DEVICES"] = str(a.device)
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(a.share_pct)))))
-            client_env = getattr(self.mps, "client_env", None)
-            if client_env is not None:
-                env.update(client_env(a.share_pct))     # pipe / log directories of the daemon
+        cores, env = self.resources(a, exclude)
         self._counter += 1
         process = TritonProcess(self.repository, workdir=self.workdir,
                                 name=f"triton-{_safe(a.key)}-{self._counter}", binary=self._binary,
@@ -585,7 +593,7 @@ class TritonFleet:
                 a = desired[key]
                 slot = self._slots.get(key)
                 try:
-                    config = self._render(a)
+                    config = self.render(a)
                 except Exception as err:  # noqa: BLE001 - a bad base config is reported, others go on
                     errors.append(f"{key}: cannot render the config of {a.model!r}: {err}")
                     if slot is not None:

@@ -201,3 +201,26 @@ def test_mps_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(MpsError, match="not found on PATH"):
         MpsControl().start()
+
+
+def test_gpu_fleet_process_environment(tmp_path, fake_mps):
+    from agents.triton import TritonFleet
+    from controller.assignment import ModelAssignment
+    from controller.render import ModelConfig
+    mps = MpsControl(pipe_dir=str(tmp_path / "pipe"))
+    fleet = TritonFleet(str(tmp_path), device_kind="gpu", workdir=str(tmp_path / "w"), mps=mps,
+                        base_config=lambda model: ModelConfig(name=model, max_batch_size=32))
+    a = ModelAssignment("web", "mlp_small", device=3, share_pct=37.4, batch=8, queue_delay_ms=2.0, slo_ms=20.0,
+                        rate_rps=100.0)
+    cores, env = fleet.resources(a)
+    assert cores is None
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "37"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe")
+    config = fleet.render(a)
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    assert list(config.instance_group[0].gpus) == [0]      # the only GPU the process sees
+    cpu = TritonFleet(str(tmp_path), workdir=str(tmp_path / "c"), cpu_cores=[0, 1, 2, 3],
+                      base_config=lambda model: ModelConfig(name=model, max_batch_size=32))
+    cores, env = cpu.resources(a)
+    assert cores == (0, 1) and "CUDA_VISIBLE_DEVICES" not in env
+    assert cpu.render(a).instance_group[0].count == 2      # one instance per core of the share
