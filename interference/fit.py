@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
+from interference.fitting import bounded_least_squares
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
 
@@ -134,14 +134,11 @@ def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray)
     x0 = np.array([*k123, 0.0, 0.0])
     lower = np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0])
     upper = np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()])
-    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
 
     def residual(params: np.ndarray) -> np.ndarray:
         return (_active_time(params, batch, share) - active_ms) / active_ms
 
-    result = least_squares(residual, x0, bounds=(lower, upper), method="trf",
-                           x_scale="jac", max_nfev=5000)
-    return tuple(float(v) for v in result.x)
+    return tuple(float(v) for v in bounded_least_squares(residual, x0, lower, upper))
 
 
 def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelProfile:
