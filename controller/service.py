@@ -583,21 +583,44 @@ class ControlService:
                 schedulable.append(w)
         plan = Plan(strategy=self.config.strategy, gpus=())
         if schedulable:
-            inventory = tuple(GpuType(name=t, price_per_hour=self.config.price(t), profile=p, max_count=counts[t])
-                              for t, p in sorted(usable.items()))
-            current = None
-            if applied is not None:
-                names = {w.name for w in schedulable}
-                kept_plan, _ = without_slots(applied_plan, applied.bindings, slots)
-                gpus = tuple(replace(g, placements=tuple(p for p in g.placements if p.name in names))
-                             for g in kept_plan.gpus if g.gpu_type in usable)
-                current = Plan(strategy=kept_plan.strategy, gpus=tuple(g for g in gpus if g.placements),
-                               notes=kept_plan.notes)
-            started = time.perf_counter()
+            kept_plan = without_slots(applied_plan, applied.bindings, slots)[0] if applied is not None else None
+            bounded = tuple(GpuType(name=t, price_per_hour=self.config.price(t), profile=p, max_count=counts[t])
+                            for t, p in sorted(usable.items()))
+            unbounded = tuple(replace(g, max_count=None) for g in bounded)
+
+            def run(ws: Sequence[Workload], inventory: tuple[GpuType, ...]) -> Plan:
+                current = None
+                if kept_plan is not None:
+                    names = {w.name for w in ws}
+                    gpus = tuple(replace(g, placements=tuple(p for p in g.placements if p.name in names))
+                                 for g in kept_plan.gpus if g.gpu_type in usable)
+                    current = Plan(strategy=kept_plan.strategy, gpus=tuple(g for g in gpus if g.placements),
+                                   notes=kept_plan.notes)
+                started = time.perf_counter()
+                try:
+                    return self._solver(Problem(tuple(ws), inventory), self.config.strategy, current=current)
+                finally:
+                    self.observer.solved(time.perf_counter() - started)
+
             try:
-                plan = self._solver(Problem(tuple(schedulable), inventory), self.config.strategy, current=current)
-            finally:
-                self.observer.solved(time.perf_counter() - started)
+                plan = run(schedulable, bounded)
+            except ProblemError:
+                # Not enough devices: plan as if there were (the GPUs beyond the ready devices stay unbound
+                # and their workloads pending); a workload infeasible on its own is pending with its reason.
+                try:
+                    plan = run(schedulable, unbounded)
+                except ProblemError:
+                    rest = []
+                    for w in schedulable:
+                        try:
+                            run([w], unbounded)
+                            rest.append(w)
+                        except ProblemError as err:
+                            pending.append((w.name, str(err)))
+                    if len(rest) == len(schedulable):
+                        raise
+                    schedulable = rest
+                    plan = run(rest, unbounded) if rest else plan
         previous = slot_keys(applied_plan, applied.bindings) if applied else {}
         bindings = bind_gpus(plan, slots, previous)
         # a GPU's identity is its slot: stored plans carry it, the next solve keeps it

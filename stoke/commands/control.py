@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -66,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-type", default="", help="GPU type of this node's devices (default: decided by the "
                                                    "controller's gpu_types)")
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
+    p.add_argument("--latency-histogram", action="store_true",
+                   help="configure Triton's per-model latency histogram with a bucket at each SLO (used by the "
+                        "SLO alert rules of `stoke alerts`; needs Triton >= 2.52, the bundled 2.51 refuses it)")
     p.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
                    help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)")
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
@@ -114,6 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repository", default="triton_repo", help="model repository (default %(default)s)")
     p.add_argument("--workloads", metavar="FILE", help="workloads YAML instead of the demo set")
     p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: triton_repo/profiles/*cpu*.json)")
+    p.add_argument("--count", type=int, default=DEMO_COUNT, choices=(1, 2, 3),
+                   help="demo workloads to run (default %(default)s; a third one exceeds one 2-core node and "
+                        "shows as pending)")
     p.add_argument("--no-load", action="store_true", help="do not generate load")
     p.add_argument("--interval", type=float, default=3.0, help="status refresh seconds (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")
@@ -384,7 +391,7 @@ def run_agent(args: argparse.Namespace) -> int:
     client = _client(args)
     try:
         fleet = TritonFleet(args.repository, device_kind=kind, workdir=args.workdir,
-                            ready_timeout_s=args.ready_timeout)
+                            ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
     except TritonError as err:
         raise UserError(f"cannot run Triton: {err}") from None
     exporter = None
@@ -415,11 +422,13 @@ DEMO_MODEL_FOR = {"alexnet": "mlp_small", "resnet50": "conv_medium", "vgg19": "c
 #: CPU scaling of the examples: rates divided, SLOs multiplied.
 DEMO_RATE_DIVISOR = 25.0
 DEMO_SLO_FACTOR = 4.0
-DEMO_COUNT = 3
+#: Hourly price of the local CPU node in the demo (about a 2-vCPU cloud instance).
+DEMO_CPU_PRICE = 0.08
+DEMO_COUNT = 2     # a 2-core node holds two demo workloads at the fitted CPU profile's 50% share step
 
 
-def demo_workloads(path: str | None) -> tuple[Any, ...]:
-    """The workloads of `path`, or the bundled examples scaled to CPU (the first three, one per demo model)."""
+def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]:
+    """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
     from controller.solver import Workload
     from controller.workload_file import WorkloadFileError, example_workloads_path, load_workloads_file
     if path:
@@ -436,7 +445,7 @@ def demo_workloads(path: str | None) -> tuple[Any, ...]:
         used.add(model)
         out.append(Workload(name=w.name, model=model, slo_ms=w.slo_ms * DEMO_SLO_FACTOR,
                             rate_rps=round(w.rate_rps / DEMO_RATE_DIVISOR, 1)))
-        if len(out) == DEMO_COUNT:
+        if len(out) == count:
             break
     return tuple(out)
 
@@ -466,10 +475,15 @@ def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
     """--profile, else triton_repo/profiles/*cpu*.json, else the placeholder written to `workdir`."""
     if given:
         return given
-    candidates = sorted(Path(repository, "profiles").glob("*cpu*.json")) if Path(repository).is_dir() else []
-    if candidates:
-        return str(candidates[0])
-    from interference.profile_io import save_profile
+    from interference.profile_io import ProfileFileError, load_profile, save_profile
+    folder = Path(repository, "profiles")
+    candidates = sorted(folder.glob("*cpu*profile*.json")) + sorted(folder.glob("*cpu*.json"))
+    for candidate in candidates:
+        try:
+            load_profile(candidate)       # skip raw measurement files beside the fitted profile
+            return str(candidate)
+        except ProfileFileError:
+            continue
     path = workdir / "demo-cpu-profile.json"
     save_profile(demo_cpu_profile(), path)
     print(f"note: no fitted CPU profile in {repository}/profiles/; planning with placeholder coefficients "
@@ -488,6 +502,7 @@ def run_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
     from controller.server import ControllerConfig, ControllerServer
+    from controller.service import GpuTypeConfig
     from interference.profile_io import ProfileFileError, load_profile
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not Path(args.repository).is_dir():
@@ -499,7 +514,7 @@ def run_up(args: argparse.Namespace) -> int:
         profile = load_profile(profile_path)
     except ProfileFileError as err:
         raise UserError(str(err)) from None
-    workloads = demo_workloads(args.workloads)
+    workloads = demo_workloads(args.workloads, args.count)
     started = time.monotonic()
     stop = _until_signal(args.seconds)
     token = secrets.token_urlsafe(16)
@@ -507,6 +522,7 @@ def run_up(args: argparse.Namespace) -> int:
     config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
                               token_file=str(tmp / "token"), heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0,
                               reconcile_interval_s=0.5, profiles=((profile_path, profile.gpu.name),),
+                              gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),),
                               cpu_gpu_type=profile.gpu.name)
     server = ControllerServer(config).start()
     client = ControllerClient(server.address, token=token)
@@ -516,6 +532,11 @@ def run_up(args: argparse.Namespace) -> int:
     loaders: list[threading.Thread] = []
     try:
         agent.start()
+        deadline = time.monotonic() + 30
+        while not any(n.state == "ready" for n in client.list_nodes().nodes):
+            if time.monotonic() > deadline or stop.is_set():
+                raise UserError("the local agent did not register within 30 s")
+            time.sleep(0.1)
         client.apply_workloads(workloads)
         print(f"controller {server.address} (token in {tmp / 'token'}), metrics "
               f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
@@ -524,12 +545,15 @@ def run_up(args: argparse.Namespace) -> int:
         next_print = 0.0
         while not stop.is_set():
             status = client.status()
-            if ready_at is None and status.workloads and all(w.state == "serving" for w in status.workloads):
+            if ready_at is None and status.workloads and all(w.state in ("serving", "pending")
+                                                             for w in status.workloads) \
+                    and any(w.state == "serving" for w in status.workloads):
                 ready_at = time.monotonic() - started
-                print(f"all {len(status.workloads)} workload(s) serving their planned configs after "
+                served = {w.name for w in status.workloads if w.state == "serving"}
+                print(f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
                       f"{ready_at:.1f}s", flush=True)
                 if not args.no_load:
-                    for w in workloads:
+                    for w in (w for w in workloads if w.name in served):
                         t = threading.Thread(target=_drive_load, args=(fleet, w, stop), daemon=True)
                         t.start()
                         loaders.append(t)
@@ -548,6 +572,7 @@ def run_up(args: argparse.Namespace) -> int:
         agent.stop()
         client.close()
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _drive_load(fleet: Any, workload: Any, stop: threading.Event) -> None:

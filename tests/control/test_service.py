@@ -202,3 +202,20 @@ def test_device_where_everything_failed_is_blocked_and_replanned(svc):
     svc.reconcile()
     assert where(svc)["a#0"][0] == other
     assert any("unblocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
+
+
+def test_short_of_devices_places_what_fits_and_reports_the_rest(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("solo", CPU)
+    # each needs most of a node: one node holds one of them
+    svc.apply_workloads([wl("big1", "conv_medium", 100, 800), wl("big2", "conv_medium", 100, 800),
+                         wl("impossible", "conv_medium", 0.5, 10)])
+    outcome = svc.reconcile()
+    pending = dict(outcome.plan.pending)
+    placed = {k.split("#")[0] for k in where(svc)}
+    assert len(placed) == 1 and placed <= {"big1", "big2"}
+    assert "no free CPU device" in pending[({"big1", "big2"} - placed).pop()]
+    assert "impossible" in pending and "impossible" not in placed
+    states = {w.workload.name: w.state for w in svc.status().workloads}
+    assert states["impossible"] == "pending"
