@@ -159,9 +159,22 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
         client.close()
 
 
+#: int64 fields, which proto3 JSON writes as strings; `--json` prints them as numbers.
+_INT64_FIELDS = {"revision", "memory_bytes", "failures", "success", "applied_revision"}
+
+
 def _to_dict(message: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def fix(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: fix(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if key in _INT64_FIELDS and isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)
+        return value
+    return fix(MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
 
 
 def _ago(seconds: float) -> str:

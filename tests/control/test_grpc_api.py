@@ -89,3 +89,23 @@ def test_flow_validation_and_metrics(client, server):
     assert 'stoke_workload_slo_ms{model="mlp_small",workload="web"} 100.0' in text
     assert "stoke_gpus_in_use 1.0" in text and "stoke_plan_solve_seconds_count" in text
     assert client.delete_workload("web") is True and client.delete_workload("web") is False
+
+
+def test_remote_plan_for_stoke_plan_remote(client, server, capsys, tmp_path):
+    import argparse
+    import json
+
+    from stoke.commands.control import remote_plan
+    client.upload_profile(cpu_profile_json())
+    client.register("n9", [NodeDevice(0, "cpu", "cpu", cores=2)])
+    client.apply_workloads([Workload("api", "tiny_echo", 50, 10)])
+    client.apply_plan()
+    (tmp_path / "tok").write_text(TOKEN)
+    args = argparse.Namespace(controller=server.address, token_file=str(tmp_path / "tok"), json=True)
+    assert remote_plan(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["revision"] >= 1 and any(p["workload"] == "api" for g in data["gpus"] for p in g["placements"])
+    args.json = False
+    assert remote_plan(args) == 0
+    out = capsys.readouterr().out
+    assert "plan revision" in out and "api" in out
