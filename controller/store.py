@@ -24,6 +24,8 @@ from typing import Any, Iterable, Sequence
 from controller.solver import Workload
 
 SCHEMA_VERSION = 1
+#: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
+KEEP_PLANS = 200
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -177,14 +179,23 @@ class Store:
     # ------------------------------------------------------------ plans
 
     def add_plan(self, plan: dict[str, Any], bindings: Iterable[Binding | None],
-                 pending: Iterable[tuple[str, str]], now: float) -> int:
+                 pending: Iterable[tuple[str, str]], now: float, keep: int = KEEP_PLANS) -> int:
+        """Store a new applied plan; returns its revision. Only the last `keep` revisions are kept."""
         bindings_json = json.dumps([None if b is None else [b.node_id, b.device, b.gpu_type] for b in bindings])
         with self._lock:
-            cur = self._db.execute("INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) "
-                                   "VALUES (?, ?, ?, ?)",
-                                   (json.dumps(plan, sort_keys=True), bindings_json,
-                                    json.dumps([list(p) for p in pending]), now))
-            return int(cur.lastrowid)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute("INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) "
+                                       "VALUES (?, ?, ?, ?)",
+                                       (json.dumps(plan, sort_keys=True), bindings_json,
+                                        json.dumps([list(p) for p in pending]), now))
+                revision = int(cur.lastrowid)
+                self._db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return revision
 
     def latest_plan(self) -> StoredPlan | None:
         with self._lock:

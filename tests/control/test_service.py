@@ -219,3 +219,10 @@ def test_short_of_devices_places_what_fits_and_reports_the_rest(tmp_path):
     assert "impossible" in pending and "impossible" not in placed
     states = {w.workload.name: w.state for w in svc.status().workloads}
     assert states["impossible"] == "pending"
+
+
+def test_store_keeps_recent_plans_and_revisions_keep_counting(tmp_path):
+    store = Store(tmp_path / "p.db")
+    revisions = [store.add_plan({"gpus": []}, [], [], float(i), keep=3) for i in range(5)]
+    assert revisions == [1, 2, 3, 4, 5]
+    assert store.plan_count() == 3 and store.latest_plan().revision == 5
