@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from controller.assignment import ModelAssignment
 from controller.reconcile import (NodeChange, bind_gpus, diff_assignments, node_assignments, slot_key, slot_keys,

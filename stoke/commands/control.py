@@ -15,7 +15,6 @@ import secrets
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
