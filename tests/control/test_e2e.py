@@ -267,6 +267,25 @@ def test_killed_agent_moves_its_workloads_to_the_other(stack):
     assert replanned_after <= TIMEOUT_S + 3
     assert {r.node_id for w in status.workloads for r in w.replicas} == {survivor}
 
+    stack["survivor"] = survivor
+
+
+def test_triton_crash_is_restarted_and_reported(stack):
+    client = stack["client"]
+    survivor = stack["survivor"]
+    agent = stack["agents"][survivor].popen
+    servers = [pid for pid in descendants(agent.pid)
+               if b"tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
+    assert servers, "the surviving agent runs no Triton server"
+    os.kill(servers[0], signal.SIGKILL)
+
+    def reported():
+        node = next(n for n in client.list_nodes().nodes if n.node_id == survivor)
+        return any("restarted as pid" in e for e in node.events)
+
+    wait_for("the crash restart reported by the agent", reported, 30)
+    wait_for("serving again", lambda: serving(client), 30)
+
 
 def test_stoke_up_serves_the_demo_within_a_minute(tmp_path):
     result = subprocess.run([sys.executable, "-m", "stoke", "up", "--seconds", "12", "--json", "--no-load"],
