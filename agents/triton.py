@@ -18,7 +18,8 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
   MPS daemon from `agents.mps`). `apply` makes the node serve exactly the
   given assignments:
 
-  * nothing changed -> nothing done (``unchanged``);
+  * nothing changed -> nothing done (``unchanged``); a process that died is
+    started again (``started``);
   * batch / queue-delay change -> ``load_model(config=...)`` in the same
     process (``reloaded``); Triton keeps the old version serving until the new
     one is ready, so no request fails;
@@ -393,6 +394,12 @@ def parse_metrics(text: str) -> dict[str, dict[str, float]]:
 
 @dataclass(frozen=True)
 class ObservedModel:
+    """One assignment's figures over the window since the previous scrape.
+
+    Rates and means are over the window; `failures` and `success` are the
+    server's cumulative counters (since the model's process started).
+    """
+
     model: str
     key: str
     request_rate_rps: float
@@ -592,6 +599,10 @@ class TritonFleet:
             for key in sorted(desired):
                 a = desired[key]
                 slot = self._slots.get(key)
+                if slot is not None and not slot.process.alive():
+                    slot.process.stop()                # crashed: serve it again from scratch ("started")
+                    del self._slots[key]
+                    slot = None
                 try:
                     config = self.render(a)
                 except Exception as err:  # noqa: BLE001 - a bad base config is reported, others go on
@@ -603,13 +614,13 @@ class TritonFleet:
                     try:
                         self._slots[key] = self._spawn(a, config)
                         started.append(key)
-                    except (TritonError, OSError) as err:
+                    except (RuntimeError, OSError) as err:   # TritonError, MpsError
                         errors.append(f"{key}: start failed: {err}")
                     continue
                 if _placement(slot.assignment) != _placement(a):
                     try:
                         new = self._spawn(a, config, exclude=key)
-                    except (TritonError, OSError) as err:
+                    except (RuntimeError, OSError) as err:   # TritonError, MpsError
                         errors.append(f"{key}: move to share {a.share_pct:g}% / device {a.device} failed, "
                                       f"the old process keeps serving: {err}")
                         continue
@@ -667,7 +678,7 @@ class TritonFleet:
                     self._slots[key] = new
                     events.append(f"{key}: Triton pid {pid} exited with code {code}; restarted as pid "
                                   f"{new.process.pid} on {new.process.grpc_url}")
-                except (TritonError, OSError) as err:
+                except (RuntimeError, OSError) as err:   # TritonError, MpsError
                     events.append(f"{key}: Triton pid {pid} exited with code {code}; restart failed: {err}")
         return events
 

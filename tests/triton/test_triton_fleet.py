@@ -112,6 +112,16 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     assert [a.share_pct for a in fleet.running() if a.key == "echo#0"] == [100.0]
 
 
+def test_failed_move_keeps_the_old_process_serving(fleet):
+    fleet.apply([echo(batch=16, share=100.0), *OTHERS])
+    old = fleet.processes()["echo#0"]
+    report = fleet.apply([echo(batch=256, share=50.0), *OTHERS])    # new process cannot load the model
+    assert report.moved == () and len(report.errors) == 1 and "old process keeps serving" in report.errors[0]
+    assert fleet.processes()["echo#0"]["pid"] == old["pid"] and fleet.endpoint("echo#0") == old["grpc"]
+    assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
+    assert [(a.batch, a.share_pct) for a in fleet.running() if a.key == "echo#0"] == [(16, 100.0)]
+
+
 def test_observe_reports_rate_batch_and_times(fleet):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS])
     fleet.observe()                                           # start a window
@@ -150,6 +160,14 @@ def test_check_health_restarts_a_crashed_process(fleet):
     assert fleet.served_config("echo#0").max_batch_size == 16          # same config as before the crash
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert fleet.check_health() == []
+    pid = fleet.processes()["echo#0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while fleet.processes()["echo#0"]["alive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report = fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])   # apply also serves a dead one again
+    assert report.started == ("echo#0",) and fleet.processes()["echo#0"]["pid"] != pid
+    assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
 
 
 @pytest.mark.parametrize("arrival, rate", [("constant", 200.0), ("poisson", 300.0)])
