@@ -135,7 +135,8 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def cpu_cores_for_share(share_pct: float, cores: Sequence[int], used: Mapping[int, int] | None = None) -> tuple[int, ...]:
+def cpu_cores_for_share(share_pct: float, cores: Sequence[int],
+                        used: Mapping[int, int] | None = None) -> tuple[int, ...]:
     """ceil(share/100 x cores) cores (at least one), the least used first (ties: lowest index)."""
     cores = sorted(cores)
     count = min(len(cores), max(1, math.ceil(share_pct / 100.0 * len(cores) - 1e-9)))
@@ -545,7 +546,8 @@ class TritonFleet:
                     used[c] = used.get(c, 0) + 1
         return used
 
-    def resources(self, a: ModelAssignment, exclude: str | None = None) -> tuple[tuple[int, ...] | None, dict[str, str]]:
+    def resources(self, a: ModelAssignment,
+                  exclude: str | None = None) -> tuple[tuple[int, ...] | None, dict[str, str]]:
         """(CPU cores, extra environment) of the process that serves `a` (the same code path on both kinds)."""
         env = dict(self.env)
         if self.device_kind == "cpu":

@@ -75,9 +75,9 @@ def _default_assignments(repo: str) -> list[Any]:
         except RenderError as err:
             raise UserError(str(err))
         batch = max(1, base.max_batch_size)
+        delay_ms = base.dynamic_batching.max_queue_delay_microseconds / 1000.0
         out.append(ModelAssignment(workload=path.parent.name, model=path.parent.name, device=0, share_pct=100.0,
-                                   batch=batch, queue_delay_ms=base.dynamic_batching.max_queue_delay_microseconds / 1000.0,
-                                   slo_ms=100.0, rate_rps=1.0))
+                                   batch=batch, queue_delay_ms=delay_ms, slo_ms=100.0, rate_rps=1.0))
     if not out:
         raise UserError(f"--repo {repo}: no <model>/{CONFIG_NAME} found; point --repo at a model repository")
     return out
