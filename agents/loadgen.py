@@ -105,7 +105,12 @@ class LoadGenerator:
 
     def __init__(self, target: str | Callable[[], str], model: str, *, batch: int = 1,
                  max_in_flight: int = 2000, timeout_s: float = 10.0,
-                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 on_latency: Callable[[float], None] | None = None) -> None:
+        """`on_latency(ms)` is called for every request, e.g. to feed
+        `agents.latency_metrics.RequestLatencyExporter`; a failed request reports the client
+        timeout (it is as bad as the slowest answer the client would wait for)."""
+        self._on_latency = on_latency
         self._target = target if callable(target) else (lambda: target)
         self.model = model
         self.batch = batch
@@ -156,7 +161,9 @@ class LoadGenerator:
             now = self._clock()
             if error is None:
                 latency[i] = (now - scheduled) * 1000.0
-            else:
+            if self._on_latency is not None:
+                self._on_latency(latency[i] if error is None else self.timeout_s * 1000.0)
+            if error is not None:
                 message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 with lock:
                     errors[message] = errors.get(message, 0) + 1

@@ -17,11 +17,12 @@ workload's `slo_ms`; then, over a window `w`,
 
     error_ratio(w) = 1 - sum(rate(H_bucket{SEL, le="SLO"}[w])) / sum(rate(H_count{SEL}[w]))
 
-`H` defaults to Triton's per-model histogram
-`nv_inference_first_response_histogram_ms` (buckets from `model_metrics` in
-config.pbtxt; `--metrics-config histogram_latencies=true`) and is configurable
-(`SloOptions.histogram`). `SEL` is `SloOptions.selector` formatted with the
-workload (default `model="{model}"`). The `le` bound is matched with a regex
+`H` defaults to `stoke_request_latency_ms`, exported from the serving path
+(`agents.latency_metrics`: the load generator, with a bucket at every SLO),
+because Triton 2.51 has no per-model histogram (its `model_metrics` arrives in
+2.52). On Triton >= 2.52, `nv_inference_first_response_histogram_ms` with
+`model_metrics` buckets works too (`SloOptions.histogram`). `SEL` is
+`SloOptions.selector` formatted with the workload (default `workload="{name}"`). The `le` bound is matched with a regex
 accepting both the shortest form (`15`, what Triton 2.51's prometheus-cpp
 prints, verified) and the float form (`15.0`, what Python's client prints and
 what Prometheus 3 normalises `le` to), so the rules survive either.
@@ -62,7 +63,7 @@ SEVERITIES = ("page", "ticket")
 SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
 
-DEFAULT_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+DEFAULT_HISTOGRAM = "stoke_request_latency_ms"
 DEFAULT_OBJECTIVE = 0.999
 DEFAULT_PERIOD_DAYS = 30
 
@@ -80,12 +81,12 @@ class AlertConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SloOptions:
-    """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, Triton's histogram."""
+    """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, the serving path's histogram."""
 
     objective: float = DEFAULT_OBJECTIVE          # share of requests that must meet the SLO
     period_days: int = DEFAULT_PERIOD_DAYS        # SLO period (budget window)
     histogram: str = DEFAULT_HISTOGRAM            # histogram metric family, in milliseconds
-    selector: str = 'model="{model}"'             # label matchers of one workload's series
+    selector: str = 'workload="{name}"'           # label matchers of one workload's series
     rule_interval: str | None = None              # group evaluation interval (None: Prometheus' global)
     datasource_uid: str = "prometheus"            # Grafana data source of the dashboard/alerts
     folder: str = "stoke"                         # Grafana folder of the alert rules

@@ -511,6 +511,7 @@ def _quiet_grpc() -> None:
 def run_up(args: argparse.Namespace) -> int:
     _quiet_grpc()
     from agents.agent import Agent, local_devices
+    from agents.latency_metrics import RequestLatencyExporter
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
     from controller.server import ControllerConfig, ControllerServer
@@ -542,6 +543,7 @@ def run_up(args: argparse.Namespace) -> int:
     devices = local_devices("cpu")
     agent = Agent(ControllerClient(server.address, token=token), fleet, "local", devices, heartbeat_interval_s=1.0)
     loaders: list[threading.Thread] = []
+    latency = RequestLatencyExporter(w.slo_ms for w in workloads)
     try:
         agent.start()
         deadline = time.monotonic() + 30
@@ -550,9 +552,10 @@ def run_up(args: argparse.Namespace) -> int:
                 raise UserError("the local agent did not register within 30 s")
             time.sleep(0.1)
         client.apply_workloads(workloads)
+        latency_url = latency.serve(0)
         print(f"controller {server.address} (token in {tmp / 'token'}), metrics "
               f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
-              f"{len(workloads)} workload(s) applied", flush=True)
+              f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}", flush=True)
         ready_at = None
         next_print = 0.0
         while not stop.is_set():
@@ -566,7 +569,8 @@ def run_up(args: argparse.Namespace) -> int:
                       f"{ready_at:.1f}s", flush=True)
                 if not args.no_load:
                     for w in (w for w in workloads if w.name in served):
-                        t = threading.Thread(target=_drive_load, args=(fleet, w, stop), daemon=True)
+                        t = threading.Thread(target=_drive_load, args=(fleet, w, stop, latency.recorder(w.name, w.model)),
+                                             daemon=True)
                         t.start()
                         loaders.append(t)
             if time.monotonic() >= next_print and not args.json:
@@ -584,14 +588,15 @@ def run_up(args: argparse.Namespace) -> int:
         agent.stop()
         client.close()
         server.stop()
+        latency.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drive_load(fleet: Any, workload: Any, stop: threading.Event) -> None:
+def _drive_load(fleet: Any, workload: Any, stop: threading.Event, on_latency: Any = None) -> None:
     """Open-loop load at the workload's rate, in 2-second windows, following the model across moves."""
     from agents.loadgen import LoadError, LoadGenerator
     key = f"{workload.name}#0"
-    gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model)
+    gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model, on_latency=on_latency)
     try:
         while not stop.is_set():
             try:

@@ -168,11 +168,22 @@ def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator
     if args.rate <= 0 or args.seconds <= 0:
         raise UserError("--rate and --seconds must be > 0 (requests per second, seconds of load)")
+    exporter = None
+    on_latency = None
+    if args.metrics_port is not None:
+        from agents.latency_metrics import RequestLatencyExporter
+        exporter = RequestLatencyExporter([args.slo_ms] if args.slo_ms else [])
+        url = exporter.serve(args.metrics_port)
+        print(f"request latency histogram (stoke_request_latency_ms) on {url} while the load runs", file=sys.stderr)
+        on_latency = exporter.recorder(args.workload or args.model, args.model)
     try:
-        with LoadGenerator(args.url, args.model, batch=args.batch) as gen:
+        with LoadGenerator(args.url, args.model, batch=args.batch, on_latency=on_latency) as gen:
             report = gen.run(args.rate, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms)
     except LoadError as err:
         raise UserError(f"--url {args.url} --model {args.model}: {err}")
+    finally:
+        if exporter is not None:
+            exporter.close()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.ok else 1
@@ -232,5 +243,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1, help="samples per request")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="export the SLO histogram stoke_request_latency_ms on this port while running (0 = any)")
+    p.add_argument("--workload", help="workload label of the exported histogram (default: the model)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_load)

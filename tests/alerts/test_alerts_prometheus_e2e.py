@@ -1,9 +1,9 @@
 """The generated rules loaded by a real Prometheus scraping a real histogram endpoint on loopback.
 
-A prometheus_client histogram (which prints `le="15.0"`, the float form) stands in for
-Triton's per-model histogram: one workload gets 10 % slow requests, another none. Real
-Prometheus evaluates the recording rules and fires the page and ticket alerts for the
-burning workload only.
+The serving path's exporter (`agents.latency_metrics`, which prints `le="15.0"`, the float
+form) is fed latencies: one workload gets 10 % slow requests, another none. Real
+Prometheus scrapes it, evaluates the recording rules and fires the page and ticket alerts
+for the burning workload only.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
+from agents.latency_metrics import RequestLatencyExporter
 from controller.alerts import RULES_FILE, render_all
 from controller.solver.problem import Workload
 
@@ -47,31 +47,29 @@ def _query(base: str, expr: str) -> list[dict]:
 
 @pytest.fixture
 def histogram_target():
-    registry = CollectorRegistry()
-    hist = Histogram("nv_inference_first_response_histogram_ms", "first response latency (ms)", ["model"],
-                     buckets=(5, 10, 15, 40, 100), registry=registry)
+    exporter = RequestLatencyExporter([BURNING.slo_ms, HEALTHY.slo_ms])
+    burning = exporter.recorder(BURNING.name, BURNING.model)
+    healthy = exporter.recorder(HEALTHY.name, HEALTHY.model)
     stop = threading.Event()
 
     def traffic() -> None:
         while not stop.is_set():
             for _ in range(9):
-                hist.labels(model="alexnet").observe(3.0)
-            hist.labels(model="alexnet").observe(20.0)          # 10 % slower than the 15 ms SLO
+                burning(3.0)
+            burning(20.0)                  # 10 % slower than the 15 ms SLO
             for _ in range(10):
-                hist.labels(model="resnet50").observe(30.0)     # all within 40 ms
+                healthy(30.0)              # all within 40 ms
             stop.wait(0.05)
 
     thread = threading.Thread(target=traffic, daemon=True)
     thread.start()
-    server, server_thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    exporter.serve(0)
     try:
-        yield server.server_address[1]
+        yield exporter.port
     finally:
         stop.set()
         thread.join(5)
-        server.shutdown()
-        server.server_close()
-        server_thread.join(5)
+        exporter.close()
 
 
 @pytest.fixture

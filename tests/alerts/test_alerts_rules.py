@@ -53,9 +53,9 @@ def test_recording_rules_cover_every_window_per_workload():
         assert records == [f"slo:sli_error:ratio_rate{x}" for x in SLI_WINDOWS] + ["slo:sli_error:ratio_rate30d"]
         for r in sli[:-1]:
             assert r["labels"] == {"workload": w.name, "model": w.model}
-            assert f'model="{w.model}"' in r["expr"]
+            assert f'workload="{w.name}"' in r["expr"]
             assert f"le=~`{le_matcher(w.slo_ms)}`" in r["expr"]
-            assert "nv_inference_first_response_histogram_ms_count" in r["expr"]
+            assert "stoke_request_latency_ms_count" in r["expr"]
         meta = {r["record"]: r["expr"] for r in by_name[f"stoke-slo-meta-{w.name}"]["rules"]}
         assert meta["slo:objective:ratio"] == "vector(0.999)"
         assert meta["slo:error_budget:ratio"] == "vector(0.001)"
@@ -109,16 +109,19 @@ def test_bad_workloads_are_refused():
         prometheus_rules([Workload('we"ird', "alexnet", 10, 1)])
 
 
+TRITON_HISTOGRAM = SloOptions(histogram="nv_inference_first_response_histogram_ms", selector='model="{model}"')
+
+
 def test_shared_selectors_are_reported_and_per_workload_selector_separates_them():
-    assert shared_selectors(WORKLOADS) == {'model="alexnet"': ["photo-tagging", "thumbnail-filter"],
-                                           'model="resnet50"': ["product-search", "fine-grained"]}
-    assert shared_selectors(WORKLOADS, SloOptions(selector='model="{name}"')) == {}
-    text = render_all(WORKLOADS)[RULES_FILE]
+    assert shared_selectors(WORKLOADS) == {}          # default: the serving path labels each workload
+    assert shared_selectors(WORKLOADS, TRITON_HISTOGRAM) == {'model="alexnet"': ["photo-tagging", "thumbnail-filter"],
+                                                             'model="resnet50"': ["product-search", "fine-grained"]}
+    text = render_all(WORKLOADS, TRITON_HISTOGRAM)[RULES_FILE]
     assert "# NOTE: workloads photo-tagging, thumbnail-filter share the series" in text
 
 
 def test_rule_tests_expectations_and_shared_series():
-    tests = rule_tests(WORKLOADS, le_style="float")
+    tests = rule_tests(WORKLOADS, TRITON_HISTOGRAM, le_style="float")
     assert tests["rule_files"] == [RULES_FILE]
     names = [t["name"] for t in tests["tests"]]
     assert names == ["fast burn: page, ticket fires", "slow burn: ticket fires", "healthy: nothing fires"]
