@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine (see README):
-#   make run    plan the bundled example workloads on the bundled V100 profile
+#   make run    plan the bundled example workloads (V100 profile), then run the whole stack
+#               locally for 40 s: controller, agent, real Triton on the demo models, load
 #   make test   the whole test suite (import contract, unit, property, integration)
 PYTHON ?= python3.11
 VENV   := .venv
@@ -15,6 +16,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 
 run: $(BIN)/.installed
 	$(BIN)/stoke plan
+	$(BIN)/stoke up --seconds 40
 
 # System tools the integration tests need (promtool from Debian's prometheus package).
 tools:

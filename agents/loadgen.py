@@ -222,3 +222,49 @@ class LoadGenerator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- closed-loop helpers (profiling) ---------------------------------------------------------------
+
+def sequential_latency_ms(url: str, model: str, batch: int, requests: int, warmup: int = 3) -> float:
+    """Median latency (ms) of `requests` back-to-back requests of `batch` samples."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        inputs = build_inputs(client, model, batch)
+        for _ in range(warmup):
+            client.infer(model, inputs)
+        samples = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            client.infer(model, inputs)
+            samples.append((time.perf_counter() - started) * 1000.0)
+        return float(np.median(samples))
+    finally:
+        client.close()
+
+
+def keep_busy(url: str, model: str, batch: int, stop: threading.Event) -> None:
+    """Send back-to-back requests until `stop` is set (a busy neighbour)."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        inputs = build_inputs(client, model, batch)
+        while not stop.is_set():
+            client.infer(model, inputs)
+    finally:
+        client.close()
+
+
+def tensor_bytes(url: str, model: str) -> tuple[int, int]:
+    """Bytes of one sample's inputs and outputs, from the model's metadata."""
+    sizes = {"FP32": 4, "FP16": 2, "INT64": 8, "INT32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "BOOL": 1}
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        meta = client.get_model_metadata(model, as_json=True)
+    finally:
+        client.close()
+
+    def total(specs: list[dict]) -> int:
+        return sum(int(np.prod([max(1, int(d)) for d in s["shape"][1:]])) * sizes.get(s["datatype"], 4)
+                   for s in specs)
+
+    return total(meta["inputs"]), total(meta["outputs"])

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-import tritonclient.grpc as grpcclient
-
-from agents.loadgen import build_inputs
+from agents.loadgen import keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonFleet
 from controller.assignment import ModelAssignment
 from interference.profile_io import atomic_write_text
@@ -32,29 +28,6 @@ def _assignment(point: MeasurePoint, copy: int) -> ModelAssignment:
                            slo_ms=1e6, rate_rps=1.0)
 
 
-def _tensor_bytes(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
-    meta = client.get_model_metadata(model, as_json=True)
-    size = {"FP32": 4, "FP16": 2, "INT64": 8, "INT32": 4, "FP64": 8, "INT8": 1, "UINT8": 1}
-
-    def total(specs: list[dict]) -> int:
-        return sum(int(np.prod([max(1, int(d)) for d in s["shape"][1:]])) * size.get(s["datatype"], 4) for s in specs)
-
-    return total(meta["inputs"]), total(meta["outputs"])
-
-
-def measure_latency_ms(client: grpcclient.InferenceServerClient, model: str, batch: int,
-                       requests: int, warmup: int = 3) -> float:
-    inputs = build_inputs(client, model, batch)
-    for _ in range(warmup):
-        client.infer(model, inputs)
-    samples = []
-    for _ in range(requests):
-        started = time.perf_counter()
-        client.infer(model, inputs)
-        samples.append((time.perf_counter() - started) * 1000.0)
-    return float(np.median(samples))
-
-
 def run_session(session: ProfileSession, repository: str, checkpoint: str | Path, *, requests: int = 20,
                 progress: Callable[[str], None] = print) -> ProfileSession:
     fleet = TritonFleet(repository, device_kind="cpu")
@@ -65,21 +38,19 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
             if report.errors:
                 raise RuntimeError(f"cannot serve {point.model} at {point.share_pct:g}%: {'; '.join(report.errors)}")
             endpoints = fleet.endpoints()
-            client = grpcclient.InferenceServerClient(endpoints[copies[0].key])
             stop = threading.Event()
-            threads = [threading.Thread(target=_keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),
+            threads = [threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),
                                         daemon=True) for c in copies[1:]]
             for t in threads:
                 t.start()
             try:
                 if point.model not in session.model_bytes:
-                    session.model_bytes[point.model] = _tensor_bytes(client, point.model)
-                latency = measure_latency_ms(client, point.model, point.batch, requests)
+                    session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
+                latency = sequential_latency_ms(endpoints[copies[0].key], point.model, point.batch, requests)
             finally:
                 stop.set()
                 for t in threads:
                     t.join(timeout=10)
-                client.close()
             session.tell(point, latency)
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
             done, total = session.progress()
@@ -88,13 +59,3 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
     finally:
         fleet.close()
     return session
-
-
-def _keep_busy(url: str, model: str, batch: int, stop: threading.Event) -> None:
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        inputs = build_inputs(client, model, batch)
-        while not stop.is_set():
-            client.infer(model, inputs)
-    finally:
-        client.close()
