@@ -34,6 +34,7 @@ still fit; only what no longer fits, and new workloads, are placed again.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -43,72 +44,94 @@ from controller.solver.candidates import (ARRIVAL_CV2, MAX_BATCH, EPS, Item, Poi
 from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
 
-#: Share of the SLO kept free for what the model does not capture (jitter, RPC).
-SAFETY_MARGIN = 0.10
-#: Highest planned utilisation of a replica (rate / throughput at its batch).
-MAX_UTILISATION = 0.9
+
+
+@dataclass(frozen=True)
+class StokeOptions:
+    """Knobs of the stoke strategy (defaults checked with the plan simulator).
+
+    safety_margin: share of the SLO kept free for what the model does not
+    capture (prediction error, jitter, RPC). max_utilisation: highest planned
+    utilisation of a replica, rate / throughput at its batch.
+    """
+
+    safety_margin: float = 0.10
+    max_utilisation: float = 0.90
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ProblemError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}")
+        if not 0.0 < self.max_utilisation < 1.0:
+            raise ProblemError(f"max_utilisation must be in (0, 1), got {self.max_utilisation!r}")
+
+
+DEFAULT_OPTIONS = StokeOptions()
 #: Up to this many candidates the placement is solved exactly.
 EXACT_LIMIT = 8
 #: Co-location checks the local search may spend (a work bound keeps solves deterministic).
 SEARCH_EVALUATIONS = 6000
 
 
-def stoke_target(workload: Workload, rate_rps: float, batch: int) -> Target | None:
+def stoke_target(workload: Workload, rate_rps: float, batch: int,
+                 options: StokeOptions = DEFAULT_OPTIONS) -> Target | None:
     """Budget for the co-located inference plus queueing: (1-m)*SLO less the batch fill time."""
-    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - batch_queue_delay_ms(batch, rate_rps)
+    budget = (1.0 - options.safety_margin) * workload.slo_ms - batch_queue_delay_ms(batch, rate_rps)
     if budget <= 0:
         return None
-    return Target(budget, rate_rps, batch, queueing=True, max_utilisation=MAX_UTILISATION,
+    return Target(budget, rate_rps, batch, queueing=True, max_utilisation=options.max_utilisation,
                   arrival_cv2=ARRIVAL_CV2[workload.arrivals])
 
 
-def best_candidate(workload: Workload, cache: PointCache, rate_rps: float) -> Item | None:
+def best_candidate(workload: Workload, cache: PointCache, rate_rps: float,
+                   options: StokeOptions = DEFAULT_OPTIONS) -> Item | None:
     """The (batch, share) with the smallest share meeting the budget alone, or None.
 
     Evaluated on the whole solo table at once: rows are batches, columns shares.
     """
     latency, throughput = cache.solo_table(workload.model)
     batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
-    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - 1000.0 * (batches - 1.0) / rate_rps
+    budget = (1.0 - options.safety_margin) * workload.slo_ms - 1000.0 * (batches - 1.0) / rate_rps
     utilisation = rate_rps / throughput
     wait = wait_p99_ms(utilisation, batches, 1000.0 * batches / throughput, ARRIVAL_CV2[workload.arrivals])
-    ok = (utilisation <= MAX_UTILISATION + EPS) & (latency + wait <= budget + EPS)
+    ok = (utilisation <= options.max_utilisation + EPS) & (latency + wait <= budget + EPS)
     rows = np.flatnonzero(ok.any(axis=1))
     if rows.size == 0:
         return None
     first = np.argmax(ok[rows], axis=1)           # smallest feasible share per batch
     pick = int(np.argmin(first))                  # smallest share; ties -> smallest batch
     batch, share = int(rows[pick]) + 1, float(cache.shares[first[pick]])
-    return Item(workload, rate_rps, batch, share, stoke_target(workload, rate_rps, batch))
+    return Item(workload, rate_rps, batch, share, stoke_target(workload, rate_rps, batch, options))
 
 
-def stoke_items(workload: Workload, cache: PointCache) -> list[Item]:
+def stoke_items(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS) -> list[Item]:
     """Candidates of one workload on one GPU type, split into replicas when one GPU is too small."""
-    single = best_candidate(workload, cache, workload.rate_rps)
+    single = best_candidate(workload, cache, workload.rate_rps, options)
     if single is not None:
         return [single]
-    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms
+    budget = (1.0 - options.safety_margin) * workload.slo_ms
+    rule = f"the SLO less stoke's {options.safety_margin:.0%} safety margin"
     if smallest_latency_ms(cache, workload.model) > budget:
-        raise reject(workload, cache, budget, f"the SLO less stoke's {SAFETY_MARGIN:.0%} safety margin")
+        raise reject(workload, cache, budget, rule)
     # Like iGniter, fill whole GPUs first (they pack perfectly), then place the
     # residual rate as one more replica: an even split would waste a share of each GPU.
-    full = _full_gpu_capacity(workload, cache)
+    full = _full_gpu_capacity(workload, cache, options)
     if full is None:
-        raise reject(workload, cache, budget, f"the SLO less stoke's {SAFETY_MARGIN:.0%} safety margin")
+        raise reject(workload, cache, budget, rule)
     capacity, batch = full
     items, residual = [], workload.rate_rps
     while residual > EPS:
-        candidate = best_candidate(workload, cache, residual)
+        candidate = best_candidate(workload, cache, residual, options)
         if candidate is not None:
             items.append(candidate)
             break
         rate = min(capacity, residual)
-        items.append(Item(workload, rate, batch, 100.0, stoke_target(workload, rate, batch)))
+        items.append(Item(workload, rate, batch, 100.0, stoke_target(workload, rate, batch, options)))
         residual -= rate
     return items
 
 
-def _full_gpu_capacity(workload: Workload, cache: PointCache) -> tuple[float, int] | None:
+def _full_gpu_capacity(workload: Workload, cache: PointCache,
+                       options: StokeOptions = DEFAULT_OPTIONS) -> tuple[float, int] | None:
     """Highest rate one whole GPU serves within the budget, and the batch it needs.
 
     Feasible rates at a batch form an interval (too slow and the batch takes
@@ -117,9 +140,9 @@ def _full_gpu_capacity(workload: Workload, cache: PointCache) -> tuple[float, in
     """
     latency, throughput = cache.solo_table(workload.model)
     batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
-    top = throughput[:, -1:] * MAX_UTILISATION                                # (B, 1)
+    top = throughput[:, -1:] * options.max_utilisation                               # (B, 1)
     rates = top * np.linspace(0.02, 1.0, 128)[None, :]                         # (B, R)
-    budget = (1.0 - SAFETY_MARGIN) * workload.slo_ms - 1000.0 * (batches - 1.0) / rates
+    budget = (1.0 - options.safety_margin) * workload.slo_ms - 1000.0 * (batches - 1.0) / rates
     wait = wait_p99_ms(rates / throughput[:, -1:], batches, 1000.0 * batches / throughput[:, -1:],
                        ARRIVAL_CV2[workload.arrivals])
     ok = latency[:, -1:] + wait <= budget + EPS
@@ -130,24 +153,24 @@ def _full_gpu_capacity(workload: Workload, cache: PointCache) -> tuple[float, in
     return float(feasible[row].max()), row + 1
 
 
-def _choose_type(workload: Workload, problem: Problem, packing: Packing,
+def _choose_type(workload: Workload, problem: Problem, packing: Packing, options: StokeOptions,
                  exclude: Sequence[str] = ()) -> tuple[str, list[Item]]:
     """The allowed GPU type where the workload costs least (price x total share)."""
-    options = []
+    costs = []
     allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
     for g in allowed:
         try:
-            items = stoke_items(workload, packing.caches[g.name])
+            items = stoke_items(workload, packing.caches[g.name], options)
         except ProblemError:
             continue
-        options.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
-    if not options:
+        costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
+    if not costs:
         if not allowed:
             raise ProblemError(f"workload {workload.name!r} needs another GPU but every allowed GPU type is at its "
                                f"max_count; raise max_count or add a GPU type")
-        stoke_items(workload, packing.caches[allowed[0].name])  # raises the descriptive rejection
-    options.sort(key=lambda o: (o[0], o[1]))
-    return options[0][1], options[0][2]
+        stoke_items(workload, packing.caches[allowed[0].name], options)  # raises the descriptive rejection
+    costs.sort(key=lambda o: (o[0], o[1]))
+    return costs[0][1], costs[0][2]
 
 
 def _place(packing: Packing, item: Item, gpu_type: str) -> bool:
@@ -274,12 +297,12 @@ def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], t
             packing.open_bin(gpu.gpu_type, items, shares, key=gpu.key)
 
 
-def solve_stoke(problem: Problem, current: Plan | None = None) -> Plan:
+def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
     packing = Packing({g.name: PointCache(g) for g in problem.inventory},
                       {g.name: g.max_count for g in problem.inventory})
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
     for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, problem, packing)
+        gpu_type, items = _choose_type(workload, problem, packing, options)
         for item in with_replicas(items):
             pending[item.key] = (item, gpu_type)
     if current is not None:
@@ -291,7 +314,7 @@ def solve_stoke(problem: Problem, current: Plan | None = None) -> Plan:
         # Out of GPUs of this type: the next cheapest allowed type, re-sized for it.
         full = spilled.setdefault(item.workload.name, [gpu_type])
         while True:
-            other, items = _choose_type(item.workload, problem, packing, exclude=full)
+            other, items = _choose_type(item.workload, problem, packing, options, exclude=full)
             replacement = items[min(item.replica, len(items) - 1)]
             if _place(packing, replacement, other):
                 break

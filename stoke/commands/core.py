@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.simulate import SimulationReport, simulate
+from controller.solver.stoke import StokeOptions
 from controller.solver import STRATEGIES, Plan, ProblemError, plan_from_dict, plan_to_dict, solve
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from interference.fit import InterferenceModel, RawProfileError, fit_measured_profile
@@ -30,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=STRATEGIES, default="stoke",
                    help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (naive baseline)")
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON to use for every GPU type")
+    p.add_argument("--safety-margin", type=float, metavar="M",
+                   help="stoke: share of each SLO kept free for model error and jitter (default 0.10)")
+    p.add_argument("--max-utilisation", type=float, metavar="U",
+                   help="stoke: highest planned utilisation of a replica, rate/throughput (default 0.90)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
@@ -117,8 +122,18 @@ def run_plan(args: argparse.Namespace) -> int:
         return remote_plan(args)
     source = args.workloads or "the bundled example workloads"
     workloads_file = load_problem(args.workloads, args.profile)
+    options = None
+    if args.safety_margin is not None or args.max_utilisation is not None:
+        if args.strategy != "stoke":
+            raise UserError("--safety-margin and --max-utilisation tune the stoke strategy; drop them or use "
+                            "--strategy stoke")
+        try:
+            options = StokeOptions(**{k: v for k, v in (("safety_margin", args.safety_margin),
+                                                        ("max_utilisation", args.max_utilisation)) if v is not None})
+        except ProblemError as err:
+            raise UserError(f"--safety-margin/--max-utilisation: {err}") from None
     try:
-        plan = solve(workloads_file.problem(), args.strategy)
+        plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
     if args.json:

@@ -118,3 +118,18 @@ def test_bad_problems_are_refused():
         Problem((Workload("w", "bert", 10, 5),), (V100,))
     with pytest.raises(ProblemError, match="unknown strategy"):
         solve(Problem(CHECKPOINT, (V100,)), "magic")
+
+
+def test_stoke_options_trade_safety_for_gpus():
+    from controller.solver.stoke import StokeOptions
+    mix = tuple(Workload(f"w{i}", m, slo, rate) for i, (m, slo, rate) in enumerate(
+        [("vgg19", 60, 150), ("resnet50", 40, 300), ("alexnet", 15, 600), ("ssd", 100, 80)] * 5))
+    careful = solve(Problem(mix, (V100,)), "stoke", options=StokeOptions(safety_margin=0.3, max_utilisation=0.6))
+    bold = solve(Problem(mix, (V100,)), "stoke", options=StokeOptions(safety_margin=0.0, max_utilisation=0.95))
+    assert bold.gpu_count < careful.gpu_count
+    for plan in (careful, bold):
+        assert plan.slo_misses == ()
+    with pytest.raises(ProblemError, match="safety_margin must be in"):
+        StokeOptions(safety_margin=1.5)
+    with pytest.raises(ProblemError, match="takes no options"):
+        solve(Problem(mix, (V100,)), "igniter", options=StokeOptions())
