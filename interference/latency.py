@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -48,8 +48,9 @@ class SoloPoint:
     feedback_ms: float
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(NamedTuple):
+    """One workload's prediction on its GPU (a tuple: solvers build millions of them)."""
+
     latency_ms: float         # t_inf: one batch, from input transfer to output transfer
     throughput_rps: float     # h
     gpu_ms: float             # t_gpu
@@ -92,18 +93,20 @@ def predict_points(gpu: GpuProfile, points: Sequence[SoloPoint]) -> list[Predict
     """Predict every workload of one GPU from their solo points."""
     if not points:
         return []
-    total_l2 = sum(p.l2_pct for p in points)
-    clock = clock_mhz(gpu, gpu.idle_power_w + sum(p.power_w for p in points))
+    total_l2 = 0.0
+    total_power = gpu.idle_power_w
+    for p in points:
+        total_l2 += p.l2_pct
+        total_power += p.power_w
+    clock = clock_mhz(gpu, total_power)
     slowdown = gpu.max_freq_mhz / clock
     delay = gpu.scheduling_delay_ms(len(points))
     out = []
     for p in points:
         t_act = p.active_ms * (1.0 + p.cache_sensitivity * (total_l2 - p.l2_pct))
         t_gpu = (p.idle_ms + p.kernels * delay + t_act) * slowdown
-        out.append(Prediction(
-            latency_ms=p.load_ms + t_gpu + p.feedback_ms,
-            throughput_rps=1000.0 * p.batch / (t_gpu + p.feedback_ms),
-            gpu_ms=t_gpu, clock_mhz=clock))
+        busy = t_gpu + p.feedback_ms
+        out.append(Prediction(p.load_ms + busy, 1000.0 * p.batch / busy, t_gpu, clock))
     return out
 
 
