@@ -3,9 +3,10 @@
 Formulation. A request of workload w (SLO T, rate R) waits at most q(b) =
 (b-1)/R for its batch to fill (Triton's max queue delay), may queue behind
 earlier batches, then runs in t_inf(b, r) on a GPU shared with others. With
-a safety margin m (default 10%) and a utilisation cap (default 0.9):
+a safety margin m (default 10%) and a utilisation cap u (default 0.9),
+both in `StokeOptions`:
 
-    q(b) + t_inf(b, r | co-located) + W99(b, r) <= (1 - m) * T,    R / h(b, r) <= 0.9
+    q(b) + t_inf(b, r | co-located) + W99(b, r) <= (1 - m) * T,    R / h(b, r) <= u
 
 where W99 is the p99 queueing wait of a G/G/1 server whose customers are
 batches (`candidates.wait_p99_ms`; it depends on whether clients send
@@ -43,7 +44,6 @@ from controller.solver.candidates import (ARRIVAL_CV2, MAX_BATCH, EPS, Item, Poi
                                           reject, smallest_latency_ms, to_placement, wait_p99_ms, with_replicas)
 from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
-
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ def _full_gpu_capacity(workload: Workload, cache: PointCache,
     """
     latency, throughput = cache.solo_table(workload.model)
     batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
-    top = throughput[:, -1:] * options.max_utilisation                               # (B, 1)
-    rates = top * np.linspace(0.02, 1.0, 128)[None, :]                         # (B, R)
+    top = throughput[:, -1:] * options.max_utilisation           # (B, 1)
+    rates = top * np.linspace(0.02, 1.0, 128)[None, :]           # (B, R)
     budget = (1.0 - options.safety_margin) * workload.slo_ms - 1000.0 * (batches - 1.0) / rates
     wait = wait_p99_ms(rates / throughput[:, -1:], batches, 1000.0 * batches / throughput[:, -1:],
                        ARRIVAL_CV2[workload.arrivals])
