@@ -17,7 +17,7 @@ report. Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -135,8 +135,3 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
             over_slo=float(np.mean(latencies > slo)), requests=int(latencies.size)))
     return SimulationReport(seconds=seconds, seed=seed, workloads=tuple(reports))
 
-
-def replace_rate(plan: Plan, factor: float) -> Plan:
-    """The same plan with every replica's rate scaled (what-if load changes)."""
-    return replace(plan, gpus=tuple(replace(g, placements=tuple(replace(p, rate_rps=p.rate_rps * factor)
-                                                                for p in g.placements)) for g in plan.gpus))

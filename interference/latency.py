@@ -118,11 +118,6 @@ def predict_gpu(profile: DeviceProfile, config: Sequence[tuple[str, int, float]]
     return predict_points(profile.gpu, [solo_point(profile, m, int(b), float(r)) for m, b, r in config])
 
 
-def min_solo_latency_ms(profile: DeviceProfile, model: str, max_batch: int = 1) -> float:
-    """Smallest latency the model reaches alone on a whole GPU (batch 1..max_batch)."""
-    return min(predict_gpu(profile, [(model, b, 100.0)])[0].latency_ms for b in range(1, max_batch + 1))
-
-
 class VectorPredictor:
     """Vectorised co-location prediction for many GPU configurations at once.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from controller.solver.problem import GpuType, Placement, ProblemError, Workload, batch_queue_delay_ms
 import numpy as np
@@ -218,5 +218,3 @@ def allowed_types(workload: Workload, inventory: Sequence[GpuType]) -> list[GpuT
     return [g for g in inventory
             if workload.gpu_type in (None, g.name) and workload.model in g.profile.models]
 
-
-ItemBuilder = Callable[[Workload, PointCache], list[Item]]
