@@ -34,7 +34,6 @@ still fit; only what no longer fits, and new workloads, are placed again.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -215,7 +214,7 @@ def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float
         for k, other in enumerate(b.items):
             if other.min_share >= item.min_share or b.load - b.shares[k] + item.min_share > 100.0 + EPS:
                 continue
-            rest, rest_shares = b.items[:k] + b.items[k + 1:], b.shares[:k] + b.shares[k + 1:]
+            rest = b.items[:k] + b.items[k + 1:]
             packing.evaluations += 1
             fitted = colocate(cache, rest + [item], [i.min_share for i in rest] + [item.min_share])
             if fitted is None:

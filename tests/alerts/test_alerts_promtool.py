@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from controller.alerts import RULES_FILE, RULES_TEST_FILE, SloOptions, render_all, rule_tests
-from controller.solver.problem import Workload, plan_to_dict
+from controller.solver.problem import Workload
 from stoke.cli import main
 
 pytestmark = [pytest.mark.promtool,

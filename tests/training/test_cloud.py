@@ -16,7 +16,7 @@ import pytest
 from agents.cloud import (MetadataClient, PriceSource, RevocationWatcher, SpotLauncher, make_clients,
                           parse_on_demand)
 from controller.training import files
-from controller.training.problem import plan_to_dict, spec_from_dict
+from controller.training.problem import spec_from_dict
 from controller.training.spot import provision_spot
 from stoke.cli import main
 
