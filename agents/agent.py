@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+from controller.api.client import InvalidRequest, Unauthenticated
 from controller.assignment import ModelAssignment
 from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice, Observation
 
@@ -94,6 +95,7 @@ class AgentState:
     applied: tuple[ModelAssignment, ...] | None = None
     applied_revision: int = 0
     apply_errors: tuple[str, ...] = ()
+    errors_revision: int = 0             # the revision whose apply produced `apply_errors`
     last_apply: float = 0.0
     applies: int = 0
     running: tuple[ModelAssignment, ...] = ()
@@ -146,12 +148,16 @@ class Agent:
                 events = list(s.events)
                 report = HeartbeatReport(node_id=self.node_id, running=s.running, observed=s.observed,
                                          events=tuple(events), errors=s.apply_errors,
-                                         applied_revision=s.applied_revision)
+                                         applied_revision=s.applied_revision, errors_revision=s.errors_revision)
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
-            if s.connected or s.failures == 1:
+            if isinstance(err, (Unauthenticated, InvalidRequest)):
+                # retrying cannot help until someone fixes the token or the node's identity: say so loudly
+                log.error("the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
+                          "the node id; retrying in %.1fs, Triton keeps serving", err, delay)
+            elif s.connected or s.failures == 1:
                 log.warning("controller unreachable (%s); retrying in %.1fs, Triton keeps serving", err, delay)
             s.connected = False
             s.next_attempt = now + delay
@@ -188,7 +194,8 @@ class Agent:
             s.last_apply, s.applies = now, s.applies + 1
             s.applied = desired
             errors = tuple(getattr(report, "errors", ()))
-            s.apply_errors = errors
+            with self._lock:
+                s.apply_errors, s.errors_revision = errors, revision
             if not errors:
                 s.applied_revision = revision
             parts = [f"{name} {', '.join(keys)}" for name in ("started", "reloaded", "moved", "stopped")

@@ -111,6 +111,7 @@ class HeartbeatReport:
     events: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     applied_revision: int = 0
+    errors_revision: int = 0          # the plan revision whose apply produced `errors`
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class NodeState:
     errors: tuple[str, ...] = ()
     applied_revision: int = 0
     blocked: dict[int, float] = field(default_factory=dict)   # device index -> blocked until (clock)
+    registered: bool = True            # False while its devices are only known from the stored plan
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ class ControlService:
                 if b is None:
                     continue
                 node = self._nodes.setdefault(b.node_id, NodeState(b.node_id, (), state="waiting",
-                                                                   last_heartbeat=now))
+                                                                   last_heartbeat=now, registered=False))
                 if all(d.index != b.device for d in node.devices):
                     node.devices = tuple(sorted(node.devices + (NodeDevice(b.device, b.gpu_type, "unknown",
                                                                            gpu_type=b.gpu_type),),
@@ -456,6 +458,7 @@ class ControlService:
                 node.devices = resolved
             node.address = address
             node.state = "ready"
+            node.registered = True
             node.last_heartbeat = self.clock()
         self._mark_changed()
         return self.config.heartbeat_interval_s
@@ -464,8 +467,9 @@ class ControlService:
         now = self.clock()
         with self._lock:
             node = self._nodes.get(report.node_id)
-            if node is None or node.state == "waiting":
-                # unknown (or only known from the stored plan): the agent must register its devices
+            if node is None or not node.registered:
+                # unknown, or only known from the stored plan (waiting, or lost after waiting):
+                # the agent must register its real devices
                 return HeartbeatAnswer(registered=False, heartbeat_interval_s=self.config.heartbeat_interval_s)
             if node.state == "lost":
                 node.events.append(f"{_stamp(now)} back after being lost")
@@ -478,8 +482,11 @@ class ControlService:
                 node.events.append(e)
             node.errors = tuple(report.errors)
             node.applied_revision = report.applied_revision
-            self._block_failed_devices(node, now)
             revision = self._applied.revision if self._applied else 0
+            if report.errors_revision == revision:
+                # only errors of the current cut say something about its devices: errors of an
+                # older revision would block the device a workload has just been moved to
+                self._block_failed_devices(node, now)
             return HeartbeatAnswer(registered=True, revision=revision,
                                    assignments=self._cut.get(report.node_id, ()),
                                    heartbeat_interval_s=self.config.heartbeat_interval_s)
@@ -754,6 +761,8 @@ class ControlService:
                 state, reason = "pending", pending.get(w.name, "not planned yet")
             elif any(nodes.get(r.node_id) is None or nodes[r.node_id].state != "ready" for r in reps):
                 state, reason = "degraded", "a node of this workload is not ready"
+            elif w.name in pending:     # some replicas placed, the rest could not be
+                state, reason = "degraded", pending[w.name]
             elif all(r.serving for r in reps):
                 state, reason = "serving", ""
             elif failing := [errors[(r.node_id, f"{w.name}#{r.replica}")] for r in reps

@@ -61,13 +61,15 @@ def observation_from_pb(m: pb.Observed) -> Observation:
 def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
     return pb.HeartbeatRequest(node_id=r.node_id, running=[assignment_to_pb(a) for a in r.running],
                                observed=[observation_to_pb(o) for o in r.observed], events=list(r.events),
-                               errors=list(r.errors), applied_revision=r.applied_revision)
+                               errors=list(r.errors), applied_revision=r.applied_revision,
+                               errors_revision=r.errors_revision)
 
 
 def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
     return HeartbeatReport(node_id=m.node_id, running=tuple(assignment_from_pb(a) for a in m.running),
                            observed=tuple(observation_from_pb(o) for o in m.observed), events=tuple(m.events),
-                           errors=tuple(m.errors), applied_revision=m.applied_revision)
+                           errors=tuple(m.errors), applied_revision=m.applied_revision,
+                           errors_revision=m.errors_revision)
 
 
 def answer_to_pb(a: HeartbeatAnswer) -> pb.HeartbeatResponse:

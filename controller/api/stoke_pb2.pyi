@@ -271,20 +271,22 @@ class RegisterResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "running", "observed", "events", "errors", "applied_revision")
+    __slots__ = ("node_id", "running", "observed", "events", "errors", "applied_revision", "errors_revision")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_REVISION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     running: _containers.RepeatedCompositeFieldContainer[Assignment]
     observed: _containers.RepeatedCompositeFieldContainer[Observed]
     events: _containers.RepeatedScalarFieldContainer[str]
     errors: _containers.RepeatedScalarFieldContainer[str]
     applied_revision: int
-    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+    errors_revision: int
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s")

@@ -363,7 +363,9 @@ def _until_signal(seconds: float = 0.0) -> threading.Event:
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     if seconds > 0:
-        threading.Timer(seconds, stop.set).start()
+        timer = threading.Timer(seconds, stop.set)
+        timer.daemon = True          # Ctrl-C before the deadline must not wait for it
+        timer.start()
     return stop
 
 
@@ -512,7 +514,7 @@ def run_up(args: argparse.Namespace) -> int:
     _quiet_grpc()
     from agents.agent import Agent, local_devices
     from agents.latency_metrics import RequestLatencyExporter
-    from agents.triton import TritonFleet
+    from agents.triton import TritonError, TritonFleet
     from controller.api.client import ControllerClient
     from controller.server import ControllerConfig, ControllerServer
     from controller.service import GpuTypeConfig
@@ -537,14 +539,18 @@ def run_up(args: argparse.Namespace) -> int:
                               reconcile_interval_s=0.5, profiles=((profile_path, profile.gpu.name),),
                               gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),),
                               cpu_gpu_type=profile.gpu.name)
-    server = ControllerServer(config).start()
-    client = ControllerClient(server.address, token=token)
-    fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
-    devices = local_devices("cpu")
-    agent = Agent(ControllerClient(server.address, token=token), fleet, "local", devices, heartbeat_interval_s=1.0)
     loaders: list[threading.Thread] = []
     latency = RequestLatencyExporter(w.slo_ms for w in workloads)
+    server = ControllerServer(config).start()
+    client = ControllerClient(server.address, token=token)
+    agent_client = ControllerClient(server.address, token=token)
+    agent = None
     try:
+        try:
+            fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
+        except TritonError as err:
+            raise UserError(f"cannot run Triton here: {err}") from None
+        agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0)
         agent.start()
         deadline = time.monotonic() + 30
         while not any(n.state == "ready" for n in client.list_nodes().nodes):
@@ -585,7 +591,9 @@ def run_up(args: argparse.Namespace) -> int:
         stop.set()
         for t in loaders:
             t.join(timeout=10)
-        agent.stop()
+        if agent is not None:
+            agent.stop()
+        agent_client.close()
         client.close()
         server.stop()
         latency.close()

@@ -156,6 +156,24 @@ def test_restart_keeps_workloads_and_plan(tmp_path):
     assert outcome.changed is False and again.current_plan().revision == first.plan.revision
 
 
+def test_node_lost_while_waiting_after_restart_must_register_its_real_devices(tmp_path):
+    svc, clock = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    svc.store.close()
+    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
+    clock.advance(1000)                        # silent far past the timeout: waiting -> lost
+    again.check_nodes()
+    assert [n.state for n in again.list_nodes()] == ["lost"]
+    # its devices are only stand-ins from the stored plan: a heartbeat must not revive them
+    assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is False
+    again.register("node-a", CPU)
+    assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is True
+    assert [n.state for n in again.list_nodes()] == ["ready"]
+
+
 def test_status_merges_observed_figures(svc):
     svc.apply_workloads([wl("a", slo=50)])
     svc.reconcile()
@@ -185,13 +203,19 @@ def test_device_where_everything_failed_is_blocked_and_replanned(svc):
     svc.reconcile()
     node = where(svc)["a#0"][0]
     other = ({"node-a", "node-b"} - {node}).pop()
-    svc.heartbeat(HeartbeatReport(node_id=node, errors=("a#0: start failed: boom",)))
+    first = svc.heartbeat(HeartbeatReport(node_id=node)).revision
+    svc.heartbeat(HeartbeatReport(node_id=node, errors=("a#0: start failed: boom",), errors_revision=first))
     outcome = svc.reconcile()
     assert outcome is not None and where(svc)["a#0"][0] == other
     assert any("blocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
+    # errors of the older revision, reported late, do not block the device the workload moved to
+    svc.heartbeat(HeartbeatReport(node_id=other, errors=("a#0: start failed: boom",), errors_revision=first))
+    assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
     # a failed reload (the old config keeps running): reported as failing, the device is not blocked
-    old_config = replace(svc.heartbeat(HeartbeatReport(node_id=other)).assignments[0], batch=7)
-    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=("a#0: reload failed: bad config",)))
+    answer = svc.heartbeat(HeartbeatReport(node_id=other))
+    old_config = replace(answer.assignments[0], batch=7)
+    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=("a#0: reload failed: bad config",),
+                                  errors_revision=answer.revision))
     a = svc.status().workloads[0]
     assert a.state == "failing" and "bad config" in a.reason
     assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
@@ -219,6 +243,19 @@ def test_short_of_devices_places_what_fits_and_reports_the_rest(tmp_path):
     assert "impossible" in pending and "impossible" not in placed
     states = {w.workload.name: w.state for w in svc.status().workloads}
     assert states["impossible"] == "pending"
+
+
+def test_a_partly_placed_workload_is_degraded_not_serving(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("solo", CPU)
+    svc.apply_workloads([wl("huge", "conv_medium", 100, 5000)])     # needs several nodes' worth of replicas
+    outcome = svc.reconcile()
+    assert "huge" in dict(outcome.plan.pending) and any(k.startswith("huge#") for k in where(svc))
+    assigned = svc.heartbeat(HeartbeatReport(node_id="solo")).assignments
+    svc.heartbeat(HeartbeatReport(node_id="solo", running=tuple(assigned)))
+    [status] = svc.status().workloads
+    assert status.state == "degraded" and status.reason
 
 
 def test_store_keeps_recent_plans_and_revisions_keep_counting(tmp_path):
