@@ -36,8 +36,10 @@ burn-rate table (per the SRE workbook, for a 30-day period):
     ticket    1d    2h     3      10 %
     ticket    3d    6h     1      10 %
 
-A pair fires when the long AND the short window both burn faster than the
-rate; the pairs of one severity are ORed. No traffic (0/0 = NaN) never fires.
+For another period the rates scale with period / 30 days, so each pair still
+fires at the same share of the budget spent (`burn_windows`). A pair fires
+when the long AND the short window both burn faster than the rate; the pairs
+of one severity are ORed. No traffic (0/0 = NaN) never fires.
 """
 from __future__ import annotations
 
@@ -59,6 +61,16 @@ BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
     ("ticket", "3d", "6h", 1.0),
 )
 SEVERITIES = ("page", "ticket")
+
+
+def burn_windows(options: "SloOptions") -> tuple[tuple[str, str, str, float], ...]:
+    """`BURN_WINDOWS` for the options' period: each pair fires at the same share of the budget spent.
+
+    A burn rate b over a long window L spends b * L / period of the budget, so keeping the
+    spent share fixed scales every rate with period / 30 days.
+    """
+    scale = options.period_days / 30.0
+    return tuple((sev, long_w, short_w, burn * scale) for sev, long_w, short_w, burn in BURN_WINDOWS)
 #: Every window an SLI is recorded over (short to long).
 SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
@@ -241,7 +253,7 @@ def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptio
     """Pairs of (long AND short window above burn x budget), ORed, for one severity."""
     wl = _wl(workload)
     parts = []
-    for sev, long_w, short_w, burn in BURN_WINDOWS:
+    for sev, long_w, short_w, burn in burn_windows(options):
         if sev != severity:
             continue
         threshold = f"({format_number(burn)} * {format_number(options.error_budget)})"
@@ -253,7 +265,7 @@ def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptio
 
 
 def alert_annotations(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, str]:
-    pairs = [f"{lw}/{sw} at {format_number(b)}x" for s, lw, sw, b in BURN_WINDOWS if s == severity]
+    pairs = [f"{lw}/{sw} at {format_number(b)}x" for s, lw, sw, b in burn_windows(options) if s == severity]
     objective = format_number(options.objective * 100)
     return {
         "summary": f"{workload.name}: latency SLO error budget burning too fast ({severity})",
@@ -299,7 +311,8 @@ TEST_SCENARIOS: tuple[tuple[str, float, str], ...] = (
 def expected_firing(error_ratio: float, options: SloOptions = SloOptions()) -> tuple[str, ...]:
     """Severities that fire for a constant error ratio, once every window has filled."""
     return tuple(s for s in SEVERITIES
-                 if any(sev == s and error_ratio > burn * options.error_budget for sev, _, _, burn in BURN_WINDOWS))
+                 if any(sev == s and error_ratio > burn * options.error_budget
+                        for sev, _, _, burn in burn_windows(options)))
 
 
 def _series_values(per_step: float, steps: int) -> str:
@@ -425,21 +438,22 @@ def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOp
                        f"{format_number(w.rate_rps)} rps)", "collapsed": False,
                        "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
         y += 1
+        tsel = f'model="{w.model}"'      # Triton's own series carry only model and version labels
         slo_threshold = {"mode": "absolute", "steps": [{"color": "green", "value": None},
                                                        {"color": "red", "value": float(w.slo_ms)}]}
         latency = _panel(next_id(), f"{w.name}: latency vs SLO", "timeseries", (0, y, 8, 8), [
             _target(f"histogram_quantile(0.99, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p99", "A", ds),
             _target(f"histogram_quantile(0.5, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p50", "B", ds),
-            _target(f"sum(rate(nv_inference_request_duration_us{{{sel}}}[5m])) / "
-                    f"sum(rate(nv_inference_request_success{{{sel}}}[5m])) / 1000", "mean (Triton)", "C", ds),
+            _target(f"sum(rate(nv_inference_request_duration_us{{{tsel}}}[5m])) / "
+                    f"sum(rate(nv_inference_request_success{{{tsel}}}[5m])) / 1000", "mean (Triton)", "C", ds),
             _target(f"slo:latency_target:ms{{{wl}}}", "SLO", "D", ds),
         ], ds, unit="ms")
         latency["fieldConfig"]["defaults"]["thresholds"] = slo_threshold
         latency["fieldConfig"]["defaults"]["custom"] = {"thresholdsStyle": {"mode": "line"}}
         panels.append(latency)
         panels.append(_panel(next_id(), f"{w.name}: request rate", "timeseries", (8, y, 8, 8), [
-            _target(f"sum(rate(nv_inference_request_success{{{sel}}}[5m]))", "served", "A", ds),
-            _target(f"sum(rate(nv_inference_request_failure{{{sel}}}[5m]))", "failed", "B", ds),
+            _target(f"sum(rate(nv_inference_request_success{{{tsel}}}[5m]))", "served", "A", ds),
+            _target(f"sum(rate(nv_inference_request_failure{{{tsel}}}[5m]))", "failed", "B", ds),
             _target(f"slo:target_rate:rps{{{wl}}}", "planned", "C", ds),
         ], ds, unit="reqps"))
         budget = _panel(next_id(), f"{w.name}: error budget remaining ({options.period})", "stat", (16, y, 4, 4), [
@@ -450,8 +464,8 @@ def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOp
         panels.append(budget)
         panels.append(_panel(next_id(), f"{w.name}: burn rate (5m)", "stat", (20, y, 4, 4), [
             _target(f"slo:current_burn_rate:ratio{{{wl}}}", "burn", "A", ds)], ds, unit="short"))
-        batch_targets = [_target(f"sum(rate(nv_inference_count{{{sel}}}[5m])) / "
-                                 f"sum(rate(nv_inference_exec_count{{{sel}}}[5m]))", "observed mean batch", "A", ds)]
+        batch_targets = [_target(f"sum(rate(nv_inference_count{{{tsel}}}[5m])) / "
+                                 f"sum(rate(nv_inference_exec_count{{{tsel}}}[5m]))", "observed mean batch", "A", ds)]
         wrows = rows.get(w.name, [])
         for i, r in enumerate(wrows):
             batch_targets.append(_target(f"vector({r['batch']})", f"planned batch (replica {r['replica']})",
@@ -591,7 +605,9 @@ def summary_rows(workloads: Iterable[Workload], options: SloOptions = SloOptions
     for w in workloads:
         out.append({"workload": w.name, "model": w.model, "slo_ms": w.slo_ms,
                     "objective_pct": options.objective * 100,
-                    "page_error_ratio": 14.4 * options.error_budget,
-                    "ticket_error_ratio": 1.0 * options.error_budget,
+                    "page_error_ratio": max(b for s, _, _, b in burn_windows(options) if s == "page")
+                    * options.error_budget,
+                    "ticket_error_ratio": min(b for s, _, _, b in burn_windows(options) if s == "ticket")
+                    * options.error_budget,
                     "selector": workload_selector(w, options)})
     return out

@@ -196,3 +196,19 @@ def test_render_all_is_deterministic_and_complete():
     assert set(a) == {RULES_FILE, RULES_TEST_FILE, DASHBOARD_FILE, GRAFANA_ALERTS_FILE}
     assert yaml.safe_load(a[RULES_FILE])["groups"] and yaml.safe_load(a[RULES_TEST_FILE])["tests"]
     json.loads(a[DASHBOARD_FILE])
+
+
+def test_burn_rates_scale_with_the_period_so_pairs_fire_at_the_same_budget_spent():
+    from controller.alerts import burn_windows
+    week = burn_windows(SloOptions(period_days=7))
+    assert [round(b, 4) for *_, b in week] == [round(r * 7 / 30, 4) for r in (14.4, 6.0, 3.0, 1.0)]
+    assert [b for *_, b in burn_windows(SloOptions())] == [14.4, 6.0, 3.0, 1.0]
+    rules = prometheus_rules(WORKLOADS[:1], SloOptions(period_days=7))
+    page = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "StokeLatencySLOBurnPage")
+    assert "(3.36 * 0.001)" in page["expr"]
+
+
+def test_triton_panels_select_by_model_the_sli_by_workload():
+    dash = json.dumps(grafana_dashboard(WORKLOADS[:1]))
+    assert 'nv_inference_request_success{model=\\"alexnet\\"}' in dash
+    assert 'stoke_request_latency_ms_bucket{workload=\\"photo-tagging\\"}' in dash
