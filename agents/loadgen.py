@@ -186,6 +186,8 @@ class LoadGenerator:
                 with lock:
                     errors["dropped: too many requests in flight"] = errors.get(
                         "dropped: too many requests in flight", 0) + 1
+                if self._on_latency is not None:      # a dropped request is a failed one for the SLI
+                    self._on_latency(self.timeout_s * 1000.0)
                 continue
             with lock:
                 pending[0] += 1

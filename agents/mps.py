@@ -40,7 +40,10 @@ Runner = Callable[[Sequence[str], str, Mapping[str, str]], tuple[int, str, str]]
 
 
 def _run(argv: Sequence[str], stdin: str, env: Mapping[str, str]) -> tuple[int, str, str]:
-    proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=dict(env), timeout=30)
+    try:
+        proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=dict(env), timeout=30)
+    except subprocess.TimeoutExpired:
+        return 124, "", "no answer within 30 s (is the MPS control daemon hung?)"
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -71,6 +74,7 @@ class MpsControl:
         self.binary = binary
         self._runner = runner or _run
         self.started = False
+        self.owned = False           # True only when start() launched the daemon itself
 
     def env(self) -> dict[str, str]:
         """Environment for the daemon and its clients (pipe/log directories when set)."""
@@ -110,11 +114,12 @@ class MpsControl:
         return MpsCommandResult(text, self._call(stdin=text.rstrip("\n") + "\n"))
 
     def start(self) -> None:
-        """Start the daemon (`-d`); a daemon already running is reused."""
+        """Start the daemon (`-d`); a daemon already running is reused (and then not owned)."""
         if self.started:
             return
         try:
             self._call(["-d"])
+            self.owned = True
         except MpsError as err:
             if "already running" not in str(err).lower():
                 raise
@@ -139,5 +144,7 @@ class MpsControl:
             self.command(f"set_active_thread_percentage {server_pid} {value}")
 
     def quit(self) -> None:
-        self.command("quit")
-        self.started = False
+        """Stop the daemon, but only one this object started: other jobs may share a node's daemon."""
+        if self.owned:
+            self.command("quit")
+        self.started = self.owned = False

@@ -38,6 +38,7 @@ import os
 import signal
 import socket
 import subprocess
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -738,6 +739,8 @@ class TritonFleet:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
             self._mps_started = False
+        if self._own_workdir:   # a temporary directory of ours: logs and backend links go with the fleet
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> TritonFleet:
         return self

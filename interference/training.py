@@ -234,6 +234,9 @@ class SpotJob:
     def __post_init__(self) -> None:
         for name in ("model_mb", "ps_bw_mb_s", "required_bw_mb_s", "pcie_bw_mb_s", "a1"):
             _positive(name, getattr(self, name))
+        if self.a1 + self.b1 >= 1.0:
+            raise TrainingModelError(f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
+                                     f"(a1 + b1 = {self.a1 + self.b1:g}); refit it so that a1 + b1 < 1")
 
     def contention(self, n) -> np.ndarray:
         """P(n), the share of the PS bandwidth contention that bites (clipped to [0, 1])."""

@@ -144,3 +144,10 @@ def test_loss_curve_inverse_and_floor():
     j = float(loss.iterations(1024, 0.3, 4, 0.9))
     assert float(loss.loss(1024, 0.3, 4, j)) == pytest.approx(0.9)
     assert np.isinf(loss.iterations(1024, 0.3, 4, 0.5))
+
+
+
+def test_a_contention_fit_saturated_at_one_worker_is_refused():
+    from interference.training import TrainingModelError
+    with pytest.raises(TrainingModelError, match=r"a1 \+ b1"):
+        _spot_job(a1=0.5, b1=0.6)

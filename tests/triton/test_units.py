@@ -224,3 +224,19 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps):
     cores, env = cpu.resources(a)
     assert cores == (0, 1) and "CUDA_VISIBLE_DEVICES" not in env
     assert cpu.render(a).instance_group[0].count == 2      # one instance per core of the share
+
+
+def test_mps_daemon_already_running_is_reused_but_never_quit():
+    calls = []
+
+    def runner(argv, stdin, env):
+        calls.append((tuple(argv[1:]), stdin.strip()))
+        if argv[1:] == ["-d"]:
+            return 1, "", "An instance of this daemon is already running"
+        return 0, "", ""
+
+    mps = MpsControl(runner=runner, binary="/usr/bin/nvidia-cuda-mps-control")   # a path: not looked up
+    mps.start()
+    assert mps.started and not mps.owned
+    mps.quit()                                   # someone else's daemon: left alone
+    assert ((), "quit") not in calls and not mps.started
