@@ -250,7 +250,8 @@ class SpotLauncher:
         """Launch what the plan lacks; reuse what runs. Rolls back this call's launches on failure."""
         if not plan.feasible:
             raise CloudError(f"plan for {plan.job!r} is infeasible ({plan.reason}); nothing to launch")
-        running = [i for i in self.instances() if i.state in LIVE_STATES]
+        known = self.instances(include_revoked=True)
+        running = [i for i in known if i.state in LIVE_STATES and not i.revoked]
         created: list[str] = []
         reused: list[str] = []
         try:
@@ -259,15 +260,20 @@ class SpotLauncher:
                 reused.extend(i.id for i in have[:count])
                 missing = count - len(have)
                 if missing > 0:
-                    created.extend(self._launch(itype, role, missing, plan.job, [i.id for i in have]))
+                    # the idempotency token names every instance this cluster ever had of the kind, revoked
+                    # and terminated ones included: a launch that replaces revoked workers is a new request
+                    # (EC2 would answer a repeated token with the old, terminated instances)
+                    history = [i.id for i in known if i.type == itype and i.role == role]
+                    created.extend(self._launch(itype, role, missing, plan.job, history))
         except CloudError:
             if created:
                 self._terminate(created)
             raise
         return LaunchReport(created=tuple(created), reused=tuple(reused))
 
-    def _launch(self, itype: str, role: str, count: int, job: str, have: list[str]) -> list[str]:
-        token = hashlib.sha256(f"{self.cluster}|{itype}|{role}|{count}|{','.join(sorted(have))}".encode()).hexdigest()[:32]
+    def _launch(self, itype: str, role: str, count: int, job: str, history: list[str]) -> list[str]:
+        token = hashlib.sha256(f"{self.cluster}|{itype}|{role}|{count}|{','.join(sorted(history))}".encode()
+                               ).hexdigest()[:32]
         tags = [{"Key": CLUSTER_TAG, "Value": self.cluster}, {"Key": ROLE_TAG, "Value": role},
                 {"Key": JOB_TAG, "Value": job}, {"Key": STATE_TAG, "Value": "active"}]
         kwargs: dict[str, Any] = dict(ImageId=self.image_id, InstanceType=itype, MinCount=count, MaxCount=count,
