@@ -242,7 +242,7 @@ class SpotLauncher:
 
     def desired(self, plan: TrainingPlan) -> dict[tuple[str, str], int]:
         want = {(t, "worker"): c for t, c in plan.counts if c > 0}
-        if plan.ps_count > 0 and plan.ps_type and plan.ps_type != "same" and "." in plan.ps_type:
+        if plan.ps_count > 0 and plan.ps_type:
             want[(plan.ps_type, "ps")] = plan.ps_count
         return want
 

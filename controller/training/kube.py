@@ -39,7 +39,7 @@ def render_manifests(plan: TrainingPlan, *, image: str = "tensorflow/tensorflow:
     gpus_per_type = gpus_per_type or {}
     groups: list[tuple[str, str, int, int, str | None]] = []   # (group, role, replicas, gpus, node type)
     ps_count = max(plan.ps_count, 1)
-    ps_type = plan.ps_type if "." in plan.ps_type else None
+    ps_type = plan.ps_type or None
     groups.append(("ps", "ps", ps_count, 0, ps_type))
     for itype, count in plan.counts:
         if count > 0:

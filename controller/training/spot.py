@@ -136,6 +136,9 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
         raise TrainingSpecError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
     if search not in ("auto", "exact", "window"):
         raise TrainingSpecError(f"unknown search {search!r}; use auto, exact or window")
+    if spec.ps.type == "same":
+        raise TrainingSpecError("the spot strategy runs one on-demand parameter server beside spot workers of "
+                                "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'")
     state = state or SpotState()
     job = spec.spot
     names = [w.type for w in spec.workers]
@@ -186,7 +189,7 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
         out, meets = None, np.zeros(0, dtype=bool)
 
     existing = tuple((t, int(c)) for t, c in zip(names, lower) if c)
-    common = dict(strategy="spot", job=spec.name, ps_type="on-demand PS" if spec.ps.type == "same" else spec.ps.type,
+    common = dict(strategy="spot", job=spec.name, ps_type=spec.ps.type,
                   ps_count=1, deadline_s=spec.deadline_s, target_loss=spec.target_loss, existing=existing,
                   candidates=int(table.shape[1]), search=mode)
     if meets.any():

@@ -151,3 +151,13 @@ def test_a_contention_fit_saturated_at_one_worker_is_refused():
     from interference.training import TrainingModelError
     with pytest.raises(TrainingModelError, match=r"a1 \+ b1"):
         _spot_job(a1=0.5, b1=0.6)
+
+
+
+def test_spot_plans_need_a_real_parameter_server_type(fixture_spec):
+    import dataclasses
+
+    from controller.training.problem import TrainingSpecError
+    same = dataclasses.replace(fixture_spec, ps=dataclasses.replace(fixture_spec.ps, type="same"))
+    with pytest.raises(TrainingSpecError, match="ps.type"):
+        provision_spot(same)
