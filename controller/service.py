@@ -242,7 +242,11 @@ class ServiceConfig:
         for t in self.gpu_types:
             if any(m.lower() in name for m in t.match):
                 return t.name
-        return self.cpu_gpu_type if device.kind == "cpu" else device.name
+        if device.kind == "cpu":
+            return self.cpu_gpu_type
+        # an unconfigured GPU: its NVML name ("NVIDIA H200") made into a valid GPU type name ("NVIDIA-H200"),
+        # so profiles and workloads can name it
+        return "-".join(device.name.split()).replace("#", "-").replace(":", "-").replace("/", "-") or "gpu"
 
     def price(self, gpu_type: str) -> float:
         for t in self.gpu_types:
@@ -276,9 +280,10 @@ def validate_name(value: Any, field_name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(field_name, "must be a non-empty string")
     value = value.strip()
-    if len(value) > NAME_MAX or any(c.isspace() or c in "#/\\" for c in value):
+    # '#' separates a replica in assignment keys and ':' an error from its key in agent reports
+    if len(value) > NAME_MAX or any(c.isspace() or c in "#:/\\" for c in value):
         raise InvalidArgument(field_name, f"{value!r} must be at most {NAME_MAX} characters without "
-                                          f"spaces, '#', '/' or '\\'")
+                                          f"spaces, '#', ':', '/' or '\\'")
     return value
 
 
@@ -379,6 +384,7 @@ class ControlService:
             raise InvalidArgument("workloads", "give at least one workload")
         workloads, seen = [], set()
         profiles = self._profiles_cache
+        known = sorted({m for p in profiles.values() for m in p.models})
         for i, item in enumerate(items):
             where = f"workloads[{i}]"
             if isinstance(item, Workload):
@@ -388,7 +394,6 @@ class ControlService:
             if w.name in seen:
                 raise InvalidArgument(f"{where}.name", f"{w.name!r} appears twice in the request; keep one")
             seen.add(w.name)
-            known = sorted({m for p in profiles.values() for m in p.models})
             if w.model not in known:
                 raise InvalidArgument(f"{where}.model", f"{w.model!r} has no fitted profile on this controller "
                                       f"(profiled: {', '.join(known) or 'none'}); upload one with "
@@ -397,6 +402,10 @@ class ControlService:
                 raise InvalidArgument(f"{where}.gpu_type", f"{w.gpu_type!r} has no profile "
                                       f"(known: {', '.join(sorted(profiles)) or 'none'}); drop it or use a "
                                       f"known GPU type")
+            if w.gpu_type is not None and w.model not in profiles[w.gpu_type].models:
+                raise InvalidArgument(f"{where}.gpu_type", f"{w.model!r} is not profiled on {w.gpu_type!r} "
+                                      f"(profiled there: {', '.join(sorted(profiles[w.gpu_type].models))}); "
+                                      f"upload its profile for that GPU type or drop gpu_type")
             workloads.append(w)
         result = self.store.upsert_workloads(workloads, self.clock())
         if result[0] or result[1]:

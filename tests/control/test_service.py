@@ -1,6 +1,7 @@
 """Unit tests of the protocol-neutral service: real store (tmp SQLite), real solver, fake clock."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -263,3 +264,15 @@ def test_store_keeps_recent_plans_and_revisions_keep_counting(tmp_path):
     revisions = [store.add_plan({"gpus": []}, [], [], float(i), keep=3) for i in range(5)]
     assert revisions == [1, 2, 3, 4, 5]
     assert store.plan_count() == 3 and store.latest_plan().revision == 5
+
+
+def test_names_with_separators_and_unprofiled_pairs_are_refused(svc):
+    with pytest.raises(InvalidArgument, match=r"workloads\[0\]\.name"):
+        svc.apply_workloads([wl("a:b")])
+    # a second GPU type profiling only mlp_small: embed_large pinned to it is refused
+    other = json.loads(cpu_profile_json("SMALL"))
+    other["models"] = {"mlp_small": other["models"]["mlp_small"]}
+    svc.upload_profile(json.dumps(other))
+    with pytest.raises(InvalidArgument, match=r"workloads\[0\]\.gpu_type.*not profiled on 'SMALL'"):
+        svc.apply_workloads([wl("x", model="embed_large", gpu_type="SMALL")])
+    assert not svc.list_workloads()
