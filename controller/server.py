@@ -102,6 +102,11 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    # command-line overrides go through the same checks as the file; their paths are relative to the cwd
+    paths = {k: str(Path(v).absolute()) for k, v in overrides.items() if k in ("db", "token_file") and v}
+    data = {**data, **{k: v for k, v in overrides.items() if v is not None}, **paths}
+    if any(v is not None for v in overrides.values()):
+        source = f"{source} + command line"
 
     def rel(value: Any, key: str) -> str | None:
         if value is None or value == "":
@@ -162,7 +167,6 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
         failed_device_block_s=positive("failed_device_block_s", 120.0),
         strategy=strategy, gpu_types=tuple(gpu_types), cpu_gpu_type=str(data.get("cpu_gpu_type", "CPU")),
         profiles=tuple(profiles))
-    values.update({k: v for k, v in overrides.items() if v is not None})
     if values["heartbeat_timeout_s"] <= values["heartbeat_interval_s"]:
         raise ConfigError(f"{source}: heartbeat_timeout_s ({values['heartbeat_timeout_s']}) must be larger than "
                           f"heartbeat_interval_s ({values['heartbeat_interval_s']})")
