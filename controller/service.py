@@ -67,6 +67,14 @@ class NotFound(ServiceError):
     pass
 
 
+class FailedPrecondition(ServiceError):
+    """The stored state cannot do what was asked (e.g. its workloads cannot be planned); the request was fine."""
+
+
+def _unplannable(err: ProblemError) -> FailedPrecondition:
+    return FailedPrecondition(f"the stored workloads cannot be planned: {err}")
+
+
 # ---------------------------------------------------------------- node-side data
 
 
@@ -658,7 +666,7 @@ class ControlService:
         try:
             view = self._solve()
         except ProblemError as err:
-            raise InvalidArgument("workloads", f"the workloads cannot be planned: {err}") from None
+            raise _unplannable(err) from None
         return view
 
     def current_plan(self) -> PlanView | None:
@@ -703,7 +711,7 @@ class ControlService:
         try:
             outcome = self.reconcile(force=True)
         except ProblemError as err:
-            raise InvalidArgument("workloads", f"the workloads cannot be planned: {err}") from None
+            raise _unplannable(err) from None
         assert outcome is not None
         return outcome
 

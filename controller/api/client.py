@@ -40,7 +40,7 @@ class NotFoundError(ClientError):
 
 _CODES = {grpc.StatusCode.UNAVAILABLE: Unavailable, grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
           grpc.StatusCode.UNAUTHENTICATED: Unauthenticated, grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
-          grpc.StatusCode.NOT_FOUND: NotFoundError}
+          grpc.StatusCode.NOT_FOUND: NotFoundError, grpc.StatusCode.FAILED_PRECONDITION: InvalidRequest}
 
 
 class ControllerClient:

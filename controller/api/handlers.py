@@ -10,7 +10,7 @@ import grpc
 from controller.api import convert
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
-from controller.service import ControlService, InvalidArgument, NotFound
+from controller.service import ControlService, FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger("stoke.controller.api")
 
@@ -24,6 +24,8 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except NotFound as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except FailedPrecondition as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except Exception as err:  # noqa: BLE001 - reported to the caller, logged here
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
