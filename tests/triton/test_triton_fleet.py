@@ -245,6 +245,7 @@ def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "stoke", "triton", "up", "--repo", str(DEMO_REPO), "--models",
                              "tiny_echo", "--workdir", str(tmp_path), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
     try:
         line = proc.stdout.readline()                # `up --json` prints one line, then serves
         assert line, proc.stderr.read()
@@ -259,3 +260,8 @@ def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if pid is not None:                          # never leave a Triton behind, even when the test fails
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
