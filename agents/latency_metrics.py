@@ -43,8 +43,11 @@ class RequestLatencyExporter:
         return child.observe
 
     def serve(self, port: int = 0, host: str = "127.0.0.1") -> str:
-        """Serve /metrics on HOST:PORT (0 = any free port); returns the URL."""
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        """Serve /metrics on HOST:PORT (0 = any free port); returns the URL. OSError if it cannot bind."""
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OverflowError as err:          # a port outside 0..65535
+            raise OSError(f"port {port}: {err}") from None
         self.port = self._server.server_port
         return f"http://{host}:{self.port}/metrics"
 

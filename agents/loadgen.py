@@ -229,7 +229,7 @@ class LoadGenerator:
 # -- closed-loop helpers (profiling) ---------------------------------------------------------------
 
 def sequential_latency_ms(url: str, model: str, batch: int, requests: int, warmup: int = 3) -> float:
-    """Median latency (ms) of `requests` back-to-back requests of `batch` samples."""
+    """Median latency (ms) of `requests` back-to-back requests of `batch` samples (LoadError on failure)."""
     client = grpcclient.InferenceServerClient(url)
     try:
         inputs = build_inputs(client, model, batch)
@@ -241,6 +241,8 @@ def sequential_latency_ms(url: str, model: str, batch: int, requests: int, warmu
             client.infer(model, inputs)
             samples.append((time.perf_counter() - started) * 1000.0)
         return float(np.median(samples))
+    except InferenceServerException as err:
+        raise LoadError(f"{url} model {model!r}: {err}") from None
     finally:
         client.close()
 
@@ -262,6 +264,8 @@ def tensor_bytes(url: str, model: str) -> tuple[int, int]:
     client = grpcclient.InferenceServerClient(url)
     try:
         meta = client.get_model_metadata(model, as_json=True)
+    except InferenceServerException as err:
+        raise LoadError(f"{url} model {model!r}: cannot read metadata ({err})") from None
     finally:
         client.close()
 

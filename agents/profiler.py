@@ -15,11 +15,15 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from agents.loadgen import keep_busy, sequential_latency_ms, tensor_bytes
-from agents.triton import TritonFleet
+from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
+from agents.triton import TritonError, TritonFleet
 from controller.assignment import ModelAssignment
 from interference.profile_io import atomic_write_text
 from interference.profiling import MeasurePoint, ProfileSession
+
+
+class ProfilingError(RuntimeError):
+    """A measurement could not be taken (Triton would not serve, requests failed, a neighbour died)."""
 
 
 def _assignment(point: MeasurePoint, copy: int) -> ModelAssignment:
@@ -30,13 +34,18 @@ def _assignment(point: MeasurePoint, copy: int) -> ModelAssignment:
 
 def run_session(session: ProfileSession, repository: str, checkpoint: str | Path, *, requests: int = 20,
                 progress: Callable[[str], None] = print) -> ProfileSession:
-    fleet = TritonFleet(repository, device_kind="cpu")
+    """Measure every point the session still asks for; ProfilingError when one cannot be measured."""
+    try:
+        fleet = TritonFleet(repository, device_kind="cpu")
+    except TritonError as err:
+        raise ProfilingError(str(err)) from None
     try:
         while (point := session.ask()) is not None:
             copies = [_assignment(point, c) for c in range(1 + point.neighbours)]
             report = fleet.apply(copies)
             if report.errors:
-                raise RuntimeError(f"cannot serve {point.model} at {point.share_pct:g}%: {'; '.join(report.errors)}")
+                raise ProfilingError(f"cannot serve {point.model} at {point.share_pct:g}%: "
+                                     f"{'; '.join(report.errors)}")
             endpoints = fleet.endpoints()
             stop = threading.Event()
             threads = [threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),
@@ -47,6 +56,10 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
                 latency = sequential_latency_ms(endpoints[copies[0].key], point.model, point.batch, requests)
+                if not all(t.is_alive() for t in threads):
+                    raise ProfilingError(f"{point.key}: a busy neighbour stopped during the measurement")
+            except LoadError as err:
+                raise ProfilingError(f"{point.key}: {err}") from None
             finally:
                 stop.set()
                 for t in threads:

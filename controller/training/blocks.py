@@ -154,6 +154,12 @@ def take_block(pending: list[Partition], budget_bytes: float, min_piece: int = 0
     """
     block: list[Partition] = []
     used = 0
+    budget = int(budget_bytes)
+    if pending and min_piece > 0 and pending[0].bytes > budget >= min_piece:
+        # even the first partition is larger than the gap: cut it to the budget rather than overrun it
+        head = pending[0]
+        pending[0] = Partition(head.gradient, head.index, head.bytes - budget)
+        return [Partition(head.gradient, head.index, budget)]
     while pending and (not block or used + pending[0].bytes <= budget_bytes):
         part = pending.pop(0)
         block.append(part)

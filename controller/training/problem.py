@@ -201,6 +201,10 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
                                     price_per_hour=price, on_demand_per_hour=inst.on_demand_per_hour,
                                     vcpus=inst.vcpus))
 
+    for section in ("ps", "homogeneous", "spot"):
+        if data.get(section) is not None and not isinstance(data[section], Mapping):
+            raise TrainingSpecError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
+                                    f"got {data[section]!r}")
     ps_raw = data.get("ps", {}) or {}
     ps_type = str(ps_raw.get("type", "same"))
     if ps_type == "same":
@@ -306,6 +310,13 @@ def plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
         value = data.get(key)
         return math.inf if value is None else float(value)
 
+    try:
+        return _plan(data, counts, num, source)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise TrainingSpecError(f"{source}: malformed plan ({err}); re-plan with `stoke train plan --json`") from None
+
+
+def _plan(data: Mapping[str, Any], counts: Mapping[str, int], num: Any, source: str) -> TrainingPlan:
     return TrainingPlan(
         strategy=str(data.get("strategy", "spot")), job=str(data.get("job", "training-job")),
         feasible=bool(_need(data, "feasible", "plan", source)),

@@ -288,7 +288,7 @@ def _is_measurements(path: str) -> bool:
 def run_profile_run(args: argparse.Namespace) -> int:
     import os
 
-    from agents.profiler import run_session
+    from agents.profiler import ProfilingError, run_session
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -309,7 +309,12 @@ def run_profile_run(args: argparse.Namespace) -> int:
     else:
         session = ProfileSession(device=args.device_name or f"cpu-{cores}core", cores=cores, models=models,
                                  batches=batches)
-    run_session(session, args.repo, output, requests=args.requests)
+    try:
+        run_session(session, args.repo, output, requests=args.requests)
+    except ProfilingError as err:
+        done, total = session.progress()
+        raise UserError(f"{output}: profiling stopped at {done}/{total} points: {err}; "
+                        f"fix it and run the same command again to resume") from None
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 

@@ -124,6 +124,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
+def _positive_number(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
 def _errors():
     return (TrainingSpecError, TrainingModelError)
 
@@ -197,7 +201,7 @@ def run_plan(args: argparse.Namespace) -> int:
     spec, catalog, notes = _load_spec(args.spec, args.strategy, args.prices, endpoint_url=args.endpoint_url,
                                       region=args.region, cache=args.price_cache)
     if args.deadline is not None or args.loss is not None:
-        if (args.deadline is not None and args.deadline <= 0) or (args.loss is not None and args.loss <= 0):
+        if any(v is not None and not _positive_number(v) for v in (args.deadline, args.loss)):
             raise UserError("--deadline and --loss must be positive numbers")
         spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
     plan = _solve(spec, args.strategy, args.search)
@@ -254,9 +258,16 @@ def _launcher(args: argparse.Namespace, plan: TrainingPlan):
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
 
 
+def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
+    if plan.strategy != "spot":
+        raise UserError(f"{path or 'bundled plan'}: `stoke train {command}` handles spot plans; this one is "
+                        f"{plan.strategy!r} (priced on demand, no revocations): plan with --strategy spot")
+
+
 def run_launch(args: argparse.Namespace) -> int:
     from agents.cloud import CloudError
     plan = _load_plan(args.plan)
+    _spot_plan_only(plan, args.plan, "launch")
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); re-plan first")
     launcher = _launcher(args, plan)
@@ -293,8 +304,17 @@ def run_terminate(args: argparse.Namespace) -> int:
 def run_watch(args: argparse.Namespace) -> int:
     from agents.cloud import CloudError, RevocationWatcher
     plan = _load_plan(args.plan)
+    _spot_plan_only(plan, args.plan, "watch")
+    if args.plan is not None and args.spec is None:
+        raise UserError(f"{args.plan}: give --spec SPEC.yaml, the spec this plan came from: a revocation re-plans "
+                        f"with it")
     spec, _, _ = _load_spec(args.spec)
-    if args.interval <= 0:
+    unknown = sorted({t for t, c in plan.counts if c} - {w.type for w in spec.workers})
+    if spec.name != plan.job or unknown:
+        raise UserError(f"{args.spec or 'bundled spec'}: spec {spec.name!r} does not match the plan of job "
+                        f"{plan.job!r}" + (f" (types {', '.join(unknown)} not in the spec)" if unknown else "")
+                        + "; give the spec the plan came from")
+    if not _positive_number(args.interval):
         raise UserError("--interval must be a positive number of seconds")
     watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
 
@@ -343,7 +363,7 @@ def run_comm_sim(args: argparse.Namespace) -> int:
     except _errors() as err:
         raise UserError(str(err)) from None
     if args.bandwidth is not None:
-        if args.bandwidth <= 0:
+        if not _positive_number(args.bandwidth):
             raise UserError("--bandwidth must be a positive number of MB/s")
         from dataclasses import replace
         profile = replace(profile, bandwidth_mb_s=args.bandwidth)

@@ -173,7 +173,11 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from agents.latency_metrics import RequestLatencyExporter
         exporter = RequestLatencyExporter([args.slo_ms] if args.slo_ms else [])
-        url = exporter.serve(args.metrics_port)
+        try:
+            url = exporter.serve(args.metrics_port)
+        except OSError as err:
+            raise UserError(f"--metrics-port {args.metrics_port}: cannot serve metrics ({err}); "
+                            f"pick a free port or 0") from None
         print(f"request latency histogram (stoke_request_latency_ms) on {url} while the load runs", file=sys.stderr)
         on_latency = exporter.recorder(args.workload or args.model, args.model)
     try:

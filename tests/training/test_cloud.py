@@ -257,8 +257,11 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
     assert "created 5, reused 0" in capsys.readouterr().out
     assert main(["train", "launch", str(plan_file), *args]) == 0
     assert "created 0, reused 5" in capsys.readouterr().out
-    assert main(["train", "watch", str(plan_file), *args, "--metadata-url", metadata.url + "/{instance_id}",
-                 "--max-polls", "1"]) == 0
+    watch = ["train", "watch", str(plan_file), *args, "--metadata-url", metadata.url + "/{instance_id}",
+             "--max-polls", "1"]
+    assert main(watch) == 2                       # a plan file needs the spec it came from
+    assert "give --spec" in capsys.readouterr().err
+    assert main([*watch, "--spec", str(files.data_path("resnet110.yaml"))]) == 0
     assert "0 revocation(s) handled" in capsys.readouterr().out
     assert main(["train", "terminate", *args]) == 0
     assert "terminated 5" in capsys.readouterr().out
