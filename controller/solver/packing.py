@@ -78,15 +78,22 @@ class Packing:
         self._log = None
 
     def rollback(self) -> None:
+        """Undo every change since `checkpoint`. Bins that still exist are restored in place, so
+        callers holding a `Bin` keep a live object."""
         log, self._log = self._log or [], None
         for bin_id, old in reversed(log):
             current = self.bins.get(bin_id)
             if current is not None:
                 self._unindex(current)
-                del self.bins[bin_id]
-            if old is not None:
-                self.bins[bin_id] = old
-                insort(self._index[old.gpu_type], (old.load, old.id))
+                if old is None:
+                    del self.bins[bin_id]
+                    continue
+                current.items, current.shares, current.load, current.key = old.items, old.shares, old.load, old.key
+            elif old is not None:
+                current = self.bins[bin_id] = old
+            else:
+                continue
+            insort(self._index[current.gpu_type], (current.load, current.id))
         # dict order is creation order for bins that never left; restore it for the rest
         self.bins = dict(sorted(self.bins.items()))
 

@@ -34,7 +34,7 @@ still fit; only what no longer fits, and new workloads, are placed again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -238,10 +238,11 @@ def _local_search(packing: Packing, budget: int) -> None:
     improved = True
     while improved and packing.evaluations < stop:
         improved = False
-        for victim in sorted(packing.bins.values(), key=lambda b: (b.load, b.id)):
+        for victim_id in [b.id for b in sorted(packing.bins.values(), key=lambda b: (b.load, b.id))]:
             if packing.evaluations >= stop:
                 return
-            if victim.id in packing.bins and _try_empty(packing, victim):
+            victim = packing.bins.get(victim_id)       # earlier moves may have emptied or changed it
+            if victim is not None and _try_empty(packing, victim):
                 improved = True
 
 
@@ -310,18 +311,22 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
     for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
         if _place(packing, item, gpu_type):
             continue
-        # Out of GPUs of this type: the next cheapest allowed type, re-sized for it.
+        # Out of GPUs of this type: the rate this replica should have served goes to the next
+        # cheapest allowed type, sized for that type (it may need several replicas there).
         full = spilled.setdefault(item.workload.name, [gpu_type])
-        while True:
-            other, items = _choose_type(item.workload, problem, packing, options, exclude=full)
-            replacement = items[min(item.replica, len(items) - 1)]
-            if _place(packing, replacement, other):
-                break
-            full.append(other)
+        remaining = item.rate_rps
+        while remaining > EPS:
+            part = replace(item.workload, rate_rps=remaining)
+            other, items = _choose_type(part, problem, packing, options, exclude=full)
+            for replica in items:
+                if not _place(packing, replica, other):
+                    full.append(other)
+                    break
+                remaining -= replica.rate_rps
     _local_search(packing, SEARCH_EVALUATIONS)
 
     notes: list[str] = []
-    bins = list(packing.bins.values())
+    bins = _renumber(list(packing.bins.values()))
     types = {b.gpu_type for b in bins}
     all_items = [i for b in bins for i in b.items]
     if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
@@ -334,6 +339,21 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
         elif exact is not None:
             notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
     return _to_plan(problem, packing.caches, bins, tuple(notes))
+
+
+def _renumber(bins: list[Bin]) -> list[Bin]:
+    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n)."""
+    counts: dict[str, int] = {}
+    for b in bins:
+        for i in b.items:
+            counts[i.workload.name] = counts.get(i.workload.name, 0) + 1
+    seen: dict[str, int] = {}
+    for b in bins:
+        for k, i in enumerate(b.items):
+            n = seen.get(i.workload.name, 0)
+            seen[i.workload.name] = n + 1
+            b.items[k] = replace(i, replica=n, replicas=counts[i.workload.name])
+    return bins
 
 
 def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], notes: tuple[str, ...]) -> Plan:

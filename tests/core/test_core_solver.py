@@ -133,3 +133,30 @@ def test_stoke_options_trade_safety_for_gpus():
         StokeOptions(safety_margin=1.5)
     with pytest.raises(ProblemError, match="takes no options"):
         solve(Problem(mix, (V100,)), "igniter", options=StokeOptions())
+
+
+def test_spilling_to_another_type_keeps_the_rate_and_numbers_replicas_once():
+    cheap = GpuType("A", 1.0, bundled_profile(), max_count=1)
+    other = GpuType("B", 2.0, bundled_profile())
+    plan = solve(Problem((Workload("w", "resnet50", 40, 1500),), (cheap, other)), "stoke")
+    replicas = [p for _, p in plan.placements()]
+    assert sum(p.rate_rps for p in replicas) == pytest.approx(1500)
+    assert sorted(p.replica for p in replicas) == list(range(len(replicas)))
+    assert all(p.replicas == len(replicas) for p in replicas)
+    assert sum(1 for g in plan.gpus if g.gpu_type == "A") == 1 and plan.slo_misses == ()
+
+
+def test_packing_rollback_restores_bins_in_place():
+    from controller.solver.candidates import PointCache
+    from controller.solver.packing import Packing
+    from controller.solver.stoke import best_candidate
+    cache = PointCache(V100)
+    a, b = (best_candidate(Workload(n, "alexnet", 50, 50), cache, 50) for n in ("a", "b"))
+    packing = Packing({"V100": cache}, {"V100": None})
+    first = packing.open_bin("V100", [a], [a.min_share])
+    packing.checkpoint()
+    packing.update(first, first.items + [b], first.shares + [b.min_share])
+    packing.open_bin("V100", [b], [b.min_share])
+    packing.rollback()
+    assert packing.bins == {first.id: first} and first.items == [a] and first.load == a.min_share
+    assert [c.id for c in packing.candidates("V100", 0.0)] == [first.id]
