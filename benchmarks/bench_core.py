@@ -40,7 +40,7 @@ def bench_solver(sizes: list[int], seconds: float, arrivals: str) -> None:
                 plan = solve(Problem(workloads, types), strategy)
             elapsed = (time.perf_counter() - started) / runs
             counts[strategy] = plan.gpu_count
-            report = simulate(plan, profiles, seconds=seconds, seed=1, poisson=arrivals == "poisson")
+            report = simulate(plan, profiles, seconds=seconds, seed=1, arrivals=arrivals)
             rows.append([size, strategy, f"{elapsed * 1000:.1f}", plan.gpu_count, len(plan.slo_misses),
                          f"{100 * report.attainment:.1f}%",
                          f"{100 * sum(w.over_slo * w.requests for w in report.workloads) / max(1, sum(w.requests for w in report.workloads)):.2f}%"])

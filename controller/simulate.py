@@ -3,7 +3,8 @@
 Each placement (a workload replica with its own share, hence its own Triton
 instance) is a single server with Triton-style dynamic batching:
 
-- requests arrive at the replica's rate, Poisson (default) or constant;
+- requests arrive at the replica's rate, Poisson or constant: each
+  workload's own kind from the plan, unless `arrivals` overrides all;
 - when the server is free and requests wait, it starts a batch as soon as
   `batch` requests are queued or the oldest has waited the plan's queue
   delay, whichever comes first, taking at most `batch` requests;
@@ -103,8 +104,13 @@ def simulate_placement(placement: Placement, latency: np.ndarray, busy: np.ndarr
 
 
 def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: float = 30.0, seed: int = 0,
-             poisson: bool = True, noise: float = 0.0) -> SimulationReport:
-    """Replay `plan` for `seconds` and report per workload (replicas merged)."""
+             arrivals: str | None = None, noise: float = 0.0) -> SimulationReport:
+    """Replay `plan` for `seconds` and report per workload (replicas merged).
+
+    `arrivals` ("poisson" or "constant") overrides every placement's own kind.
+    """
+    if arrivals not in (None, "poisson", "constant"):
+        raise ValueError(f"arrivals must be 'poisson' or 'constant', got {arrivals!r}")
     rng = np.random.default_rng(seed)
     per_workload: dict[str, list[np.ndarray]] = {}
     meta: dict[str, Placement] = {}
@@ -115,11 +121,12 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
             raise ValueError(f"no profile for GPU type {gpu.gpu_type!r}; give one with --profile")
         for index, placement in enumerate(gpu.placements):
             latency, busy = service_times(profiles[gpu.gpu_type], gpu.placements, index)
-            arrivals = _arrivals(rng, placement.rate_rps, seconds, poisson)
-            latencies = simulate_placement(placement, latency, busy, arrivals, rng, noise)
+            kind = arrivals or placement.arrivals
+            times = _arrivals(rng, placement.rate_rps, seconds, kind == "poisson")
+            latencies = simulate_placement(placement, latency, busy, times, rng, noise)
             per_workload.setdefault(placement.name, []).append(latencies)
             completed[placement.name] = completed.get(placement.name, 0) + int(
-                np.sum(arrivals + latencies <= seconds * 1000.0))
+                np.sum(times + latencies <= seconds * 1000.0))
             meta.setdefault(placement.name, placement)
             offered[placement.name] = offered.get(placement.name, 0.0) + placement.rate_rps
     reports = []

@@ -25,10 +25,10 @@ EPS = 1e-9
 #: Squared CV of service times allowed for in the queueing term (GPU jitter).
 SERVICE_CV2 = 0.02
 #: Squared CV of request inter-arrival times per arrival kind. Poisson's true
-#: value is 1; 2 is calibrated with the plan simulator (Kingman's mean with an
-#: exponential tail under-estimates the p99 of nearly deterministic servers at
-#: small batches; with 2, >= 99% of random Poisson mixes keep p99 within SLO).
-ARRIVAL_CV2 = {"poisson": 2.0, "constant": 0.0}
+#: value is 1; 1.25 is calibrated with the plan simulator (Kingman's formula is
+#: an approximation for batch service; with 1.25, >= 99% of random Poisson mixes
+#: keep p99 within SLO, with 1.0 about 97-98%).
+ARRIVAL_CV2 = {"poisson": 1.25, "constant": 0.0}
 
 
 def wait_p99_ms(utilisation: Any, batch: Any, service_ms: Any, arrival_cv2: float = 1.0) -> Any:
@@ -37,12 +37,13 @@ def wait_p99_ms(utilisation: Any, batch: Any, service_ms: Any, arrival_cv2: floa
     Batches are the customers: b requests with inter-arrival squared CV ca^2
     (1 for Poisson, 0 for paced clients) arrive with squared CV ca^2/b;
     service has squared CV `SERVICE_CV2`. Mean wait
-    E[W] = rho/(1-rho) * (ca^2/b + cs^2)/2 * s, and P(W > t) ~ rho*exp(-t/E[W]),
-    so W99 = E[W] * ln(100 rho). Works on floats and numpy arrays alike.
+    E[W] = rho/(1-rho) * (ca^2/b + cs^2)/2 * s. The tail is exponential with
+    mass rho at 0+: P(W > t) ~ rho*exp(-rho*t/E[W]) (exact for M/M/1), so
+    W99 = E[W]/rho * ln(100 rho). Works on floats and numpy arrays alike.
     """
-    rho = np.minimum(utilisation, 0.999999)
+    rho = np.clip(utilisation, 1e-9, 0.999999)
     mean = rho / (1.0 - rho) * (arrival_cv2 / batch + SERVICE_CV2) / 2.0 * service_ms
-    return mean * np.log(np.maximum(100.0 * rho, 1.0))
+    return mean / rho * np.log(np.maximum(100.0 * rho, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,9 @@ class Target:
         rho = self.rate_rps / throughput
         if rho > self.max_utilisation + EPS:
             return False
-        rho = min(rho, 0.999999)
+        rho = min(max(rho, 1e-9), 0.999999)
         service = 1000.0 * self.batch / throughput
-        wait = rho / (1.0 - rho) * (self.arrival_cv2 / self.batch + SERVICE_CV2) / 2.0 * service
+        wait = 1.0 / (1.0 - rho) * (self.arrival_cv2 / self.batch + SERVICE_CV2) / 2.0 * service   # E[W] / rho
         wait *= math.log(max(100.0 * rho, 1.0))
         return latency + wait <= self.latency_budget_ms + EPS
 
@@ -197,7 +198,7 @@ def to_placement(item: Item, share: float, prediction: Prediction) -> Placement:
         rate_rps=item.rate_rps, share_pct=share, batch=item.batch,
         queue_delay_ms=batch_queue_delay_ms(item.batch, item.rate_rps),
         predicted_latency_ms=prediction.latency_ms, predicted_throughput_rps=prediction.throughput_rps,
-        replica=item.replica, replicas=item.replicas)
+        replica=item.replica, replicas=item.replicas, arrivals=item.workload.arrivals)
 
 
 def with_replicas(items: list[Item]) -> list[Item]:

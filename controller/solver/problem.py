@@ -100,6 +100,7 @@ class Placement:
     predicted_throughput_rps: float
     replica: int = 0
     replicas: int = 1
+    arrivals: str = "poisson"     # the workload's arrival kind (what the plan was sized for)
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -181,7 +182,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "share_pct": p.share_pct, "batch": p.batch, "queue_delay_ms": round(p.queue_delay_ms, 6),
                 "predicted_latency_ms": round(p.predicted_latency_ms, 6),
                 "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
-                "replica": p.replica, "replicas": p.replicas,
+                "replica": p.replica, "replicas": p.replicas, "arrivals": p.arrivals,
             } for p in g.placements],
         } for g in plan.gpus],
     }
@@ -208,7 +209,8 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                 queue_delay_ms=float(w.get("queue_delay_ms", batch_queue_delay_ms(batch, rate))),
                 predicted_latency_ms=float(need(w, "predicted_latency_ms", where)),
                 predicted_throughput_rps=float(need(w, "predicted_throughput_rps", where)),
-                replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1))))
+                replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1)),
+                arrivals=str(w.get("arrivals", "poisson"))))
         gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
                             price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements),
                             key=g.get("key")))

@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds (default 30)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--arrivals", choices=("poisson", "constant"), default="poisson")
+    p.add_argument("--arrivals", choices=("poisson", "constant"), default=None,
+                   help="override every workload's arrival kind (default: each workload's own, from the plan)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="log-normal sigma of multiplicative service-time noise (default 0)")
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
@@ -249,7 +250,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         profiles = {g.gpu_type: profile for g in plan.gpus}
     try:
         report = simulate(plan, profiles, seconds=args.seconds, seed=args.seed,
-                          poisson=args.arrivals == "poisson", noise=args.noise)
+                          arrivals=args.arrivals, noise=args.noise)
     except (ValueError, UnknownModelError) as err:
         raise UserError(f"{args.plan}: {err}") from None
     if args.json:

@@ -26,7 +26,7 @@ def test_same_seed_same_report_and_other_seed_differs():
 
 def test_light_constant_load_sees_exactly_the_service_time():
     plan, prediction = one_workload_plan(rate=20.0, batch=1)
-    report = simulate(plan, PROFILES, seconds=5, poisson=False).workloads[0]
+    report = simulate(plan, PROFILES, seconds=5, arrivals="constant").workloads[0]
     assert report.p50_ms == pytest.approx(prediction.latency_ms)
     assert report.p99_ms == pytest.approx(prediction.latency_ms)
     assert report.throughput_rps == pytest.approx(20.0, rel=0.02)
@@ -52,3 +52,14 @@ def test_noise_widens_the_tail():
     calm = simulate(plan, PROFILES, seconds=5, seed=2).workloads[0]
     noisy = simulate(plan, PROFILES, seconds=5, seed=2, noise=0.3).workloads[0]
     assert noisy.p99_ms > calm.p99_ms
+
+
+def test_each_workload_is_replayed_with_its_own_arrival_kind():
+    from dataclasses import replace as _replace
+    plan, prediction = one_workload_plan(rate=20.0, batch=1)
+    paced = _replace(plan, gpus=tuple(_replace(g, placements=tuple(_replace(p, arrivals="constant")
+                                                                     for p in g.placements)) for g in plan.gpus))
+    own = simulate(paced, PROFILES, seconds=5).workloads[0]
+    assert own.p99_ms == pytest.approx(prediction.latency_ms)            # paced: never queues
+    forced = simulate(paced, PROFILES, seconds=5, arrivals="poisson").workloads[0]
+    assert forced.p99_ms > prediction.latency_ms                          # Poisson bursts queue

@@ -160,3 +160,23 @@ def test_packing_rollback_restores_bins_in_place():
     packing.rollback()
     assert packing.bins == {first.id: first} and first.items == [a] and first.load == a.min_share
     assert [c.id for c in packing.candidates("V100", 0.0)] == [first.id]
+
+
+def test_queueing_wait_is_exact_for_m_m_1_and_scalar_twin_agrees(monkeypatch):
+    import math as m
+
+    import controller.solver.candidates as candidates
+    from controller.solver.candidates import Target, wait_p99_ms
+    from interference.latency import Prediction
+    monkeypatch.setattr(candidates, "SERVICE_CV2", 1.0)          # exponential service: M/M/1
+    for rho in (0.3, 0.6, 0.9):
+        service = 4.0
+        exact = service / (1 - rho) * m.log(100 * rho)           # p99 wait of M/M/1
+        assert wait_p99_ms(rho, 1, service, 1.0) == pytest.approx(exact)
+    monkeypatch.setattr(candidates, "SERVICE_CV2", 0.02)
+    target = Target(latency_budget_ms=30.0, rate_rps=600.0, batch=4, queueing=True, max_utilisation=0.95,
+                    arrival_cv2=1.25)
+    for throughput in (650.0, 700.0, 900.0, 2000.0):
+        latency = 30.0 - float(wait_p99_ms(600.0 / throughput, 4, 4000.0 / throughput, 1.25))
+        assert target.met_by(Prediction(latency - 1e-6, throughput, 0.0, 1.0))
+        assert not target.met_by(Prediction(latency + 1e-3, throughput, 0.0, 1.0)) or 600 / throughput > 0.95
