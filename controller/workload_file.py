@@ -1,6 +1,6 @@
 """Workload files (YAML): the workloads to serve and, optionally, the GPU inventory.
 
-    gpu_types:                 # optional; default: the bundled V100 profile at $2.48/h
+    gpu_types:                 # optional; default: the bundled V100 profile at $3.06/h
       - name: V100
         price_per_hour: 2.48
         max_count: 16          # optional count limit
@@ -132,6 +132,11 @@ def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ..
                 raise WorkloadFileError(f"{source}: {where}.profile: {err}") from None
         else:
             profile = bundled_profile()
+            if name != profile.gpu.name:
+                # silently planning an A100 with V100 coefficients would be wrong by a wide margin
+                raise WorkloadFileError(f"{source}: {where} ({name!r}) has no profile; give `profile: FILE` "
+                                        f"(fit one with `stoke profile fit`) - only {profile.gpu.name!r} has a "
+                                        f"bundled profile")
         types.append(GpuType(name=name, price_per_hour=price, profile=profile, max_count=max_count))
     return tuple(types)
 

@@ -31,12 +31,6 @@ GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
 
-HARDWARE_FIELDS = ("maxGPUfrequency", "maxGPUpower", "idlepower", "bandwidth", "unit",
-                   "power", "frequency", "idletime")
-MODEL_FIELDS = ("kernel", "idletime_1", "activetime_1", "activetime_2", "frequency_2",
-                "l2cache", "l2caches", "gpulatency", "power", "frequency",
-                "inputdata", "outputdata")
-
 
 class RawProfileError(ValueError):
     """Raw measurements are missing a field or hold an unusable value."""

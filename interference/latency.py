@@ -12,7 +12,7 @@ The model (inference-model.md), for workload i at batch b_i, share r_i:
 
 `solo_point` computes everything that depends on one workload alone, so a
 solver can cache it per (model, batch, share) and re-evaluate a GPU cheaply
-with `predict_points`. `predict_many` is the vectorised path: many GPU
+with `predict_points`. `VectorPredictor` is the vectorised path: many GPU
 configurations in one call.
 """
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 from importlib import resources
@@ -68,11 +69,30 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if missing:
         raise ProfileFileError(f"{where} lacks field {missing[0]!r}; refit with `stoke profile fit`")
     values = {n: data[n] for n in names}
-    if "k_act" in values:
-        if not (isinstance(values["k_act"], list) and len(values["k_act"]) == 5):
-            raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
-        values["k_act"] = tuple(float(v) for v in values["k_act"])
+    for f in dataclasses.fields(cls):
+        value = values[f.name]
+        if f.name == "name":
+            if not isinstance(value, str) or not value:
+                raise ProfileFileError(f"{where} field 'name' must be a non-empty string")
+        elif f.name == "k_act":
+            if not (isinstance(value, list) and len(value) == 5 and all(_finite(v) for v in value)):
+                raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
+            values["k_act"] = tuple(float(v) for v in value)
+        elif not _finite(value):
+            raise ProfileFileError(f"{where} field {f.name!r} must be a number, got {value!r}")
+        elif f.name in _POSITIVE and value <= 0:
+            raise ProfileFileError(f"{where} field {f.name!r} must be > 0, got {value!r}; refit the profile")
+    if "kernels" in values:
+        values["kernels"] = int(values["kernels"])
     return cls(**values)
+
+
+#: Fields that divide or scale time: zero or negative values cannot be meant.
+_POSITIVE = {"max_freq_mhz", "power_cap_w", "pcie_bytes_per_ms", "share_step_pct", "kernels"}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def profile_from_dict(data: Any, source: str = "profile") -> DeviceProfile:

@@ -85,6 +85,14 @@ class ProfileSession:
         if data.get("version") != MEASUREMENTS_VERSION:
             raise ValueError(f"{source}: measurements version {data.get('version')!r} is not supported "
                              f"(this stoke reads {MEASUREMENTS_VERSION})")
+        cores, models, batches = data.get("cores"), data.get("models"), data.get("batches")
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"{source}: field 'cores' must be a whole number >= 1, got {cores!r}")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise ValueError(f"{source}: field 'models' must be a non-empty list of model names")
+        if not isinstance(batches, list) or not batches or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches):
+            raise ValueError(f"{source}: field 'batches' must be a non-empty list of whole numbers >= 1")
         try:
             session = cls(device=str(data["device"]), cores=int(data["cores"]), models=list(data["models"]),
                           batches=[int(b) for b in data["batches"]],
@@ -94,6 +102,6 @@ class ProfileSession:
                 if p.get("latency_ms") is not None:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
                     session.tell(point, float(p["latency_ms"]))
-        except (KeyError, TypeError, IndexError) as err:
-            raise ValueError(f"{source}: measurements lack field {err}; re-run `stoke profile run`") from None
+        except (KeyError, TypeError, IndexError, ValueError) as err:
+            raise ValueError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session

@@ -147,10 +147,10 @@ class PointCache:
 
 def colocate(cache: PointCache, items: Sequence[Item], shares: Sequence[float] | None = None,
              max_added: float = math.inf) -> tuple[list[float], list[Prediction]] | None:
-    """Smallest shares (from `shares`, default each item's minimum) with every target met.
+    """Shares (from `shares`, default each item's minimum) at which every target is met.
 
-    Each round predicts the GPU and adds one share step to every workload
-    that misses its target. Returns (shares, predictions), or None when the
+    iGniter's greedy rule, not a global minimum: each round predicts the GPU
+    and adds one share step to every workload that misses its target. Returns (shares, predictions), or None when the
     shares would pass 100% or more than `max_added` would be added.
     """
     current = [i.min_share for i in items] if shares is None else list(shares)

@@ -213,7 +213,7 @@ def run_predict(args: argparse.Namespace) -> int:
         items = _case_list(line, where)
         try:
             predictions = predict_gpu(profile, [(i["model"], int(i["batch"]), float(i["share_pct"])) for i in items])
-        except UnknownModelError as err:
+        except (UnknownModelError, ValueError) as err:
             raise UserError(f"{where}: {err}") from None
         result = [dict(i, predicted_latency_ms=round(p.latency_ms, 6),
                        predicted_throughput_rps=round(p.throughput_rps, 6)) for i, p in zip(items, predictions)]

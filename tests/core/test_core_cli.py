@@ -89,3 +89,17 @@ def test_impossible_slo_exits_2_naming_workload(capsys, tmp_path):
     path.write_text("workloads:\n  - {name: rush, model: ssd, slo_ms: 2, rate_rps: 10}\n")
     code, _, err = run(capsys, "plan", str(path))
     assert code == 2 and "workload 'rush'" in err and "needs at least" in err
+
+
+def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("gpu_types:\n  - {name: A100, price_per_hour: 4.1}\n"
+                    "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
+    code, _, err = run(capsys, "plan", str(path))
+    assert code == 2 and "'A100' has no profile" in err
+    data = profile_to_dict(bundled_profile())
+    data["gpu"]["share_step_pct"] = 0
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps(data))
+    code, _, err = run(capsys, "plan", "--profile", str(bad))
+    assert code == 2 and "'share_step_pct' must be > 0" in err
