@@ -96,7 +96,7 @@ def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp
     path.write_text("gpu_types:\n  - {name: A100, price_per_hour: 4.1}\n"
                     "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
     code, _, err = run(capsys, "plan", str(path))
-    assert code == 2 and "'A100' has no profile" in err
+    assert code == 2 and "('A100') has no profile" in err
     data = profile_to_dict(bundled_profile())
     data["gpu"]["share_step_pct"] = 0
     bad = tmp_path / "p.json"
