@@ -141,20 +141,29 @@ def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ..
     return tuple(types)
 
 
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise WorkloadFileError(f"{path}: malformed YAML{at}; fix the syntax") from None
+
+
+def read_workloads(path: str | Path) -> tuple[Workload, ...]:
+    """Only the workloads of a file (its gpu_types are not read: a controller's nodes are the inventory)."""
+    return parse_workloads(_read_yaml(Path(path)), str(path))
+
+
 def load_workloads_file(path: str | Path | None = None) -> WorkloadsFile:
     """Read a workload file (default: the bundled example) and check it against its inventory."""
     path = Path(path) if path is not None else example_workloads_path()
     source = str(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise WorkloadFileError(f"{source}: cannot read workload file ({err.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise WorkloadFileError(f"{source}: malformed YAML{at}; fix the syntax") from None
+    data = _read_yaml(path)
     result = WorkloadsFile(parse_workloads(data, source), parse_gpu_types(data, source, path.parent))
     try:
         result.problem()

@@ -197,17 +197,10 @@ def run_workload_apply(args: argparse.Namespace) -> int:
 
 def read_workloads(path: str) -> tuple[Any, ...]:
     """The workloads of a YAML file (its gpu_types are ignored: the controller's nodes are the inventory)."""
-    import yaml
-
-    from controller.workload_file import WorkloadFileError, parse_workloads
+    from controller.workload_file import WorkloadFileError
+    from controller.workload_file import read_workloads as read
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise UserError(f"{path}: cannot read the workloads file ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    try:
-        return parse_workloads(data, path)
+        return read(path)
     except WorkloadFileError as err:
         raise UserError(str(err)) from None
 
