@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
+
+from interference.profile_io import atomic_write_bytes
 
 CONFIG_NAME = "config.pbtxt"
 IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
@@ -155,17 +156,7 @@ class LocalStore(RepoStore):
             raise StoreError(f"{self.root / path}: cannot read ({err.strerror})") from None
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        target = self.root / _check_rel(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(self.root / _check_rel(path), data)   # the mode open() would give, not 0600
 
     def delete(self, path: str) -> None:
         target = self.root / _check_rel(path)

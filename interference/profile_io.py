@@ -10,7 +10,8 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
+import secrets
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,47 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     return profile_from_dict(data, str(path))
 
 
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` through a temp file + rename, so a reader never sees half a file.
+
+    The file gets the mode a plain ``open(path, "w")`` would give: an existing
+    file keeps its mode, a new one gets 0666 less the umask (0644 usually).
+    `tempfile.mkstemp` would leave it 0600, unreadable to a Triton, Prometheus
+    or Grafana container running as another user.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        keep_mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        keep_mode = None
+    fd, tmp = _create_temp_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if keep_mode is not None:
+                os.fchmod(handle.fileno(), keep_mode)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _create_temp_beside(target: Path) -> tuple[int, Path]:
+    """A new hidden file next to `target`, created with 0666 so the kernel applies the umask as open() does."""
+    for _attempt in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target.parent}: no free temporary file name for {target.name}")
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
-    """Write `text` to `path` through a temp file + rename; skip if unchanged.
+    """Write `text` to `path` through a temp file + rename (see `atomic_write_bytes`); skip if unchanged.
 
     Returns True when the file was written.
     """
@@ -133,17 +173,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
             return False
     except (OSError, UnicodeDecodeError):
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(target, text.encode("utf-8"))
     return True
 
 
