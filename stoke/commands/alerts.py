@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"latency histogram family in ms, with a bucket at each SLO (default {DEFAULT_HISTOGRAM})")
     r.add_argument("--selector", default=SloOptions().selector, metavar="MATCHERS",
                    help="label matchers of a workload's series; {model} and {name} are replaced "
-                        "(default: 'model=\"{model}\"')")
+                        f"(default: '{SloOptions().selector}')")
     r.add_argument("--plan", metavar="PLAN.json", help="plan (`stoke plan --json`) for share/batch/node panels")
     r.add_argument("--datasource-uid", default=SloOptions().datasource_uid, metavar="UID",
                    help="Grafana Prometheus data source uid (default prometheus)")

@@ -64,3 +64,12 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "file").write_text("x")
     assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "file")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
+    from controller.alerts import SloOptions
+    with pytest.raises(SystemExit):
+        main(["alerts", "render", "--help"])
+    text = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
+    assert SloOptions().selector == 'workload="{name}"'
+    assert "(default: 'workload=\"{name}\"')" in text and 'model="{model}"' not in text
