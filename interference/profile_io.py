@@ -20,6 +20,11 @@ from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfi
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
+#: Measured with `stoke profile run` on this project's 2-core CPU node; `stoke up` plans with it.
+#: It lives here, not in triton_repo/, because Triton in its default model-control mode
+#: treats every folder of the model repository as a model and fails on a data folder.
+BUNDLED_CPU_PROFILE = "cpu-2core-profile.json"
+BUNDLED_CPU_MEASUREMENTS = "cpu-2core-measurements.json"
 
 
 class ProfileFileError(ValueError):
@@ -48,6 +53,11 @@ def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     if not sections:
         raise ProfileFileError(f"{path}: raw profile is empty")
     return sections
+
+
+def bundled_data_dir() -> Path:
+    """The package's data folder (bundled raw measurements and fitted profiles)."""
+    return Path(str(resources.files("interference") / "data"))
 
 
 def bundled_raw_path() -> Path:
