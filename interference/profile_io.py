@@ -12,9 +12,10 @@ import math
 import os
 import secrets
 import stat
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
 
@@ -133,9 +134,12 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     return profile_from_dict(data, str(path))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` through a temp file + rename, so a reader never sees half a file.
+@contextmanager
+def atomic_replace(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary handle whose bytes replace `path` only when the block ends without error.
 
+    The data goes to a temp file beside `path`, is fsynced and renamed over
+    it, so a reader never sees half a file; large files can be streamed in.
     The file gets the mode a plain ``open(path, "w")`` would give: an existing
     file keeps its mode, a new one gets 0666 less the umask (0644 usually).
     `tempfile.mkstemp` would leave it 0600, unreadable to a Triton, Prometheus
@@ -152,13 +156,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             if keep_mode is not None:
                 os.fchmod(handle.fileno(), keep_mode)
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` through `atomic_replace` (temp file + rename, open()'s mode)."""
+    with atomic_replace(path) as handle:
+        handle.write(data)
 
 
 def _create_temp_beside(target: Path) -> tuple[int, Path]:
