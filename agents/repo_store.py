@@ -13,7 +13,7 @@ hold exactly a local repository's files, by checksum (MD5):
 
 Files are streamed, never read whole into memory, so model weights of any size
 sync: checksums are computed chunk by chunk, and S3 transfers go through boto3's
-transfer manager (multipart above `S3Transfer.multipart_threshold`, at most
+transfer manager (multipart above `S3Store`'s multipart_threshold, at most
 ``max_concurrency x multipart_chunksize`` bytes in flight). A single-part
 upload's ETag is its MD5; a multipart ETag is not, so every upload also carries
 its MD5 in the object metadata (``x-amz-meta-stoke-md5``), which `listing` reads

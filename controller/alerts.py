@@ -52,6 +52,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import text as text_panel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.text import TextMode
 
 from controller.solver.problem import Plan, Workload
 
@@ -474,12 +480,6 @@ def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOp
     uid (`SloOptions.dashboard_uid`) never changes. With a plan, a text panel
     lists every placement. Built with grafana-foundation-sdk's typed builders.
     """
-    from grafana_foundation_sdk.builders import dashboard as gd
-    from grafana_foundation_sdk.builders import prometheus, stat, text, timeseries
-    from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models import dashboard as dm
-    from grafana_foundation_sdk.models.text import TextMode
-
     workloads = _validate(workloads)
     ds = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
     wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
@@ -505,7 +505,7 @@ def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOp
                             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
                             .multi(True).include_all(True)))
     if plan is not None:
-        board = board.with_panel(text.Panel().title("Plan: placement, share and batch of every replica")
+        board = board.with_panel(text_panel.Panel().title("Plan: placement, share and batch of every replica")
                                  .mode(TextMode.MARKDOWN).content(_plan_markdown(plan_rows(plan, nodes)))
                                  .height(min(16, 3 + len(plan.placements()))).span(24).id(next(ids)))
     # The row repeats per selected workload; its panels are laid out in two lines of equal height.

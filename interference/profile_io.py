@@ -21,11 +21,10 @@ from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfi
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
-#: Measured with `stoke profile run` on this project's 2-core CPU node; `stoke up` plans with it.
-#: It lives here, not in triton_repo/, because Triton in its default model-control mode
-#: treats every folder of the model repository as a model and fails on a data folder.
+#: Fitted from cpu-2core-measurements.json (`stoke profile run` on this project's 2-core CPU node);
+#: `stoke up` plans with it. Both live here, not in triton_repo/, because Triton in its default
+#: model-control mode treats every folder of the model repository as a model and fails on a data folder.
 BUNDLED_CPU_PROFILE = "cpu-2core-profile.json"
-BUNDLED_CPU_MEASUREMENTS = "cpu-2core-measurements.json"
 
 
 class ProfileFileError(ValueError):
