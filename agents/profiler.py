@@ -2,16 +2,21 @@
 
 For each point the session asks for, the runner makes the fleet serve the
 model at the point's share (one Triton process per share, as in
-production), sends sequential requests of the point's batch size over gRPC
-and tells the session the median latency. With neighbours, copies of the
-model at the same share are kept busy by closed-loop threads meanwhile.
-After every point the session is written (atomically) to the checkpoint
-file, so an interrupted profile resumes where it stopped.
+production), sends windows of sequential requests of the point's batch size
+over gRPC until the window medians are stable (`interference.profiling.
+Stability`, perf_analyzer's rule; a noisy point is measured again), and
+tells the session the result. With neighbours, copies of the model at the
+same share are kept busy by closed-loop threads meanwhile. After every point
+the session is written (atomically) to the checkpoint file, so an
+interrupted profile resumes where it stopped; each point reports progress
+with an ETA.
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +24,8 @@ from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_b
 from agents.triton import TritonError, TritonFleet
 from controller.assignment import ModelAssignment
 from interference.profile_io import atomic_write_text
-from interference.profiling import MeasurePoint, ProfileSession
+from interference.profiling import (Measurement, MeasurePoint, ProfileSession, Stability, eta_seconds,
+                                    measure_until_stable)
 
 
 class ProfilingError(RuntimeError):
@@ -32,13 +38,44 @@ def _assignment(point: MeasurePoint, copy: int) -> ModelAssignment:
                            slo_ms=1e6, rate_rps=1.0)
 
 
+@dataclass(frozen=True)
+class PointDone:
+    """Progress after one point: how far, what was measured, and the time left at this run's pace."""
+
+    done: int
+    total: int
+    point: MeasurePoint
+    measurement: Measurement
+    eta_s: float | None
+
+    def line(self) -> str:
+        p, m = self.point, self.measurement
+        eta = "" if self.eta_s is None else f", ETA {format_duration(self.eta_s)}"
+        return (f"[{self.done}/{self.total}] {p.model} share {p.share_pct:g}% batch {p.batch}"
+                f"{' +%d busy neighbour(s)' % p.neighbours if p.neighbours else ''}: {m.latency_ms:.2f} ms "
+                f"({m.windows} windows, spread {m.spread_pct:.1f}%{'' if m.stable else ', UNSTABLE'}){eta}")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 def run_session(session: ProfileSession, repository: str, checkpoint: str | Path, *, requests: int = 20,
-                progress: Callable[[str], None] = print) -> ProfileSession:
-    """Measure every point the session still asks for; ProfilingError when one cannot be measured."""
+                stability: Stability = Stability(),
+                progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
+                clock: Callable[[], float] = time.monotonic) -> ProfileSession:
+    """Measure every point the session still asks for; ProfilingError when one cannot be measured.
+
+    Each window is `requests` sequential requests (the first window after a
+    short warm-up); windows go on until `stability` holds or its
+    `max_windows` are spent (the point is then recorded, marked unstable).
+    """
     try:
         fleet = TritonFleet(repository, device_kind="cpu")
     except TritonError as err:
         raise ProfilingError(str(err)) from None
+    started, measured = clock(), 0
     try:
         while (point := session.ask()) is not None:
             copies = [_assignment(point, c) for c in range(1 + point.neighbours)]
@@ -55,7 +92,10 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
             try:
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
-                latency = sequential_latency_ms(endpoints[copies[0].key], point.model, point.batch, requests)
+                url = endpoints[copies[0].key]
+                measurement = measure_until_stable(
+                    lambda i: sequential_latency_ms(url, point.model, point.batch, requests, warmup=3 if i == 0 else 0),
+                    stability)
                 if not all(t.is_alive() for t in threads):
                     raise ProfilingError(f"{point.key}: a busy neighbour stopped during the measurement")
             except LoadError as err:
@@ -64,11 +104,11 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
                 stop.set()
                 for t in threads:
                     t.join(timeout=10)
-            session.tell(point, latency)
+            session.tell(point, measurement.latency_ms, measurement.spread_pct)
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
+            measured += 1
             done, total = session.progress()
-            progress(f"[{done}/{total}] {point.model} share {point.share_pct:g}% batch {point.batch}"
-                     f"{' +%d busy neighbour(s)' % point.neighbours if point.neighbours else ''}: {latency:.2f} ms")
+            progress(PointDone(done, total, point, measurement, eta_seconds(clock() - started, measured, total - done)))
     finally:
         fleet.close()
     return session

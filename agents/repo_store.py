@@ -2,8 +2,7 @@
 
 The one module that imports boto3. A store holds files under relative POSIX
 paths (``model/config.pbtxt``, ``model/1/model.py``); `sync` makes a store
-hold exactly a local repository's files, by checksum (MD5, which is the S3
-ETag of a single-part upload):
+hold exactly a local repository's files, by checksum (MD5):
 
 - only changed or new files are written; identical ones are left alone;
 - within a model, payload files (versions, code, weights) go first and
@@ -11,6 +10,14 @@ ETag of a single-part upload):
   not there yet (a new model becomes visible only once complete);
 - stale files are deleted after every upload; a model that disappears loses
   its ``config.pbtxt`` first, so it is never half visible.
+
+Files are streamed, never read whole into memory, so model weights of any size
+sync: checksums are computed chunk by chunk, and S3 transfers go through boto3's
+transfer manager (multipart above `S3Store`'s multipart_threshold, at most
+``max_concurrency x multipart_chunksize`` bytes in flight). A single-part
+upload's ETag is its MD5; a multipart ETag is not, so every upload also carries
+its MD5 in the object metadata (``x-amz-meta-stoke-md5``), which `listing` reads
+for the objects whose ETag is not a plain MD5.
 
 S3 credentials and region come from the standard AWS environment
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``,
@@ -22,15 +29,23 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
+import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from interference.profile_io import atomic_replace, atomic_write_bytes
+
 CONFIG_NAME = "config.pbtxt"
+#: Object metadata key holding a file's MD5 (S3 returns it as x-amz-meta-stoke-md5).
+MD5_METADATA = "stoke-md5"
+COPY_CHUNK = 1 << 20
+_PLAIN_MD5 = re.compile(r"^[0-9a-f]{32}$")
 IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
 
 
@@ -49,8 +64,18 @@ class SyncReport:
         return bool(self.uploaded or self.deleted)
 
 
+def _md5() -> "hashlib._Hash":
+    return hashlib.md5(usedforsecurity=False)
+
+
 def md5_hex(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def md5_file(path: str | os.PathLike[str]) -> str:
+    """MD5 of a file, read in chunks (a multi-GB weight file never sits in memory)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, _md5).hexdigest()
 
 
 def scan_local(root: str | os.PathLike[str]) -> dict[str, str]:
@@ -65,7 +90,7 @@ def scan_local(root: str | os.PathLike[str]) -> dict[str, str]:
             continue
         if path.suffix == ".pyc":
             continue
-        out[rel.as_posix()] = md5_hex(path.read_bytes())
+        out[rel.as_posix()] = md5_file(path)
     return out
 
 
@@ -95,6 +120,14 @@ class RepoStore(ABC):
     def write_bytes(self, path: str, data: bytes) -> None: ...
 
     @abstractmethod
+    def put_file(self, path: str, source: Path, md5: str) -> None:
+        """Store the local file `source` (checksum `md5`) under `path`, streamed."""
+
+    @abstractmethod
+    def get_file(self, path: str, target: Path) -> None:
+        """Copy the stored `path` into the local file `target`, streamed; `target` changes only when complete."""
+
+    @abstractmethod
     def delete(self, path: str) -> None: ...
 
     def read_text(self, path: str) -> str:
@@ -107,7 +140,7 @@ class RepoStore(ABC):
         changed = [p for p, digest in wanted.items() if present.get(p) != digest]
         stale = [p for p in present if p not in wanted]
         for path in upload_order(changed):
-            self.write_bytes(path, (Path(local_dir) / path).read_bytes())
+            self.put_file(path, Path(local_dir) / path, wanted[path])
         for path in delete_order(stale):
             self.delete(path)
         unchanged = sorted(p for p in wanted if p not in changed)
@@ -120,7 +153,7 @@ class RepoStore(ABC):
         changed = [p for p, digest in wanted.items() if present.get(p) != digest]
         stale = [p for p in present if p not in wanted]
         for path in upload_order(changed):
-            local.write_bytes(path, self.read_bytes(path))
+            self.get_file(path, local.root / _check_rel(path))
         for path in delete_order(stale):
             local.delete(path)
         return SyncReport(tuple(upload_order(changed)), tuple(delete_order(stale)),
@@ -155,17 +188,19 @@ class LocalStore(RepoStore):
             raise StoreError(f"{self.root / path}: cannot read ({err.strerror})") from None
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        target = self.root / _check_rel(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        atomic_write_bytes(self.root / _check_rel(path), data)   # the mode open() would give, not 0600
+
+    def put_file(self, path: str, source: Path, md5: str) -> None:
+        with open(source, "rb") as src, atomic_replace(self.root / _check_rel(path)) as out:
+            shutil.copyfileobj(src, out, COPY_CHUNK)
+
+    def get_file(self, path: str, target: Path) -> None:
+        source = self.root / _check_rel(path)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            with open(source, "rb") as src, atomic_replace(target) as out:
+                shutil.copyfileobj(src, out, COPY_CHUNK)
+        except FileNotFoundError:
+            raise StoreError(f"{source}: cannot read (no such file)") from None
 
     def delete(self, path: str) -> None:
         target = self.root / _check_rel(path)
@@ -208,10 +243,15 @@ def triton_s3_url(bucket: str, prefix: str, endpoint_url: str | None) -> str:
 class S3Store(RepoStore):
     """A model repository under ``s3://bucket/prefix`` (boto3; standard AWS credentials)."""
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, client: object | None = None) -> None:
+    def __init__(self, url: str, *, endpoint_url: str | None = None, client: object | None = None,
+                 multipart_threshold: int = 64 << 20, multipart_chunksize: int = 16 << 20,
+                 max_concurrency: int = 4) -> None:
         self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
         self.url = url
         self.client = client or boto3.client("s3", endpoint_url=self.endpoint_url)
+        # memory in flight per transfer is about max_concurrency x multipart_chunksize, whatever the file size
+        self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
+                                       multipart_chunksize=multipart_chunksize, max_concurrency=max_concurrency)
 
     @property
     def triton_url(self) -> str:
@@ -234,10 +274,17 @@ class S3Store(RepoStore):
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
-                    out[obj["Key"][len(prefix):]] = obj["ETag"].strip('"')
+                    out[obj["Key"][len(prefix):]] = self._md5_of(obj["Key"], obj["ETag"].strip('"'))
         except (ClientError, BotoCoreError) as err:
             raise StoreError(f"{self.url}: cannot list ({err})") from None
         return out
+
+    def _md5_of(self, key: str, etag: str) -> str:
+        """The ETag when it is a plain MD5 (single-part upload), else the MD5 stored in the metadata."""
+        if _PLAIN_MD5.match(etag):
+            return etag
+        metadata = self.client.head_object(Bucket=self.bucket, Key=key).get("Metadata", {})
+        return metadata.get(MD5_METADATA, etag)     # no checksum recorded: never equal, so it is uploaded again
 
     def read_bytes(self, path: str) -> bytes:
         try:
@@ -251,6 +298,20 @@ class S3Store(RepoStore):
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
         except (ClientError, BotoCoreError) as err:
             raise StoreError(f"{self.url}/{path}: cannot write ({err})") from None
+
+    def put_file(self, path: str, source: Path, md5: str) -> None:
+        try:
+            self.client.upload_file(str(source), self.bucket, self._key(path), Config=self.transfer,
+                                    ExtraArgs={"Metadata": {MD5_METADATA: md5}})
+        except (ClientError, BotoCoreError, S3UploadFailedError) as err:
+            raise StoreError(f"{self.url}/{path}: cannot upload {source} ({err})") from None
+
+    def get_file(self, path: str, target: Path) -> None:
+        try:
+            with atomic_replace(target) as out:
+                self.client.download_fileobj(self.bucket, self._key(path), out, Config=self.transfer)
+        except (ClientError, BotoCoreError) as err:
+            raise StoreError(f"{self.url}/{path}: cannot download ({err})") from None
 
     def delete(self, path: str) -> None:
         try:

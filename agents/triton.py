@@ -145,6 +145,38 @@ def cpu_cores_for_share(share_pct: float, cores: Sequence[int],
     return tuple(sorted(sorted(cores, key=lambda c: (used.get(c, 0), c))[:count]))
 
 
+def overcommit_problems(assignments: Sequence[ModelAssignment], *, device_kind: str, devices: int,
+                        cores: Sequence[int]) -> list[str]:
+    """Why these assignments do not fit this node, one line each (empty when they fit).
+
+    `TritonFleet` would place them anyway, pinning an assignment to cores (or
+    a GPU) that another one already holds, so both run slower than planned.
+    On a CPU node every assignment takes ceil(share x cores) whole cores of
+    the one CPU device, whatever plan device it came from. On a GPU node each
+    assignment's device must exist and a GPU's MPS shares add up to <= 100%.
+    """
+    if device_kind == "cpu":
+        need = {a.key: len(cpu_cores_for_share(a.share_pct, cores)) for a in assignments}
+        if sum(need.values()) <= len(cores):
+            return []
+        plan_devices = sorted({a.device for a in assignments})
+        detail = ", ".join(f"{k}: {n}" for k, n in need.items())
+        return [f"its {len(need)} assignment(s) on plan device(s) {', '.join(map(str, plan_devices))} need "
+                f"{sum(need.values())} whole cores ({detail}) but this CPU node has {len(cores)}"]
+    problems = []
+    missing = sorted({a.device for a in assignments if not 0 <= a.device < devices})
+    if missing:
+        names = ", ".join(a.key for a in assignments if a.device in missing)
+        problems.append(f"it needs GPU(s) {', '.join(map(str, missing))} ({names}) but this node has {devices} GPU(s)")
+    for device in sorted({a.device for a in assignments} - set(missing)):
+        on_device = [a for a in assignments if a.device == device]
+        total = sum(a.share_pct for a in on_device)
+        if total > 100.0 + 1e-6:
+            detail = ", ".join(f"{a.key}: {a.share_pct:g}%" for a in on_device)
+            problems.append(f"GPU {device} shares add up to {total:g}% ({detail})")
+    return problems
+
+
 # --------------------------------------------------------------------------- one process
 
 class TritonProcess:

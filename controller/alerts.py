@@ -4,12 +4,14 @@ From a list of `Workload`s (and optionally the `Plan` that serves them) this
 module builds, as plain dicts / text:
 
 * Prometheus recording rules: the SLI error ratio per workload and window,
-  and metadata (objective, error budget, burn rates, budget remaining);
+  metadata (objective, error budget, burn rates, budget remaining), and the
+  per-workload series the dashboard reads (`panel_rules`);
 * Prometheus alert rules: multi-window multi-burn-rate (Google SRE workbook,
   the scheme Sloth and Pyrra generate), labelled `severity` and `workload`;
 * `promtool test rules` unit tests for those rules (fast burn pages, slow burn
   files a ticket, a healthy series stays silent);
-* a Grafana dashboard (JSON) and Grafana alert provisioning (YAML).
+* one templated Grafana dashboard (JSON, a row repeated per `$workload`) and
+  Grafana alert provisioning (YAML).
 
 SLI (error ratio of a latency SLO). A request is *bad* when it is slower than
 the workload's SLO. The latency histogram must have a bucket bound at each
@@ -50,6 +52,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import text as text_panel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.text import TextMode
 
 from controller.solver.problem import Plan, Workload
 
@@ -85,6 +93,8 @@ DASHBOARD_FILE = "grafana-dashboard.json"
 GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
 
 _LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
+_GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
+DEFAULT_DASHBOARD_UID = "stoke-slo"
 
 
 class AlertConfigError(ValueError):
@@ -99,6 +109,10 @@ class SloOptions:
     period_days: int = DEFAULT_PERIOD_DAYS        # SLO period (budget window)
     histogram: str = DEFAULT_HISTOGRAM            # histogram metric family, in milliseconds
     selector: str = 'workload="{name}"'           # label matchers of one workload's series
+    # label matchers of one workload's Triton series: Triton labels them only by model, so a workload
+    # label must come from the scrape (each Triton process serves one workload); see `panel_rules`
+    triton_selector: str = 'model="{model}",workload="{name}"'
+    dashboard_uid: str = DEFAULT_DASHBOARD_UID    # stable Grafana uid, whatever the workloads
     rule_interval: str | None = None              # group evaluation interval (None: Prometheus' global)
     datasource_uid: str = "prometheus"            # Grafana data source of the dashboard/alerts
     folder: str = "stoke"                         # Grafana folder of the alert rules
@@ -112,10 +126,15 @@ class SloOptions:
             raise AlertConfigError(f"period_days must be a whole number >= 1, got {self.period_days!r}")
         if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.histogram):
             raise AlertConfigError(f"histogram {self.histogram!r} is not a Prometheus metric name")
-        try:
-            self.selector.format(model="m", name="n")
-        except (KeyError, IndexError, ValueError) as err:
-            raise AlertConfigError(f"selector {self.selector!r} may use only {{model}} and {{name}} ({err})") from None
+        for field_name in ("selector", "triton_selector"):
+            value = getattr(self, field_name)
+            try:
+                value.format(model="m", name="n")
+            except (KeyError, IndexError, ValueError) as err:
+                raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
+        if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
+            raise AlertConfigError(f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
+                                   f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}")
 
     @property
     def error_budget(self) -> float:
@@ -249,6 +268,51 @@ def metadata_rules(workload: Workload, options: SloOptions = SloOptions()) -> li
     ]
 
 
+#: Per-workload series the dashboard reads (record name, what it is). Recording them here keeps the
+#: dashboard one template over `{workload="$workload"}`, whatever each workload's selectors are.
+PANEL_RECORDS = (
+    ("slo:request_latency_ms:p99_5m", "p99 request latency from the SLI histogram"),
+    ("slo:request_latency_ms:p50_5m", "median request latency from the SLI histogram"),
+    ("workload:nv_inference_request_success:rate5m", "requests served by this workload's Triton processes"),
+    ("workload:nv_inference_request_failure:rate5m", "requests failed"),
+    ("workload:nv_inference_batch_size:mean5m", "mean executed batch"),
+    ("workload:nv_inference_queue_ms:mean5m", "mean time a request waits in Triton's queue"),
+    ("workload:nv_inference_compute_ms:mean5m", "mean inference time per request"),
+)
+
+
+def triton_selector(workload: Workload, options: SloOptions) -> str:
+    """Label matchers (without braces) of one workload's Triton series (`SloOptions.triton_selector`)."""
+    return options.triton_selector.format(model=workload.model, name=workload.name)
+
+
+def panel_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """The per-workload series of the dashboard (`PANEL_RECORDS`), labelled workload and model.
+
+    Triton labels its series by model only, so two workloads serving one model
+    would mix. stoke runs one Triton process per workload replica; the scrape
+    gives each process's target a ``workload`` label, and the Triton selector
+    (default ``model="{model}",workload="{name}"``) keeps each workload to its own.
+    """
+    labels = _ident(workload)
+    sel, tsel, h = workload_selector(workload, options), triton_selector(workload, options), options.histogram
+
+    def rate(metric: str) -> str:
+        return f"sum(rate({metric}{{{tsel}}}[5m]))"
+
+    exprs = [
+        f"histogram_quantile(0.99, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))",
+        f"histogram_quantile(0.5, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))",
+        rate("nv_inference_request_success"),
+        rate("nv_inference_request_failure"),
+        f"{rate('nv_inference_count')} / {rate('nv_inference_exec_count')}",
+        f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')} / 1000",
+        f"{rate('nv_inference_compute_infer_duration_us')} / {rate('nv_inference_request_success')} / 1000",
+    ]
+    return [{"record": record, "expr": expr, "labels": dict(labels)}
+            for (record, _), expr in zip(PANEL_RECORDS, exprs)]
+
+
 def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> str:
     """Pairs of (long AND short window above burn x budget), ORed, for one severity."""
     wl = _wl(workload)
@@ -285,10 +349,11 @@ def alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptio
 
 
 def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
-    """The rule file (`groups:`) for all workloads: SLI, metadata and alert groups per workload."""
+    """The rule file (`groups:`) for all workloads: SLI, metadata, dashboard and alert groups per workload."""
     groups = []
     for w in _validate(workloads):
         for kind, rules in (("sli", recording_rules(w, options)), ("meta", metadata_rules(w, options)),
+                            ("panels", panel_rules(w, options)),
                             ("alerts", [alert_rule(w, s, options) for s in SEVERITIES])):
             group: dict[str, Any] = {"name": f"stoke-slo-{kind}-{w.name}"}
             if options.rule_interval:
@@ -375,20 +440,6 @@ def rule_tests(workloads: Sequence[Workload], options: SloOptions = SloOptions()
 
 # --------------------------------------------------------------------------- Grafana dashboard
 
-def _target(expr: str, legend: str, ref: str, ds: dict[str, str]) -> dict[str, Any]:
-    return {"refId": ref, "expr": expr, "legendFormat": legend, "datasource": ds}
-
-
-def _panel(pid: int, title: str, kind: str, grid: tuple[int, int, int, int], targets: list[dict[str, Any]],
-           ds: dict[str, str], unit: str = "short", **extra: Any) -> dict[str, Any]:
-    x, y, w, h = grid
-    panel = {"id": pid, "type": kind, "title": title, "datasource": ds,
-             "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
-             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "options": {}}
-    panel.update(extra)
-    return panel
-
-
 def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per workload: its replicas' GPU index, GPU type, node, share and batch from the plan."""
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -403,113 +454,100 @@ def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict
     return rows
 
 
-def _plan_markdown(name: str, rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return f"Workload **{name}** is not in the plan (rendered without a plan, or not placed)."
-    lines = ["| replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
-                     f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
-                     f"{format_number(round(r['rate_rps'], 2))} | {format_number(round(r['predicted_worst_ms'], 3))} |")
+def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
+    lines = ["| workload | replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, replicas in rows.items():
+        for r in replicas:
+            lines.append(f"| {name} | {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
+                         f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
+                         f"{format_number(round(r['rate_rps'], 2))} | "
+                         f"{format_number(round(r['predicted_worst_ms'], 3))} |")
     return "\n".join(lines)
+
+
+WORKLOAD_VARIABLE = "workload"
 
 
 def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOptions(),
                       plan: Plan | None = None, nodes: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """Dashboard: per workload a row with latency vs SLO, rate, budget, batch, share and node."""
+    """One templated dashboard: a `$workload` variable and a row repeated per selected workload.
+
+    The row's panels read only per-workload series (`PANEL_RECORDS`, the SLO
+    metadata rules and the controller's ``stoke_workload_*``) selected by
+    ``workload="$workload"``, so the dashboard is the same whatever the
+    workloads are: adding one needs new rules, not a new dashboard, and its
+    uid (`SloOptions.dashboard_uid`) never changes. With a plan, a text panel
+    lists every placement. Built with grafana-foundation-sdk's typed builders.
+    """
     workloads = _validate(workloads)
-    ds = {"type": "prometheus", "uid": "${datasource}"}
-    rows = plan_rows(plan, nodes)
-    panels: list[dict[str, Any]] = []
-    pid = 0
-    y = 0
+    ds = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+    wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
 
-    def next_id() -> int:
-        nonlocal pid
-        pid += 1
-        return pid
+    ids = iter(range(1, 1000))
 
-    for w in workloads:
-        sel = workload_selector(w, options)
-        wl = _wl(w)
-        h = options.histogram
-        panels.append({"id": next_id(), "type": "row", "title": f"{w.name} ({w.model}, SLO {format_number(w.slo_ms)} ms, "
-                       f"{format_number(w.rate_rps)} rps)", "collapsed": False,
-                       "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
-        y += 1
-        tsel = f'model="{w.model}"'      # Triton's own series carry only model and version labels
-        slo_threshold = {"mode": "absolute", "steps": [{"color": "green", "value": None},
-                                                       {"color": "red", "value": float(w.slo_ms)}]}
-        latency = _panel(next_id(), f"{w.name}: latency vs SLO", "timeseries", (0, y, 8, 8), [
-            _target(f"histogram_quantile(0.99, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p99", "A", ds),
-            _target(f"histogram_quantile(0.5, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))", "p50", "B", ds),
-            _target(f"sum(rate(nv_inference_request_duration_us{{{tsel}}}[5m])) / "
-                    f"sum(rate(nv_inference_request_success{{{tsel}}}[5m])) / 1000", "mean (Triton)", "C", ds),
-            _target(f"slo:latency_target:ms{{{wl}}}", "SLO", "D", ds),
-        ], ds, unit="ms")
-        latency["fieldConfig"]["defaults"]["thresholds"] = slo_threshold
-        latency["fieldConfig"]["defaults"]["custom"] = {"thresholdsStyle": {"mode": "line"}}
-        panels.append(latency)
-        panels.append(_panel(next_id(), f"{w.name}: request rate", "timeseries", (8, y, 8, 8), [
-            _target(f"sum(rate(nv_inference_request_success{{{tsel}}}[5m]))", "served", "A", ds),
-            _target(f"sum(rate(nv_inference_request_failure{{{tsel}}}[5m]))", "failed", "B", ds),
-            _target(f"slo:target_rate:rps{{{wl}}}", "planned", "C", ds),
-        ], ds, unit="reqps"))
-        budget = _panel(next_id(), f"{w.name}: error budget remaining ({options.period})", "stat", (16, y, 4, 4), [
-            _target(f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining", "A", ds)], ds,
-            unit="percentunit")
-        budget["fieldConfig"]["defaults"]["thresholds"] = {"mode": "absolute", "steps": [
-            {"color": "red", "value": None}, {"color": "orange", "value": 0.25}, {"color": "green", "value": 0.5}]}
-        panels.append(budget)
-        panels.append(_panel(next_id(), f"{w.name}: burn rate (5m)", "stat", (20, y, 4, 4), [
-            _target(f"slo:current_burn_rate:ratio{{{wl}}}", "burn", "A", ds)], ds, unit="short"))
-        batch_targets = [_target(f"sum(rate(nv_inference_count{{{tsel}}}[5m])) / "
-                                 f"sum(rate(nv_inference_exec_count{{{tsel}}}[5m]))", "observed mean batch", "A", ds)]
-        wrows = rows.get(w.name, [])
-        for i, r in enumerate(wrows):
-            batch_targets.append(_target(f"vector({r['batch']})", f"planned batch (replica {r['replica']})",
-                                         chr(ord("B") + i), ds))
-        panels.append(_panel(next_id(), f"{w.name}: batch", "timeseries", (16, y + 4, 8, 4), batch_targets[:26], ds))
-        y += 8
-        panels.append(_panel(next_id(), f"{w.name}: placement (share, batch, node)", "text", (0, y, 24, 4), [], ds,
-                             options={"mode": "markdown", "content": _plan_markdown(w.name, wrows)}))
-        y += 4
+    def series(panel: Any, *targets: tuple[str, str]) -> Any:
+        for i, (expr, legend) in enumerate(targets):
+            panel = panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend)
+                                      .ref_id(chr(ord("A") + i)).datasource(ds))
+        return panel.datasource(ds).id(next(ids))
 
-    panels.append({"id": next_id(), "type": "row", "title": "Devices (stoke agent exporter)", "collapsed": False,
-                   "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
-    y += 1
-    device_panels = [
-        ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
-        ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
-        ("power", "stoke_device_power_watts", "watt"),
-        ("memory used", "stoke_device_memory_used_bytes", "bytes"),
+    def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
+        return gd.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+            [dm.Threshold(value=v, color=c) for v, c in pairs])
+
+    board = (gd.Dashboard("stoke: inference SLOs").uid(options.dashboard_uid).tags(["stoke", "slo", "triton"])
+             .timezone("utc").editable().refresh("30s").time("now-6h", "now")
+             .with_variable(gd.DatasourceVariable("datasource").label("Data source").type("prometheus")
+                            .current(dm.VariableOption(text=options.datasource_uid, value=options.datasource_uid)))
+             .with_variable(gd.QueryVariable(WORKLOAD_VARIABLE).label("Workload").datasource(ds)
+                            .query(f"label_values(slo:latency_target:ms, {WORKLOAD_VARIABLE})")
+                            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+                            .multi(True).include_all(True)))
+    if plan is not None:
+        board = board.with_panel(text_panel.Panel().title("Plan: placement, share and batch of every replica")
+                                 .mode(TextMode.MARKDOWN).content(_plan_markdown(plan_rows(plan, nodes)))
+                                 .height(min(16, 3 + len(plan.placements()))).span(24).id(next(ids)))
+    # The row repeats per selected workload; its panels are laid out in two lines of equal height.
+    panels = [
+        series(timeseries.Panel().fill_opacity(10).title("latency vs SLO").unit("ms").height(8).span(8),
+               (f"slo:request_latency_ms:p99_5m{{{wl}}}", "p99"), (f"slo:request_latency_ms:p50_5m{{{wl}}}", "p50"),
+               (f"slo:latency_target:ms{{{wl}}}", "SLO")),
+        series(timeseries.Panel().fill_opacity(10).title("requests").unit("reqps").height(8).span(8),
+               (f"workload:nv_inference_request_success:rate5m{{{wl}}}", "served (Triton)"),
+               (f"workload:nv_inference_request_failure:rate5m{{{wl}}}", "failed (Triton)"),
+               (f"slo:target_rate:rps{{{wl}}}", "planned")),
+        series(timeseries.Panel().fill_opacity(10).title("batch: observed vs planned").height(8).span(8),
+               (f"workload:nv_inference_batch_size:mean5m{{{wl}}}", "observed mean batch"),
+               (f"stoke_workload_planned_batch{{{wl}}}", "planned batch")),
+        series(stat.Panel().title(f"error budget left ({options.period})").unit("percentunit").height(6).span(4)
+               .thresholds(steps((None, "red"), (0.25, "orange"), (0.5, "green"))),
+               (f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining")),
+        series(stat.Panel().title("burn rate (5m)").height(6).span(4)
+               .thresholds(steps((None, "green"), (1.0, "orange"), (6.0, "red"))),
+               (f"slo:current_burn_rate:ratio{{{wl}}}", "burn")),
+        series(stat.Panel().title("planned share (all replicas)").unit("percent").height(6).span(4),
+               (f"stoke_workload_planned_share_pct{{{wl}}}", "share")),
+        series(timeseries.Panel().fill_opacity(10).title("Triton time per request").unit("ms").height(6).span(12),
+               (f"workload:nv_inference_queue_ms:mean5m{{{wl}}}", "queue"),
+               (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute")),
     ]
-    for i, (title, metric, unit) in enumerate(device_panels):
-        panels.append(_panel(next_id(), title, "timeseries", (6 * i, y, 6, 8), [
-            _target(metric, "{{instance}} {{kind}}{{device}}", "A", ds)], ds, unit=unit))
-    y += 8
-    panels.append(_panel(next_id(), "throttle reasons active", "timeseries", (0, y, 12, 6), [
-        _target("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}", "A", ds)], ds))
-    panels.append(_panel(next_id(), "GPU processes (compute + MPS)", "timeseries", (12, y, 12, 6), [
-        _target("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}", "A", ds)], ds))
+    board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(next(ids)))
+    for panel in panels:
+        board = board.with_panel(panel)
 
-    return {
-        "uid": _uid("stoke-slo", *(w.name for w in workloads)),
-        "title": "stoke: inference SLOs",
-        "tags": ["stoke", "slo", "triton"],
-        "timezone": "utc",
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "refresh": "30s",
-        "time": {"from": "now-6h", "to": "now"},
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
-                                 "label": "Data source",
-                                 "current": {"text": options.datasource_uid, "value": options.datasource_uid}}]},
-        "annotations": {"list": []},
-        "panels": panels,
-    }
+    board = board.with_row(gd.Row("Devices (stoke agent exporter)").id(next(ids)))
+    for title, metric, unit in (("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
+                                ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
+                                ("power", "stoke_device_power_watts", "watt"),
+                                ("memory used", "stoke_device_memory_used_bytes", "bytes")):
+        board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
+                                        (metric, "{{instance}} {{kind}}{{device}}")))
+    board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title("throttle reasons active").height(6).span(12),
+                                    ("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}")))
+    board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title("GPU processes (compute + MPS)").height(6).span(12),
+                                    ("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}")))
+    return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
 
 
 # --------------------------------------------------------------------------- Grafana alert provisioning

@@ -20,7 +20,7 @@ Configuration (YAML, every key optional; `stoke controller --config FILE`):
     cpu_gpu_type: CPU               # GPU type of CPU devices no `match` claims
     failed_device_block_s: 120      # a device where every assignment failed to start leaves the inventory this long
     profiles:                       # fitted profiles uploaded at start (relative to the config file)
-      - path: triton_repo/profiles/cpu.json
+      - path: cpu-profile.json
         gpu_type: CPU               # optional; default: the profile's gpu.name
 """
 from __future__ import annotations

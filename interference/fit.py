@@ -11,6 +11,7 @@ trust-region least squares (scipy) from a closed-form initial value.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -30,6 +31,14 @@ GRID_BATCHES = (1, 16, 32)
 GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
+#: A fitted model must hold over batches 1..this (the solvers' range, controller.solver.candidates.MAX_BATCH)
+#: and every share step, not only at the profiled points.
+DOMAIN_MAX_BATCH = 32
+#: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
+#: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
+#: is measurement noise, not a shape.
+MONOTONE_TOLERANCE = 0.01
+K_NAMES = ("k1", "k2", "k3", "k4", "k5")
 
 
 class RawProfileError(ValueError):
@@ -115,24 +124,41 @@ def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np
     return (k1 * batch * batch + k2 * batch + k3) / (share + k4) + k5
 
 
+def active_time_bounds(share: np.ndarray, active_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of (k1..k5): k4 > -min(r) keeps the denominator positive over the profiled range."""
+    return (np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0]),
+            np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()]))
+
+
 def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> tuple[float, ...]:
     """Bounded least squares for k_act(b, r) = (k1 b^2 + k2 b + k3)/(r + k4) + k5.
 
     Residuals are relative (the grid spans two orders of magnitude, and a
     relative error is what an SLO check feels). Initial value: k4 = k5 = 0
-    and k1..k3 from the linear fit of active_ms * r. k4 > -min(r) keeps the
-    denominator positive over the profiled range.
+    and k1..k3 from the linear fit of active_ms * r.
     """
     design = np.column_stack([batch ** 2, batch, np.ones_like(batch)])
     k123, *_ = np.linalg.lstsq(design, active_ms * share, rcond=None)
     x0 = np.array([*k123, 0.0, 0.0])
-    lower = np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0])
-    upper = np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()])
+    lower, upper = active_time_bounds(share, active_ms)
 
     def residual(params: np.ndarray) -> np.ndarray:
         return (_active_time(params, batch, share) - active_ms) / active_ms
 
     return tuple(float(v) for v in bounded_least_squares(residual, x0, lower, upper))
+
+
+def active_points(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> tuple[np.ndarray, ...]:
+    """(batch, share, active ms) of the solo grid: latency normalised to the max clock, less the idle time."""
+    idle_solo = float(_field(section, name, "idletime_1"))
+    latency = _grid(section, name, "gpulatency")
+    freq = _grid(section, name, "frequency")
+    batch = np.repeat(np.asarray(GRID_BATCHES, float), len(GRID_SHARES))
+    share = np.tile(np.asarray(GRID_SHARES, float), len(GRID_BATCHES))
+    active = (latency * freq / gpu.max_freq_mhz).ravel() - idle_solo
+    if np.any(active <= 0):
+        raise RawProfileError(f"section {name!r}: 'gpulatency' must exceed 'idletime_1' at every grid point")
+    return batch, share, active
 
 
 def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelProfile:
@@ -141,19 +167,13 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
     if not isinstance(kernels, int) or kernels < 1:
         raise RawProfileError(f"section {name!r} field 'kernel' must be a positive integer, got {kernels!r}")
     idle_solo = float(_field(section, name, "idletime_1"))
-    latency = _grid(section, name, "gpulatency")
     power = _grid(section, name, "power")
     freq = _grid(section, name, "frequency")
     l2_points = _series(section, name, "l2caches", len(L2_POINTS))
     bytes_in = _positive(section, name, "inputdata")
     bytes_out = _positive(section, name, "outputdata")
 
-    batch = np.repeat(np.asarray(GRID_BATCHES, float), len(GRID_SHARES))
-    share = np.tile(np.asarray(GRID_SHARES, float), len(GRID_BATCHES))
-    # Frequency-normalise throttled readings, then remove the solo idle time.
-    active = (latency * freq / gpu.max_freq_mhz).ravel() - idle_solo
-    if np.any(active <= 0):
-        raise RawProfileError(f"section {name!r}: 'gpulatency' must exceed 'idletime_1' at every grid point")
+    batch, share, active = active_points(section, name, gpu)
     k_act = fit_active_time(batch, share, active)
     ability = 1000.0 * batch / _active_time(np.asarray(k_act), batch, share)
 
@@ -180,11 +200,95 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
         bytes_in=int(bytes_in), bytes_out=int(bytes_out))
 
 
+@dataclass(frozen=True)
+class FitPoint:
+    """One profiled point: what was measured and what the fitted k_act gives there."""
+
+    batch: int
+    share_pct: float
+    measured_ms: float
+    fitted_ms: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.fitted_ms - self.measured_ms) / self.measured_ms
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """How well one model's k_act fits its points, and whether it is usable over the whole domain.
+
+    `problems` (non-positive or non-monotone somewhere in batch 1..max x every
+    share step) make the fit unusable: the solver would plan with it and
+    `predict` fail later. `at_bounds` names coefficients the optimiser pushed
+    to a bound: the data could not pin them, worth a look but not wrong as such.
+    """
+
+    model: str
+    points: tuple[FitPoint, ...]
+    mape_pct: float
+    r2: float
+    at_bounds: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def active_time_report(model: str, k_act: Sequence[float], batch: np.ndarray, share: np.ndarray,
+                       measured_ms: np.ndarray, *, share_step_pct: float,
+                       max_batch: int = DOMAIN_MAX_BATCH) -> FitReport:
+    """Per-point error, MAPE and R^2 of a fitted k_act, and its checks over the domain.
+
+    Domain: every whole batch 1..max(max_batch, largest profiled) x every share
+    step up to 100%. There k_act must be > 0, must not fall by more than
+    `MONOTONE_TOLERANCE` when the batch grows by one, nor rise by more than that
+    when the share grows by one step.
+    """
+    params = np.asarray(k_act, dtype=float)
+    fitted = _active_time(params, batch, share)
+    points = tuple(FitPoint(int(b), float(r), float(m), float(f)) for b, r, m, f in zip(batch, share, measured_ms, fitted))
+    mape = float(np.mean(np.abs(fitted - measured_ms) / measured_ms) * 100.0)
+    spread = float(np.sum((measured_ms - measured_ms.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((fitted - measured_ms) ** 2)) / spread if spread > 0 else float("nan")
+    lower, upper = active_time_bounds(share, measured_ms)
+    at_bounds = tuple(f"{name} = {value:.6g} ({side} bound)" for name, value, lo, hi in zip(K_NAMES, params, lower, upper)
+                      for side, bound in (("lower", lo), ("upper", hi))
+                      if np.isfinite(bound) and abs(value - bound) <= 1e-6 * max(1.0, abs(bound)))
+    top = max(max_batch, int(batch.max()))
+    batches = np.arange(1, top + 1, dtype=float)[:, None]
+    shares = np.arange(1, int(round(100.0 / share_step_pct)) + 1, dtype=float)[None, :] * share_step_pct
+    with np.errstate(divide="ignore", invalid="ignore"):
+        grid = _active_time(params, batches, shares)
+    problems = []
+    bad = np.argwhere(~(grid > 0))
+    if bad.size:
+        b, r = bad[0]
+        problems.append(f"k_act is not positive at batch {int(batches[b, 0])}, share {shares[0, r]:g}% "
+                        f"({grid[b, r]:.4g} ms)")
+    else:
+        falls = np.argwhere(grid[1:] < grid[:-1] * (1.0 - MONOTONE_TOLERANCE))
+        if falls.size:
+            b, r = falls[0]
+            problems.append(f"k_act falls from {grid[b, r]:.4g} ms at batch {int(batches[b, 0])} to "
+                            f"{grid[b + 1, r]:.4g} ms at batch {int(batches[b + 1, 0])} (share {shares[0, r]:g}%): "
+                            f"a bigger batch must not be faster")
+        rises = np.argwhere(grid[:, 1:] > grid[:, :-1] * (1.0 + MONOTONE_TOLERANCE))
+        if rises.size:
+            b, r = rises[0]
+            problems.append(f"k_act rises from {grid[b, r]:.4g} ms at share {shares[0, r]:g}% to "
+                            f"{grid[b, r + 1]:.4g} ms at share {shares[0, r + 1]:g}% (batch {int(batches[b, 0])}): "
+                            f"a bigger share must not be slower")
+    return FitReport(model=model, points=points, mape_pct=mape, r2=r2, at_bounds=at_bounds, problems=tuple(problems))
+
+
 class InterferenceModel(BaseEstimator):
     """Interference-aware latency model of one GPU type.
 
     ``fit(raw)`` takes the raw sections (``{"hardware": {...}, "<model>":
-    {...}}``) and learns ``profile_`` (a `DeviceProfile`). ``predict(X)``
+    {...}}``) and learns ``profile_`` (a `DeviceProfile`) and ``reports_``
+    (a `FitReport` per model: errors, and checks over the domain). ``predict(X)``
     takes a list of GPU configurations, each a list of ``(model, batch,
     share_pct)``, and returns for each a list of ``(latency_ms,
     throughput_rps)``.
@@ -202,6 +306,9 @@ class InterferenceModel(BaseEstimator):
         if not models:
             raise RawProfileError("raw profile holds no model section; profile at least one model")
         self.profile_ = DeviceProfile(gpu=gpu, models=models)
+        self.reports_ = {name: active_time_report(name, models[name].k_act, *active_points(raw[name], name, gpu),
+                                                  share_step_pct=gpu.share_step_pct)
+                         for name in models}
         return self
 
     @classmethod
@@ -223,7 +330,12 @@ class InterferenceModel(BaseEstimator):
 
 
 def fit_measured_profile(session: "ProfileSession") -> DeviceProfile:
-    """A device profile from `stoke profile run` measurements (a CPU node, typically).
+    """A device profile from `stoke profile run` measurements (see `fit_measured`)."""
+    return fit_measured(session)[0]
+
+
+def fit_measured(session: "ProfileSession") -> tuple[DeviceProfile, dict[str, FitReport]]:
+    """A device profile from `stoke profile run` measurements (a CPU node, typically), and its fit reports.
 
     Same model form as a GPU, with what a CPU node lacks switched off: the
     share is whole cores (step = 100/cores); no power cap, no clock drop, no
@@ -242,13 +354,14 @@ def fit_measured_profile(session: "ProfileSession") -> DeviceProfile:
     gpu = GpuProfile(name=session.device, max_freq_mhz=1.0, power_cap_w=1e9, idle_power_w=0.0,
                      pcie_bytes_per_ms=1e12, share_step_pct=round(100.0 / session.cores, 6),
                      sched_slope_ms=0.0, sched_intercept_ms=0.0, freq_slope_mhz_per_w=0.0)
-    models = {}
+    models, reports = {}, {}
     for model in session.models:
         points = [p for p in session.points() if p.model == model and p.neighbours == 0]
         batch = np.array([p.batch for p in points], dtype=float)
         share = np.array([p.share_pct for p in points], dtype=float)
         latency = np.array([session.results[p.key] for p in points])
         k_act = fit_active_time(batch, share, latency)
+        reports[model] = active_time_report(model, k_act, batch, share, latency, share_step_pct=gpu.share_step_pct)
         alpha = 0.0
         if session.cores >= 2:
             b, s = session.colocation_batch, session.shares[0]
@@ -259,4 +372,4 @@ def fit_measured_profile(session: "ProfileSession") -> DeviceProfile:
         models[model] = ModelProfile(name=model, kernels=1, idle_time_ms=0.0, k_act=k_act, power_slope_w=0.0,
                                      power_intercept_w=0.0, l2_slope=0.0, l2_intercept=1.0, cache_sensitivity=alpha,
                                      bytes_in=bytes_in, bytes_out=bytes_out)
-    return DeviceProfile(gpu=gpu, models=models)
+    return DeviceProfile(gpu=gpu, models=models), reports

@@ -10,15 +10,21 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
+import secrets
+import stat
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
+#: Fitted from cpu-2core-measurements.json (`stoke profile run` on this project's 2-core CPU node);
+#: `stoke up` plans with it. Both live here, not in triton_repo/, because Triton in its default
+#: model-control mode treats every folder of the model repository as a model and fails on a data folder.
+BUNDLED_CPU_PROFILE = "cpu-2core-profile.json"
 
 
 class ProfileFileError(ValueError):
@@ -47,6 +53,11 @@ def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     if not sections:
         raise ProfileFileError(f"{path}: raw profile is empty")
     return sections
+
+
+def bundled_data_dir() -> Path:
+    """The package's data folder (bundled raw measurements and fitted profiles)."""
+    return Path(str(resources.files("interference") / "data"))
 
 
 def bundled_raw_path() -> Path:
@@ -122,8 +133,56 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     return profile_from_dict(data, str(path))
 
 
+@contextmanager
+def atomic_replace(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary handle whose bytes replace `path` only when the block ends without error.
+
+    The data goes to a temp file beside `path`, is fsynced and renamed over
+    it, so a reader never sees half a file; large files can be streamed in.
+    The file gets the mode a plain ``open(path, "w")`` would give: an existing
+    file keeps its mode, a new one gets 0666 less the umask (0644 usually).
+    `tempfile.mkstemp` would leave it 0600, unreadable to a Triton, Prometheus
+    or Grafana container running as another user.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        keep_mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        keep_mode = None
+    fd, tmp = _create_temp_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if keep_mode is not None:
+                os.fchmod(handle.fileno(), keep_mode)
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` through `atomic_replace` (temp file + rename, open()'s mode)."""
+    with atomic_replace(path) as handle:
+        handle.write(data)
+
+
+def _create_temp_beside(target: Path) -> tuple[int, Path]:
+    """A new hidden file next to `target`, created with 0666 so the kernel applies the umask as open() does."""
+    for _attempt in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target.parent}: no free temporary file name for {target.name}")
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
-    """Write `text` to `path` through a temp file + rename; skip if unchanged.
+    """Write `text` to `path` through a temp file + rename (see `atomic_write_bytes`); skip if unchanged.
 
     Returns True when the file was written.
     """
@@ -133,17 +192,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
             return False
     except (OSError, UnicodeDecodeError):
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(target, text.encode("utf-8"))
     return True
 
 

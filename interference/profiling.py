@@ -9,11 +9,17 @@ CPU node, `agents.profiler`) drives the load.
 Points are grouped so a runner restarts as little as possible: per model,
 per share, every batch; then one co-location point per model (a copy of the
 same model at the same share running closed-loop beside it).
+
+A point is measured in windows until it is stable (`Stability`, the rule
+perf_analyzer uses): a noisy point is measured again rather than recorded
+with whatever the first window happened to see.
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 MEASUREMENTS_FORMAT = "stoke-measurements"
 MEASUREMENTS_VERSION = 1
@@ -31,6 +37,66 @@ class MeasurePoint:
         return f"{self.model}|{self.share_pct:g}|{self.batch}|{self.neighbours}"
 
 
+@dataclass(frozen=True)
+class Stability:
+    """When a point's measurement can be trusted: perf_analyzer's rule.
+
+    A point is measured in windows (each the median of a run of requests).
+    It is stable once the last `windows` window medians all lie within
+    `tolerance_pct` of their mean (perf_analyzer: 3 windows, 10%). After
+    `max_windows` without that, the point is recorded as unstable.
+    """
+
+    tolerance_pct: float = 10.0
+    windows: int = 3
+    max_windows: int = 10
+
+    def __post_init__(self) -> None:
+        if not (self.tolerance_pct > 0 and self.windows >= 2 and self.max_windows >= self.windows):
+            raise ValueError(f"stability needs tolerance > 0 %, windows >= 2 and max_windows >= windows, got "
+                             f"{self.tolerance_pct:g} %, {self.windows}, {self.max_windows}")
+
+    def spread_pct(self, medians: Sequence[float]) -> float:
+        """Largest distance of the last `windows` medians from their mean, in percent of the mean."""
+        last = list(medians)[-self.windows:]
+        mean = statistics.fmean(last)
+        return 100.0 * max(abs(m - mean) for m in last) / mean if mean > 0 else math.inf
+
+    def is_stable(self, medians: Sequence[float]) -> bool:
+        return len(medians) >= self.windows and self.spread_pct(medians) <= self.tolerance_pct
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A point's result: the median of its last stable windows, and how it was reached."""
+
+    latency_ms: float
+    windows: int
+    stable: bool
+    spread_pct: float
+
+
+def measure_until_stable(window: Callable[[int], float], stability: Stability = Stability()) -> Measurement:
+    """Call `window(i)` (i = 0, 1, ...: the i-th window's median latency) until `stability` holds.
+
+    The result is the median of the last `stability.windows` window medians;
+    an unstable point (max_windows reached) is returned with stable=False.
+    """
+    medians: list[float] = []
+    while len(medians) < stability.max_windows:
+        medians.append(float(window(len(medians))))
+        if stability.is_stable(medians):
+            break
+    last = medians[-stability.windows:]
+    return Measurement(latency_ms=statistics.median(last), windows=len(medians),
+                       stable=stability.is_stable(medians), spread_pct=stability.spread_pct(medians))
+
+
+def eta_seconds(elapsed_s: float, measured: int, remaining: int) -> float | None:
+    """Time left at the pace of the points measured so far in this run (None before the first)."""
+    return None if measured <= 0 else elapsed_s / measured * remaining
+
+
 @dataclass
 class ProfileSession:
     """Measurement plan for one device type (`device` names it: e.g. "cpu-2core")."""
@@ -42,6 +108,7 @@ class ProfileSession:
     colocation_batch: int = 8
     model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)   # model -> (bytes_in, bytes_out)
     results: dict[str, float] = field(default_factory=dict)               # point key -> median latency (ms)
+    spreads: dict[str, float] = field(default_factory=dict)               # point key -> spread of its windows (%)
 
     @property
     def shares(self) -> list[float]:
@@ -57,10 +124,12 @@ class ProfileSession:
     def ask(self) -> MeasurePoint | None:
         return next((p for p in self.points() if p.key not in self.results), None)
 
-    def tell(self, point: MeasurePoint, latency_ms: float) -> None:
+    def tell(self, point: MeasurePoint, latency_ms: float, spread_pct: float | None = None) -> None:
         if not latency_ms > 0:
             raise ValueError(f"{point.key}: a latency must be > 0 ms, got {latency_ms!r}")
         self.results[point.key] = float(latency_ms)
+        if spread_pct is not None:
+            self.spreads[point.key] = float(spread_pct)
 
     @property
     def done(self) -> bool:
@@ -75,7 +144,9 @@ class ProfileSession:
                 "cores": self.cores, "models": list(self.models), "batches": list(self.batches),
                 "colocation_batch": self.colocation_batch,
                 "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
-                "points": [dict(asdict(p), latency_ms=self.results.get(p.key)) for p in self.points()]}
+                "points": [dict(asdict(p), latency_ms=self.results.get(p.key),
+                                **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}))
+                           for p in self.points()]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "measurements") -> "ProfileSession":
@@ -101,7 +172,8 @@ class ProfileSession:
             for p in data.get("points", []):
                 if p.get("latency_ms") is not None:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
-                    session.tell(point, float(p["latency_ms"]))
+                    spread = p.get("spread_pct")
+                    session.tell(point, float(p["latency_ms"]), None if spread is None else float(spread))
         except (KeyError, TypeError, IndexError, ValueError) as err:
             raise ValueError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session

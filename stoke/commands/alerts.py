@@ -39,8 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"latency histogram family in ms, with a bucket at each SLO (default {DEFAULT_HISTOGRAM})")
     r.add_argument("--selector", default=SloOptions().selector, metavar="MATCHERS",
                    help="label matchers of a workload's series; {model} and {name} are replaced "
-                        "(default: 'model=\"{model}\"')")
-    r.add_argument("--plan", metavar="PLAN.json", help="plan (`stoke plan --json`) for share/batch/node panels")
+                        f"(default: '{SloOptions().selector}')")
+    r.add_argument("--triton-selector", default=SloOptions().triton_selector, metavar="MATCHERS",
+                   help="label matchers of a workload's Triton series; Triton labels them by model only, so give "
+                        "each Triton scrape target a workload label "
+                        f"(default: '{SloOptions().triton_selector}')")
+    r.add_argument("--dashboard-uid", default=SloOptions().dashboard_uid, metavar="UID",
+                   help="Grafana dashboard uid; it does not change with the workloads (default %(default)s)")
+    r.add_argument("--plan", metavar="PLAN.json", help="plan (`stoke plan --json`): adds a placement table panel")
     r.add_argument("--datasource-uid", default=SloOptions().datasource_uid, metavar="UID",
                    help="Grafana Prometheus data source uid (default prometheus)")
     r.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -58,7 +64,8 @@ def _options(args: argparse.Namespace) -> SloOptions:
         raise UserError(f"--objective must be a percentage between 0 and 100 (e.g. 99.9), got {args.objective:g}")
     try:
         return SloOptions(objective=args.objective / 100.0, period_days=args.period_days, histogram=args.histogram,
-                          selector=args.selector, datasource_uid=args.datasource_uid)
+                          selector=args.selector, triton_selector=args.triton_selector,
+                          dashboard_uid=args.dashboard_uid, datasource_uid=args.datasource_uid)
     except AlertConfigError as err:
         raise UserError(f"alerts options: {err}") from None
 

@@ -116,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--repository", default="triton_repo", help="model repository (default %(default)s)")
     p.add_argument("--workloads", metavar="FILE", help="workloads YAML instead of the demo set")
-    p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: triton_repo/profiles/*cpu*.json)")
+    p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: the bundled 2-core CPU profile)")
     p.add_argument("--count", type=int, default=DEMO_COUNT, choices=(1, 2, 3),
                    help="demo workloads to run (default %(default)s; a third one exceeds one 2-core node and "
                         "shows as pending)")
@@ -461,7 +461,7 @@ def demo_cpu_profile(name: str = "CPU") -> Any:
     """Placeholder CPU coefficients for the demo models (share = % of the node's cores).
 
     Rough figures, not a fit: `stoke up` uses them only when no fitted CPU
-    profile exists under triton_repo/profiles/ (and says so).
+    profile is bundled in interference/data/ (and says so).
     """
     from interference.profile import DeviceProfile, GpuProfile, ModelProfile
     gpu = GpuProfile(name=name, max_freq_mhz=3000.0, power_cap_w=1000.0, idle_power_w=10.0, pcie_bytes_per_ms=1e9,
@@ -479,11 +479,11 @@ def demo_cpu_profile(name: str = "CPU") -> Any:
 
 
 def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
-    """--profile, else triton_repo/profiles/*cpu*.json, else the placeholder written to `workdir`."""
+    """--profile, else the bundled interference/data/*cpu*.json, else the placeholder written to `workdir`."""
     if given:
         return given
-    from interference.profile_io import ProfileFileError, load_profile, save_profile
-    folder = Path(repository, "profiles")
+    from interference.profile_io import ProfileFileError, bundled_data_dir, load_profile, save_profile
+    folder = bundled_data_dir()
     candidates = sorted(folder.glob("*cpu*profile*.json")) + sorted(folder.glob("*cpu*.json"))
     for candidate in candidates:
         try:
@@ -493,7 +493,7 @@ def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
             continue
     path = workdir / "demo-cpu-profile.json"
     save_profile(demo_cpu_profile(), path)
-    print(f"note: no fitted CPU profile in {repository}/profiles/; planning with placeholder coefficients "
+    print(f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients "
           f"({path})", flush=True)
     return str(path)
 

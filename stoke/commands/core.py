@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from controller.simulate import SimulationReport, simulate
 from controller.solver.stoke import StokeOptions
 from controller.solver import STRATEGIES, Plan, ProblemError, plan_from_dict, plan_to_dict, solve
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
-from interference.fit import InterferenceModel, RawProfileError, fit_measured_profile
+from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
-from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession
+from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, read_raw, save_profile
 from stoke.errors import UserError
 from stoke.table import render_table
@@ -68,22 +70,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="fit profiles from raw measurements")
     profile = p.add_subparsers(dest="profile_command", metavar="COMMAND", required=True)
     f = profile.add_parser("fit", help="fit a GPU-type profile from raw measurements (JSON lines)",
-                           description="Fit the interference model from raw profile measurements in the published "
-                                       "iGniter JSON-lines layout and write the fitted profile (JSON, versioned).")
+                           description="Fit the interference model from raw profile measurements (the published "
+                                       "iGniter JSON-lines layout, or `stoke profile run` output), report how well it "
+                                       "fits (per-point error, MAPE, R^2) and write the fitted profile (JSON, "
+                                       "versioned) only when every model is positive and monotone over batch "
+                                       f"1..{DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
+                                       "exit 1 with the reason, or write it anyway with --force.")
     f.add_argument("raw", metavar="RAW.jsonl")
     f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
+    f.add_argument("--max-mape", type=float, default=DEFAULT_MAX_MAPE, metavar="PCT",
+                   help="refuse a model whose fit misses its points by more than this on average "
+                        "(default %(default)g%%)")
+    f.add_argument("--force", action="store_true", help="write the profile even when a check fails")
+    f.add_argument("--json", action="store_true", help="print the fit report as JSON")
     f.set_defaults(run=run_profile_fit)
     r = profile.add_parser(
         "run", help="measure models on this node's Triton (CPU) and write measurements for `profile fit`",
         description="Profile models served by real Triton processes on this machine: latency at every batch in "
-                    "--batches and every whole-core share, plus one co-location point per model. Progress is "
-                    "checkpointed to OUTPUT after every point; run again with the same OUTPUT to resume.")
+                    "--batches and every whole-core share, plus one co-location point per model. Each point is "
+                    "measured in windows of --requests requests until the last 3 window medians lie within "
+                    "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
+                    "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
+                    "resume.")
     r.add_argument("--repo", default="triton_repo", help="model repository (default: triton_repo)")
     r.add_argument("--models", default="mlp_small,conv_medium,embed_large",
                    help="comma-separated models (default: the three demo models)")
     r.add_argument("--batches", default="1,8,16,32", help="batch sizes (default 1,8,16,32)")
-    r.add_argument("--requests", type=int, default=20, help="requests per point (median taken; default 20)")
+    r.add_argument("--requests", type=int, default=20, help="requests per window (its median is taken; default 20)")
+    r.add_argument("--stability-percentage", type=float, default=Stability().tolerance_pct, metavar="PCT",
+                   help="the last 3 window medians must lie within this of their mean (default %(default)g)")
+    r.add_argument("--max-windows", type=int, default=Stability().max_windows, metavar="N",
+                   help="windows per point before it is recorded as unstable (default %(default)s)")
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
     r.set_defaults(run=run_profile_run)
@@ -310,31 +328,113 @@ def run_profile_run(args: argparse.Namespace) -> int:
     else:
         session = ProfileSession(device=args.device_name or f"cpu-{cores}core", cores=cores, models=models,
                                  batches=batches)
+    if args.requests < 1:
+        raise UserError(f"--requests must be >= 1, got {args.requests}")
     try:
-        run_session(session, args.repo, output, requests=args.requests)
-    except ProfilingError as err:
-        done, total = session.progress()
-        raise UserError(f"{output}: profiling stopped at {done}/{total} points: {err}; "
-                        f"fix it and run the same command again to resume") from None
+        stability = Stability(tolerance_pct=args.stability_percentage, max_windows=args.max_windows)
+    except ValueError as err:
+        raise UserError(f"--stability-percentage/--max-windows: {err}") from None
+    unstable: list[str] = []
+    with _progress_display(session) as show:
+        def progress(event: Any) -> None:
+            if not event.measurement.stable:
+                unstable.append(f"{event.point.key} (spread {event.measurement.spread_pct:.1f}%)")
+            show(event)
+        try:
+            run_session(session, args.repo, output, requests=args.requests, stability=stability, progress=progress)
+        except ProfilingError as err:
+            done, total = session.progress()
+            raise UserError(f"{output}: profiling stopped at {done}/{total} points: {err}; "
+                            f"fix it and run the same command again to resume") from None
+    if unstable:
+        print(f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
+              f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy")
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 
 
+@contextmanager
+def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]]:
+    """A rich progress bar with the ETA on a terminal; one plain line per point (with the ETA) otherwise."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    console = Console()
+    if not console.is_terminal:
+        yield lambda event: print(event.line(), flush=True)
+        return
+    done, total = session.progress()
+    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+                  TimeRemainingColumn(), console=console, transient=False) as bar:
+        task = bar.add_task("profile", total=total, completed=done)
+
+        def show(event: Any) -> None:
+            bar.console.print(event.line().split(", ETA")[0], highlight=False)
+            bar.update(task, completed=event.done)
+        yield show
+
+
 # -- profile fit -----------------------------------------------------------------------------------
 
+DEFAULT_MAX_MAPE = 25.0
+
+
+def fit_failures(reports: dict[str, FitReport], max_mape: float) -> list[str]:
+    """Why the fitted profile is not usable, one reason per line (empty when it is)."""
+    out = [f"{name}: {problem}" for name, r in sorted(reports.items()) for problem in r.problems]
+    out += [f"{name}: the fit misses its points by {r.mape_pct:.1f}% on average (MAPE), more than --max-mape "
+            f"{max_mape:g}%" for name, r in sorted(reports.items()) if r.mape_pct > max_mape]
+    return out
+
+
+def _report_dict(r: FitReport) -> dict[str, Any]:
+    return {"mape_pct": round(r.mape_pct, 3), "r2": None if r.r2 != r.r2 else round(r.r2, 5),
+            "at_bounds": list(r.at_bounds), "problems": list(r.problems),
+            "points": [{"batch": p.batch, "share_pct": p.share_pct, "measured_ms": round(p.measured_ms, 5),
+                        "fitted_ms": round(p.fitted_ms, 5), "error_pct": round(p.error_pct, 3)} for p in r.points]}
+
+
 def run_profile_fit(args: argparse.Namespace) -> int:
+    if not args.max_mape > 0:
+        raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     try:
         if _is_measurements(args.raw):
-            profile = fit_measured_profile(ProfileSession.from_dict(json.loads(Path(args.raw).read_text()), args.raw))
+            profile, reports = fit_measured(ProfileSession.from_dict(json.loads(Path(args.raw).read_text()), args.raw))
         else:
-            profile = InterferenceModel(gpu_name=args.gpu_name).fit(read_raw(args.raw)).profile_
+            model = InterferenceModel(gpu_name=args.gpu_name).fit(read_raw(args.raw))
+            profile, reports = model.profile_, model.reports_
     except (ProfileFileError, RawProfileError, ValueError) as err:
         message = str(err)
         raise UserError(message if message.startswith(args.raw) else f"{args.raw}: {message}") from None
-    save_profile(profile, args.output)
-    print(f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
-          f"-> {args.output}")
-    rows = [[name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
-            for name, m in sorted(profile.models.items())]
-    print(render_table(["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"], rows))
+    failures = fit_failures(reports, args.max_mape)
+    written = not failures or args.force
+    if written:
+        save_profile(profile, args.output)
+    if args.json:
+        print(json.dumps({"output": args.output, "written": written, "failures": failures,
+                          "models": {n: _report_dict(r) for n, r in sorted(reports.items())}}, indent=2))
+    else:
+        rows = [[name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
+                for name, m in sorted(profile.models.items())]
+        print(render_table(["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"], rows))
+        print()
+        print(render_table(["model", "batch", "share_%", "measured_ms", "fitted_ms", "error_%"],
+                           [[name, p.batch, f"{p.share_pct:g}", f"{p.measured_ms:.4g}", f"{p.fitted_ms:.4g}",
+                             f"{p.error_pct:+.1f}"] for name, r in sorted(reports.items()) for p in r.points]))
+        print()
+        print(render_table(["model", "points", "MAPE_%", "R2", "worst_%", "check"],
+                           [[name, len(r.points), f"{r.mape_pct:.2f}", "-" if r.r2 != r.r2 else f"{r.r2:.4f}",
+                             f"{max(abs(p.error_pct) for p in r.points):.1f}",
+                             "ok" if r.ok and r.mape_pct <= args.max_mape else "FAILED"]
+                            for name, r in sorted(reports.items())]))
+        for name, r in sorted(reports.items()):
+            for bound in r.at_bounds:
+                print(f"note: {name}: {bound}: the measurements do not pin it down (more batches or shares would)")
+        if written:
+            print(f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
+                  f"-> {args.output}" + (" (written despite failed checks: --force)" if failures else ""))
+    if failures and not args.force:
+        print(f"stoke: error: {args.raw}: the fitted profile is not usable, {args.output} not written: "
+              f"{'; '.join(failures)}; re-measure (e.g. `stoke profile run` with more --requests or batches) "
+              f"or write it anyway with --force", file=sys.stderr)
+        return 1
     return 0

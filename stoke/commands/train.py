@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from typing import Any
@@ -26,7 +27,8 @@ from controller.training import files
 from controller.training.blocks import plan_blocks, profile_from_dict
 from controller.training.comm_sim import SCHEDULERS, compare
 from controller.training.homogeneous import provision_homogeneous
-from controller.training.kube import render_manifests, validate_manifests
+from controller.training.kube import (DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND,
+                                      render_manifests, validate_manifests)
 from controller.training.problem import (TrainingPlan, TrainingSpecError, plan_from_dict, plan_to_dict,
                                          spec_from_dict, with_overrides)
 from controller.training.spot import provision_spot
@@ -108,7 +110,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("render", help="render the plan as Kubernetes Services + StatefulSets (YAML)")
     p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
-    p.add_argument("--image", default="tensorflow/tensorflow:2.15.0-gpu")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="container image of every task (default %(default)s)")
+    p.add_argument("--command", default=" ".join(DEFAULT_WORKER_COMMAND), metavar="CMD",
+                   help="training program each worker runs, in the image; it reads TF_CONFIG "
+                        "(default '%(default)s'); parameter servers run a tf.distribute.Server")
+    p.add_argument("--memory", default=DEFAULT_MEMORY, metavar="QUANTITY",
+                   help="memory request and limit of each task (default %(default)s)")
+    p.add_argument("--spot-label", default="=".join(DEFAULT_SPOT_LABEL), metavar="KEY=VALUE",
+                   help="node label of spot capacity, selected (and its taint tolerated) by a spot plan's workers "
+                        "(default %(default)s; 'none' to leave it out)")
     p.add_argument("--namespace", default="default")
     p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
     p.set_defaults(run=run_render)
@@ -337,17 +347,40 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Safe YAML that prints multi-line strings (the task prelude, the PS program) as literal blocks."""
+
+
+_BlockDumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
 def run_render(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
     catalog = files.offline_catalog()
     gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
-    objects = render_manifests(plan, image=args.image, namespace=args.namespace, gpus_per_type=gpus)
+    vcpus = {name: t.vcpus for name, t in catalog.types.items()}
+    try:
+        command = shlex.split(args.command)
+    except ValueError as err:
+        raise UserError(f"--command {args.command!r}: {err}; quote it as one shell word list") from None
+    if not command:
+        raise UserError("--command is empty; give the training program each worker runs, e.g. 'python train.py'")
+    if args.spot_label == "none":
+        spot_label = None
+    else:
+        key, sep, value = args.spot_label.partition("=")
+        if not (sep and key and value):
+            raise UserError(f"--spot-label {args.spot_label!r}: give KEY=VALUE, e.g. karpenter.sh/capacity-type=spot")
+        spot_label = (key, value)
+    objects = render_manifests(plan, image=args.image, namespace=args.namespace, command=command,
+                               gpus_per_type=gpus, vcpus_per_type=vcpus, memory=args.memory, spot_label=spot_label)
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
-    text = yaml.safe_dump_all(objects, sort_keys=False)
+    text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -87,6 +88,35 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _node_devices(device_kind: str) -> tuple[int, list[int]]:
+    """(devices, CPU cores) of this machine: a CPU node is one device of its usable cores; GPUs through NVML."""
+    cores = sorted(os.sched_getaffinity(0))
+    if device_kind == "cpu":
+        return 1, cores
+    from agents.device import DeviceError, open_device
+    try:
+        device = open_device("nvml")
+        try:
+            return len(device.describe()), cores
+        finally:
+            device.close()
+    except DeviceError as err:
+        raise UserError(f"--device-kind gpu: cannot count this node's GPUs ({err}); use --device-kind cpu "
+                        f"on a machine without GPUs")
+
+
+def _refuse_overcommit(args: argparse.Namespace, assignments: list[Any]) -> None:
+    """A plan bigger than this node would share cores (or GPU shares) silently: refuse it."""
+    from agents.triton import overcommit_problems
+    devices, cores = _node_devices(args.device_kind)
+    problems = overcommit_problems(assignments, device_kind=args.device_kind, devices=devices, cores=cores)
+    if problems:
+        raise UserError(f"--plan {args.plan}: does not fit this node: {'; '.join(problems)}; serving it would pin "
+                        f"several assignments to the same {'cores' if args.device_kind == 'cpu' else 'GPU'}. "
+                        f"Serve part of it with --models, plan for this node (a GPU type with max_count: "
+                        f"{devices}), or run the plan on several nodes with `stoke controller` and `stoke agent`")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonError, TritonFleet
     from controller.render import assignments_from_plan
@@ -97,6 +127,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         assignments = [a for a in assignments if a.model in wanted or a.workload in wanted]
         if not assignments:
             raise UserError(f"--models {args.models}: none of these models/workloads is in the plan or repository")
+    if args.plan:
+        _refuse_overcommit(args, assignments)
     mps = None
     if args.device_kind == "gpu":
         from agents.mps import MpsControl
@@ -221,7 +253,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("up", help="start Triton processes for a plan on this machine and print endpoints")
     p.add_argument("--repo", required=True, help="model repository: a directory or s3://[host:port/]bucket/path")
-    p.add_argument("--plan", metavar="PLAN.json", help="plan to serve (default: every model, whole machine)")
+    p.add_argument("--plan", metavar="PLAN.json",
+                   help="plan to serve; refused if it needs more devices or cores than this node has "
+                        "(default: every model, each on the whole machine)")
     p.add_argument("--models", help="comma-separated models/workloads to serve (default all)")
     p.add_argument("--device-kind", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--workdir", help="where logs and the backend directory go (default a temp dir)")

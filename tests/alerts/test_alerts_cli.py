@@ -33,8 +33,9 @@ def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: py
     assert 'stoke_request_latency_ms_bucket{model="search",le=~`40(\\.0)?`}' in rules
     assert "(14.4 * 0.01)" in rules
     dash = json.loads((out / "grafana-dashboard.json").read_text())
-    content = [p for p in dash["panels"] if p["title"] == "search: placement (share, batch, node)"][0]
-    assert "| 0/1 | gpu-0 | 0 | V100 | 60 | 4 |" in content["options"]["content"]
+    [content] = [p for p in dash["panels"] if p["type"] == "text"]
+    assert "| search | 0/1 | gpu-0 | 0 | V100 | 60 | 4 |" in content["options"]["content"]
+    assert dash["uid"] == "stoke-slo"
     assert yaml.safe_load((out / "grafana-alerts.yml").read_text())["apiVersion"] == 1
 
 
@@ -42,6 +43,8 @@ def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: py
     (["--objective", "100"], "--objective must be a percentage"),
     (["--selector", 'model="{oops}"'], "selector"),
     (["--histogram", "not a metric"], "not a Prometheus metric name"),
+    (["--dashboard-uid", "a/b"], "dashboard uid 'a/b' must be 1-40 characters"),
+    (["--triton-selector", 'job="{nope}"'], "triton_selector"),
     (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv, message):
@@ -64,3 +67,22 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "file").write_text("x")
     assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "file")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
+    from controller.alerts import SloOptions
+    with pytest.raises(SystemExit):
+        main(["alerts", "render", "--help"])
+    text = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
+    assert SloOptions().selector == 'workload="{name}"'
+    selector_help = text.split("--selector MATCHERS")[-1].split("--triton-selector")[0]
+    assert "(default: 'workload=\"{name}\"')" in selector_help and 'model="{model}"' not in selector_help
+
+
+def test_dashboard_uid_and_triton_selector_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "out"
+    assert main(["alerts", "render", "--out", str(out), "--dashboard-uid", "prod-slo",
+                 "--triton-selector", 'job="triton",workload="{name}"']) == 0
+    capsys.readouterr()
+    assert json.loads((out / "grafana-dashboard.json").read_text())["uid"] == "prod-slo"
+    assert 'nv_inference_exec_count{job="triton",workload="photo-tagging"}' in (out / "prometheus-rules.yml").read_text()

@@ -36,7 +36,7 @@ def test_rule_unit_tests_pass_for_triton_and_prometheus3_le(tmp_path: Path, le_s
     _write(tmp_path, files)
     check = _promtool(tmp_path, "check", "rules", RULES_FILE)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert f"SUCCESS: {2 * (8 + 8 + 2)} rules found" in check.stdout
+    assert f"SUCCESS: {2 * (8 + 8 + 7 + 2)} rules found" in check.stdout
     result = _promtool(tmp_path, "test", "rules", RULES_TEST_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -90,3 +90,33 @@ def test_cli_check_reports_a_broken_rule_file(tmp_path: Path, capsys: pytest.Cap
     (tmp_path / RULES_FILE).write_text("groups:\n- name: x\n  rules:\n  - record: a\n    expr: sum(\n")
     assert main(["alerts", "check", str(tmp_path)]) == 1
     assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("triton_selector, keeps_apart", [
+    (SloOptions().triton_selector, True),
+    ('model="{model}"', False),              # Triton's own labels only: the two workloads mix
+])
+def test_triton_panels_of_workloads_sharing_a_model_do_not_mix(tmp_path: Path, triton_selector: str,
+                                                               keeps_apart: bool):
+    """Real promtool evaluates the dashboard rules: two workloads serve alexnet from their own Triton
+    processes (scraped with a workload target label) at 2 and 6 req/s, batches of 4 and 2."""
+    shared = (Workload("photo-tagging", "alexnet", 15, 500), Workload("thumbnail-filter", "alexnet", 10, 1200))
+    _write(tmp_path, render_all(shared, SloOptions(triton_selector=triton_selector)))
+    # per minute: (requests, batch executions); expected (req/s, mean batch)
+    traffic = {"photo-tagging": ((120, 30), (2, 4)), "thumbnail-filter": ((360, 180), (6, 2))}
+    series = []
+    for name, ((requests, execs), _) in traffic.items():
+        labels = f'model="alexnet",version="1",workload="{name}",instance="{name}:8002"'
+        series += [{"series": f"nv_inference_request_success{{{labels}}}", "values": f"0+{requests}x20"},
+                   {"series": f"nv_inference_count{{{labels}}}", "values": f"0+{requests}x20"},
+                   {"series": f"nv_inference_exec_count{{{labels}}}", "values": f"0+{execs}x20"}]
+    checks = [{"expr": f'workload:{metric}{{workload="{name}"}}', "eval_time": "10m",
+               "exp_samples": [{"labels": f'workload:{metric}{{model="alexnet",workload="{name}"}}',
+                                "value": expected[i]}]}
+              for name, (_, expected) in traffic.items()
+              for i, metric in enumerate(("nv_inference_request_success:rate5m", "nv_inference_batch_size:mean5m"))]
+    tests = {"rule_files": [RULES_FILE], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}]}
+    (tmp_path / "mix.test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = _promtool(tmp_path, "test", "rules", "mix.test.yml")
+    assert (result.returncode == 0) == keeps_apart, result.stdout + result.stderr

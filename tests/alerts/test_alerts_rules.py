@@ -45,7 +45,7 @@ def test_le_forms_match_triton_and_prometheus3_printing():
 
 def test_recording_rules_cover_every_window_per_workload():
     groups = prometheus_rules(WORKLOADS)["groups"]
-    assert len(groups) == 3 * len(WORKLOADS)
+    assert len(groups) == 4 * len(WORKLOADS)
     by_name = {g["name"]: g for g in groups}
     for w in WORKLOADS:
         sli = by_name[f"stoke-slo-sli-{w.name}"]["rules"]
@@ -136,36 +136,72 @@ def test_rule_tests_expectations_and_shared_series():
     assert all(c["exp_alerts"] == [] for c in healthy["alert_rule_test"])
 
 
-def test_dashboard_has_per_workload_latency_rate_budget_batch_share_node():
-    dash = grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"})
-    json.loads(json.dumps(dash))                              # JSON-serialisable
-    assert dash["schemaVersion"] >= 36 and dash["title"] and re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", dash["uid"])
-    assert dash["templating"]["list"][0]["type"] == "datasource"
+def _repeated_row(dash: dict) -> list[dict]:
+    """The panels of the row repeated per workload (those after it, up to the next row)."""
     panels = dash["panels"]
-    ids = [p["id"] for p in panels]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p.get("repeat") == "workload")
+    end = next((i for i in range(start + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+    return panels[start + 1:end]
+
+
+def test_dashboard_is_one_template_whatever_the_workloads():
+    dash = grafana_dashboard(WORKLOADS)
+    assert dash == grafana_dashboard(WORKLOADS[:1])                 # the workload set does not change it
+    assert dash["uid"] == "stoke-slo" and dash["schemaVersion"] >= 36 and dash["title"]
+    assert grafana_dashboard(WORKLOADS, SloOptions(dashboard_uid="team-a_slo"))["uid"] == "team-a_slo"
+    with pytest.raises(AlertConfigError, match="dashboard uid 'bad uid!' must be 1-40 characters"):
+        SloOptions(dashboard_uid="bad uid!")
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    workload = variables["workload"]
+    assert workload["type"] == "query" and workload["multi"] and workload["includeAll"]
+    assert workload["query"] == "label_values(slo:latency_target:ms, workload)"
+    rows = [p for p in dash["panels"] if p["type"] == "row"]
+    assert [r.get("repeat") for r in rows] == ["workload", None] and rows[0]["title"] == "$workload"
+    ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
-    for p in panels:
+    for p in dash["panels"]:
         g = p["gridPos"]
         assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
         refs = [t["refId"] for t in p.get("targets", [])]
         assert len(refs) == len(set(refs)) and all(t["expr"] for t in p.get("targets", []))
-    titles = {p["title"]: p for p in panels}
-    for w in WORKLOADS:
-        latency = titles[f"{w.name}: latency vs SLO"]
-        exprs = " ".join(t["expr"] for t in latency["targets"])
-        assert "histogram_quantile(0.99" in exprs and f'slo:latency_target:ms{{workload="{w.name}"}}' in exprs
-        assert latency["fieldConfig"]["defaults"]["unit"] == "ms"
-        assert latency["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == float(w.slo_ms)
-        assert "nv_inference_request_success" in titles[f"{w.name}: request rate"]["targets"][0]["expr"]
-        assert f"{w.name}: error budget remaining (30d)" in titles
-        assert "nv_inference_exec_count" in titles[f"{w.name}: batch"]["targets"][0]["expr"]
-        assert f"{w.name}: placement (share, batch, node)" in titles
-    share = titles["product-search: placement (share, batch, node)"]["options"]["content"]
-    assert "| 0/2 | node-a | 0 | V100 | 50 | 8 |" in share and "| 1/2 | gpu-1 | 1 | V100 | 45 | 8 |" in share
-    batch = titles["photo-tagging: batch"]["targets"]
-    assert [t["expr"] for t in batch[1:]] == ["vector(4)"]
-    assert "not in the plan" in titles["fine-grained: placement (share, batch, node)"]["options"]["content"]
-    assert any(t["expr"].startswith("stoke_device_utilization_ratio") for p in panels for t in p.get("targets", []))
+    row = _repeated_row(dash)
+    assert [p["title"] for p in row] == ["latency vs SLO", "requests", "batch: observed vs planned",
+                                         "error budget left (30d)", "burn rate (5m)", "planned share (all replicas)",
+                                         "Triton time per request"]
+    exprs = [t["expr"] for p in row for t in p["targets"]]
+    assert all(e.endswith('{workload="$workload"}') for e in exprs), exprs
+    # Triton's raw series carry only model labels: the dashboard reads the per-workload recorded ones
+    assert not re.search(r"(?<!workload:)nv_inference_", json.dumps(dash))
+
+
+def test_every_series_the_dashboard_reads_is_recorded_or_exported():
+    rules = prometheus_rules(WORKLOADS)
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    read = {t["expr"].split("{")[0] for p in _repeated_row(grafana_dashboard(WORKLOADS)) for t in p["targets"]}
+    controller_metrics = {"stoke_workload_planned_batch", "stoke_workload_planned_share_pct"}
+    assert read - recorded == controller_metrics
+
+
+def test_dashboard_validates_against_the_grafana_foundation_sdk_models():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    register_default_plugins()
+    for dash in (grafana_dashboard(WORKLOADS), grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"})):
+        typed = Dashboard.from_json(dash)
+        assert json.loads(JSONEncoder(sort_keys=True).encode(typed)) == dash      # nothing unknown, nothing lost
+
+
+def test_plan_panel_lists_every_placement():
+    dash = grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"})
+    [plan_panel] = [p for p in dash["panels"] if p["type"] == "text"]
+    content = plan_panel["options"]["content"]
+    assert "| product-search | 0/2 | node-a | 0 | V100 | 50 | 8 |" in content
+    assert "| product-search | 1/2 | gpu-1 | 1 | V100 | 45 | 8 |" in content
+    assert "| photo-tagging | 0/1 | node-a | 0 | V100 | 37.5 | 4 |" in content
+    assert "fine-grained" not in content                           # not placed by this plan
+    assert [p for p in grafana_dashboard(WORKLOADS)["panels"] if p["type"] == "text"] == []
 
 
 def test_grafana_alert_provisioning_structure():
@@ -208,7 +244,15 @@ def test_burn_rates_scale_with_the_period_so_pairs_fire_at_the_same_budget_spent
     assert "(3.36 * 0.001)" in page["expr"]
 
 
-def test_triton_panels_select_by_model_the_sli_by_workload():
-    dash = json.dumps(grafana_dashboard(WORKLOADS[:1]))
-    assert 'nv_inference_request_success{model=\\"alexnet\\"}' in dash
-    assert 'stoke_request_latency_ms_bucket{workload=\\"photo-tagging\\"}' in dash
+def test_triton_series_of_workloads_sharing_a_model_are_kept_apart():
+    photo, thumbs = (next(r for g in prometheus_rules([w])["groups"] for r in g["rules"]
+                          if r.get("record") == "workload:nv_inference_request_success:rate5m")
+                     for w in WORKLOADS[:2])                        # both serve alexnet
+    assert photo["expr"] == 'sum(rate(nv_inference_request_success{model="alexnet",workload="photo-tagging"}[5m]))'
+    assert thumbs["expr"] == 'sum(rate(nv_inference_request_success{model="alexnet",workload="thumbnail-filter"}[5m]))'
+    assert photo["labels"] == {"workload": "photo-tagging", "model": "alexnet"}
+    custom = prometheus_rules(WORKLOADS[:1], SloOptions(triton_selector='job="triton-{name}"'))
+    exprs = " ".join(r["expr"] for g in custom["groups"] for r in g["rules"])
+    assert 'nv_inference_count{job="triton-photo-tagging"}' in exprs
+    with pytest.raises(AlertConfigError, match="triton_selector"):
+        SloOptions(triton_selector='model="{oops}"')

@@ -58,11 +58,52 @@ def test_incomplete_measurements_are_refused(tmp_path, capsys):
 
 
 def test_bundled_cpu_profile_loads_and_plans():
-    from pathlib import Path
-
     from controller.solver import GpuType, Problem, Workload, solve
-    from interference.profile_io import load_profile
-    profile = load_profile(Path(__file__).resolve().parents[2] / "triton_repo" / "profiles" / "cpu-2core-profile.json")
+    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
+    profile = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert profile.gpu.share_step_pct == 50.0
     plan = solve(Problem((Workload("demo", "mlp_small", 50, 20),), (GpuType("cpu", 0.1, profile),)))
     assert plan.gpu_count == 1 and plan.slo_misses == ()
+
+
+def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
+    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
+    from stoke.commands.control import find_cpu_profile
+    assert find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
+    assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+def test_stability_is_perf_analyzers_rule_three_windows_within_ten_percent():
+    from interference.profiling import Stability
+    rule = Stability()
+    assert not rule.is_stable([10.0, 10.0])                      # fewer than three windows
+    assert rule.is_stable([50.0, 10.0, 10.5, 9.6])               # only the last three count
+    assert not rule.is_stable([10.0, 10.0, 12.0])                # 12 is 12.5% above their mean
+    assert rule.spread_pct([9.0, 10.0, 11.0]) == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="max_windows >= windows"):
+        Stability(max_windows=2)
+
+
+def test_noisy_points_are_measured_again_until_stable():
+    from interference.profiling import Stability, measure_until_stable
+    asked = []
+    noisy_then_steady = [30.0, 8.0, 14.0, 10.2, 9.8, 10.0, 99.0]
+
+    def window(i):
+        asked.append(i)
+        return noisy_then_steady[i]
+    m = measure_until_stable(window, Stability())
+    assert asked == [0, 1, 2, 3, 4, 5] and m.windows == 6 and m.stable
+    assert m.latency_ms == 10.0 and m.spread_pct < 2.0
+    never = measure_until_stable(lambda i: 5.0 if i % 2 else 10.0, Stability(max_windows=7))
+    assert never.windows == 7 and not never.stable and never.spread_pct > 10.0
+
+
+def test_spread_and_eta_are_kept():
+    from interference.profiling import MeasurePoint, eta_seconds
+    session = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1])
+    point = MeasurePoint("a", 50.0, 1)
+    session.tell(point, 2.0, spread_pct=3.25)
+    again = ProfileSession.from_dict(json.loads(json.dumps(session.to_dict())))
+    assert again.spreads == {point.key: 3.25} and again.results == {point.key: 2.0}
+    assert eta_seconds(30.0, 3, 9) == 90.0 and eta_seconds(0.0, 0, 9) is None

@@ -112,8 +112,8 @@ def test_kubernetes_manifests_are_well_formed():
     g3 = sets["resnet110-cifar-worker-g3-8xlarge"]
     assert g3["spec"]["replicas"] == 3
     pod = g3["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "g3.8xlarge"}
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "g3.8xlarge", "karpenter.sh/capacity-type": "spot"}
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     layout = json.loads(env["STOKE_CLUSTER"])
     assert len(layout["worker"]) == 5 and len(layout["ps"]) == 1      # 2 + 3 worker hosts

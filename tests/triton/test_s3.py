@@ -69,3 +69,57 @@ def test_triton_serves_from_s3(store, moto_server, demo_repo_copy, tmp_path):
         assert infer(fleet.endpoint("web#0"), "mlp_small", batch=2).shape == (2, 16)
     finally:
         fleet.close()
+
+
+def test_large_files_stream_through_multipart_and_still_sync_by_checksum(moto_server, demo_repo_copy, tmp_path):
+    """A weight file above the multipart threshold: uploaded in parts, compared by the MD5 in its metadata.
+
+    Memory: Python allocations during the upload and the download stay a fraction of the file
+    (boto3 keeps about max_concurrency x chunk in flight); reading the file whole would cost all of it.
+    """
+    import os
+    import tracemalloc
+
+    from agents.repo_store import MD5_METADATA, md5_file
+    mib = 1 << 20
+    weights = demo_repo_copy / "mlp_small" / "1" / "weights.bin"
+    with open(weights, "wb") as handle:
+        for _ in range(48):
+            handle.write(os.urandom(mib))
+    store = S3Store("s3://big-weights/models", endpoint_url=moto_server, multipart_threshold=6 * mib,
+                    multipart_chunksize=5 * mib, max_concurrency=2)     # 5 MiB: S3's (and moto's) smallest part
+    store.create_bucket()
+    tracemalloc.start()
+    try:
+        report = store.sync(demo_repo_copy)
+        upload_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        mirror = tmp_path / "mirror"
+        store.download(mirror)
+        download_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "mlp_small/1/weights.bin" in report.uploaded
+    assert upload_peak < 16 * mib and download_peak < 16 * mib, (upload_peak / mib, download_peak / mib)
+
+    head = store.client.head_object(Bucket="big-weights", Key="models/mlp_small/1/weights.bin")
+    assert head["ETag"].strip('"').endswith("-10")                   # 48 MiB in 5 MiB parts: multipart
+    assert head["Metadata"][MD5_METADATA] == md5_file(weights)
+    assert store.listing() == scan_local(demo_repo_copy)             # the multipart object's MD5, not its ETag
+    assert store.sync(demo_repo_copy).uploaded == ()                 # nothing changed, nothing sent
+    assert scan_local(mirror) == scan_local(demo_repo_copy)
+    assert os.stat(mirror / "mlp_small" / "1" / "weights.bin").st_mode & 0o777 == 0o666 & ~_umask()
+
+    with open(weights, "r+b") as handle:                             # one byte changes: sent again
+        handle.seek(30 * mib)
+        handle.write(b"\xff" if handle.read(1) != b"\xff" else b"\0")
+    assert store.sync(demo_repo_copy).uploaded == ("mlp_small/1/weights.bin",)
+    assert store.listing()["mlp_small/1/weights.bin"] == md5_file(weights)
+    assert store.download(mirror).uploaded == ("mlp_small/1/weights.bin",)
+
+
+def _umask() -> int:
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -70,3 +70,44 @@ def test_sync_to_a_directory(parser, demo_repo_copy, tmp_path, capsys):
     assert "tiny_echo/config.pbtxt" in first["uploaded"] and first["deleted"] == []
     assert run(parser, ["triton", "sync", str(demo_repo_copy), str(tmp_path / "mirror")]) == 0
     assert "already in sync" in capsys.readouterr().out
+
+
+def _plan_of(path, gpus):
+    """A plan file with the given GPUs, each a list of (workload, share_pct)."""
+    plan = Plan(strategy="t", gpus=tuple(GpuPlan("CPU", 0.1, tuple(
+        Placement(name=name, model="tiny_echo", slo_ms=50.0, rate_rps=10.0, share_pct=share, batch=1,
+                  queue_delay_ms=0.0, predicted_latency_ms=1.0, predicted_throughput_rps=100.0)
+        for name, share in placements)) for placements in gpus))
+    path.write_text(json.dumps(plan_to_dict(plan)))
+    return path
+
+
+def test_up_refuses_a_plan_with_more_devices_than_the_cpu_node(parser, tmp_path, demo_repo_copy):
+    import os
+    cores = len(os.sched_getaffinity(0))
+    whole = _plan_of(tmp_path / "two.json", [[("a", 100.0)], [("b", 100.0)]])     # two whole nodes' worth
+    with pytest.raises(UserError) as err:
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--plan", str(whole), "--seconds", "0"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"--plan {whole}: does not fit this node:")
+    assert f"need {2 * cores} whole cores (a#0: {cores}, b#0: {cores}) but this CPU node has {cores}" in message
+    assert "plan device(s) 0, 1" in message and "--models" in message and "stoke agent" in message
+    # one plan device whose shares add up to 90%, but each rounds up to a whole core: one more than the node has
+    rounded = _plan_of(tmp_path / "rounded.json", [[(f"w{i}", 90.0 / (cores + 1)) for i in range(cores + 1)]])
+    with pytest.raises(UserError, match=f"need {cores + 1} whole cores .* this CPU node has {cores}"):
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--plan", str(rounded), "--seconds", "0"])
+
+
+def test_overcommit_check_accepts_what_fits():
+    from agents.triton import overcommit_problems
+    from controller.assignment import ModelAssignment
+
+    def a(name, share, device=0):
+        return ModelAssignment(workload=name, model="m", device=device, share_pct=share, batch=1,
+                               queue_delay_ms=0.0, slo_ms=10.0, rate_rps=1.0)
+
+    assert overcommit_problems([a("x", 50), a("y", 50)], device_kind="cpu", devices=1, cores=[0, 1]) == []
+    assert overcommit_problems([a("x", 50), a("y", 50, device=3)], device_kind="cpu", devices=1, cores=[0, 1]) == []
+    assert overcommit_problems([a("x", 60), a("y", 40)], device_kind="gpu", devices=1, cores=[0]) == []
+    gpu = overcommit_problems([a("x", 60), a("y", 50), a("z", 10, device=2)], device_kind="gpu", devices=2, cores=[0])
+    assert gpu == ["it needs GPU(s) 2 (z#0) but this node has 2 GPU(s)", "GPU 0 shares add up to 110% (x#0: 60%, y#0: 50%)"]
