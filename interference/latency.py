@@ -110,6 +110,19 @@ def predict_points(gpu: GpuProfile, points: Sequence[SoloPoint]) -> list[Predict
     return out
 
 
+def batch_curve(profile: DeviceProfile, model: str, share_pct: float, max_batch: int,
+                neighbours: Sequence[SoloPoint] = ()) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """L(k) = t_inf and server occupancy O(k) = t_gpu + t_feedback for k = 1..max_batch (ms),
+    beside `neighbours` (solo points at their own batch and share): the batching model's input."""
+    latency, occupancy = [], []
+    for k in range(1, max_batch + 1):
+        point = solo_point(profile, model, k, share_pct)
+        prediction = predict_points(profile.gpu, [point, *neighbours])[0]
+        latency.append(prediction.latency_ms)
+        occupancy.append(prediction.gpu_ms + point.feedback_ms)
+    return tuple(latency), tuple(occupancy)
+
+
 def predict_gpu(profile: DeviceProfile, config: Sequence[tuple[str, int, float]]) -> list[Prediction]:
     """Predict each (model, batch, share_pct) co-located on one GPU of this type."""
     total = sum(share for _, _, share in config)
