@@ -13,6 +13,9 @@ instance) is a single server with Triton-style dynamic batching:
   both from the co-located prediction with neighbours at their planned
   batch, times an optional log-normal noise factor (median 1).
 
+The server itself is `interference.batching.serve`, the same rules the
+batching model's table was simulated with.
+
 Seeded with numpy's PCG64: the same plan, profiles and seed give the same
 report. Pure: no I/O, no clock.
 """
@@ -24,7 +27,8 @@ from typing import Mapping
 import numpy as np
 
 from controller.solver.problem import Placement, Plan
-from interference.latency import predict_points, solo_point
+from interference.batching import ServiceCurve, serve
+from interference.latency import batch_curve, solo_point
 from interference.profile import DeviceProfile
 
 
@@ -44,6 +48,11 @@ class WorkloadReport:
         return self.p99_ms <= self.slo_ms
 
 
+    @property
+    def p99_slo_ratio(self) -> float:
+        return self.p99_ms / self.slo_ms
+
+
 @dataclass(frozen=True)
 class SimulationReport:
     seconds: float
@@ -57,21 +66,20 @@ class SimulationReport:
             return 1.0
         return sum(w.meets_slo for w in self.workloads) / len(self.workloads)
 
+    def slack_quantiles(self, probs: tuple[float, ...] = (0.1, 0.5, 0.9)) -> tuple[float, ...]:
+        """Quantiles of simulated p99/SLO across workloads: a plan padded to 0.5 is as wrong as one at 1.2."""
+        ratios = [w.p99_slo_ratio for w in self.workloads if w.requests]
+        if not ratios:
+            return tuple(float("nan") for _ in probs)
+        return tuple(float(np.quantile(ratios, p)) for p in probs)
 
-def service_times(profile: DeviceProfile, placements: tuple[Placement, ...],
-                  index: int) -> tuple[np.ndarray, np.ndarray]:
-    """(t_inf, server occupancy) in ms for batch sizes 0..batch of placement `index`."""
-    gpu = profile.gpu
-    others = [solo_point(profile, p.model, p.batch, p.share_pct) for k, p in enumerate(placements) if k != index]
+
+def service_curve(profile: DeviceProfile, placements: tuple[Placement, ...], index: int) -> ServiceCurve:
+    """L(k) and O(k) of placement `index` for k = 1..batch, co-located with its neighbours at their
+    planned batch and share."""
     me = placements[index]
-    latency = np.zeros(me.batch + 1)
-    busy = np.zeros(me.batch + 1)
-    for k in range(1, me.batch + 1):
-        point = solo_point(profile, me.model, k, me.share_pct)
-        prediction = predict_points(gpu, [point] + others)[0]
-        latency[k] = prediction.latency_ms
-        busy[k] = prediction.gpu_ms + point.feedback_ms
-    return latency, busy
+    others = [solo_point(profile, p.model, p.batch, p.share_pct) for k, p in enumerate(placements) if k != index]
+    return ServiceCurve(*batch_curve(profile, me.model, me.share_pct, me.batch, others))
 
 
 def _arrivals(rng: np.random.Generator, rate_rps: float, seconds: float, poisson: bool) -> np.ndarray:
@@ -83,24 +91,6 @@ def _arrivals(rng: np.random.Generator, rate_rps: float, seconds: float, poisson
     gaps = rng.exponential(1.0 / rate_per_ms, size=expected + 6 * int(np.sqrt(expected + 1)) + 16)
     times = np.cumsum(gaps)
     return times[times < horizon]
-
-
-def simulate_placement(placement: Placement, latency: np.ndarray, busy: np.ndarray, arrivals: np.ndarray,
-                       rng: np.random.Generator, noise: float) -> np.ndarray:
-    """Latency (ms) of every request of one replica."""
-    n = len(arrivals)
-    out = np.empty(n)
-    b, delay = placement.batch, placement.queue_delay_ms
-    i, free_at = 0, 0.0
-    while i < n:
-        full_at = arrivals[i + b - 1] if i + b - 1 < n else np.inf
-        start = max(free_at, arrivals[i], min(full_at, arrivals[i] + delay))
-        k = b if start >= full_at else min(b, int(np.searchsorted(arrivals, start, side="right")) - i)
-        factor = float(rng.lognormal(0.0, noise)) if noise > 0 else 1.0
-        out[i:i + k] = start + latency[k] * factor - arrivals[i:i + k]
-        free_at = start + busy[k] * factor
-        i += k
-    return out
 
 
 def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: float = 30.0, seed: int = 0,
@@ -120,10 +110,13 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
         if gpu.gpu_type not in profiles:
             raise ValueError(f"no profile for GPU type {gpu.gpu_type!r}; give one with --profile")
         for index, placement in enumerate(gpu.placements):
-            latency, busy = service_times(profiles[gpu.gpu_type], gpu.placements, index)
+            curve = service_curve(profiles[gpu.gpu_type], gpu.placements, index)
             kind = arrivals or placement.arrivals
             times = _arrivals(rng, placement.rate_rps, seconds, kind == "poisson")
-            latencies = simulate_placement(placement, latency, busy, times, rng, noise)
+            factor = (lambda: float(rng.lognormal(0.0, noise))) if noise > 0 else None
+            latencies, _ = serve(times, placement.batch, placement.queue_delay_ms,
+                                 np.concatenate([[0.0], curve.latency_ms]),
+                                 np.concatenate([[0.0], curve.occupancy_ms]), factor)
             per_workload.setdefault(placement.name, []).append(latencies)
             completed[placement.name] = completed.get(placement.name, 0) + int(
                 np.sum(times + latencies <= seconds * 1000.0))

@@ -9,12 +9,14 @@ iGniter rule) until all meet it or the GPU's shares pass 100%.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from controller.solver.problem import GpuType, Placement, ProblemError, Workload, batch_queue_delay_ms
 import numpy as np
 
+from controller.solver.problem import GpuType, Placement, ProblemError, Workload
+from interference.batching import MAX_UTILISATION, BatchingTable, CurveSet, batching_shape, delay_mode
+from interference.batching import table as batching_table
 from interference.latency import Prediction, SoloPoint, VectorPredictor, predict_points, share_steps, solo_point
 
 #: Largest batch any strategy considers (the profiled range is 1..32).
@@ -22,69 +24,76 @@ MAX_BATCH = 32
 EPS = 1e-9
 
 
-#: Squared CV of service times allowed for in the queueing term (GPU jitter).
-SERVICE_CV2 = 0.02
-#: Squared CV of request inter-arrival times per arrival kind. Poisson's true
-#: value is 1; 1.25 is calibrated with the plan simulator (Kingman's formula is
-#: an approximation for batch service; with 1.25, >= 99% of random Poisson mixes
-#: keep p99 within SLO, with 1.0 about 97-98%).
-ARRIVAL_CV2 = {"poisson": 1.25, "constant": 0.0}
+@dataclass(frozen=True, slots=True)
+class Target:
+    """iGniter's target: co-located inference latency t_inf <= `latency_budget_ms`, throughput >= rate."""
+
+    latency_budget_ms: float
+    rate_rps: float
+
+    def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
+        return (prediction.latency_ms <= self.latency_budget_ms + EPS
+                and prediction.throughput_rps >= self.rate_rps - EPS)
+
+    def met_by_arrays(self, latency_ms: Any, throughput_rps: Any) -> Any:
+        """Vectorised check over arrays of predicted latency and throughput."""
+        return (latency_ms <= self.latency_budget_ms + EPS) & (throughput_rps >= self.rate_rps - EPS)
 
 
-def wait_p99_ms(utilisation: Any, batch: Any, service_ms: Any, arrival_cv2: float = 1.0) -> Any:
-    """99th-percentile wait for a busy server (Kingman's G/G/1 mean, exponential tail).
-
-    Batches are the customers: b requests with inter-arrival squared CV ca^2
-    (1 for Poisson, 0 for paced clients) arrive with squared CV ca^2/b;
-    service has squared CV `SERVICE_CV2`. Mean wait
-    E[W] = rho/(1-rho) * (ca^2/b + cs^2)/2 * s. The tail is exponential with
-    mass rho at 0+: P(W > t) ~ rho*exp(-rho*t/E[W]) (exact for M/M/1), so
-    W99 = E[W]/rho * ln(100 rho). Works on floats and numpy arrays alike.
-    """
-    rho = np.clip(utilisation, 1e-9, 0.999999)
-    mean = rho / (1.0 - rho) * (arrival_cv2 / batch + SERVICE_CV2) / 2.0 * service_ms
-    return mean / rho * np.log(np.maximum(100.0 * rho, 1.0))
+LOGIT_START, LOGIT_STEP = BatchingTable.LOGIT_START, BatchingTable.LOGIT_STEP
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
-    """What a workload replica must achieve on its GPU, judged from a co-located prediction.
+class P99Target:
+    """stoke's target: the replica's p99 latency within `latency_budget_ms`, utilisation within the cap.
 
-    Plain (iGniter): inference latency t_inf <= `latency_budget_ms` and
-    throughput >= rate. Queueing (stoke): t_inf plus the p99 wait behind
-    earlier batches (`wait_p99_ms`) <= `latency_budget_ms`, and utilisation
-    rate/throughput <= `max_utilisation`.
+    The p99 comes from the batching model (`interference.batching`) of the
+    replica's queue: its rate, max batch, queue delay and arrival kind, with
+    the co-located prediction at the planned batch as O(B) and L(B). Poisson
+    queues read the interpolated table curve of their (batch, share, delay
+    mode); paced queues use the exact closed form L(B) + (B-1)/rate.
     """
 
     latency_budget_ms: float
     rate_rps: float
-    batch: int = 1
-    queueing: bool = False
-    max_utilisation: float = 1.0
-    arrival_cv2: float = 1.0
+    batch: int
+    queue_delay_ms: float
+    model: str
+    paced: bool = False
+    max_utilisation: float = MAX_UTILISATION
+    mode: str = field(init=False)   # the batching table's delay mode, fixed by the fields above
+    #: share -> this queue's table curves at that share (filled on use: the hot path of `colocate`)
+    _curves: dict[float, tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
 
-    def met_by(self, prediction: Prediction) -> bool:
-        """Scalar twin of `met_by_arrays` (plain floats: numpy on scalars is slow on this hot path)."""
+    def __post_init__(self) -> None:
+        mode = "paced" if self.paced else delay_mode(self.batch, self.rate_rps, self.queue_delay_ms)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "_curves", {})
+
+    def p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
         latency, throughput = prediction.latency_ms, prediction.throughput_rps
-        if not self.queueing:
-            return latency <= self.latency_budget_ms + EPS and throughput >= self.rate_rps - EPS
-        rho = self.rate_rps / throughput
-        if rho > self.max_utilisation + EPS:
-            return False
-        rho = min(max(rho, 1e-9), 0.999999)
-        service = 1000.0 * self.batch / throughput
-        wait = 1.0 / (1.0 - rho) * (self.arrival_cv2 / self.batch + SERVICE_CV2) / 2.0 * service   # E[W] / rho
-        wait *= math.log(max(100.0 * rho, 1.0))
-        return latency + wait <= self.latency_budget_ms + EPS
+        utilisation = self.rate_rps / throughput
+        if self.paced:
+            return latency + 1000.0 * (self.batch - 1) / self.rate_rps if utilisation <= 1.0 + EPS else math.inf
+        if utilisation > MAX_UTILISATION + EPS:
+            return math.inf
+        occupancy = 1000.0 * self.batch / throughput
+        found = self._curves.get(share)
+        if found is None:
+            found = self._curves[share] = cache.p99_curve(self.model, self.batch, share, self.mode)
+        curve, sizes = found
+        u = utilisation if utilisation > 1e-12 else 1e-12
+        pos = (math.log(u / (1.0 - u)) - LOGIT_START) / LOGIT_STEP
+        low = min(int(pos), len(curve) - 2) if pos >= 0 else 0      # below the grid: extrapolate
+        w = pos - low
+        ratio = math.exp(curve[low] + (curve[low + 1] - curve[low]) * w)
+        size = sizes[low] + (sizes[low + 1] - sizes[low]) * w
+        return ratio * occupancy + (latency - occupancy) * size / self.batch
 
-    def met_by_arrays(self, latency_ms: Any, throughput_rps: Any) -> Any:
-        """Vectorised check over arrays of predicted latency and throughput."""
-        if not self.queueing:
-            return (latency_ms <= self.latency_budget_ms + EPS) & (throughput_rps >= self.rate_rps - EPS)
-        utilisation = self.rate_rps / throughput_rps
-        service_ms = 1000.0 * self.batch / throughput_rps
-        total = latency_ms + wait_p99_ms(utilisation, self.batch, service_ms, self.arrival_cv2)
-        return (utilisation <= self.max_utilisation + EPS) & (total <= self.latency_budget_ms + EPS)
+    def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
+        if self.rate_rps > prediction.throughput_rps * self.max_utilisation + EPS:
+            return False
+        return self.p99_ms(cache, prediction, share) <= self.latency_budget_ms + EPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +104,8 @@ class Item:
     rate_rps: float
     batch: int
     min_share: float
-    target: Target
+    target: Target | P99Target
+    queue_delay_ms: float = 0.0     # dynamic batching: longest wait for a batch to fill
     replica: int = 0
     replicas: int = 1
 
@@ -113,6 +123,8 @@ class PointCache:
         self.step = gpu_type.profile.gpu.share_step_pct
         self._points: dict[tuple[str, int, float], SoloPoint] = {}
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._curves: dict[tuple[str, str], CurveSet] = {}
+        self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
         self.shares = share_steps(self.profile.gpu)
 
     def solo_table(self, model: str) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +139,45 @@ class PointCache:
                                                     np.ones((batches.size, 1), dtype=bool))
             table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
         return table
+
+    def occupancy_table(self, model: str) -> np.ndarray:
+        """Solo server occupancy O(b) = t_gpu + t_feedback (ms), shape (MAX_BATCH, shares)."""
+        _, throughput = self.solo_table(model)
+        return 1000.0 * np.arange(1, MAX_BATCH + 1)[:, None] / throughput
+
+    def p99_curves(self, model: str, modes: tuple[str, ...]) -> CurveSet:
+        """Batching-table p99 curves of every (delay mode, batch, share) candidate of `model`,
+        shape (modes, MAX_BATCH, shares)."""
+        key = (model, ",".join(modes))
+        found = self._curves.get(key)
+        if found is None:
+            occupancy = self.occupancy_table(model)
+            batches = (np.arange(1, MAX_BATCH + 1)[:, None] * np.ones_like(occupancy)).astype(np.intp)
+            shape = batching_shape(occupancy[0][None, :], occupancy, batches)
+            found = self._curves[key] = CurveSet(np.stack(
+                [batching_table().curve_set(mode, batches, shape).packed for mode in modes]))
+        return found
+
+    def rated_curves(self, model: str, modes: tuple[str, ...], whole_gpu: bool = False) -> CurveSet:
+        """`p99_curves` with a rate axis in second place, shape (modes, 1, MAX_BATCH, shares), so
+        (rates, MAX_BATCH, shares) utilisations broadcast against it; `whole_gpu`: the 100% column."""
+        key = (model, ",".join(modes) + ("@rated100" if whole_gpu else "@rated"))
+        found = self._curves.get(key)
+        if found is None:
+            packed = self.p99_curves(model, modes).packed[:, None]
+            found = self._curves[key] = CurveSet(packed[:, :, :, -1:] if whole_gpu else packed)
+        return found
+
+    def p99_curve(self, model: str, batch: int, share: float, mode: str) -> tuple[list[float], list[float]]:
+        """One candidate's curves as plain lists (the scalar hot path of `colocate`)."""
+        key = (model, batch, share, mode)
+        found = self._curve.get(key)
+        if found is None:
+            packed = self.p99_curves(model, (mode,)).packed
+            column = int(round(share / self.step)) - 1
+            found = self._curve[key] = (packed[0, batch - 1, column, :, 0].tolist(),
+                                        packed[0, batch - 1, column, :, 1].tolist())
+        return found
 
     def point(self, model: str, batch: int, share: float) -> SoloPoint:
         key = (model, batch, share)
@@ -161,7 +212,8 @@ def colocate(cache: PointCache, items: Sequence[Item], shares: Sequence[float] |
         if total > 100.0 + EPS or total - start > max_added + EPS:
             return None
         predictions = cache.predict(items, current)
-        missing = [k for k, (item, p) in enumerate(zip(items, predictions)) if not item.target.met_by(p)]
+        missing = [k for k, (item, p, share) in enumerate(zip(items, predictions, current))
+                   if not item.target.met_by(cache, p, share)]
         if not missing:
             return current, predictions
         for k in missing:
@@ -192,13 +244,41 @@ def reject(workload: Workload, cache: PointCache, budget_ms: float, rule: str) -
         f"{budget_ms:.2f} ms; relax the SLO or use a faster GPU type")
 
 
-def to_placement(item: Item, share: float, prediction: Prediction) -> Placement:
+def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
+    """The batching model's p99 for a placed replica, whatever target placed it."""
+    target = item.target
+    if not isinstance(target, P99Target):
+        target = P99Target(math.inf, item.rate_rps, item.batch, item.queue_delay_ms, item.workload.model,
+                           paced=item.workload.arrivals == "constant")
+    return target.p99_ms(cache, prediction, share)
+
+
+def binding_constraint(cache: PointCache, item: Item, share: float) -> str:
+    """What stops this replica from one share step less: its own target, or its neighbours.
+
+    'p99' / 'utilisation' (stoke's target), 'latency' / 'throughput' (iGniter's), 'interference'
+    when one step less would do alone (co-location needed the extra), 'min share' at one step.
+    """
+    lower = round(share - cache.step, 6)
+    if lower <= EPS:
+        return "min share"
+    alone = cache.predict([item], [lower])[0]
+    target = item.target
+    if target.met_by(cache, alone, lower):
+        return "interference"
+    if isinstance(target, P99Target):
+        over = item.rate_rps > alone.throughput_rps * target.max_utilisation + EPS
+        return "utilisation" if over else "p99"
+    return "latency" if alone.latency_ms > target.latency_budget_ms + EPS else "throughput"
+
+
+def to_placement(cache: PointCache, item: Item, share: float, prediction: Prediction) -> Placement:
     return Placement(
         name=item.workload.name, model=item.workload.model, slo_ms=item.workload.slo_ms,
-        rate_rps=item.rate_rps, share_pct=share, batch=item.batch,
-        queue_delay_ms=batch_queue_delay_ms(item.batch, item.rate_rps),
+        rate_rps=item.rate_rps, share_pct=share, batch=item.batch, queue_delay_ms=item.queue_delay_ms,
         predicted_latency_ms=prediction.latency_ms, predicted_throughput_rps=prediction.throughput_rps,
-        replica=item.replica, replicas=item.replicas, arrivals=item.workload.arrivals)
+        predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
+        binding=binding_constraint(cache, item, share), replica=item.replica, replicas=item.replicas, arrivals=item.workload.arrivals)
 
 
 def with_replicas(items: list[Item]) -> list[Item]:

@@ -56,14 +56,15 @@ def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
             raise reject(workload, cache, half, "half the SLO (iGniter's inference target)")
         b_full, capacity = dedicated
         while share is None and residual > EPS:
-            items.append(Item(workload, min(capacity, residual), b_full, 100.0, Target(half, min(capacity, residual))))
+            rate = min(capacity, residual)
+            items.append(Item(workload, rate, b_full, 100.0, Target(half, rate), batch_queue_delay_ms(b_full, rate)))
             residual -= capacity
             if residual <= EPS:
                 break
             batch = igniter_batch(cache, workload.model, half, residual)
             share = min_share_solo(cache, workload.model, batch, Target(half, residual))
     if residual > EPS:
-        items.append(Item(workload, residual, batch, share, Target(half, residual)))
+        items.append(Item(workload, residual, batch, share, Target(half, residual), batch_queue_delay_ms(batch, residual)))
     return items
 
 
@@ -113,5 +114,5 @@ def _plan(strategy: str, problem: Problem, caches: dict[str, PointCache],
     for gpu_type, members, shares in bins:
         predictions = caches[gpu_type].predict(members, shares)
         gpus.append(GpuPlan(gpu_type=gpu_type, price_per_hour=prices[gpu_type], placements=tuple(
-            to_placement(i, s, p) for i, s, p in zip(members, shares, predictions))))
+            to_placement(caches[gpu_type], i, s, p) for i, s, p in zip(members, shares, predictions))))
     return Plan(strategy=strategy, gpus=tuple(gpus), notes=notes)

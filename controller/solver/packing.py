@@ -9,6 +9,7 @@ back: every change is logged, and `rollback` replays the log backwards.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -31,6 +32,8 @@ class Packing:
     limits: dict[str, int | None]
     #: Most co-location checks one best-fit lookup makes before giving up (opening a GPU).
     search_width: int = 160
+    #: Feasible bins past the fullest one whose interference cost is compared.
+    cost_width: int = 0
     bins: dict[int, Bin] = field(default_factory=dict)
     evaluations: int = 0
     _index: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
@@ -114,14 +117,37 @@ class Packing:
         return None if fitted is None else fitted[0]
 
     def best_fit(self, item: Item, gpu_type: str, exclude: Sequence[int] = ()) -> tuple[Bin, list[float]] | None:
-        """The fullest bin that takes `item` (first feasible in fullest-first order)."""
-        for tried, b in enumerate(self.candidates(gpu_type, item.min_share, exclude)):
-            if tried >= self.search_width:
-                return None
-            shares = self.try_add(b, item)
-            if shares is not None:
-                return b, shares
-        return None
+        """The fullest bin that takes `item`, found by bisection over the bins in fullest-first order.
+
+        Whether a bin takes the item is close to monotone in its free room (interference only
+        ever adds share), so the emptiest candidate is tried first (if it refuses, none is
+        assumed to take it) and the boundary is then bisected: about log2(n) co-location checks
+        instead of up to n.
+        """
+        bins = list(islice(self.candidates(gpu_type, item.min_share, exclude), self.search_width))
+        if not bins:
+            return None
+        shares = self.try_add(bins[-1], item)
+        if shares is None:
+            return None
+        found = {len(bins) - 1: shares}
+        lo, hi = 0, len(bins) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            shares = self.try_add(bins[mid], item)
+            if shares is None:
+                lo = mid + 1
+            else:
+                found[mid], hi = shares, mid
+        # Among the fullest few that take it, the one where co-location adds the least share
+        # (iGniter's interference cost); ties go to the fullest.
+        for k in range(hi + 1, min(hi + 1 + self.cost_width, len(bins))):
+            if k not in found:
+                shares = self.try_add(bins[k], item)
+                if shares is not None:
+                    found[k] = shares
+        k = min(found, key=lambda k: (round(sum(found[k]) - bins[k].load - item.min_share, 6), k))
+        return bins[k], found[k]
 
     def can_open(self, gpu_type: str) -> bool:
         limit = self.limits.get(gpu_type)

@@ -101,6 +101,11 @@ class Placement:
     replica: int = 0
     replicas: int = 1
     arrivals: str = "poisson"     # the workload's arrival kind (what the plan was sized for)
+    #: p99 request latency of this replica (batching model: queueing + batch fill + inference);
+    #: NaN in plans written before it existed.
+    predicted_p99_ms: float = math.nan
+    #: What keeps the share from one step less (`candidates.binding_constraint`); "" when unknown.
+    binding: str = ""
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -108,9 +113,15 @@ class Placement:
         return self.queue_delay_ms + self.predicted_latency_ms
 
     @property
+    def p99_slo_ratio(self) -> float:
+        """Predicted p99 over the SLO: the slack figure (1 is exactly at the SLO)."""
+        return self.predicted_p99_ms / self.slo_ms
+
+    @property
     def meets_slo(self) -> bool:
-        return (self.predicted_worst_ms <= self.slo_ms + 1e-9
-                and self.predicted_throughput_rps >= self.rate_rps - 1e-9)
+        """Predicted p99 within the SLO (fill + inference for plans without a p99) and throughput >= rate."""
+        latency = self.predicted_worst_ms if math.isnan(self.predicted_p99_ms) else self.predicted_p99_ms
+        return latency <= self.slo_ms + 1e-9 and self.predicted_throughput_rps >= self.rate_rps - 1e-9
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,11 @@ def batch_queue_delay_ms(batch: int, rate_rps: float) -> float:
     return 1000.0 * (batch - 1) / rate_rps
 
 
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no NaN/inf: unknown or unbounded figures are written as null."""
+    return round(value, 6) if math.isfinite(value) else None
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "strategy": plan.strategy,
@@ -181,6 +197,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "name": p.name, "model": p.model, "slo_ms": p.slo_ms, "rate_rps": round(p.rate_rps, 6),
                 "share_pct": p.share_pct, "batch": p.batch, "queue_delay_ms": round(p.queue_delay_ms, 6),
                 "predicted_latency_ms": round(p.predicted_latency_ms, 6),
+                "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
+                "p99_slo_ratio": _finite_or_none(p.p99_slo_ratio), "binding": p.binding,
                 "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
                 "replica": p.replica, "replicas": p.replicas, "arrivals": p.arrivals,
             } for p in g.placements],
@@ -210,7 +228,9 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                 predicted_latency_ms=float(need(w, "predicted_latency_ms", where)),
                 predicted_throughput_rps=float(need(w, "predicted_throughput_rps", where)),
                 replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1)),
-                arrivals=str(w.get("arrivals", "poisson"))))
+                arrivals=str(w.get("arrivals", "poisson")), binding=str(w.get("binding", "")),
+                predicted_p99_ms=math.inf if w.get("predicted_p99_ms", math.nan) is None
+                else float(w.get("predicted_p99_ms", math.nan))))
         gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
                             price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements),
                             key=g.get("key")))

@@ -1,22 +1,28 @@
-"""stoke's strategy: joint batch/share from the real latency budget, best fit, local search.
+"""stoke's strategy: share, max batch and queue delay from the accurate p99, fewest replicas, best fit.
 
-Formulation. A request of workload w (SLO T, rate R) waits at most q(b) =
-(b-1)/R for its batch to fill (Triton's max queue delay), may queue behind
-earlier batches, then runs in t_inf(b, r) on a GPU shared with others. With
-a safety margin m (default 10%) and a utilisation cap u (default 0.9),
-both in `StokeOptions`:
+Formulation. A replica of workload w (SLO T, rate R split over replicas) is
+one Triton instance with dynamic batching at max batch b, max queue delay d
+and MPS share r. Its request latency distribution comes from the batching
+model (`interference.batching`): queueing behind earlier batches, the wait
+for a batch to fill, and the batch's co-located inference, for the
+workload's arrival kind. With a safety margin m (`StokeOptions`, default
+5% of the SLO) and a utilisation cap u (default the model's range, 0.95):
 
-    q(b) + t_inf(b, r | co-located) + W99(b, r) <= (1 - m) * T,    R / h(b, r) <= u
+    p99(b, d, r | rate, co-located) <= (1 - m) * T,     rate / h(b, r) <= u
 
-where W99 is the p99 queueing wait of a G/G/1 server whose customers are
-batches (`candidates.wait_p99_ms`; it depends on whether clients send
-Poisson or paced traffic). Per workload and GPU type the solo candidate
-table over b = 1..32 x every share step is evaluated at once and the batch
-with the smallest feasible share kept: batch and share are chosen jointly
-from the whole budget instead of splitting the SLO in half. A workload that
-needs more than one GPU fills whole GPUs at their best feasible rate, then
-places the residual rate as one more replica; one whose model cannot meet
-(1-m)*T even at batch 1 on a whole GPU is rejected.
+Candidates are every b in 1..32, every share step, and d in {0 (greedy
+batching), the fill time (b-1)/rate} for Poisson clients, or d = the fill
+time plus half an interval for paced clients (batches then start full, and
+the p99 is exactly L(b) + (b-1)/rate). The whole table of one workload is
+evaluated at once; the smallest feasible share wins, ties going to the
+smallest p99.
+
+Replicas. One replica when one GPU can hold the SLO; otherwise the fewest
+that can: n = ceil(R / C), C the highest rate a whole GPU serves within the
+budget. The rate is split either evenly or as n-1 whole GPUs at C plus the
+remainder on a smaller share, whichever needs less GPU in total. A workload
+whose model cannot meet (1-m)*T even alone at batch 1 on a whole GPU is
+rejected, naming the term that makes it impossible.
 
 Placement: candidates in decreasing share order, best fit (the GPU left
 fullest after `colocate` raises the shares that interference pushes over
@@ -34,15 +40,17 @@ still fit; only what no longer fits, and new workloads, are placed again.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from controller.solver.candidates import (ARRIVAL_CV2, MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
-                                          reject, smallest_latency_ms, to_placement, wait_p99_ms, with_replicas)
+from controller.solver.candidates import (MAX_BATCH, EPS, Item, P99Target, PointCache, allowed_types, colocate,
+                                          smallest_latency_ms, to_placement, with_replicas)
 from controller.solver.packing import Bin, Packing
-from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
+from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload
+from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
 
 
 @dataclass(frozen=True)
@@ -50,18 +58,19 @@ class StokeOptions:
     """Knobs of the stoke strategy (defaults checked with the plan simulator).
 
     safety_margin: share of the SLO kept free for what the model does not
-    capture (prediction error, jitter, RPC). max_utilisation: highest planned
-    utilisation of a replica, rate / throughput at its batch.
+    capture (prediction error, jitter, RPC overhead). max_utilisation: highest
+    planned utilisation of a replica, rate / throughput at its batch (the
+    batching model covers up to 0.953).
     """
 
-    safety_margin: float = 0.10
-    max_utilisation: float = 0.90
+    safety_margin: float = 0.05
+    max_utilisation: float = 0.95
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.safety_margin < 1.0:
             raise ProblemError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}")
-        if not 0.0 < self.max_utilisation < 1.0:
-            raise ProblemError(f"max_utilisation must be in (0, 1), got {self.max_utilisation!r}")
+        if not 0.0 < self.max_utilisation <= MAX_UTILISATION:
+            raise ProblemError(f"max_utilisation must be in (0, {MAX_UTILISATION}], got {self.max_utilisation!r}")
 
 
 DEFAULT_OPTIONS = StokeOptions()
@@ -69,97 +78,218 @@ DEFAULT_OPTIONS = StokeOptions()
 EXACT_LIMIT = 8
 #: Co-location checks the local search may spend (a work bound keeps solves deterministic).
 SEARCH_EVALUATIONS = 6000
+#: Delay modes considered per arrival kind ("paced": the fill time plus half an interval).
+DELAY_MODES = {"poisson": ("zero", "fill"), "constant": ("paced",)}
 
 
-def stoke_target(workload: Workload, rate_rps: float, batch: int,
-                 options: StokeOptions = DEFAULT_OPTIONS) -> Target | None:
-    """Budget for the co-located inference plus queueing: (1-m)*SLO less the batch fill time."""
-    budget = (1.0 - options.safety_margin) * workload.slo_ms - batch_queue_delay_ms(batch, rate_rps)
-    if budget <= 0:
-        return None
-    return Target(budget, rate_rps, batch, queueing=True, max_utilisation=options.max_utilisation,
-                  arrival_cv2=ARRIVAL_CV2[workload.arrivals])
+@dataclass(frozen=True)
+class CandidateGrid:
+    """Every candidate of one replica at one rate: axes (delay mode, batch 1..32, share step)."""
+
+    modes: tuple[str, ...]
+    p99_ms: np.ndarray            # (modes, batches, shares); inf where unstable
+    utilisation: np.ndarray       # (batches, shares)
+    queue_delay_ms: np.ndarray    # (modes, batches)
+    budget_ms: float
+    max_utilisation: float
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return (self.p99_ms <= self.budget_ms + EPS) & (self.utilisation <= self.max_utilisation + EPS)
+
+
+def budget_ms(workload: Workload, options: StokeOptions) -> float:
+    return (1.0 - options.safety_margin) * workload.slo_ms
+
+
+def _p99(cache: PointCache, model: str, arrivals: str, rate: Any, last_share_only: bool = False) -> tuple[
+        tuple[str, ...], np.ndarray, np.ndarray, np.ndarray]:
+    """(modes, p99 (modes, ..., batches, shares), utilisation, delays (modes, ..., batches, 1)).
+
+    `rate` is a scalar, or an array of shape (R, 1, 1): then the results have a rate axis
+    after the modes. `last_share_only` evaluates the whole-GPU column alone (with rates only).
+    """
+    latency, throughput = cache.solo_table(model)
+    columns = slice(-1, None) if last_share_only else slice(None)
+    latency, throughput = latency[:, columns], throughput[:, columns]
+    batch = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+    rate = np.asarray(rate, dtype=float)
+    utilisation = rate / throughput
+    modes = DELAY_MODES[arrivals]
+    if arrivals == "constant":
+        p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
+        return modes, p99[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
+    occupancy = 1000.0 * batch / throughput
+    curves = cache.rated_curves(model, modes, last_share_only) if rate.ndim else cache.p99_curves(model, modes)
+    ratio, size = curves.at_utilisation(utilisation)
+    p99 = ratio * occupancy + (latency - occupancy) * size / batch
+    delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate)
+                       for mode in modes])
+    return modes, p99, utilisation, delays
+
+
+def candidate_grid(workload: Workload, cache: PointCache, rate_rps: float,
+                   options: StokeOptions = DEFAULT_OPTIONS) -> CandidateGrid:
+    modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps)
+    return CandidateGrid(modes, p99, utilisation, delays[..., 0], budget_ms(workload, options),
+                         options.max_utilisation)
+
+
+def stoke_target(workload: Workload, rate_rps: float, batch: int, queue_delay_ms: float,
+                 options: StokeOptions = DEFAULT_OPTIONS) -> P99Target:
+    return P99Target(budget_ms(workload, options), rate_rps, batch, queue_delay_ms, workload.model,
+                     paced=workload.arrivals == "constant", max_utilisation=options.max_utilisation)
 
 
 def best_candidate(workload: Workload, cache: PointCache, rate_rps: float,
                    options: StokeOptions = DEFAULT_OPTIONS) -> Item | None:
-    """The (batch, share) with the smallest share meeting the budget alone, or None.
+    """The (delay, batch, share) with the smallest share meeting the budget alone, or None.
 
-    Evaluated on the whole solo table at once: rows are batches, columns shares.
+    Ties on the share go to the smallest predicted p99 (the most room for interference).
     """
-    latency, throughput = cache.solo_table(workload.model)
-    batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
-    budget = (1.0 - options.safety_margin) * workload.slo_ms - 1000.0 * (batches - 1.0) / rate_rps
-    utilisation = rate_rps / throughput
-    wait = wait_p99_ms(utilisation, batches, 1000.0 * batches / throughput, ARRIVAL_CV2[workload.arrivals])
-    ok = (utilisation <= options.max_utilisation + EPS) & (latency + wait <= budget + EPS)
-    rows = np.flatnonzero(ok.any(axis=1))
-    if rows.size == 0:
-        return None
-    first = np.argmax(ok[rows], axis=1)           # smallest feasible share per batch
-    pick = int(np.argmin(first))                  # smallest share; ties -> smallest batch
-    batch, share = int(rows[pick]) + 1, float(cache.shares[first[pick]])
-    return Item(workload, rate_rps, batch, share, stoke_target(workload, rate_rps, batch, options))
+    return best_candidates([workload], cache, options, [rate_rps])[0]
 
 
-def stoke_items(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS) -> list[Item]:
-    """Candidates of one workload on one GPU type, split into replicas when one GPU is too small."""
-    single = best_candidate(workload, cache, workload.rate_rps, options)
-    if single is not None:
-        return [single]
-    budget = (1.0 - options.safety_margin) * workload.slo_ms
-    rule = f"the SLO less stoke's {options.safety_margin:.0%} safety margin"
-    if smallest_latency_ms(cache, workload.model) > budget:
-        raise reject(workload, cache, budget, rule)
-    # Like iGniter, fill whole GPUs first (they pack perfectly), then place the
-    # residual rate as one more replica: an even split would waste a share of each GPU.
-    full = _full_gpu_capacity(workload, cache, options)
-    if full is None:
-        raise reject(workload, cache, budget, rule)
-    capacity, batch = full
-    items, residual = [], workload.rate_rps
-    while residual > EPS:
-        candidate = best_candidate(workload, cache, residual, options)
-        if candidate is not None:
-            items.append(candidate)
-            break
-        rate = min(capacity, residual)
-        items.append(Item(workload, rate, batch, 100.0, stoke_target(workload, rate, batch, options)))
-        residual -= rate
-    return items
+#: Workloads evaluated together by `best_candidates` (bounds the temporary arrays to ~10 MB).
+CANDIDATE_CHUNK = 96
 
 
-def _full_gpu_capacity(workload: Workload, cache: PointCache,
-                       options: StokeOptions = DEFAULT_OPTIONS) -> tuple[float, int] | None:
-    """Highest rate one whole GPU serves within the budget, and the batch it needs.
+def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS,
+                    rates: Sequence[float] | None = None) -> list[Item | None]:
+    """`best_candidate` for many workloads at once (each at its own rate, default its whole rate).
 
-    Feasible rates at a batch form an interval (too slow and the batch takes
-    too long to fill; too fast and requests queue), so a dense grid of rates
-    per batch, evaluated at once, finds its top.
+    Workloads of one model and arrival kind share their candidate curves, so their tables are
+    evaluated as one array (workloads x delay modes x batches x shares): a few numpy calls for
+    a hundred workloads instead of a few per workload.
     """
-    latency, throughput = cache.solo_table(workload.model)
-    batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
-    top = throughput[:, -1:] * options.max_utilisation           # (B, 1)
-    rates = top * np.linspace(0.02, 1.0, 128)[None, :]           # (B, R)
-    budget = (1.0 - options.safety_margin) * workload.slo_ms - 1000.0 * (batches - 1.0) / rates
-    wait = wait_p99_ms(rates / throughput[:, -1:], batches, 1000.0 * batches / throughput[:, -1:],
-                       ARRIVAL_CV2[workload.arrivals])
-    ok = latency[:, -1:] + wait <= budget + EPS
+    out: list[Item | None] = [None] * len(workloads)
+    rates = [w.rate_rps for w in workloads] if rates is None else list(rates)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k, w in enumerate(workloads):
+        groups.setdefault((w.model, w.arrivals), []).append(k)
+    batch = np.arange(1, MAX_BATCH + 1, dtype=float)
+    for (model, arrivals), members in groups.items():
+        for lo in range(0, len(members), CANDIDATE_CHUNK):
+            chunk = members[lo:lo + CANDIDATE_CHUNK]
+            rate = np.array([rates[k] for k in chunk])
+            budget = np.array([budget_ms(workloads[k], options) for k in chunk])
+            modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None])
+            p99 = np.moveaxis(p99, 0, 1)                                   # (N, modes, batches, shares)
+            ok = (p99 <= budget[:, None, None, None] + EPS) & (
+                utilisation[:, None] <= options.max_utilisation + EPS)
+            columns = ok.any(axis=(1, 2))                                  # (N, shares)
+            found = columns.any(axis=1)
+            first = np.argmax(columns, axis=1)
+            at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
+            pick = np.argmin(at.reshape(len(chunk), -1), axis=1)
+            for n, k in enumerate(chunk):
+                if not found[n]:
+                    continue
+                mode, row = divmod(int(pick[n]), MAX_BATCH)
+                b, r = int(batch[row]), rates[k]
+                delay = _delay_ms(modes[mode], b, r)
+                out[k] = Item(workloads[k], r, b, float(cache.shares[first[n]]),
+                              stoke_target(workloads[k], r, b, delay, options), delay)
+    return out
+
+
+def _delay_ms(mode: str, batch: int, rate_rps: float) -> float:
+    if mode == "paced":
+        return float(paced_delay_ms(batch, rate_rps))
+    return 0.0 if mode == "zero" else fill_time_ms(batch, rate_rps)
+
+
+def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS) -> float | None:
+    """Highest rate one whole GPU serves within the budget (any batch and delay), or None.
+
+    A coarse log grid of rates is evaluated at once, then the edge is refined by bisection.
+    """
+    _, throughput = cache.solo_table(workload.model)
+    top = float(throughput[:, -1].max()) * options.max_utilisation
+    budget = budget_ms(workload, options)
+
+    def feasible(rates: np.ndarray) -> np.ndarray:
+        _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], True)
+        ok = (p99 <= budget + EPS) & (utilisation <= options.max_utilisation + EPS)
+        return ok.any(axis=(0, 2, 3))
+
+    rates = top * np.geomspace(1e-4, 1.0, 48)
+    ok = feasible(rates)
     if not ok.any():
         return None
-    feasible = np.where(ok, rates, 0.0)
-    row = int(np.argmax(feasible.max(axis=1)))
-    return float(feasible[row].max()), row + 1
+    last = int(np.flatnonzero(ok)[-1])
+    lo, hi = float(rates[last]), float(rates[last + 1]) if last + 1 < len(rates) else top
+    if last + 1 == len(rates):
+        return lo
+    for _ in range(12):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if feasible(np.array([mid]))[0] else (lo, mid)
+    return lo
+
+
+def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> ProblemError:
+    """Why no replica of `workload` can meet its SLO on this GPU type, naming the term that fails."""
+    budget = budget_ms(workload, options)
+    floor = smallest_latency_ms(cache, workload.model)
+    where = f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms on a {cache.gpu_type.name}"
+    if floor > workload.slo_ms:
+        return ProblemError(f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
+                            f"alone (batch 1, 100%); relax the SLO or use a faster GPU type")
+    if floor > budget:
+        return ProblemError(f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), more than the "
+                            f"{budget:.2f} ms left after stoke's {options.safety_margin:.0%} safety margin; "
+                            f"relax the SLO, lower --safety-margin, or use a faster GPU type")
+    return ProblemError(f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), but with queueing at "
+                        f"any useful rate the p99 exceeds the {budget:.2f} ms budget; relax the SLO or use a "
+                        f"faster GPU type")
+
+
+def stoke_items(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS,
+                single: Item | None | bool = False) -> list[Item]:
+    """Replicas of one workload on one GPU type: one when a GPU can hold it, else the fewest that can.
+
+    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known.
+    """
+    if single is False:
+        single = best_candidate(workload, cache, workload.rate_rps, options)
+    if isinstance(single, Item):
+        return [single]
+    capacity = full_gpu_capacity(workload, cache, options)
+    if capacity is None:
+        raise rejection(workload, cache, options)
+    full = best_candidate(workload, cache, capacity, options)
+    if full is None:  # the capacity edge is feasible by construction; guard against rounding
+        raise rejection(workload, cache, options)
+    count = max(2, math.ceil(workload.rate_rps / capacity - 1e-9))
+    choices = []
+    even = best_candidate(workload, cache, workload.rate_rps / count, options)
+    if even is not None:
+        choices.append([even] * count)
+    remainder = workload.rate_rps - (count - 1) * capacity
+    rest = best_candidate(workload, cache, remainder, options) if remainder > EPS else None
+    if rest is not None:
+        choices.append([full] * (count - 1) + [rest])
+    if not choices:  # a remainder no candidate serves alone rides on a whole GPU like the others
+        delay = paced_delay_ms(full.batch, remainder) if workload.arrivals == "constant" else 0.0
+        choices.append([full] * (count - 1) + [Item(workload, remainder, full.batch, 100.0, stoke_target(
+            workload, remainder, full.batch, delay, options), delay)])
+    # Least GPU in total; on a tie the uneven split (whole GPUs pack perfectly).
+    return min(reversed(choices), key=lambda items: round(sum(i.min_share for i in items), 6))
 
 
 def _choose_type(workload: Workload, problem: Problem, packing: Packing, options: StokeOptions,
-                 exclude: Sequence[str] = ()) -> tuple[str, list[Item]]:
-    """The allowed GPU type where the workload costs least (price x total share)."""
+                 exclude: Sequence[str] = (), singles: dict[tuple[str, str], Item | None] | None = None
+                 ) -> tuple[str, list[Item]]:
+    """The allowed GPU type where the workload costs least (price x total share).
+
+    `singles` holds precomputed single-replica candidates per (GPU type, workload name).
+    """
     costs = []
     allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
     for g in allowed:
+        known = singles.get((g.name, workload.name), False) if singles is not None else False
         try:
-            items = stoke_items(workload, packing.caches[g.name], options)
+            items = stoke_items(workload, packing.caches[g.name], options, single=known)
         except ProblemError:
             continue
         costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
@@ -300,9 +430,14 @@ def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], t
 def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
     packing = Packing({g.name: PointCache(g) for g in problem.inventory},
                       {g.name: g.max_count for g in problem.inventory})
+    singles: dict[tuple[str, str], Item | None] = {}
+    for g in problem.inventory:
+        allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
+        for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
+            singles[(g.name, w.name)] = item
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
     for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, problem, packing, options)
+        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles)
         for item in with_replicas(items):
             pending[item.key] = (item, gpu_type)
     if current is not None:
@@ -363,5 +498,5 @@ def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], n
         predictions = caches[b.gpu_type].predict(b.items, b.shares)
         order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
         gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=tuple(
-            to_placement(b.items[k], b.shares[k], predictions[k]) for k in order)))
+            to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order)))
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from controller.simulate import SimulationReport, simulate
-from controller.solver.stoke import StokeOptions
+from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 from controller.solver import STRATEGIES, Plan, ProblemError, plan_from_dict, plan_to_dict, solve
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
@@ -33,10 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (naive baseline)")
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON to use for every GPU type")
     p.add_argument("--safety-margin", type=float, metavar="M",
-                   help="stoke: share of each SLO kept free for model error and jitter (default 0.10)")
+                   help=f"stoke: share of each SLO kept free for model error and jitter "
+                        f"(default {DEFAULT_OPTIONS.safety_margin:g})")
     p.add_argument("--max-utilisation", type=float, metavar="U",
-                   help="stoke: highest planned utilisation of a replica, rate/throughput (default 0.90)")
+                   help=f"stoke: highest planned utilisation of a replica, rate/throughput "
+                        f"(default {DEFAULT_OPTIONS.max_utilisation:g})")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--explain", metavar="WORKLOAD",
+                   help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was "
+                        "not taken")
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     p.add_argument("--controller", metavar="HOST:PORT", default="127.0.0.1:50051", help="controller address (--remote)")
@@ -154,10 +160,19 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
+    if args.explain and args.strategy != "stoke":
+        raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
     if args.json:
         print(json.dumps(plan_to_dict(plan), indent=2))
     else:
         print(format_plan(plan))
+    if args.explain:
+        from controller.solver.explain import explain
+        try:
+            explanation = explain(workloads_file.problem(), plan, args.explain, options or DEFAULT_OPTIONS)
+        except ProblemError as err:
+            raise UserError(f"--explain: {err}") from None
+        print("\n" + format_explanation(explanation), file=sys.stderr if args.json else sys.stdout)
     if args.plot:
         from stoke.plots import plot_plan
         plot_plan(plan, args.plot)
@@ -175,19 +190,42 @@ def format_plan(plan: Plan) -> str:
         for p in gpu.placements:
             replica = f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else ""
             rows.append([index, gpu.gpu_type, p.name, replica, p.model, p.slo_ms, p.rate_rps, p.share_pct, p.batch,
-                         p.queue_delay_ms, p.predicted_latency_ms, p.predicted_throughput_rps,
-                         "ok" if p.meets_slo else "MISS"])
+                         p.queue_delay_ms, p.predicted_latency_ms, _p99_cell(p.predicted_p99_ms),
+                         _p99_cell(p.p99_slo_ratio), p.binding, "ok" if p.meets_slo else "MISS"])
     table = render_table(["gpu", "type", "workload", "replica", "model", "slo_ms", "rate_rps", "share_%", "batch",
-                          "queue_ms", "pred_ms", "pred_rps", "slo"], rows)
+                          "delay_ms", "infer_ms", "p99_ms", "p99/slo", "binding", "slo"], rows)
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
+    ratios = sorted(p.p99_slo_ratio for _, p in plan.placements() if math.isfinite(p.p99_slo_ratio))
+    if ratios:
+        lines.append(f"predicted p99/SLO: min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, "
+                     f"max {ratios[-1]:.2f}")
     if plan.slo_misses:
         lines.append(f"predicted to miss their SLO: {', '.join(plan.slo_misses)}")
     lines += [f"note: {n}" for n in plan.notes]
-    lines.append("pred_ms is one batch's co-located inference latency; a request also waits up to queue_ms "
-                 "for its batch to fill.")
+    lines.append("p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
+                 "infer_ms: one batch's inference; delay_ms: Triton's max queue delay.")
     return "\n".join(lines)
+
+
+def format_explanation(explanation: Any) -> str:
+    lines = list(explanation.summary)
+    for replica in explanation.replicas:
+        p = replica.placement
+        label = f"replica {p.replica + 1}/{p.replicas}" if p.replicas > 1 else "placement"
+        lines += ["", f"{label}: GPU {replica.gpu_index}, {p.rate_rps:g} req/s, share {p.share_pct:g}%, batch {p.batch}, "
+                      f"delay {p.queue_delay_ms:.2f} ms; predicted p99 {p.predicted_p99_ms:.2f} ms "
+                      f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}"]
+        rows = [[r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
+                for r in replica.rows]
+        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"],
+                                  rows))
+    return "\n".join(lines)
+
+
+def _p99_cell(value: float) -> float | str:
+    return value if math.isfinite(value) else ("unstable" if value > 0 else "?")
 
 
 # -- predict ---------------------------------------------------------------------------------------
@@ -279,20 +317,26 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def report_to_dict(report: SimulationReport) -> dict[str, Any]:
+    p10, p50, p90 = report.slack_quantiles()
     return {"seconds": report.seconds, "seed": report.seed, "attainment": report.attainment,
+            "p99_slo_ratio": {"p10": round(p10, 4), "median": round(p50, 4), "p90": round(p90, 4)},
             "workloads": [{"name": w.name, "slo_ms": w.slo_ms, "offered_rps": round(w.offered_rps, 3),
                            "throughput_rps": round(w.throughput_rps, 3), "p50_ms": round(w.p50_ms, 3),
-                           "p99_ms": round(w.p99_ms, 3), "over_slo": round(w.over_slo, 6),
-                           "requests": w.requests, "meets_slo": w.meets_slo} for w in report.workloads]}
+                           "p99_ms": round(w.p99_ms, 3), "p99_slo_ratio": round(w.p99_slo_ratio, 4),
+                           "over_slo": round(w.over_slo, 6), "requests": w.requests, "meets_slo": w.meets_slo}
+                          for w in report.workloads]}
 
 
 def format_report(report: SimulationReport) -> str:
-    rows = [[w.name, w.slo_ms, w.offered_rps, w.throughput_rps, w.p50_ms, w.p99_ms, f"{100 * w.over_slo:.2f}%",
-             "ok" if w.meets_slo else "MISS"] for w in report.workloads]
-    table = render_table(["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "over_slo",
-                          "p99<=slo"], rows)
+    rows = [[w.name, w.slo_ms, w.offered_rps, w.throughput_rps, w.p50_ms, w.p99_ms, f"{w.p99_slo_ratio:.2f}",
+             f"{100 * w.over_slo:.2f}%", "ok" if w.meets_slo else "MISS"] for w in report.workloads]
+    table = render_table(["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "p99/slo",
+                          "over_slo", "p99<=slo"], rows)
+    p10, p50, p90 = report.slack_quantiles()
     return (f"simulated {report.seconds:g} s, seed {report.seed}: {100 * report.attainment:.1f}% of workloads "
-            f"keep p99 within SLO\n\n{table}")
+            f"keep p99 within SLO\n"
+            f"simulated p99/SLO across workloads: p10 {p10:.2f}, median {p50:.2f}, p90 {p90:.2f} "
+            f"(near 1 is a tight plan; far below 1 is a padded one)\n\n{table}")
 
 
 def _is_measurements(path: str) -> bool:

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from controller.solver import GpuType, Problem, ProblemError, Workload, solve
 from controller.solver.candidates import PointCache, colocate
 from controller.solver.random_mix import SLO_RANGES_MS
-from controller.solver.stoke import stoke_items
+from controller.solver.stoke import DEFAULT_OPTIONS, best_candidate, stoke_items, stoke_target
+from interference.latency import predict_gpu
 from interference.profile_io import bundled_profile
 
 V100 = GpuType("V100", 3.06, bundled_profile())
@@ -38,13 +39,47 @@ def test_every_plan_places_everything_within_100_percent(workloads, strategy):
 
 
 @SETTINGS
-@given(workload_mixes(), st.sampled_from(["stoke", "igniter"]))
-def test_interference_aware_strategies_predict_every_slo_met(workloads, strategy):
-    plan = solve(Problem(workloads, (V100,)), strategy)
+@given(workload_mixes())
+def test_stoke_predicts_every_p99_within_its_slo(workloads):
+    plan = solve(Problem(workloads, (V100,)), "stoke")
     assert plan.slo_misses == ()
+    for _, p in plan.placements():
+        assert p.predicted_p99_ms <= (1 - DEFAULT_OPTIONS.safety_margin) * p.slo_ms + 1e-6
+        assert p.predicted_throughput_rps >= p.rate_rps
+
+
+@SETTINGS
+@given(workload_mixes())
+def test_igniter_meets_its_own_rule_after_interference(workloads):
+    plan = solve(Problem(workloads, (V100,)), "igniter")
     for _, p in plan.placements():
         assert p.predicted_worst_ms <= p.slo_ms + 1e-9
         assert p.predicted_throughput_rps >= p.rate_rps
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload_mixes(max_size=5))
+def test_stoke_plans_are_not_padded(workloads):
+    """One share step less for any replica, or one replica less for any workload, breaks its predicted SLO."""
+    plan = solve(Problem(workloads, (V100,)), "stoke")
+    cache = PointCache(V100)
+    by_name = {w.name: w for w in workloads}
+    for gpu in plan.gpus:
+        for k, p in enumerate(gpu.placements):
+            lowered = [q.share_pct - (cache.step if j == k else 0.0) for j, q in enumerate(gpu.placements)]
+            if lowered[k] <= 0:
+                continue
+            predictions = predict_gpu(V100.profile, [(q.model, q.batch, s) for q, s in zip(gpu.placements, lowered)])
+            target = stoke_target(by_name[p.name], p.rate_rps, p.batch, p.queue_delay_ms)
+            assert not target.met_by(cache, predictions[k], lowered[k]), f"{p.name} is padded by a share step"
+    counts = {}
+    for _, p in plan.placements():
+        counts[p.name] = p.replicas
+    for name, replicas in counts.items():
+        if replicas > 1:
+            workload = by_name[name]
+            fewer = best_candidate(workload, cache, workload.rate_rps / (replicas - 1))
+            assert fewer is None, f"{name} would fit on {replicas - 1} replicas"
 
 
 def exhaustive_fewest_gpus(workloads):
