@@ -40,7 +40,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from controller.training.files import catalog_from_dict, catalog_to_dict, offline_catalog
 from controller.training.problem import Catalog, TrainingPlan, TrainingSpec, with_overrides
 from controller.training.spot import SpotState, provision_spot
-from interference.profile_io import atomic_write_text
+from stoke.files import atomic_write_text
+from stoke.errors import StokeError
 
 CLUSTER_TAG = "stoke-cluster"
 ROLE_TAG = "stoke-role"
@@ -53,7 +54,7 @@ REGION_NAMES = {"us-east-1": "US East (N. Virginia)", "us-east-2": "US East (Ohi
                 "us-west-2": "US West (Oregon)", "eu-west-1": "EU (Ireland)"}
 
 
-class CloudError(RuntimeError):
+class CloudError(StokeError, RuntimeError):
     """EC2 refused or failed a call; the message says which and why."""
 
 

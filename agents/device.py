@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import pynvml
+from stoke.errors import StokeError
 
 DEVICE_KINDS = ("auto", "cpu", "nvml")
 
@@ -52,7 +53,7 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
 THROTTLE_REASON_NAMES = tuple(name for _, name in THROTTLE_REASONS)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(StokeError, RuntimeError):
     """A device cannot be opened or read; the message says why and what to do."""
 
 

@@ -18,11 +18,12 @@ from typing import Callable
 from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonError, TritonFleet
 from controller.assignment import ModelAssignment
-from interference.profile_io import atomic_write_text
+from stoke.files import atomic_write_text
 from interference.profiling import MeasurePoint, ProfileSession
+from stoke.errors import StokeError
 
 
-class ProfilingError(RuntimeError):
+class ProfilingError(StokeError, RuntimeError):
     """A measurement could not be taken (Triton would not serve, requests failed, a neighbour died)."""
 
 

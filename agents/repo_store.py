@@ -29,12 +29,13 @@ from pathlib import Path, PurePosixPath
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
+from stoke.errors import StokeError
 
 CONFIG_NAME = "config.pbtxt"
 IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
 
 
-class StoreError(RuntimeError):
+class StoreError(StokeError, RuntimeError):
     """A repository store cannot be read or written."""
 
 

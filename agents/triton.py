@@ -57,11 +57,12 @@ from tritonclient.utils import InferenceServerException
 from controller.assignment import ModelAssignment
 from controller.render import (CONFIG_NAME, ModelConfig, config_from_json, config_to_json, config_to_text,
                                parse_config, read_config, render_config)
+from stoke.errors import StokeError
 
 HOST = "127.0.0.1"
 
 
-class TritonError(RuntimeError):
+class TritonError(StokeError, RuntimeError):
     """A Triton process failed to start, load a model or answer."""
 
 

@@ -52,6 +52,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from controller.solver.problem import Plan, Workload
+from stoke.errors import InputError
 
 #: (severity, long window, short window, burn rate), the SRE workbook's table for 30 days.
 BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
@@ -87,7 +88,7 @@ GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
 _LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
 
 
-class AlertConfigError(ValueError):
+class AlertConfigError(InputError):
     """Options or workloads cannot be turned into valid rules; the message names the field."""
 
 

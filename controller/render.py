@@ -43,7 +43,8 @@ from tritonclient.grpc import model_config_pb2
 
 from controller.assignment import ModelAssignment
 from controller.solver.problem import Plan, plan_from_dict
-from interference.profile_io import atomic_write_text
+from stoke.files import atomic_write_text
+from stoke.errors import InputError
 
 ModelConfig = model_config_pb2.ModelConfig
 
@@ -54,7 +55,7 @@ DEFAULT_BUCKETS_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000
 DEVICE_KINDS = ("cpu", "gpu")
 
 
-class RenderError(ValueError):
+class RenderError(InputError):
     """A base config or an assignment cannot be rendered; the message names the file/field."""
 
 

@@ -46,11 +46,12 @@ from controller.metrics import ControllerMetrics
 from controller.service import ControlService, GpuTypeConfig, ServiceConfig
 from controller.solver import solve
 from controller.store import Store
+from stoke.errors import InputError
 
 log = logging.getLogger("stoke.controller")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """The controller config is malformed; names the file, the field and the fix."""
 
 

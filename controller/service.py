@@ -47,11 +47,12 @@ from controller.solver import GpuType, Plan, Problem, ProblemError, Workload, pl
 from controller.store import Binding, ProfileRow, Store, StoredPlan
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
 from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
+from stoke.errors import StokeError
 
 NAME_MAX = 128
 
 
-class ServiceError(Exception):
+class ServiceError(StokeError):
     pass
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from controller.solver import Workload
+from stoke.errors import StokeError
 
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
@@ -43,7 +44,7 @@ CREATE TABLE IF NOT EXISTS plans (
 """
 
 
-class StoreError(RuntimeError):
+class StoreError(StokeError, RuntimeError):
     """The database cannot be opened or has an unknown schema."""
 
 

@@ -1,8 +1,8 @@
 """Reading raw measurements and reading/writing fitted profiles.
 
 The one module of `interference` that touches files. Fitted profiles are JSON
-with a ``format_version``; writes go through a temporary file and a rename so
-a reader never sees half a profile.
+with a ``format_version``; writes go through `stoke.files.atomic_write_text`
+(a temporary file and a rename) so a reader never sees half a profile.
 """
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+from stoke.files import atomic_write_text
+from stoke import validate as check
+from stoke.errors import InputError
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
 
 
-class ProfileFileError(ValueError):
+class ProfileFileError(InputError):
     """A profile file is missing, malformed or lacks a field."""
 
 
@@ -78,10 +80,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not (isinstance(value, list) and len(value) == 5 and all(_finite(v) for v in value)):
                 raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
             values["k_act"] = tuple(float(v) for v in value)
-        elif not _finite(value):
-            raise ProfileFileError(f"{where} field {f.name!r} must be a number, got {value!r}")
-        elif f.name in _POSITIVE and value <= 0:
-            raise ProfileFileError(f"{where} field {f.name!r} must be > 0, got {value!r}; refit the profile")
+        elif f.name in _POSITIVE:
+            check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
+        else:
+            check.number(value, f"{where} field {f.name!r}", error=ProfileFileError)
     if "kernels" in values:
         values["kernels"] = int(values["kernels"])
     return cls(**values)
@@ -120,31 +122,6 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     except json.JSONDecodeError as err:
         raise ProfileFileError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
     return profile_from_dict(data, str(path))
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
-    """Write `text` to `path` through a temp file + rename; skip if unchanged.
-
-    Returns True when the file was written.
-    """
-    target = Path(path)
-    try:
-        if target.read_text() == text:
-            return False
-    except (OSError, UnicodeDecodeError):
-        pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
 
 
 def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> bool:

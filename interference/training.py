@@ -42,6 +42,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from stoke import validate as check
+from stoke.errors import InputError
 
 #: Bottleneck labels, in the order of the integer codes the vectorised paths return.
 BOTTLENECKS = ("worker_compute", "worker_network", "ps_network", "ps_cpu")
@@ -55,14 +57,12 @@ BOTTLENECK_TEXT = {
 }
 
 
-class TrainingModelError(ValueError):
+class TrainingModelError(InputError):
     """Coefficients or inputs the training models cannot use."""
 
 
 def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise TrainingModelError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+    return check.positive(value, name, error=TrainingModelError)
 
 
 # --------------------------------------------------------------------------- loss curves

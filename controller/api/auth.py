@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Callable
 
 import grpc
+from stoke.errors import InputError
 
 TOKEN_ENV = "STOKE_TOKEN"
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(InputError):
     pass
 
 

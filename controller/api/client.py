@@ -16,9 +16,10 @@ from controller.api.auth import channel_credentials
 from controller.assignment import ModelAssignment
 from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice
 from controller.solver import Workload
+from stoke.errors import StokeError
 
 
-class ClientError(Exception):
+class ClientError(StokeError):
     code = "UNKNOWN"
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from controller.training.problem import TrainingSpecError
+from stoke import validate as check
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,10 @@ def profile_from_dict(data: Any, source: str = "PROFILE.yaml") -> GradientProfil
     def num(obj: Mapping[str, Any], key: str, where: str, default: Any = None, allow_zero: bool = False) -> float:
         value = obj.get(key, default)
         if value is None:
-            raise TrainingSpecError(f"{source}: {where} lacks field {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value < 0 or (value == 0 and not allow_zero):
-            raise TrainingSpecError(f"{source}: {where}.{key} must be a {'non-negative' if allow_zero else 'positive'}"
-                                    f" number, got {value!r}")
-        return float(value)
+            raise TrainingSpecError(f"{source}: {where} lacks field {key!r}", key)
+        if allow_zero:
+            return check.non_negative(value, f"{where}.{key}", where=source, error=TrainingSpecError)
+        return check.positive(value, f"{where}.{key}", where=source, error=TrainingSpecError)
 
     layers = data.get("layers")
     if not isinstance(layers, list) or not layers:

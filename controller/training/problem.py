@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from interference.training import LossCurve, PsJob, SpotJob, SpotLoss, TrainingModelError
+from stoke import validate as check
+from stoke.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
 
 
-class TrainingSpecError(ValueError):
+class TrainingSpecError(InputError):
     """The spec cannot be used as written; the message names the field and the fix."""
 
 
@@ -157,11 +159,12 @@ def _num(obj: Mapping[str, Any], key: str, where: str, source: str, *, default: 
     value = obj.get(key, default) if isinstance(obj, Mapping) else default
     if value is None:
         value = _need(obj, key, where, source)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TrainingSpecError(f"{source}: {where}.{key} must be a number, got {value!r}")
-    if positive and (value < 0 or (value == 0 and not allow_zero)):
-        raise TrainingSpecError(f"{source}: {where}.{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return float(value)
+    field = f"{where}.{key}"
+    if not positive:
+        return check.number(value, field, where=source, error=TrainingSpecError)
+    if allow_zero:
+        return check.non_negative(value, field, where=source, error=TrainingSpecError)
+    return check.positive(value, field, where=source, error=TrainingSpecError)
 
 
 def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, market: str = "spot") -> TrainingSpec:

@@ -56,8 +56,6 @@ def run_show(args: argparse.Namespace) -> int:
         infos = device.describe()
         time.sleep(args.interval)
         samples = device.sample()
-    except DeviceError as err:
-        raise UserError(str(err)) from None
     finally:
         device.close()
     if args.json:

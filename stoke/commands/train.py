@@ -30,9 +30,10 @@ from controller.training.kube import render_manifests, validate_manifests
 from controller.training.problem import (TrainingPlan, TrainingSpecError, plan_from_dict, plan_to_dict,
                                          spec_from_dict, with_overrides)
 from controller.training.spot import provision_spot
-from interference.profile_io import atomic_write_text
+from stoke.files import atomic_write_text
 from interference.training import TrainingModelError
 from interference.training_fit import LossCurveEstimator, SpotLossEstimator
+from stoke import validate as check
 from stoke.errors import UserError
 
 FIT_FORMAT_VERSION = 1
@@ -124,10 +125,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
-def _positive_number(value: float) -> bool:
-    return math.isfinite(value) and value > 0
-
-
 def _errors():
     return (TrainingSpecError, TrainingModelError)
 
@@ -201,8 +198,9 @@ def run_plan(args: argparse.Namespace) -> int:
     spec, catalog, notes = _load_spec(args.spec, args.strategy, args.prices, endpoint_url=args.endpoint_url,
                                       region=args.region, cache=args.price_cache)
     if args.deadline is not None or args.loss is not None:
-        if any(v is not None and not _positive_number(v) for v in (args.deadline, args.loss)):
-            raise UserError("--deadline and --loss must be positive numbers")
+        for flag, value in (("--deadline", args.deadline), ("--loss", args.loss)):
+            if value is not None:
+                check.positive(value, flag, error=UserError)
         spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
     plan = _solve(spec, args.strategy, args.search)
     body = plan_to_dict(plan)
@@ -314,8 +312,7 @@ def run_watch(args: argparse.Namespace) -> int:
         raise UserError(f"{args.spec or 'bundled spec'}: spec {spec.name!r} does not match the plan of job "
                         f"{plan.job!r}" + (f" (types {', '.join(unknown)} not in the spec)" if unknown else "")
                         + "; give the spec the plan came from")
-    if not _positive_number(args.interval):
-        raise UserError("--interval must be a positive number of seconds")
+    check.positive(args.interval, "--interval", error=UserError, unit="seconds")
     watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
 
     def report(result) -> None:
@@ -363,8 +360,7 @@ def run_comm_sim(args: argparse.Namespace) -> int:
     except _errors() as err:
         raise UserError(str(err)) from None
     if args.bandwidth is not None:
-        if not _positive_number(args.bandwidth):
-            raise UserError("--bandwidth must be a positive number of MB/s")
+        check.positive(args.bandwidth, "--bandwidth", error=UserError, unit="MB/s")
         from dataclasses import replace
         profile = replace(profile, bandwidth_mb_s=args.bandwidth)
     chosen = SCHEDULERS if args.scheduler == "all" else (args.scheduler,)

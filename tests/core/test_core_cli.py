@@ -61,7 +61,7 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
 
 @pytest.mark.parametrize("content, expected", [
     ("workloads:\n  - {name: a, model: bert, slo_ms: 10, rate_rps: 5}\n", "model 'bert' is not profiled"),
-    ("workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n", "workloads[0].rate_rps must be > 0"),
+    ("workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n", "workloads[0].rate_rps must be a positive number, got -5"),
     ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
     ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
 ])
@@ -102,4 +102,4 @@ def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps(data))
     code, _, err = run(capsys, "plan", "--profile", str(bad))
-    assert code == 2 and "'share_step_pct' must be > 0" in err
+    assert code == 2 and "'share_step_pct' must be a positive number" in err

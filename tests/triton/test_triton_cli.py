@@ -9,7 +9,7 @@ import pytest
 from controller.render import read_config
 from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.commands import triton as commands
-from stoke.errors import UserError
+from stoke.errors import StokeError
 
 
 @pytest.fixture
@@ -46,21 +46,21 @@ def test_render_writes_then_reports_nothing_to_do(parser, plan_file, demo_repo_c
 
 
 def test_bad_inputs_are_one_line_user_errors(parser, plan_file, tmp_path, demo_repo_copy):
-    with pytest.raises(UserError, match="missing.json: cannot read plan"):
+    with pytest.raises(StokeError, match="missing.json: cannot read plan"):
         run(parser, ["triton", "render", str(tmp_path / "missing.json"), "--repo", str(demo_repo_copy)])
     bad = tmp_path / "bad.json"
     bad.write_text("{\"gpus\": [{\"gpu_type\": \"V100\", \"workloads\": [{\"name\": \"w\"}]}]}")
-    with pytest.raises(UserError, match=r"bad.json: gpus\[0\].workloads\[0\] lacks field '"):
+    with pytest.raises(StokeError, match=r"bad.json: gpus\[0\].workloads\[0\] lacks field '"):
         run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
     bad.write_text("{not json")
-    with pytest.raises(UserError, match="not valid JSON"):
+    with pytest.raises(StokeError, match="not valid JSON"):
         run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
-    with pytest.raises(UserError, match="--repo .*not found"):
+    with pytest.raises(StokeError, match="--repo .*not found"):
         run(parser, ["triton", "render", str(plan_file), "--repo", str(tmp_path / "nope")])
     (demo_repo_copy / "mlp_small" / "config.pbtxt").write_text("max_batch_size: many")
-    with pytest.raises(UserError, match="mlp_small/config.pbtxt: not a valid Triton model config"):
+    with pytest.raises(StokeError, match="mlp_small/config.pbtxt: not a valid Triton model config"):
         run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)])
-    with pytest.raises(UserError, match="--rate and --seconds"):
+    with pytest.raises(StokeError, match="--rate must be a positive number of requests per second"):
         run(parser, ["load", "--url", "127.0.0.1:1", "--model", "m", "--rate", "0", "--seconds", "1"])
 
 
