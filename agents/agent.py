@@ -34,9 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from controller.api.client import InvalidRequest, Unauthenticated
-from controller.assignment import ModelAssignment
-from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice, Observation
+from controller.messages import (AssignmentError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport,
+                                 InvalidArgument, ModelAssignment, NodeDevice, Observation, Unauthenticated)
 
 log = logging.getLogger("stoke.agent")
 
@@ -94,7 +93,7 @@ class AgentState:
     desired_revision: int = 0
     applied: tuple[ModelAssignment, ...] | None = None
     applied_revision: int = 0
-    apply_errors: tuple[str, ...] = ()
+    apply_errors: tuple[AssignmentError, ...] = ()
     errors_revision: int = 0             # the revision whose apply produced `apply_errors`
     last_apply: float = 0.0
     applies: int = 0
@@ -153,7 +152,7 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
-            if isinstance(err, (Unauthenticated, InvalidRequest)):
+            if isinstance(err, (Unauthenticated, InvalidArgument, FailedPrecondition)):
                 # retrying cannot help until someone fixes the token or the node's identity: say so loudly
                 log.error("the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
                           "the node id; retrying in %.1fs, Triton keeps serving", err, delay)
@@ -202,7 +201,7 @@ class Agent:
                      if (keys := getattr(report, name, ()))]
             if parts or errors:
                 self._event(f"applied revision {revision}: " + ("; ".join(parts) or "no change")
-                            + (f"; errors: {' | '.join(errors)}" if errors else ""))
+                            + (f"; errors: {' | '.join(map(str, errors))}" if errors else ""))
         for e in self.fleet.check_health():
             self._event(e)
         observed = tuple(observation_of(o) for o in self.fleet.observe())

@@ -17,7 +17,7 @@ from typing import Callable
 
 from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonError, TritonFleet
-from controller.assignment import ModelAssignment
+from controller.messages import ModelAssignment
 from stoke.files import atomic_write_text
 from interference.profiling import MeasurePoint, ProfileSession
 from stoke.errors import StokeError
@@ -46,7 +46,7 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
             report = fleet.apply(copies)
             if report.errors:
                 raise ProfilingError(f"cannot serve {point.model} at {point.share_pct:g}%: "
-                                     f"{'; '.join(report.errors)}")
+                                     f"{'; '.join(map(str, report.errors))}")
             endpoints = fleet.endpoints()
             stop = threading.Event()
             threads = [threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),

@@ -27,7 +27,7 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
     loaded there, endpoint switched, then (after `drain_s`) the old process
     stopped gracefully (``moved``);
   * a failed load keeps the previous config (or process) serving, and the
-    error is reported in ``ApplyReport.errors`` (rollback).
+    error is reported in ``ApplyReport.errors`` as an `AssignmentError` (key, message; rollback).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
   counters -> observed figures (request rate, mean batch, queue / compute ms).
 """
@@ -54,7 +54,7 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from controller.assignment import ModelAssignment
+from controller.messages import AssignmentError, ModelAssignment
 from controller.render import (CONFIG_NAME, ModelConfig, config_from_json, config_to_json, config_to_text,
                                parse_config, read_config, render_config)
 from stoke.errors import StokeError
@@ -463,7 +463,7 @@ class ApplyReport:
     moved: tuple[str, ...] = ()
     stopped: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
+    errors: tuple[AssignmentError, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -588,10 +588,10 @@ class TritonFleet:
     # -- the interface
     def apply(self, assignments: Sequence[ModelAssignment]) -> ApplyReport:
         desired: dict[str, ModelAssignment] = {}
-        errors: list[str] = []
+        errors: list[AssignmentError] = []
         for a in assignments:
             if a.key in desired:
-                errors.append(f"{a.key}: duplicate assignment key; kept the first")
+                errors.append(AssignmentError(a.key, "duplicate assignment key; kept the first"))
                 continue
             desired[a.key] = a
         started, reloaded, moved, stopped, unchanged = [], [], [], [], []
@@ -610,7 +610,7 @@ class TritonFleet:
                 try:
                     config = self.render(a)
                 except Exception as err:  # noqa: BLE001 - a bad base config is reported, others go on
-                    errors.append(f"{key}: cannot render the config of {a.model!r}: {err}")
+                    errors.append(AssignmentError(key, f"cannot render the config of {a.model!r}: {err}"))
                     if slot is not None:
                         unchanged.append(key)
                     continue
@@ -619,14 +619,14 @@ class TritonFleet:
                         self._slots[key] = self._spawn(a, config)
                         started.append(key)
                     except (RuntimeError, OSError) as err:   # TritonError, MpsError
-                        errors.append(f"{key}: start failed: {err}")
+                        errors.append(AssignmentError(key, f"start failed: {err}"))
                     continue
                 if _placement(slot.assignment) != _placement(a):
                     try:
                         new = self._spawn(a, config, exclude=key)
                     except (RuntimeError, OSError) as err:   # TritonError, MpsError
-                        errors.append(f"{key}: move to share {a.share_pct:g}% / device {a.device} failed, "
-                                      f"the old process keeps serving: {err}")
+                        errors.append(AssignmentError(key, f"move to share {a.share_pct:g}% / device {a.device} "
+                                                           f"failed, the old process keeps serving: {err}"))
                         continue
                     old, self._slots[key] = slot, new
                     time.sleep(self.drain_s)        # clients that read the old endpoint have sent by now
@@ -643,7 +643,7 @@ class TritonFleet:
                     slot.config, slot.assignment = config, a
                     reloaded.append(key)
                 except TritonError as err:
-                    errors.append(f"{key}: reload failed, previous config keeps serving: {err}")
+                    errors.append(AssignmentError(key, f"reload failed, previous config keeps serving: {err}"))
                     self._rollback(slot)
         return ApplyReport(tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged),
                            tuple(errors))

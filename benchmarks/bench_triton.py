@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.loadgen import LoadGenerator  # noqa: E402
 from agents.triton import TritonFleet, TritonProcess  # noqa: E402
-from controller.assignment import ModelAssignment  # noqa: E402
+from controller.messages import ModelAssignment  # noqa: E402
 from controller.render import read_config, render_config  # noqa: E402
 
 REPO = ROOT / "triton_repo"

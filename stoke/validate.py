@@ -236,8 +236,11 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) ->
         value = data.get(f.name)
         if value is None or value == []:     # not given (or given empty): the default
             if f.default is dataclasses.MISSING:
-                raise ctx.error(f"{ctx.where}: {prefix or 'the settings'} lack field {f.name!r}; add it",
-                                prefix + f.name)
+                raise ctx.error(f"{ctx.where}: {prefix.rstrip('.') or 'the settings'} lacks field {f.name!r}; "
+                                f"add it", prefix + f.name)
+            rule: Rule | None = f.metadata.get("rule")
+            if rule is not None and rule.is_path and isinstance(f.default, str):
+                values[f.name] = _resolve(f.default, ctx)     # a default path is relative to the file too
             continue
         values[f.name] = _value(value, hints[f.name], f, prefix + f.name, ctx)
     try:
@@ -250,9 +253,7 @@ def _value(value: Any, tp: Any, f: dataclasses.Field[Any], path: str, ctx: _Cont
     rule: Rule | None = f.metadata.get("rule")
     if rule is not None:
         out = rule.check(value, path, ctx.where, ctx.error)
-        if rule.is_path and ctx.base_dir is not None and not Path(out).is_absolute():
-            out = str(ctx.base_dir / out)
-        return out
+        return _resolve(out, ctx) if rule.is_path else out
     inner = _optional(tp) or tp
     if _is_settings(inner):
         return load(inner, _shorthand(inner, value), where=ctx.where, error=ctx.error, base_dir=ctx.base_dir,
@@ -264,6 +265,12 @@ def _value(value: Any, tp: Any, f: dataclasses.Field[Any], path: str, ctx: _Cont
         return tuple(load(item, _shorthand(item, v), where=ctx.where, error=ctx.error, base_dir=ctx.base_dir,
                           prefix=f"{path}[{i}].") for i, v in enumerate(value))
     return _plain(value, inner, path, ctx)
+
+
+def _resolve(path: str, ctx: _Context) -> str:
+    if ctx.base_dir is None or Path(path).is_absolute():
+        return path
+    return str(ctx.base_dir / path)
 
 
 def _shorthand(cls: type, value: Any) -> Any:

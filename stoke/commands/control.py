@@ -130,18 +130,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from controller.api.auth import AuthConfigError, read_token
+    from controller.api.auth import read_token
     from controller.api.client import ControllerClient
-    try:
-        token = read_token(getattr(args, "token_file", None))
-        return ControllerClient(args.controller, token=token, tls_ca=getattr(args, "tls_ca", None),
-                                tls=bool(getattr(args, "tls", False)))
-    except AuthConfigError as err:
-        raise UserError(str(err)) from None
+    token = read_token(getattr(args, "token_file", None))
+    return ControllerClient(args.controller, token=token, tls_ca=getattr(args, "tls_ca", None),
+                            tls=bool(getattr(args, "tls", False)))
 
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") -> Any:
-    from controller.api.client import ClientError, InvalidRequest, Unauthenticated, Unavailable
+    """Call the controller; its refusals become one line that says what to do (the fix depends on the call)."""
+    from controller.messages import ApiError, FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
     client = _client(args)
     try:
         return fn(client)
@@ -150,9 +148,9 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
     except Unauthenticated as err:
         raise UserError(f"controller {args.controller} refused the call ({err}); pass --token-file FILE "
                         f"or set $STOKE_TOKEN") from None
-    except InvalidRequest as err:
+    except (InvalidArgument, FailedPrecondition) as err:
         raise UserError(f"{source + ': ' if source else ''}{err}") from None
-    except ClientError as err:
+    except ApiError as err:
         raise UserError(f"controller {args.controller}: {err}") from None
     finally:
         client.close()
@@ -184,7 +182,8 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    workloads = read_workloads(args.file)
+    from controller.workload_file import read_workloads
+    workloads = read_workloads(args.file)     # its gpu_types are ignored: the controller's nodes are the inventory
     reply = _call(args, lambda c: c.apply_workloads(workloads), source=args.file)
     if args.json:
         print(json.dumps(_to_dict(reply), indent=2))
@@ -193,16 +192,6 @@ def run_workload_apply(args: argparse.Namespace) -> int:
                 + [[n, "unchanged"] for n in reply.unchanged])
         print(render_table(["workload", "result"], rows))
     return 0
-
-
-def read_workloads(path: str) -> tuple[Any, ...]:
-    """The workloads of a YAML file (its gpu_types are ignored: the controller's nodes are the inventory)."""
-    from controller.workload_file import WorkloadFileError
-    from controller.workload_file import read_workloads as read
-    try:
-        return read(path)
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
 
 
 def run_workload_rm(args: argparse.Namespace) -> int:
@@ -263,10 +252,11 @@ def remote_plan(args: argparse.Namespace) -> int:
 
 
 def format_nodes(reply: Any) -> str:
+    from controller.messages import Replica
     rows = []
     for n in reply.nodes:
         devices = ", ".join(f"{d.index}:{d.gpu_type or d.name}" for d in n.devices)
-        running = ", ".join(f"{a.workload}#{a.replica}" for a in n.running) or "-"
+        running = ", ".join(str(Replica(a.workload, a.replica)) for a in n.running) or "-"
         rows.append([n.node_id, n.state, devices, _ago(n.seconds_since_heartbeat), len(n.assigned), running,
                      n.applied_revision])
     out = render_table(["node", "state", "devices", "heartbeat", "assigned", "running", "revision"], rows)
@@ -363,16 +353,13 @@ def _until_signal(seconds: float = 0.0) -> threading.Event:
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    from controller.server import ConfigError, ControllerServer, load_config
-    from controller.store import StoreError
+    from controller.config import load_config
+    from controller.server import ControllerServer
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load_config(args.config, listen=args.listen, db=args.db, token_file=args.token_file,
-                             metrics_listen=args.metrics_listen, heartbeat_timeout_s=args.heartbeat_timeout,
-                             heartbeat_interval_s=args.heartbeat_interval)
-        server = ControllerServer(config).start()
-    except (ConfigError, StoreError) as err:
-        raise UserError(str(err)) from None
+    config = load_config(args.config, listen=args.listen, db=args.db, token_file=args.token_file,
+                         metrics_listen=args.metrics_listen, heartbeat_timeout_s=args.heartbeat_timeout,
+                         heartbeat_interval_s=args.heartbeat_interval)
+    server = ControllerServer(config).start()
     print(f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})",
           flush=True)
     stop = _until_signal()
@@ -386,7 +373,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from agents.agent import Agent, local_devices
-    from agents.triton import TritonError, TritonFleet
+    from agents.triton import TritonFleet
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     devices = local_devices(args.device)
     if args.gpu_type:
@@ -396,11 +383,8 @@ def run_agent(args: argparse.Namespace) -> int:
         raise UserError(f"--repository {args.repository}: no such model repository; pass the path of "
                         f"triton_repo/ (or an s3:// URL)")
     client = _client(args)
-    try:
-        fleet = TritonFleet(args.repository, device_kind=kind, workdir=args.workdir,
-                            ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
-    except TritonError as err:
-        raise UserError(f"cannot run Triton: {err}") from None
+    fleet = TritonFleet(args.repository, device_kind=kind, workdir=args.workdir,
+                        ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
     exporter = None
     if args.metrics_port >= 0:
         from agents.device import DeviceError, open_device, serve_device_metrics
@@ -437,13 +421,10 @@ DEMO_COUNT = 2     # a 2-core node holds two demo workloads at the fitted CPU pr
 def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]:
     """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
     from controller.solver import Workload
-    from controller.workload_file import WorkloadFileError, example_workloads_path, load_workloads_file
+    from controller.workload_file import example_workloads_path, load_workloads_file, read_workloads
     if path:
         return read_workloads(path)
-    try:
-        examples = load_workloads_file(example_workloads_path()).workloads
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
+    examples = load_workloads_file(example_workloads_path()).workloads
     out, used = [], set()
     for w in examples:
         model = DEMO_MODEL_FOR.get(w.model)
@@ -507,31 +488,28 @@ def run_up(args: argparse.Namespace) -> int:
     _quiet_grpc()
     from agents.agent import Agent, local_devices
     from agents.latency_metrics import RequestLatencyExporter
-    from agents.triton import TritonError, TritonFleet
+    from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
-    from controller.server import ControllerConfig, ControllerServer
-    from controller.service import GpuTypeConfig
-    from interference.profile_io import ProfileFileError, load_profile
+    from controller.config import ControllerConfig, GpuTypeConfig, ProfileSource, ServiceConfig
+    from controller.server import ControllerServer
+    from interference.profile_io import load_profile
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not Path(args.repository).is_dir():
         raise UserError(f"--repository {args.repository}: no such model repository; run from the stoke checkout "
                         f"or pass --repository PATH")
     tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
     profile_path = find_cpu_profile(args.repository, args.profile, tmp)
-    try:
-        profile = load_profile(profile_path)
-    except ProfileFileError as err:
-        raise UserError(str(err)) from None
+    profile = load_profile(profile_path)
     workloads = demo_workloads(args.workloads, args.count)
     started = time.monotonic()
     stop = _until_signal(args.seconds)
     token = secrets.token_urlsafe(16)
     (tmp / "token").write_text(token + "\n")
+    service = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, cpu_gpu_type=profile.gpu.name,
+                            gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),))
     config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
-                              token_file=str(tmp / "token"), heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0,
-                              reconcile_interval_s=0.5, profiles=((profile_path, profile.gpu.name),),
-                              gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),),
-                              cpu_gpu_type=profile.gpu.name)
+                              token_file=str(tmp / "token"), reconcile_interval_s=0.5,
+                              profiles=(ProfileSource(profile_path, profile.gpu.name),), service=service)
     loaders: list[threading.Thread] = []
     latency = RequestLatencyExporter(w.slo_ms for w in workloads)
     server = ControllerServer(config).start()
@@ -539,10 +517,7 @@ def run_up(args: argparse.Namespace) -> int:
     agent_client = ControllerClient(server.address, token=token)
     agent = None
     try:
-        try:
-            fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
-        except TritonError as err:
-            raise UserError(f"cannot run Triton here: {err}") from None
+        fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
         agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0)
         agent.start()
         deadline = time.monotonic() + 30
@@ -596,7 +571,8 @@ def run_up(args: argparse.Namespace) -> int:
 def _drive_load(fleet: Any, workload: Any, stop: threading.Event, on_latency: Any = None) -> None:
     """Open-loop load at the workload's rate, in 2-second windows, following the model across moves."""
     from agents.loadgen import LoadError, LoadGenerator
-    key = f"{workload.name}#0"
+    from controller.messages import Replica
+    key = str(Replica(workload.name, 0))
     gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model, on_latency=on_latency)
     try:
         while not stop.is_set():

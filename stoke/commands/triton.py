@@ -31,7 +31,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 # --------------------------------------------------------------------------- render
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from controller.render import render_plan
+    from controller.render_plan import render_plan
     _check_repo(args.repo)
     plan = read_plan(args.plan)
     changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
@@ -48,7 +48,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _default_assignments(repo: str) -> list[Any]:
     """Without a plan: every model of a local repository, whole machine, its base batch."""
-    from controller.assignment import ModelAssignment
+    from controller.messages import ModelAssignment
     from controller.render import CONFIG_NAME, read_config
     if "://" in repo:
         raise UserError(f"--repo {repo}: a remote repository needs --plan PLAN.json naming the models to serve")
@@ -70,7 +70,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
-    from controller.render import assignments_from_plan
+    from controller.render_plan import assignments_from_plan
     _check_repo(args.repo)
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
@@ -94,7 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 for a in fleet.running()]
         if args.json:
             # one line, so a caller can read it while the servers keep running
-            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": list(report.errors)}), flush=True)
+            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}), flush=True)
         else:
             print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
             for error in report.errors:

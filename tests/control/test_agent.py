@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.agent import Agent
-from controller.assignment import ModelAssignment
-from controller.service import HeartbeatAnswer, NodeDevice
+from controller.messages import AssignmentError, HeartbeatAnswer, ModelAssignment, NodeDevice
 
 
 @dataclass
@@ -42,7 +41,7 @@ class FakeFleet:
         self.applies += 1
         if self.fail_next:
             self.fail_next = False
-            return Report(errors=("a#0: start failed",))
+            return Report(errors=(AssignmentError("a#0", "start failed"),))
         new = {a.key: a for a in assignments}
         report = Report(started=tuple(k for k in new if k not in self.serving),
                         stopped=tuple(k for k in self.serving if k not in new))

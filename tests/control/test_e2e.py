@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from controller.api import stoke_pb2 as pb
-from controller.api.client import ClientError, ControllerClient, InvalidRequest, Unauthenticated
+from controller.api.client import ControllerClient
+from controller.messages import ApiError, InvalidArgument, Unauthenticated
 from controller.solver import Workload
 
 from control_helpers import cpu_profile_json
@@ -106,7 +107,7 @@ def wait_for(what: str, fn, timeout: float, interval: float = 0.2):
             last = fn()
             if last:
                 return last
-        except ClientError as err:
+        except ApiError as err:
             last = err
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
@@ -179,7 +180,7 @@ def test_malformed_workload_is_refused_and_nothing_stored(stack):
     request = pb.ApplyWorkloadsRequest(workloads=[
         pb.Workload(name="fine", model="mlp_small", slo_ms=100, rate_rps=10),
         pb.Workload(name="broken", model="mlp_small", slo_ms=-5, rate_rps=10)])
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(InvalidArgument) as err:
         client.apply_raw(request)
     assert "workloads[1].slo_ms" in str(err.value)
     bad = stack["tmp"] / "bad.yaml"

@@ -9,9 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from controller.api import stoke_pb2 as pb
-from controller.api.client import ControllerClient, InvalidRequest, NotFoundError, Unauthenticated
-from controller.server import ControllerConfig, ControllerServer
-from controller.service import HeartbeatReport, NodeDevice
+from controller.api.client import ControllerClient
+from controller.config import ControllerConfig, ServiceConfig
+from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Unauthenticated
+from controller.server import ControllerServer
 from controller.solver import Workload
 
 from control_helpers import cpu_profile_json
@@ -24,8 +25,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ctl")
     (tmp / "token").write_text(TOKEN + "\n")
     config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "c.db"),
-                              token_file=str(tmp / "token"), heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
-                              reconcile_interval_s=0.1)
+                              token_file=str(tmp / "token"), reconcile_interval_s=0.1,
+                              service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0))
     srv = ControllerServer(config).start()
     yield srv
     srv.stop()
@@ -66,11 +67,11 @@ def test_health_and_reflection_need_no_token(server):
 def test_flow_validation_and_metrics(client, server):
     client.upload_profile(cpu_profile_json())
     assert {p.model for p in client.list_profiles().profiles} >= {"mlp_small", "conv_medium"}
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFound):
         client.get_plan()
     bad = pb.ApplyWorkloadsRequest(workloads=[pb.Workload(name="ok", model="mlp_small", slo_ms=100, rate_rps=5),
                                               pb.Workload(name="bad", model="mlp_small", slo_ms=100, rate_rps=0)])
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(InvalidArgument) as err:
         client.apply_raw(bad)
     assert "workloads[1].rate_rps" in str(err.value)
     assert client.list_workloads() == []

@@ -1,8 +1,8 @@
 """Pure plan -> node cut and diff functions."""
-from controller.assignment import ModelAssignment
-from controller.reconcile import bind_gpus, classify, diff_assignments, node_assignments, slot_keys
+from controller.messages import ModelAssignment
+from controller.reconcile.diff import classify, diff_assignments
+from controller.reconcile.slots import Binding, bind_gpus, node_assignments, slot_keys
 from controller.solver import GpuPlan, Placement, Plan
-from controller.store import Binding
 
 
 def pl(name, share=10.0, batch=1):

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from controller.service import (ControlService, HeartbeatReport, InvalidArgument, NodeDevice, Observation,
-                                ServiceConfig)
+from controller.config import ServiceConfig
+from controller.messages import AssignmentError, HeartbeatReport, InvalidArgument, NodeDevice, Observation
+from controller.service import ControlService
 from controller.store import Store
 
 from control_helpers import cpu_profile_json
@@ -205,17 +206,17 @@ def test_device_where_everything_failed_is_blocked_and_replanned(svc):
     node = where(svc)["a#0"][0]
     other = ({"node-a", "node-b"} - {node}).pop()
     first = svc.heartbeat(HeartbeatReport(node_id=node)).revision
-    svc.heartbeat(HeartbeatReport(node_id=node, errors=("a#0: start failed: boom",), errors_revision=first))
+    svc.heartbeat(HeartbeatReport(node_id=node, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
     outcome = svc.reconcile()
     assert outcome is not None and where(svc)["a#0"][0] == other
     assert any("blocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
     # errors of the older revision, reported late, do not block the device the workload moved to
-    svc.heartbeat(HeartbeatReport(node_id=other, errors=("a#0: start failed: boom",), errors_revision=first))
+    svc.heartbeat(HeartbeatReport(node_id=other, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
     assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
     # a failed reload (the old config keeps running): reported as failing, the device is not blocked
     answer = svc.heartbeat(HeartbeatReport(node_id=other))
     old_config = replace(answer.assignments[0], batch=7)
-    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=("a#0: reload failed: bad config",),
+    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=(AssignmentError("a#0", "reload failed: bad config"),),
                                   errors_revision=answer.revision))
     a = svc.status().workloads[0]
     assert a.state == "failing" and "bad config" in a.reason

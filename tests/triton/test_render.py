@@ -7,10 +7,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from controller.assignment import ModelAssignment
-from controller.render import (HISTOGRAM_FAMILY, RenderError, assignments_from_plan, config_from_json,
-                               config_to_json, config_to_text, parse_config, read_config, render_config,
-                               render_plan, write_config)
+from controller.messages import ModelAssignment
+from controller.render import (HISTOGRAM_FAMILY, RenderError, config_from_json, config_to_json, config_to_text,
+                               parse_config, read_config, render_config, write_config)
+from controller.render_plan import assignments_from_plan, render_plan
 from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from triton_helpers import DEMO_MODELS, DEMO_REPO
 

@@ -6,7 +6,7 @@ import pytest
 
 from agents.repo_store import S3Store, scan_local
 from agents.triton import TritonFleet
-from controller.assignment import ModelAssignment
+from controller.messages import ModelAssignment
 from triton_helpers import infer
 
 pytestmark = [pytest.mark.s3]

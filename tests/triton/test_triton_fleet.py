@@ -13,7 +13,7 @@ import pytest
 
 from agents.loadgen import LoadGenerator
 from agents.triton import TritonFleet, TritonProcess, parse_metrics
-from controller.assignment import ModelAssignment
+from controller.messages import ModelAssignment
 from controller.render import config_to_json, read_config, render_config
 from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
@@ -88,7 +88,7 @@ def test_failed_reload_rolls_back_and_old_config_keeps_serving(fleet):
     fleet.apply([echo(batch=16), *OTHERS])
     report = fleet.apply([echo(batch=256), *OTHERS])          # tiny_echo refuses max_batch_size > 128
     assert report.reloaded == () and len(report.errors) == 1
-    assert "echo#0" in report.errors[0] and "max_supported_batch" in report.errors[0]
+    assert report.errors[0].key == "echo#0" and "max_supported_batch" in report.errors[0].message
     assert fleet.served_config("echo#0").max_batch_size == 16
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [a.batch for a in fleet.running() if a.key == "echo#0"] == [16]
@@ -116,7 +116,7 @@ def test_failed_move_keeps_the_old_process_serving(fleet):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS])
     old = fleet.processes()["echo#0"]
     report = fleet.apply([echo(batch=256, share=50.0), *OTHERS])    # new process cannot load the model
-    assert report.moved == () and len(report.errors) == 1 and "old process keeps serving" in report.errors[0]
+    assert report.moved == () and len(report.errors) == 1 and "old process keeps serving" in report.errors[0].message
     assert fleet.processes()["echo#0"]["pid"] == old["pid"] and fleet.endpoint("echo#0") == old["grpc"]
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [(a.batch, a.share_pct) for a in fleet.running() if a.key == "echo#0"] == [(16, 100.0)]

@@ -205,7 +205,7 @@ def test_mps_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_gpu_fleet_process_environment(tmp_path, fake_mps):
     from agents.triton import TritonFleet
-    from controller.assignment import ModelAssignment
+    from controller.messages import ModelAssignment
     from controller.render import ModelConfig
     mps = MpsControl(pipe_dir=str(tmp_path / "pipe"))
     fleet = TritonFleet(str(tmp_path), device_kind="gpu", workdir=str(tmp_path / "w"), mps=mps,

@@ -1,4 +1,4 @@
-"""Plan -> per-node assignments, and the diff between two such cuts. Pure functions, no I/O.
+"""Plan GPUs bound to node devices (slots), and the plan cut per node. Pure functions, no I/O.
 
 Binding plan GPUs to node devices
 ---------------------------------
@@ -21,22 +21,23 @@ gives each plan GPU one slot of its type, at most one GPU per slot:
 Together with the solver's `current=` argument (the `stoke` strategy keeps the
 current placements that stay feasible) this keeps a GPU on the node it was on,
 so an unrelated change does not reshuffle placements.
-
-Diffing
--------
-`diff_assignments` classifies each assignment key per node the same way the
-agent's Triton fleet acts on it: new key -> start; same device, share and
-model but another batch or queue delay -> reload; another device, share or
-model -> move (new Triton process); key gone -> stop; else unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
-from controller.assignment import ModelAssignment
+from controller.messages import ModelAssignment, Replica
 from controller.solver import GpuPlan, Plan
-from controller.store import Binding
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where one plan GPU runs: a device slot of a node."""
+
+    node_id: str
+    device: int
+    gpu_type: str
 
 
 def slot_key(slot: Binding) -> str:
@@ -44,7 +45,7 @@ def slot_key(slot: Binding) -> str:
 
 
 def placement_keys(gpu: GpuPlan) -> frozenset[str]:
-    return frozenset(f"{p.name}#{p.replica}" for p in gpu.placements)
+    return frozenset(str(Replica(p.name, p.replica)) for p in gpu.placements)
 
 
 def slot_order(slot: Binding) -> tuple[str, int, str]:
@@ -116,47 +117,3 @@ def without_slots(plan: Plan, bindings: Sequence[Binding | None], keep: Iterable
     pairs = [(replace(g, key=slot_key(b)), b) for g, b in zip(plan.gpus, bindings) if b is not None and b in keep]
     return (Plan(strategy=plan.strategy, gpus=tuple(g for g, _ in pairs), notes=plan.notes),
             tuple(b for _, b in pairs))
-
-
-@dataclass(frozen=True)
-class NodeChange:
-    node_id: str
-    start: tuple[str, ...] = ()
-    reload: tuple[str, ...] = ()
-    move: tuple[str, ...] = ()
-    stop: tuple[str, ...] = ()
-    unchanged: tuple[str, ...] = field(default=(), compare=False)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.start or self.reload or self.move or self.stop)
-
-
-def classify(old: ModelAssignment | None, new: ModelAssignment | None) -> str:
-    """'start' | 'stop' | 'move' | 'reload' | 'unchanged' for one assignment key on one node."""
-    if old is None and new is None:
-        return "unchanged"
-    if old is None:
-        return "start"
-    if new is None:
-        return "stop"
-    if (old.model, old.device, old.share_pct) != (new.model, new.device, new.share_pct):
-        return "move"
-    if (old.batch, old.queue_delay_ms) != (new.batch, new.queue_delay_ms):
-        return "reload"
-    return "unchanged"
-
-
-def diff_assignments(old: Mapping[str, Sequence[ModelAssignment]],
-                     new: Mapping[str, Sequence[ModelAssignment]]) -> list[NodeChange]:
-    """Per node, what moves from `old` to `new` (nodes with no change included only if they run something)."""
-    changes = []
-    for node in sorted(set(old) | set(new)):
-        before = {a.key: a for a in old.get(node, ())}
-        after = {a.key: a for a in new.get(node, ())}
-        buckets: dict[str, list[str]] = {"start": [], "reload": [], "move": [], "stop": [], "unchanged": []}
-        for key in sorted(set(before) | set(after)):
-            buckets[classify(before.get(key), after.get(key))].append(key)
-        changes.append(NodeChange(node, *(tuple(buckets[k]) for k in ("start", "reload", "move", "stop",
-                                                                        "unchanged"))))
-    return changes
