@@ -206,7 +206,7 @@ def main() -> int:
 
     # 4. exporter
     try:
-        from agents.device import serve_device_metrics
+        from agents.device_exporter import serve_device_metrics
         with serve_device_metrics(dev, 0) as server:
             text = urllib.request.urlopen(server.url, timeout=10).read().decode()
         wanted = ["stoke_device_up 1.0", "stoke_device_sm_clock_hertz{", "stoke_device_power_watts{",

@@ -18,7 +18,7 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
-from interference.fitting import bounded_least_squares
+from interference.least_squares import bounded_least_squares
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
 from stoke import validate as check

@@ -5,7 +5,7 @@ parameter servers (1 <= m <= ps.max_count) minimising
 
     cost = (n*price_t + m*price_ps) * T(t, n, m) / 3600   subject to   T <= deadline
 
-with T from `interference.training.predict_ps` (BSP or ASP, PS network and
+with T from `controller.training.models.predict_ps` (BSP or ASP, PS network and
 PS CPU contention, iterations from the fitted loss curve). The PS type is
 fixed by the spec, or "same" (PS on the worker type).
 
@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 
-from interference.training import BOTTLENECK_TEXT, BOTTLENECKS, predict_ps
-from controller.training.problem import TrainingPlan, TrainingSpec, TrainingSpecError
+from controller.training.models import BOTTLENECKS, BOTTLENECK_TEXT, TrainingError, predict_ps
+from controller.training.spec import TrainingPlan, TrainingSpec
 
 
 def _ps_figures(spec: TrainingSpec, worker) -> tuple[float, float, float]:
@@ -45,7 +45,7 @@ def compute_speed(spec: TrainingSpec, worker, ps_bw: float) -> float:
     single = 2.0 * spec.model_mb / min(worker_bandwidth(spec, worker), ps_bw)
     t_comp = worker.batch / worker.speed - single
     if t_comp <= 0:
-        raise TrainingSpecError(f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
+        raise TrainingError(f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
                                 f"{spec.model_mb} at {min(worker_bandwidth(spec, worker), ps_bw)} MB/s: "
                                 f"batch/speed must exceed the push+pull time")
     return worker.batch / t_comp
@@ -106,7 +106,7 @@ def ps_saturation(spec: TrainingSpec, type_name: str, m: int) -> int:
 def provision_homogeneous(spec: TrainingSpec) -> TrainingPlan:
     """Cheapest (type, n, m) meeting the deadline; infeasible plans say by how much (see module doc)."""
     if not spec.workers or all(w.quota < 1 for w in spec.workers):
-        raise TrainingSpecError("spec has no worker type with quota >= 1; raise workers.<type>.quota")
+        raise TrainingError("spec has no worker type with quota >= 1; raise workers.<type>.quota")
     table = candidate_table(spec)
     names = [w.type for w in spec.workers]
     n_lower = table.pop("n_lower")  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ n = sum c in [n_lower, n_upper] minimising
     cost(c) = T(c) * sum_t c_t * price_t / 3600   subject to   T(c) <= deadline
 
 where T(c) = j(b_w, R, n) * T_exp(c) (+ recovery overhead T_ohd when
-re-planning) from `interference.training.evaluate_spot`.
+re-planning) from `controller.training.models.evaluate_spot`.
 
 Bounds. n_upper = floor(((1 - b1)/a1)^2), the largest cluster the fitted
 contention P(n) covers (P < 1), capped by the quota. For each n, a valid lower
@@ -32,8 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
-from interference.training import BOTTLENECK_TEXT, BOTTLENECKS, SpotJob, evaluate_spot
-from controller.training.problem import TrainingPlan, TrainingSpec, TrainingSpecError
+from controller.training.models import BOTTLENECKS, BOTTLENECK_TEXT, SpotJob, TrainingError, evaluate_spot
+from controller.training.spec import TrainingPlan, TrainingSpec
 
 DEFAULT_EXACT_LIMIT = 300_000
 
@@ -133,11 +133,11 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
                    exact_limit: int = DEFAULT_EXACT_LIMIT) -> TrainingPlan:
     """Cheapest heterogeneous spot cluster that reaches the target loss by the deadline (see module doc)."""
     if spec.spot is None:
-        raise TrainingSpecError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
+        raise TrainingError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
     if search not in ("auto", "exact", "window"):
-        raise TrainingSpecError(f"unknown search {search!r}; use auto, exact or window")
+        raise TrainingError(f"unknown search {search!r}; use auto, exact or window")
     if spec.ps.type == "same":
-        raise TrainingSpecError("the spot strategy runs one on-demand parameter server beside spot workers of "
+        raise TrainingError("the spot strategy runs one on-demand parameter server beside spot workers of "
                                 "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'")
     state = state or SpotState()
     job = spec.spot
@@ -145,7 +145,7 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
     for table in (state.existing, state.revoked):
         unknown = sorted(set(table) - set(names))
         if unknown:
-            raise TrainingSpecError(f"instances of type {', '.join(unknown)} are not among the spec's workers")
+            raise TrainingError(f"instances of type {', '.join(unknown)} are not among the spec's workers")
     batch, comp, gpus, price = _arrays(spec, job)
     lower = np.array([state.existing.get(t, 0) for t in names], dtype=np.int64)
     upper = np.array([max(w.quota - state.revoked.get(w.type, 0), 0) for w in spec.workers], dtype=np.int64)

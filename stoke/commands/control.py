@@ -387,7 +387,8 @@ def run_agent(args: argparse.Namespace) -> int:
                         ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
     exporter = None
     if args.metrics_port >= 0:
-        from agents.device import DeviceError, open_device, serve_device_metrics
+        from agents.device import DeviceError, open_device
+        from agents.device_exporter import serve_device_metrics
         try:
             exporter = serve_device_metrics(open_device(args.device), args.metrics_port)
         except (DeviceError, OSError) as err:

@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any
 
-from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict, serve_device_metrics
+from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
+from agents.device_exporter import serve_device_metrics
 from stoke.errors import UserError
 from stoke.table import render_table
 

@@ -22,18 +22,17 @@ from typing import Any
 
 import yaml
 
-from controller.training import files
-from controller.training.blocks import plan_blocks, profile_from_dict
+from controller.training import readers
+from controller.training.blocks import gradient_profile_from_dict, plan_blocks
 from controller.training.comm_sim import SCHEDULERS, compare
+from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 from controller.training.homogeneous import provision_homogeneous
 from controller.training.kube import render_manifests, validate_manifests
-from controller.training.problem import (TrainingPlan, TrainingSpecError, plan_from_dict, plan_to_dict,
-                                         spec_from_dict, with_overrides)
+from controller.training.spec import (TrainingPlan, spec_from_dict, training_plan_from_dict, training_plan_to_dict,
+                                      with_overrides)
 from controller.training.spot import provision_spot
-from stoke.files import atomic_write_text
-from interference.training import TrainingModelError
-from interference.training_fit import LossCurveEstimator, SpotLossEstimator
 from stoke import validate as check
+from stoke.files import atomic_write_text
 from stoke.errors import UserError
 
 FIT_FORMAT_VERSION = 1
@@ -125,54 +124,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
-def _errors():
-    return (TrainingSpecError, TrainingModelError)
-
-
 def _load_spec(path: str | None, strategy: str = "spot", prices: str = "offline", *, endpoint_url=None,
                region="us-east-1", cache=None):
-    try:
-        data, source = files.read_spec(path)
-        if prices == "live":
-            from agents.cloud import CloudError, PriceSource, make_clients
-            ec2, pricing = make_clients(region, endpoint_url)
-            src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
-            types = None
-            if isinstance(data, dict) and isinstance(data.get("workers"), dict):
-                types = list(data["workers"])
-                ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
-                if ps_type != "same":
-                    types.append(str(ps_type))
-            try:
-                catalog = src.live(types)
-            except CloudError as err:
-                raise UserError(f"{source}: live prices failed ({err}); retry with --prices offline") from None
-            notes = src.notes
-        else:
-            catalog, notes = files.offline_catalog(), []
-        market = "spot" if strategy == "spot" else "on_demand"
-        return spec_from_dict(data, catalog, source, market=market), catalog, notes
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    data, source = readers.read_spec(path)
+    if prices == "live":
+        from controller.cloud import CloudError, PriceSource, make_clients
+        ec2, pricing = make_clients(region, endpoint_url)
+        src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
+        types = None
+        if isinstance(data, dict) and isinstance(data.get("workers"), dict):
+            types = list(data["workers"])
+            ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
+            if ps_type != "same":
+                types.append(str(ps_type))
+        try:
+            catalog = src.live(types)
+        except CloudError as err:
+            raise UserError(f"{source}: live prices failed ({err}); retry with --prices offline") from None
+        notes = src.notes
+    else:
+        catalog, notes = readers.offline_catalog(), []
+    market = "spot" if strategy == "spot" else "on_demand"
+    return spec_from_dict(data, catalog, source, market=market), catalog, notes
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
-    try:
-        if strategy == "homogeneous":
-            return provision_homogeneous(spec)
-        return provision_spot(spec, search=search)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    if strategy == "homogeneous":
+        return provision_homogeneous(spec)
+    return provision_spot(spec, search=search)
 
 
 def _load_plan(path: str | None) -> TrainingPlan:
     if path is None:
         spec, _, _ = _load_spec(None)
         return _solve(spec, "spot")
-    try:
-        return plan_from_dict(files.read_json(path, "plan"), path)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    return training_plan_from_dict(readers.read_json(path, "plan"), path)
 
 
 def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None:
@@ -203,7 +189,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 check.positive(value, flag, error=UserError)
         spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
     plan = _solve(spec, args.strategy, args.search)
-    body = plan_to_dict(plan)
+    body = training_plan_to_dict(plan)
     body["prices"] = {"source": catalog.source, "as_of": catalog.prices_as_of, "notes": notes}
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
@@ -215,30 +201,27 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
-    try:
-        cols = files.read_curve_csv(args.curve, args.batch)
-        if {"b_w", "R", "n", "j"} <= set(cols):
-            import numpy as np
-            X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
-            est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
-            coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
-            body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
-                    "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
-            rows = [[k, v] for k, v in coeffs.items()]
-        else:
-            t0 = time.perf_counter()
-            est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
-            fit_ms = (time.perf_counter() - t0) * 1000
-            c = est.curve_
-            coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
-            body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
-                    "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
-            rows = [[k, v] for k, v in coeffs.items()]
-            if args.target is not None:
-                body["samples_to_target"] = est.samples_for(args.target)
-                rows.append([f"samples to loss {args.target}", _fmt(body["samples_to_target"], 0)])
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    cols = readers.read_curve_csv(args.curve, args.batch)
+    if {"b_w", "R", "n", "j"} <= set(cols):
+        import numpy as np
+        X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
+        est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
+        coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
+        body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
+                "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
+        rows = [[k, v] for k, v in coeffs.items()]
+    else:
+        t0 = time.perf_counter()
+        est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
+        fit_ms = (time.perf_counter() - t0) * 1000
+        c = est.curve_
+        coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
+        body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
+                "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
+        rows = [[k, v] for k, v in coeffs.items()]
+        if args.target is not None:
+            body["samples_to_target"] = est.samples_for(args.target)
+            rows.append([f"samples to loss {args.target}", _fmt(body["samples_to_target"], 0)])
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
@@ -251,7 +234,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from agents.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
 
@@ -263,7 +246,7 @@ def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError
+    from controller.cloud import CloudError
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
     if not plan.feasible:
@@ -281,13 +264,13 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_terminate(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError
+    from controller.cloud import CloudError
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from agents.cloud import SpotLauncher, make_clients
+        from controller.cloud import SpotLauncher, make_clients
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
     try:
@@ -300,7 +283,7 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError, RevocationWatcher
+    from controller.cloud import CloudError, RevocationWatcher
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")
     if args.plan is not None and args.spec is None:
@@ -338,7 +321,7 @@ def run_render(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
-    catalog = files.offline_catalog()
+    catalog = readers.offline_catalog()
     gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
     objects = render_manifests(plan, image=args.image, namespace=args.namespace, gpus_per_type=gpus)
     problems = validate_manifests(objects)
@@ -354,11 +337,8 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_comm_sim(args: argparse.Namespace) -> int:
-    try:
-        data, source = files.read_gradient_profile(args.profile, args.model)
-        profile = profile_from_dict(data, source)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    data, source = readers.read_gradient_profile(args.profile, args.model)
+    profile = gradient_profile_from_dict(data, source)
     if args.bandwidth is not None:
         check.positive(args.bandwidth, "--bandwidth", error=UserError, unit="MB/s")
         from dataclasses import replace

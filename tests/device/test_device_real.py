@@ -14,7 +14,8 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.device import CpuDevice, DeviceError, NvmlDevice, open_device, serve_device_metrics
+from agents.device import CpuDevice, DeviceError, NvmlDevice, open_device
+from agents.device_exporter import serve_device_metrics
 from device_fakes import FakeGpu, FakeNvml
 from stoke.cli import main
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.cloud import (MetadataClient, PriceSource, RevocationWatcher, SpotLauncher, make_clients,
+from controller.cloud import (MetadataClient, PriceSource, RevocationWatcher, SpotLauncher, make_clients,
                           parse_on_demand)
-from controller.training import files
-from controller.training.problem import spec_from_dict
+from controller.training import readers
+from controller.training.spec import spec_from_dict
 from controller.training.spot import provision_spot
 from stoke.cli import main
 
@@ -125,8 +125,8 @@ def metadata():
 
 @pytest.fixture(scope="module")
 def spec():
-    data, source = files.read_spec(None)
-    return spec_from_dict(data, files.offline_catalog(), source)
+    data, source = readers.read_spec(None)
+    return spec_from_dict(data, readers.offline_catalog(), source)
 
 
 def test_metadata_client_imdsv2_flow(metadata):
@@ -261,7 +261,7 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
              "--max-polls", "1"]
     assert main(watch) == 2                       # a plan file needs the spec it came from
     assert "give --spec" in capsys.readouterr().err
-    assert main([*watch, "--spec", str(files.data_path("resnet110.yaml"))]) == 0
+    assert main([*watch, "--spec", str(readers.data_path("resnet110.yaml"))]) == 0
     assert "0 revocation(s) handled" in capsys.readouterr().out
     assert main(["train", "terminate", *args]) == 0
     assert "terminated 5" in capsys.readouterr().out

@@ -5,18 +5,19 @@ import json
 
 import pytest
 
-from controller.training import files
+from controller.training import readers
 from controller.training.blocks import (GradientProfile, Gradient, Partition, find_steps, plan_blocks,
-                                        profile_from_dict, take_block)
+                                        gradient_profile_from_dict, take_block)
 from controller.training.comm_sim import SCHEDULERS, compare, simulate
 from controller.training.kube import render_manifests, validate_manifests
-from controller.training.problem import TrainingPlan, TrainingSpecError
+from controller.training.models import TrainingError
+from controller.training.spec import TrainingPlan
 
 
 @pytest.fixture(scope="module", params=["resnet50", "vgg19"])
 def shipped(request):
-    data, source = files.read_gradient_profile(None, request.param)
-    return profile_from_dict(data, source)
+    data, source = readers.read_gradient_profile(None, request.param)
+    return gradient_profile_from_dict(data, source)
 
 
 def tiny(latency=0.0, **kw) -> GradientProfile:
@@ -92,10 +93,10 @@ def test_block_planner_beats_fifo_and_priority_on_shipped_profiles(shipped):
 
 
 def test_profile_errors_name_the_field():
-    with pytest.raises(TrainingSpecError, match="layers"):
-        profile_from_dict({"bandwidth_mb_s": 1}, "p.yaml")
-    with pytest.raises(TrainingSpecError, match=r"layers\[0\]\.bytes"):
-        profile_from_dict({"bandwidth_mb_s": 1, "layers": [{"bytes": -1, "ready_ms": 0, "forward_ms": 1}]}, "p.yaml")
+    with pytest.raises(TrainingError, match="layers"):
+        gradient_profile_from_dict({"bandwidth_mb_s": 1}, "p.yaml")
+    with pytest.raises(TrainingError, match=r"layers\[0\]\.bytes"):
+        gradient_profile_from_dict({"bandwidth_mb_s": 1, "layers": [{"bytes": -1, "ready_ms": 0, "forward_ms": 1}]}, "p.yaml")
 
 
 def _plan() -> TrainingPlan:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 
-from controller.training import files
-from interference.training import LossCurve, SpotJob, SpotLoss, TrainingModelError, per_gpu_batch
-from interference.training_fit import (LossCurveEstimator, SpotLossEstimator, fit_batch_memory, fit_contention,
+from controller.training import readers
+from controller.training.models import LossCurve, SpotJob, SpotLoss, TrainingError, per_gpu_batch
+from controller.training.estimators import (LossCurveEstimator, SpotLossEstimator, fit_batch_memory, fit_contention,
                                        speed_from_iterations)
 
 
@@ -23,7 +23,7 @@ def test_loss_curve_recovers_coefficients():
 
 
 def test_loss_curve_fit_is_deterministic_and_robust_to_noise():
-    data = files.read_curve_csv(None)
+    data = readers.read_curve_csv(None)
     a = LossCurveEstimator().fit(data["samples"], data["loss"])
     b = LossCurveEstimator().fit(data["samples"], data["loss"])
     assert a.curve_ == b.curve_
@@ -34,9 +34,9 @@ def test_loss_curve_fit_is_deterministic_and_robust_to_noise():
 def test_loss_curve_refuses_before_fit_and_bad_input():
     with pytest.raises(NotFittedError):
         LossCurveEstimator().predict([1.0])
-    with pytest.raises(TrainingModelError):
+    with pytest.raises(TrainingError):
         LossCurveEstimator().fit([0, 1, 2], [3, 2, 1])          # too few points
-    with pytest.raises(TrainingModelError):
+    with pytest.raises(TrainingError):
         LossCurveEstimator().fit([0, 1, 2, 3], [3, 2, -1, 1])  # negative loss
 
 
@@ -65,7 +65,7 @@ def test_contention_fit_inverts_eq8():
     n = np.array([4, 9, 10, 11, 12])
     a1, b1 = fit_contention(n, job.worker_bandwidth(n), 1200, 142)
     assert (a1, b1) == pytest.approx((0.8, -1.92), abs=1e-6)
-    with pytest.raises(TrainingModelError):
+    with pytest.raises(TrainingError):
         fit_contention([2, 4], [142, 142], 1200, 142)   # never contended
 
 

@@ -6,17 +6,17 @@ import math
 import numpy as np
 import pytest
 
-from controller.training import files
-from controller.training.problem import spec_from_dict, with_overrides
+from controller.training import readers
+from controller.training.spec import spec_from_dict, with_overrides
 from controller.training.spot import SpotState, provision_spot
-from interference.training import (LossCurve, PsJob, SpotJob, SpotLoss, TrainingModelError, evaluate_spot,
+from controller.training.models import (LossCurve, PsJob, SpotJob, SpotLoss, TrainingError, evaluate_spot,
                                    predict_ps_one)
 
 
 @pytest.fixture(scope="module")
 def fixture_spec():
-    data, source = files.read_spec(None)
-    return spec_from_dict(data, files.offline_catalog(), source)
+    data, source = readers.read_spec(None)
+    return spec_from_dict(data, readers.offline_catalog(), source)
 
 
 @pytest.mark.parametrize("search", ["exact", "window"])
@@ -89,7 +89,7 @@ def test_spot_contention_only_when_ps_is_shared():
 
 
 def test_spot_compute_time_rejects_impossible_speed():
-    with pytest.raises(TrainingModelError):
+    with pytest.raises(TrainingError):
         _spot_job().compute_time([16], [10000])
 
 
@@ -148,8 +148,8 @@ def test_loss_curve_inverse_and_floor():
 
 
 def test_a_contention_fit_saturated_at_one_worker_is_refused():
-    from interference.training import TrainingModelError
-    with pytest.raises(TrainingModelError, match=r"a1 \+ b1"):
+    from controller.training.models import TrainingError
+    with pytest.raises(TrainingError, match=r"a1 \+ b1"):
         _spot_job(a1=0.5, b1=0.6)
 
 
@@ -157,7 +157,7 @@ def test_a_contention_fit_saturated_at_one_worker_is_refused():
 def test_spot_plans_need_a_real_parameter_server_type(fixture_spec):
     import dataclasses
 
-    from controller.training.problem import TrainingSpecError
+    from controller.training.spec import TrainingError
     same = dataclasses.replace(fixture_spec, ps=dataclasses.replace(fixture_spec.ps, type="same"))
-    with pytest.raises(TrainingSpecError, match="ps.type"):
+    with pytest.raises(TrainingError, match="ps.type"):
         provision_spot(same)

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.training.homogeneous import provision_homogeneous
-from controller.training.problem import PsOption, TrainingSpec, WorkerOption
+from controller.training.spec import PsOption, TrainingSpec, WorkerOption
 from controller.training.spot import SpotState, provision_spot
-from interference.training import LossCurve, SpotJob, SpotLoss
+from controller.training.models import LossCurve, SpotJob, SpotLoss
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -205,9 +205,9 @@ def test_candidate_table_matches_itertools(bounds, max_total, min_total):
 
 
 def test_auto_search_falls_back_to_window_on_large_tables():
-    from controller.training import files
-    from controller.training.problem import spec_from_dict
-    spec = spec_from_dict(files.read_spec(None)[0], files.offline_catalog(), "fixture")
+    from controller.training import readers
+    from controller.training.spec import spec_from_dict
+    spec = spec_from_dict(readers.read_spec(None)[0], readers.offline_catalog(), "fixture")
     assert provision_spot(spec).search == "exact"
     plan = provision_spot(spec, exact_limit=10)
     assert plan.search == "window" and [c for _, c in plan.counts] == [2, 0, 2, 0, 0]

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from controller.training import files
+from controller.training import readers
 from stoke.cli import main
 
 
@@ -38,7 +38,7 @@ def test_plan_homogeneous_and_infeasible(capsys):
 
 
 def test_plan_bad_spec_names_file_and_field(capsys, tmp_path):
-    data, _ = files.read_spec(None)
+    data, _ = readers.read_spec(None)
     del data["workers"]["g3.8xlarge"]["speed"]
     bad = tmp_path / "spec.yaml"
     bad.write_text(yaml.safe_dump(data))

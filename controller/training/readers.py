@@ -3,7 +3,7 @@
 Bundled data (`controller/training/data/`): the offline instance catalog,
 the ResNet-110 fixture spec (the default SPEC.yaml), an example CURVE.csv
 and gradient profiles (ResNet-50-like, VGG-19-like). Errors are
-`TrainingSpecError` naming the file, the field and the fix.
+`TrainingError` naming the file, the field and the fix.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from controller.training.problem import Catalog, InstanceType, TrainingSpecError
+from controller.training.models import TrainingError
+from controller.training.spec import Catalog, InstanceType
 
 CATALOG_FORMAT_VERSION = 1
 BUNDLED_SPEC = "resnet110.yaml"
@@ -34,7 +35,7 @@ def _read_text(path: str | os.PathLike[str], what: str) -> str:
     try:
         return Path(path).read_text()
     except OSError as err:
-        raise TrainingSpecError(f"{path}: cannot read {what} ({err.strerror})") from None
+        raise TrainingError(f"{path}: cannot read {what} ({err.strerror})") from None
 
 
 def read_yaml(path: str | os.PathLike[str], what: str = "YAML file") -> Any:
@@ -43,27 +44,27 @@ def read_yaml(path: str | os.PathLike[str], what: str = "YAML file") -> Any:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise TrainingSpecError(f"{path}:{where} not valid YAML; fix the syntax") from None
+        raise TrainingError(f"{path}:{where} not valid YAML; fix the syntax") from None
 
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
     try:
         return json.loads(_read_text(path, what))
     except json.JSONDecodeError as err:
-        raise TrainingSpecError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
+        raise TrainingError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
 
 
 def catalog_from_dict(data: Any, source: str, *, live: bool = False) -> Catalog:
     if not isinstance(data, dict) or data.get("format_version") != CATALOG_FORMAT_VERSION:
-        raise TrainingSpecError(f"{source}: format_version must be {CATALOG_FORMAT_VERSION}")
+        raise TrainingError(f"{source}: format_version must be {CATALOG_FORMAT_VERSION}")
     types = data.get("types")
     if not isinstance(types, dict) or not types:
-        raise TrainingSpecError(f"{source}: 'types' must map instance type -> its figures")
+        raise TrainingError(f"{source}: 'types' must map instance type -> its figures")
     out = {}
     for name, t in types.items():
         missing = [f for f in INSTANCE_FIELDS if not isinstance(t, dict) or f not in t]
         if missing:
-            raise TrainingSpecError(f"{source}: types.{name} lacks field {missing[0]!r}")
+            raise TrainingError(f"{source}: types.{name} lacks field {missing[0]!r}")
         out[name] = InstanceType(name=name, gpus=int(t["gpus"]), vcpus=int(t["vcpus"]),
                                  gpu_memory_gb=float(t["gpu_memory_gb"]), network_mb_s=float(t["network_mb_s"]),
                                  on_demand_per_hour=float(t["on_demand_per_hour"]),
@@ -101,33 +102,33 @@ def read_curve_csv(path: str | os.PathLike[str] | None, batch: int | None = None
     lines = [ln for ln in _read_text(target, "loss curve").splitlines() if not ln.lstrip().startswith("#")]
     rows = list(csv.reader(lines))
     if len(rows) < 2:
-        raise TrainingSpecError(f"{target}: needs a header row and data rows (e.g. 'samples,loss')")
+        raise TrainingError(f"{target}: needs a header row and data rows (e.g. 'samples,loss')")
     header = [h.strip() for h in rows[0]]
     columns: dict[str, list[float]] = {h: [] for h in header}
     for number, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
-            raise TrainingSpecError(f"{target}:{number}: expected {len(header)} values ({', '.join(header)})")
+            raise TrainingError(f"{target}:{number}: expected {len(header)} values ({', '.join(header)})")
         for h, cell in zip(header, row):
             try:
                 columns[h].append(float(cell))
             except ValueError:
-                raise TrainingSpecError(f"{target}:{number}: column {h!r} must be a number, got {cell!r}") from None
+                raise TrainingError(f"{target}:{number}: column {h!r} must be a number, got {cell!r}") from None
     out = {h: np.asarray(v) for h, v in columns.items()}
     if "loss" not in out:
-        raise TrainingSpecError(f"{target}: no 'loss' column; the header must name 'loss'")
+        raise TrainingError(f"{target}: no 'loss' column; the header must name 'loss'")
     if {"b_w", "R", "n", "j"} <= set(out):
         return out
     if "samples" not in out:
         if "iteration" not in out:
-            raise TrainingSpecError(f"{target}: needs a 'samples' or 'iteration' column besides 'loss'")
+            raise TrainingError(f"{target}: needs a 'samples' or 'iteration' column besides 'loss'")
         if "batch" in out:
             out["samples"] = out["iteration"] * out["batch"]
         elif batch:
             out["samples"] = out["iteration"] * batch
         else:
-            raise TrainingSpecError(f"{target}: 'iteration' needs the global batch: add a 'batch' column "
+            raise TrainingError(f"{target}: 'iteration' needs the global batch: add a 'batch' column "
                                     f"or pass --batch")
     return out
 
@@ -139,7 +140,7 @@ def read_gradient_profile(path: str | os.PathLike[str] | None, name: str | None 
         if not chosen.endswith(".yaml"):
             chosen += ".yaml"
         if chosen not in BUNDLED_PROFILES:
-            raise TrainingSpecError(f"no bundled gradient profile {name!r}; choose one of "
+            raise TrainingError(f"no bundled gradient profile {name!r}; choose one of "
                                     f"{', '.join(p[:-5] for p in BUNDLED_PROFILES)}")
         return read_yaml(data_path(chosen), "gradient profile"), f"bundled {chosen}"
     return read_yaml(path, "gradient profile"), str(path)

@@ -3,7 +3,7 @@
 scikit-learn style: ``__init__`` stores hyper-parameters only, ``fit``
 returns self and sets attributes ending in ``_``, prediction checks the
 estimator is fitted. Fits are deterministic (closed-form start, bounded
-trust-region least squares through `interference.fitting`).
+trust-region least squares through `interference.least_squares`).
 
 - `LossCurveEstimator`: loss(s) = 1/(beta0*s + beta1) + beta2 from a short
   profiling run (samples processed vs loss).
@@ -21,8 +21,8 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
-from interference.fitting import bounded_least_squares
-from interference.training import LossCurve, SpotLoss, TrainingModelError
+from interference.least_squares import bounded_least_squares
+from controller.training.models import LossCurve, SpotLoss, TrainingError
 
 
 def _check_fitted(est: BaseEstimator, attr: str) -> None:
@@ -35,7 +35,7 @@ def _check_fitted(est: BaseEstimator, attr: str) -> None:
 def _finite_1d(name: str, values, min_len: int) -> np.ndarray:
     arr = np.asarray(values, dtype=float).ravel()
     if arr.size < min_len or not np.all(np.isfinite(arr)):
-        raise TrainingModelError(f"{name} must hold at least {min_len} finite numbers")
+        raise TrainingError(f"{name} must hold at least {min_len} finite numbers")
     return arr
 
 
@@ -55,9 +55,9 @@ class LossCurveEstimator(BaseEstimator):
         x = _finite_1d("samples", samples, 4)
         y = _finite_1d("loss", loss, 4)
         if x.shape != y.shape:
-            raise TrainingModelError("samples and loss must have the same length")
+            raise TrainingError("samples and loss must have the same length")
         if np.any(x < 0) or np.any(y <= 0):
-            raise TrainingModelError("samples must be >= 0 and loss > 0")
+            raise TrainingError("samples must be >= 0 and loss > 0")
         scale = max(float(x.max()), 1.0)
         xs = x / scale                                   # fit on [0, 1] for conditioning
         floor0 = self.floor_fraction * float(y.min())
@@ -101,10 +101,10 @@ class SpotLossEstimator(BaseEstimator):
         X = np.asarray(X, dtype=float)
         y = _finite_1d("loss", y, 5)
         if X.ndim != 2 or X.shape != (y.size, 4) or not np.all(np.isfinite(X)):
-            raise TrainingModelError("X must be a (rows, 4) array of b_w, R, n, j")
+            raise TrainingError("X must be a (rows, 4) array of b_w, R, n, j")
         b_w, r, n, j = X.T
         if np.any(n < 1) or np.any(j < 0):
-            raise TrainingModelError("n must be >= 1 and j >= 0")
+            raise TrainingError("n must be >= 1 and j >= 0")
         fit_g4 = self.r_weight != 0
         g5_0 = 0.9 * float(y.min())
         design = np.column_stack([b_w, np.ones_like(b_w)]) * np.sqrt(n * (self.r_weight * r + 1.0))[:, None]
@@ -151,11 +151,11 @@ def fit_contention(n, measured_bw_mb_s, ps_bw_mb_s: float, required_bw_mb_s: flo
     p[use] = (required_bw_mb_s - bw[use]) / (required_bw_mb_s - fair[use])
     keep = use & (p > 0) & (p < 1)
     if keep.sum() < 2:
-        raise TrainingModelError("need bandwidths at >= 2 contended cluster sizes (B_ps/n < B_req) "
+        raise TrainingError("need bandwidths at >= 2 contended cluster sizes (B_ps/n < B_req) "
                                  "to fit the contention P(n)")
     a1, b1 = np.polyfit(np.sqrt(n[keep]), p[keep], 1)
     if a1 <= 0:
-        raise TrainingModelError("fitted contention does not grow with n (a1 <= 0); measure more sizes")
+        raise TrainingError("fitted contention does not grow with n (a1 <= 0); measure more sizes")
     return float(a1), float(b1)
 
 
@@ -171,5 +171,5 @@ def speed_from_iterations(batch: float, iteration_times_s) -> float:
     """Samples/s of one worker: batch over the median measured iteration time (robust to warm-up)."""
     times = _finite_1d("iteration times", iteration_times_s, 1)
     if np.any(times <= 0):
-        raise TrainingModelError("iteration times must be positive")
+        raise TrainingError("iteration times must be positive")
     return float(batch / np.median(times))

@@ -1,4 +1,7 @@
-"""EC2 edge of training provisioning: the one module that imports boto3.
+"""Cluster provisioning on EC2 for training: the one module that imports boto3.
+
+Cluster-wide (run by the CLI, not on the nodes): it prices, launches and
+watches the training cluster that `controller.training` plans.
 
 - `PriceSource`: the instance catalog with prices. Offline: the bundled
   catalog (no credentials, no network). Live: spot prices from
@@ -37,8 +40,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from controller.training.files import catalog_from_dict, catalog_to_dict, offline_catalog
-from controller.training.problem import Catalog, TrainingPlan, TrainingSpec, with_overrides
+from controller.training.readers import catalog_from_dict, catalog_to_dict, offline_catalog
+from controller.training.spec import Catalog, TrainingPlan, TrainingSpec, with_overrides
 from controller.training.spot import SpotState, provision_spot
 from stoke.files import atomic_write_text
 from stoke.errors import StokeError

@@ -57,12 +57,12 @@ BOTTLENECK_TEXT = {
 }
 
 
-class TrainingModelError(InputError):
-    """Coefficients or inputs the training models cannot use."""
+class TrainingError(InputError):
+    """A training spec, plan, profile, curve or model input cannot be used; names the field and the fix."""
 
 
 def _positive(name: str, value: float) -> float:
-    return check.positive(value, name, error=TrainingModelError)
+    return check.positive(value, name, error=TrainingError)
 
 
 # --------------------------------------------------------------------------- loss curves
@@ -78,7 +78,7 @@ class LossCurve:
     def __post_init__(self) -> None:
         _positive("beta0", self.beta0)
         if not math.isfinite(self.beta1) or not math.isfinite(self.beta2):
-            raise TrainingModelError("beta1 and beta2 must be finite numbers")
+            raise TrainingError("beta1 and beta2 must be finite numbers")
 
     def loss(self, samples: np.ndarray | float) -> np.ndarray | float:
         return 1.0 / (self.beta0 * np.asarray(samples, dtype=float) + self.beta1) + self.beta2
@@ -138,9 +138,9 @@ class PsJob:
         _positive("model_mb", self.model_mb)
         _positive("batch_per_worker", self.batch_per_worker)
         if self.sync not in ("bsp", "asp"):
-            raise TrainingModelError(f"sync must be 'bsp' or 'asp', got {self.sync!r}")
+            raise TrainingError(f"sync must be 'bsp' or 'asp', got {self.sync!r}")
         if self.update_cpu_s_per_mb < 0 or self.batch_penalty < 0:
-            raise TrainingModelError("update_cpu_s_per_mb and batch_penalty must be >= 0")
+            raise TrainingError("update_cpu_s_per_mb and batch_penalty must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class SpotJob:
         for name in ("model_mb", "ps_bw_mb_s", "required_bw_mb_s", "pcie_bw_mb_s", "a1"):
             _positive(name, getattr(self, name))
         if self.a1 + self.b1 >= 1.0:
-            raise TrainingModelError(f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
+            raise TrainingError(f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
                                      f"(a1 + b1 = {self.a1 + self.b1:g}); refit it so that a1 + b1 < 1")
 
     def contention(self, n) -> np.ndarray:
@@ -258,7 +258,7 @@ class SpotJob:
         """t_comp from the profiled speed (see module doc for the convention)."""
         t = np.asarray(batch, dtype=float) / np.asarray(speed, dtype=float) - 2.0 * self.model_mb / self.required_bw_mb_s
         if np.any(t <= 0):
-            raise TrainingModelError("profiled speed too high for the model size and B_req: "
+            raise TrainingError("profiled speed too high for the model size and B_req: "
                                      "batch/speed must exceed 2*S/B_req")
         return t
 
@@ -274,7 +274,7 @@ def per_gpu_batch(memory_gb, a2: float, b2: float) -> np.ndarray:
     """Eq (10): per-GPU batch 2^floor(log2(a2*mem + b2))."""
     value = a2 * np.asarray(memory_gb, dtype=float) + b2
     if np.any(value < 1):
-        raise TrainingModelError("a2*memory + b2 must be >= 1 for every GPU")
+        raise TrainingError("a2*memory + b2 must be >= 1 for every GPU")
     return np.power(2, np.floor(np.log2(value))).astype(int)
 
 

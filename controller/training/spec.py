@@ -1,7 +1,7 @@
 """Training provisioning problem and plan types: plain frozen data, no I/O.
 
 `spec_from_dict` turns the parsed SPEC.yaml (plus an instance catalog) into a
-`TrainingSpec`; `plan_to_dict` / `plan_from_dict` convert a `TrainingPlan` to
+`TrainingSpec`; `training_plan_to_dict` / `training_plan_from_dict` convert a `TrainingPlan` to
 and from its JSON shape (the `stoke train plan --json` output, the input of
 `stoke train launch`). Errors name the field and the fix.
 """
@@ -11,15 +11,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from interference.training import LossCurve, PsJob, SpotJob, SpotLoss, TrainingModelError
+from controller.training.models import LossCurve, PsJob, SpotJob, SpotLoss, TrainingError
 from stoke import validate as check
-from stoke.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
-
-
-class TrainingSpecError(InputError):
-    """The spec cannot be used as written; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ class Catalog:
 
     def get(self, name: str, where: str = "spec") -> InstanceType:
         if name not in self.types:
-            raise TrainingSpecError(f"{where}: instance type {name!r} is not in the catalog; "
+            raise TrainingError(f"{where}: instance type {name!r} is not in the catalog; "
                                     f"use one of {', '.join(sorted(self.types))} or add it to the catalog")
         return self.types[name]
 
@@ -98,12 +93,12 @@ class TrainingSpec:
         for w in self.workers:
             if w.type == name:
                 return w
-        raise TrainingSpecError(f"instance type {name!r} is not among the spec's workers "
+        raise TrainingError(f"instance type {name!r} is not among the spec's workers "
                                 f"({', '.join(w.type for w in self.workers)})")
 
     def ps_job(self, batch: int) -> PsJob:
         if self.curve is None:
-            raise TrainingSpecError("spec lacks 'homogeneous.curve' (beta0, beta1, beta2); "
+            raise TrainingError("spec lacks 'homogeneous.curve' (beta0, beta1, beta2); "
                                     "fit it with `stoke train fit-loss CURVE.csv` and paste the result")
         return PsJob(model_mb=self.model_mb, batch_per_worker=batch, curve=self.curve,
                      target_loss=self.target_loss, sync=self.sync, update_cpu_s_per_mb=self.update_cpu_s_per_mb,
@@ -149,7 +144,7 @@ class TrainingPlan:
 
 def _need(obj: Any, key: str, where: str, source: str) -> Any:
     if not isinstance(obj, Mapping) or key not in obj:
-        raise TrainingSpecError(f"{source}: {where} lacks field {key!r}; see the bundled example "
+        raise TrainingError(f"{source}: {where} lacks field {key!r}; see the bundled example "
                                 f"(`stoke train plan` with no file uses it)")
     return obj[key]
 
@@ -161,10 +156,10 @@ def _num(obj: Mapping[str, Any], key: str, where: str, source: str, *, default: 
         value = _need(obj, key, where, source)
     field = f"{where}.{key}"
     if not positive:
-        return check.number(value, field, where=source, error=TrainingSpecError)
+        return check.number(value, field, where=source, error=TrainingError)
     if allow_zero:
-        return check.non_negative(value, field, where=source, error=TrainingSpecError)
-    return check.positive(value, field, where=source, error=TrainingSpecError)
+        return check.non_negative(value, field, where=source, error=TrainingError)
+    return check.positive(value, field, where=source, error=TrainingError)
 
 
 def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, market: str = "spot") -> TrainingSpec:
@@ -174,7 +169,7 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
     "on_demand"; a `price_per_hour` in the spec overrides either.
     """
     if not isinstance(data, Mapping):
-        raise TrainingSpecError(f"{source}: the spec must be a mapping with 'job', 'workers' and 'ps'")
+        raise TrainingError(f"{source}: the spec must be a mapping with 'job', 'workers' and 'ps'")
     job = _need(data, "job", "spec", source)
     name = str(job.get("name", "training-job")) if isinstance(job, Mapping) else "training-job"
     target = _num(job, "target_loss", "job", source)
@@ -182,18 +177,18 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
     model_mb = _num(job, "model_mb", "job", source)
     sync = str(job.get("sync", "asp"))
     if sync not in ("asp", "bsp"):
-        raise TrainingSpecError(f"{source}: job.sync must be 'asp' or 'bsp', got {sync!r}")
+        raise TrainingError(f"{source}: job.sync must be 'asp' or 'bsp', got {sync!r}")
 
     raw_workers = _need(data, "workers", "spec", source)
     if not isinstance(raw_workers, Mapping) or not raw_workers:
-        raise TrainingSpecError(f"{source}: workers must map instance type -> {{quota, speed, gpu_batch}}")
+        raise TrainingError(f"{source}: workers must map instance type -> {{quota, speed, gpu_batch}}")
     workers = []
     for type_name, w in raw_workers.items():
         where = f"workers.{type_name}"
         inst = catalog.get(str(type_name), f"{source}: {where}")
         quota = _num(w, "quota", where, source, allow_zero=True)
         if quota != int(quota):
-            raise TrainingSpecError(f"{source}: {where}.quota must be a whole number, got {quota!r}")
+            raise TrainingError(f"{source}: {where}.quota must be a whole number, got {quota!r}")
         speed = _num(w, "speed", where, source)
         gpu_batch = _num(w, "gpu_batch", where, source)
         default_price = inst.spot_per_hour if market == "spot" else inst.on_demand_per_hour
@@ -206,7 +201,7 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
 
     for section in ("ps", "homogeneous", "spot"):
         if data.get(section) is not None and not isinstance(data[section], Mapping):
-            raise TrainingSpecError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
+            raise TrainingError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
                                     f"got {data[section]!r}")
     ps_raw = data.get("ps", {}) or {}
     ps_type = str(ps_raw.get("type", "same"))
@@ -229,8 +224,8 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
             curve = LossCurve(beta0=_num(c, "beta0", "homogeneous.curve", source),
                               beta1=_num(c, "beta1", "homogeneous.curve", source, positive=False),
                               beta2=_num(c, "beta2", "homogeneous.curve", source, positive=False))
-        except TrainingModelError as err:
-            raise TrainingSpecError(f"{source}: homogeneous.curve: {err}") from None
+        except TrainingError as err:
+            raise TrainingError(f"{source}: homogeneous.curve: {err}") from None
     cap = homo.get("worker_bandwidth_mb_s")
 
     spot = None
@@ -251,8 +246,8 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
                                  for k in ("g1", "g2", "g3", "g4", "g5")},
                               r_weight=_num(loss, "r_weight", "spot.loss", source, default=1.0, allow_zero=True)),
                 target_loss=target)
-        except TrainingModelError as err:
-            raise TrainingSpecError(f"{source}: spot: {err}") from None
+        except TrainingError as err:
+            raise TrainingError(f"{source}: spot: {err}") from None
 
     return TrainingSpec(
         name=name, target_loss=target, deadline_s=deadline, model_mb=model_mb, workers=tuple(workers), ps=ps,
@@ -277,7 +272,7 @@ def with_overrides(spec: TrainingSpec, *, deadline_s: float | None = None,
 
 # --------------------------------------------------------------------------- plan JSON
 
-def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
+def training_plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
     return {
         "format_version": PLAN_FORMAT_VERSION,
         "strategy": plan.strategy,
@@ -299,15 +294,15 @@ def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
     }
 
 
-def plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
+def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
     if not isinstance(data, Mapping):
-        raise TrainingSpecError(f"{source}: a plan must be a JSON object (write it with `stoke train plan --json`)")
+        raise TrainingError(f"{source}: a plan must be a JSON object (write it with `stoke train plan --json`)")
     if data.get("format_version") != PLAN_FORMAT_VERSION:
-        raise TrainingSpecError(f"{source}: format_version {data.get('format_version')!r} is not supported "
+        raise TrainingError(f"{source}: format_version {data.get('format_version')!r} is not supported "
                                 f"(expected {PLAN_FORMAT_VERSION}); re-plan with `stoke train plan --json`")
     counts = _need(data, "counts", "plan", source)
     if not isinstance(counts, Mapping) or not all(isinstance(v, int) and v >= 0 for v in counts.values()):
-        raise TrainingSpecError(f"{source}: counts must map instance type -> whole number of workers")
+        raise TrainingError(f"{source}: counts must map instance type -> whole number of workers")
 
     def num(key: str) -> float:
         value = data.get(key)
@@ -316,7 +311,7 @@ def plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
     try:
         return _plan(data, counts, num, source)
     except (TypeError, ValueError, AttributeError) as err:
-        raise TrainingSpecError(f"{source}: malformed plan ({err}); re-plan with `stoke train plan --json`") from None
+        raise TrainingError(f"{source}: malformed plan ({err}); re-plan with `stoke train plan --json`") from None
 
 
 def _plan(data: Mapping[str, Any], counts: Mapping[str, int], num: Any, source: str) -> TrainingPlan:
