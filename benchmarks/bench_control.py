@@ -64,7 +64,7 @@ def bench_apply_to_serving(tmp: Path) -> None:
     from controller.config import ControllerConfig, ProfileSource, ServiceConfig
     from controller.server import ControllerServer
     from interference.profile_io import save_profile
-    from stoke.commands.control import demo_cpu_profile
+    from stoke.commands.demo import demo_cpu_profile
 
     save_profile(demo_cpu_profile(), tmp / "cpu.json")
     (tmp / "token").write_text(TOKEN)

@@ -19,7 +19,9 @@ from stoke.errors import StokeError
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.daemons",
     "stoke.commands.control",
+    "stoke.commands.demo",
     "stoke.commands.alerts",
     "stoke.commands.device",
     "stoke.commands.train",

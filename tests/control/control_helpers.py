@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from interference.profile_io import profile_to_dict
-from stoke.commands.control import demo_cpu_profile
+from stoke.commands.demo import demo_cpu_profile
 
 DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
 
