@@ -1,4 +1,9 @@
-"""Fixtures of the Triton tests: the demo repository, free ports, a moto S3 server."""
+"""Fixtures shared across the test tree: the demo repository, a moto S3 server.
+
+The test folders mirror the source tree (tests/agents, tests/controller, tests/interference, tests/stoke);
+the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
+of them, since pytest puts this folder on sys.path for its conftest.
+"""
 from __future__ import annotations
 
 import os

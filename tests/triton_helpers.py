@@ -1,4 +1,4 @@
-"""Shared constants and helpers of the Triton tests."""
+"""Shared constants and helpers of the tests that run Triton: the demo repository, ports, inference."""
 from __future__ import annotations
 
 import socket
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_REPO = REPO_ROOT / "triton_repo"
 DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
 INPUT_SHAPES = {"tiny_echo": (8,), "mlp_small": (64,), "conv_medium": (3, 32, 32), "embed_large": (16,)}
