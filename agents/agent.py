@@ -57,22 +57,20 @@ def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
     """This node's devices, through `agents.device` when present, else the CPU as one device."""
     try:
         from agents.device import open_device   # NVML / CPU behind one interface
-    except ImportError:
-        open_device = None
-    if open_device is not None:
-        device = open_device(kind)
-        try:
-            infos = device.describe()
-        finally:
-            close = getattr(device, "close", None)
-            if close:
-                close()
-        return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
-                                memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
-                                cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
-    cores = len(os.sched_getaffinity(0))
-    return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
-                       cores=cores),)
+    except ImportError:                          # no NVML bindings: the CPU as one device
+        cores = len(os.sched_getaffinity(0))
+        return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
+                           cores=cores),)
+    device = open_device(kind)
+    try:
+        infos = device.describe()
+    finally:
+        close = getattr(device, "close", None)
+        if close:
+            close()
+    return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
+                            memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
+                            cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
 
 
 def observation_of(o: Any) -> Observation:
@@ -215,7 +213,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 wait = self.heartbeat_once()
-            except Exception:  # noqa: BLE001 - never let the loop die
+            except Exception:  # never let the loop die (logged with its traceback)
                 log.exception("heartbeat failed")
                 wait = self.interval_s
             self._stop.wait(max(0.0, wait))
@@ -224,7 +222,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self.fleet_once()
-            except Exception:  # noqa: BLE001
+            except Exception:  # the same: logged, the loop goes on
                 log.exception("fleet step failed")
             self._wake_fleet.wait(self.interval_s)
             self._wake_fleet.clear()

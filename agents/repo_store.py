@@ -26,6 +26,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
@@ -212,7 +213,7 @@ class S3Store(RepoStore):
     def __init__(self, url: str, *, endpoint_url: str | None = None, client: object | None = None) -> None:
         self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
         self.url = url
-        self.client = client or boto3.client("s3", endpoint_url=self.endpoint_url)
+        self.client: Any = client or boto3.client("s3", endpoint_url=self.endpoint_url)
 
     @property
     def triton_url(self) -> str:

@@ -49,6 +49,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -345,7 +346,7 @@ class TritonProcess:
         except (urllib.error.URLError, OSError) as err:
             raise TritonError(f"{self.name}: cannot scrape {self.metrics_url}: {err}") from None
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "alive": self.alive(), "returncode": self.returncode(),
                 "grpc": self.grpc_url, "http": self.http_url, "metrics": self.metrics_url,
                 "cpu_cores": list(self.cpu_cores or ()), "log": str(self.log_path)}
@@ -503,7 +504,7 @@ class TritonFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
         self.env = dict(env or {})
-        self.mps = mps
+        self.mps: Any = mps
         self.cpu_cores = tuple(sorted(cpu_cores if cpu_cores else os.sched_getaffinity(0)))
         self.latency_histogram = latency_histogram
         self.exit_timeout_s = exit_timeout_s
@@ -517,7 +518,7 @@ class TritonFleet:
         self._lock = threading.RLock()
         self._counter = 0
         self._mps_started = False
-        self._store = None
+        self._store: Any = None      # the S3 store of a remote repository, opened on first use
 
     # -- base configs
     def _default_base_config(self, model: str) -> ModelConfig:
@@ -715,7 +716,7 @@ class TritonFleet:
         with self._lock:
             return [slot.assignment for _, slot in sorted(self._slots.items()) if slot.process.alive()]
 
-    def processes(self) -> dict[str, dict[str, object]]:
+    def processes(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return {key: slot.process.state() for key, slot in sorted(self._slots.items())}
 

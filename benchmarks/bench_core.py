@@ -41,9 +41,10 @@ def bench_solver(sizes: list[int], seconds: float, arrivals: str) -> None:
             elapsed = (time.perf_counter() - started) / runs
             counts[strategy] = plan.gpu_count
             report = simulate(plan, profiles, seconds=seconds, seed=1, arrivals=arrivals)
+            over = sum(w.over_slo * w.requests for w in report.workloads)
+            requests = max(1, sum(w.requests for w in report.workloads))
             rows.append([size, strategy, f"{elapsed * 1000:.1f}", plan.gpu_count, len(plan.slo_misses),
-                         f"{100 * report.attainment:.1f}%",
-                         f"{100 * sum(w.over_slo * w.requests for w in report.workloads) / max(1, sum(w.requests for w in report.workloads)):.2f}%"])
+                         f"{100 * report.attainment:.1f}%", f"{100 * over / requests:.2f}%"])
         saving = 100 * (1 - counts["stoke"] / counts["igniter"])
         rows.append([size, "stoke vs igniter", "", f"{saving:+.1f}% fewer", "", "", ""])
     print(f"\nSolver on random mixes (seed 2026), {arrivals} arrivals, simulated {seconds:g} s:")

@@ -52,7 +52,7 @@ def main() -> None:
     spec = big_spec()
     print("== provisioner search: 7 instance types x quota 25 (target <= 50 ms)")
     for mode in ("exact", "window"):
-        ms, plan = timed(lambda: provision_spot(spec, search=mode))
+        ms, plan = timed(lambda mode=mode: provision_spot(spec, search=mode))
         mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
         print(f"spot/{mode:6s} {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix}: "
               f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}")
@@ -61,8 +61,8 @@ def main() -> None:
                           readers.offline_catalog(), "bench spec", market="on_demand")
     ms, plan = timed(lambda: provision_homogeneous(homo))
     mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
-    print(f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + {plan.ps_count} PS: "
-          f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}")
+    print(f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + "
+          f"{plan.ps_count} PS: {plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}")
     fixture = spec_from_dict(readers.read_spec(None)[0], readers.offline_catalog(), "fixture")
     ms, plan = timed(lambda: provision_spot(fixture))
     print(f"published ResNet-110 case {ms:.2f} ms -> {[c for _, c in plan.counts]}, "
@@ -93,7 +93,7 @@ def main() -> None:
     for name in ("resnet50", "vgg19"):
         data, source = readers.read_gradient_profile(None, name)
         profile = gradient_profile_from_dict(data, source)
-        ms, blocks = timed(lambda: plan_blocks(profile), repeat=25)
+        ms, blocks = timed(lambda profile=profile: plan_blocks(profile), repeat=25)
         res = {r.scheduler: r for r in compare(profile)}
         f, p, b = (res[k].iteration_ms for k in ("fifo", "priority", "blocks"))
         print(f"{profile.name:15s} iteration ms fifo {f:7.2f}  priority {p:7.2f}  blocks {b:7.2f}  "

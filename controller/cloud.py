@@ -136,7 +136,7 @@ class PriceSource:
         if self.pricing is None:
             return {}
         location = REGION_NAMES.get(self.region, self.region)
-        out = {}
+        out: dict[str, float] = {}
         for itype in types:
             filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in (
                 ("instanceType", itype), ("location", location), ("operatingSystem", "Linux"),

@@ -63,11 +63,11 @@ def check_name(value: Any, field: str) -> str:
     """A workload, model, GPU type or node name, stripped; refuses what would break a `Replica` key."""
     if not isinstance(value, str) or not value.strip():
         raise invalid(field, "must be a non-empty string")
-    value = value.strip()
+    name: str = value.strip()
     # '#' separates a replica in assignment keys; ':' separated an error from its key on the wire
-    if len(value) > NAME_MAX or any(c.isspace() or c in "#:/\\" for c in value):
-        raise invalid(field, f"{value!r} must be at most {NAME_MAX} characters without spaces, '#', ':', '/' or '\\'")
-    return value
+    if len(name) > NAME_MAX or any(c.isspace() or c in "#:/\\" for c in name):
+        raise invalid(field, f"{name!r} must be at most {NAME_MAX} characters without spaces, '#', ':', '/' or '\\'")
+    return name
 
 
 # ---------------------------------------------------------------- assignments

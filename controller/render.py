@@ -40,12 +40,11 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from controller.messages import ModelAssignment
 from stoke.files import atomic_write_text
 from stoke.errors import InputError
-
-ModelConfig = model_config_pb2.ModelConfig
 
 CONFIG_NAME = "config.pbtxt"
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"

@@ -182,7 +182,7 @@ class Store:
                                        "VALUES (?, ?, ?, ?)",
                                        (json.dumps(plan, sort_keys=True), bindings_json,
                                         json.dumps([list(p) for p in pending]), now))
-                revision = int(cur.lastrowid)
+                revision = int(cur.lastrowid or 0)   # AUTOINCREMENT: always set after an INSERT
                 self._db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
                 self._db.execute("COMMIT")
             except BaseException:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import least_squares
 
+Vector = npt.NDArray[np.float64]
 
-def bounded_least_squares(residual: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
-                          lower: np.ndarray, upper: np.ndarray, *, max_nfev: int = 5000) -> np.ndarray:
+
+def bounded_least_squares(residual: Callable[[Vector], Vector], x0: Vector, lower: Vector, upper: Vector, *,
+                          max_nfev: int = 5000) -> Vector:
     """Minimise ``sum(residual(x)**2)`` subject to ``lower <= x <= upper``.
 
     `x0` is clipped just inside the bounds first (scipy refuses an initial

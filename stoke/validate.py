@@ -193,6 +193,10 @@ def _is_settings(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(cls)
+
+
 def keys(cls: type) -> list[str]:
     """The keys a mapping of `cls` may hold (flattened nested settings included), in declaration order."""
     out: list[str] = []
@@ -229,7 +233,7 @@ def load(cls: type[T], data: Any, *, where: str, error: E = InputError, base_dir
 def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) -> T:
     hints = _hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    for f in _fields(cls):
         if f.metadata.get("flatten"):
             values[f.name] = _build(hints[f.name], data, prefix, ctx)
             continue

@@ -49,7 +49,7 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not start")
+                    raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
         yield endpoint
     finally:

@@ -27,7 +27,7 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         except FailedPrecondition as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except Exception as err:  # noqa: BLE001 - reported to the caller, logged here
+        except Exception as err:  # reported to the caller, logged here with its traceback
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
     return wrapper

@@ -42,8 +42,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
+
 from stoke import validate as check
 from stoke.errors import InputError
+
+Array = npt.NDArray[np.float64]       # vectorised results (int codes are cast when read)
+ArrayLike = npt.ArrayLike             # a scalar or anything numpy broadcasts
 
 #: Bottleneck labels, in the order of the integer codes the vectorised paths return.
 BOTTLENECKS = ("worker_compute", "worker_network", "ps_network", "ps_cpu")
@@ -80,8 +85,8 @@ class LossCurve:
         if not math.isfinite(self.beta1) or not math.isfinite(self.beta2):
             raise TrainingError("beta1 and beta2 must be finite numbers")
 
-    def loss(self, samples: np.ndarray | float) -> np.ndarray | float:
-        return 1.0 / (self.beta0 * np.asarray(samples, dtype=float) + self.beta1) + self.beta2
+    def loss(self, samples: ArrayLike) -> Array:
+        return np.asarray(1.0 / (self.beta0 * np.asarray(samples, dtype=float) + self.beta1) + self.beta2)
 
     def samples_for(self, target_loss: float) -> float:
         """Samples to reach `target_loss`; inf when the curve never gets there."""
@@ -105,18 +110,19 @@ class SpotLoss:
     g5: float
     r_weight: float = 1.0
 
-    def loss(self, b_w, r, n, j):
-        b_w, r, n, j = (np.asarray(v, dtype=float) for v in (b_w, r, n, j))
-        return (self.g2 * b_w + self.g3) * np.sqrt((self.r_weight * r + self.g4) * n) / (j + self.g1) + self.g5
+    def loss(self, b_w: ArrayLike, r: ArrayLike, n: ArrayLike, j: ArrayLike) -> Array:
+        bw_, r_, n_, j_ = (np.asarray(v, dtype=float) for v in (b_w, r, n, j))
+        return np.asarray((self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_) / (j_ + self.g1)
+                          + self.g5)
 
-    def iterations(self, b_w, r, n, target_loss: float):
+    def iterations(self, b_w: ArrayLike, r: ArrayLike, n: ArrayLike, target_loss: float) -> Array:
         """Normalised iterations j to reach `target_loss` (real-valued; may be <= 0 or nan)."""
-        b_w, r, n = (np.asarray(v, dtype=float) for v in (b_w, r, n))
+        bw_, r_, n_ = (np.asarray(v, dtype=float) for v in (b_w, r, n))
         if target_loss <= self.g5:
-            return np.full(np.broadcast(b_w, r, n).shape, np.inf)
+            return np.full(np.broadcast(bw_, r_, n_).shape, np.inf)
         with np.errstate(invalid="ignore"):
-            return (self.g2 * b_w + self.g3) * np.sqrt((self.r_weight * r + self.g4) * n) \
-                / (target_loss - self.g5) - self.g1
+            return np.asarray((self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_)
+                              / (target_loss - self.g5) - self.g1)
 
 
 # --------------------------------------------------------------------------- homogeneous PS model
@@ -163,27 +169,28 @@ class PsPrediction:
         return BOTTLENECK_TEXT[self.bottleneck]
 
 
-def predict_ps(job: PsJob, worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus, worker_price, ps_price,
-               n, m) -> dict[str, np.ndarray]:
+def predict_ps(job: PsJob, worker_speed: ArrayLike, worker_bw_mb_s: ArrayLike, ps_bw_mb_s: ArrayLike,
+               ps_cpus: ArrayLike, worker_price: ArrayLike, ps_price: ArrayLike, n: ArrayLike,
+               m: ArrayLike) -> dict[str, Array]:
     """Vectorised homogeneous prediction; every argument broadcasts.
 
     `worker_speed` is R_worker (samples/s of one worker's computation).
     Returns arrays: iterations, t_comp, t_comm, t_cpu, t_iter, time, cost,
     bottleneck (codes into BOTTLENECKS). Unreachable targets give time = inf.
     """
-    speed, bw_w, bw_ps, cpus, p_w, p_ps, n, m = np.broadcast_arrays(
+    speed, bw_w, bw_ps, cpus, p_w, p_ps, n_, m_ = np.broadcast_arrays(
         *(np.asarray(v, dtype=float) for v in (worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus,
                                                 worker_price, ps_price, n, m)))
     b = float(job.batch_per_worker)
     s_model = job.model_mb
-    global_batch = n * b
+    global_batch = n_ * b
     b_ref = float(job.reference_batch or job.batch_per_worker)
     samples = job.curve.samples_for(job.target_loss) * (1.0 + job.batch_penalty * np.maximum(0.0, global_batch / b_ref - 1.0))
     with np.errstate(invalid="ignore"):
         iterations = np.ceil(samples / global_batch)
     t_comp = b / speed
-    t_cpu = n * s_model * job.update_cpu_s_per_mb / (m * cpus)
-    ps_share = m * bw_ps / n
+    t_cpu = n_ * s_model * job.update_cpu_s_per_mb / (m_ * cpus)
+    ps_share = m_ * bw_ps / n_
     if job.sync == "bsp":
         b_eff = np.minimum(bw_w, ps_share)
         t_comm = 2.0 * s_model / b_eff
@@ -193,7 +200,7 @@ def predict_ps(job: PsJob, worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus, wo
         code = np.where(t_cpu > base, PS_CPU, code)
     else:
         t_comm = 2.0 * s_model / bw_w
-        t_psnet = 2.0 * n * s_model / (m * bw_ps)
+        t_psnet = 2.0 * n_ * s_model / (m_ * bw_ps)
         base = t_comp + t_comm
         t_iter = np.maximum(np.maximum(base, t_psnet), t_cpu)
         code = np.where(t_comp >= t_comm, WORKER_COMPUTE, WORKER_NETWORK)
@@ -201,7 +208,7 @@ def predict_ps(job: PsJob, worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus, wo
         code = np.where((t_cpu > base) & (t_cpu > t_psnet), PS_CPU, code)
         t_comm = np.maximum(t_comm, t_psnet - t_comp)  # the wait a worker sees for its push/pull
     time = iterations * t_iter
-    cost = (n * p_w + m * p_ps) * time / 3600.0
+    cost = (n_ * p_w + m_ * p_ps) * time / 3600.0
     return {"iterations": iterations, "t_comp": t_comp, "t_comm": t_comm, "t_cpu": t_cpu,
             "t_iter": t_iter, "time": time, "cost": cost, "bottleneck": code.astype(int)}
 
@@ -238,48 +245,50 @@ class SpotJob:
             raise TrainingError(f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
                                      f"(a1 + b1 = {self.a1 + self.b1:g}); refit it so that a1 + b1 < 1")
 
-    def contention(self, n) -> np.ndarray:
+    def contention(self, n: ArrayLike) -> Array:
         """P(n), the share of the PS bandwidth contention that bites (clipped to [0, 1])."""
-        return np.clip(self.a1 * np.sqrt(np.asarray(n, dtype=float)) + self.b1, 0.0, 1.0)
+        return np.asarray(np.clip(self.a1 * np.sqrt(np.asarray(n, dtype=float)) + self.b1, 0.0, 1.0))
 
     def max_workers(self) -> int:
         """n_upper = floor(((1 - b1)/a1)^2): the largest cluster the contention fit covers (P < 1)."""
         return max(1, int(math.floor(((1.0 - self.b1) / self.a1) ** 2 - 1e-9)))
 
-    def worker_bandwidth(self, n) -> np.ndarray:
+    def worker_bandwidth(self, n: ArrayLike) -> Array:
         """B_wk(n) of eq (8)."""
-        n = np.asarray(n, dtype=float)
-        fair = self.ps_bw_mb_s / n
-        p = self.contention(n)
+        workers = np.asarray(n, dtype=float)
+        fair = self.ps_bw_mb_s / workers
+        p = self.contention(workers)
         return np.where(self.required_bw_mb_s > fair, p * fair + (1.0 - p) * self.required_bw_mb_s,
                         self.required_bw_mb_s)
 
-    def compute_time(self, batch, speed) -> np.ndarray:
+    def compute_time(self, batch: ArrayLike, speed: ArrayLike) -> Array:
         """t_comp from the profiled speed (see module doc for the convention)."""
-        t = np.asarray(batch, dtype=float) / np.asarray(speed, dtype=float) - 2.0 * self.model_mb / self.required_bw_mb_s
+        t: Array = np.asarray(batch, dtype=float) / np.asarray(speed, dtype=float) \
+            - 2.0 * self.model_mb / self.required_bw_mb_s
         if np.any(t <= 0):
-            raise TrainingError("profiled speed too high for the model size and B_req: "
-                                     "batch/speed must exceed 2*S/B_req")
+            raise TrainingError("profiled speed too high for the model size and B_req: batch/speed must exceed "
+                                "2*S/B_req")
         return t
 
-    def iteration_times(self, compute_s, gpus, n) -> np.ndarray:
+    def iteration_times(self, compute_s: ArrayLike, gpus: ArrayLike, n: ArrayLike) -> Array:
         """T_i for each worker type when the cluster has n workers: shape broadcast(n[:, None], types)."""
-        n = np.asarray(n, dtype=float)
         b_wk = self.worker_bandwidth(n)[..., None]
-        return (np.asarray(compute_s, float) + 2.0 * self.model_mb / b_wk
-                + 2.0 * np.asarray(gpus, float) * self.model_mb / self.pcie_bw_mb_s)
+        return np.asarray(np.asarray(compute_s, float) + 2.0 * self.model_mb / b_wk
+                          + 2.0 * np.asarray(gpus, float) * self.model_mb / self.pcie_bw_mb_s)
 
 
-def per_gpu_batch(memory_gb, a2: float, b2: float) -> np.ndarray:
+def per_gpu_batch(memory_gb: ArrayLike, a2: float, b2: float) -> npt.NDArray[np.int_]:
     """Eq (10): per-GPU batch 2^floor(log2(a2*mem + b2))."""
     value = a2 * np.asarray(memory_gb, dtype=float) + b2
     if np.any(value < 1):
         raise TrainingError("a2*memory + b2 must be >= 1 for every GPU")
-    return np.power(2, np.floor(np.log2(value))).astype(int)
+    batch: npt.NDArray[np.int_] = np.power(2, np.floor(np.log2(value))).astype(int)
+    return batch
 
 
-def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhead_s: float = 0.0,
-                  remaining: float = 1.0, by_type: bool = False) -> dict[str, np.ndarray]:
+def evaluate_spot(job: SpotJob, batch: ArrayLike, compute_s: ArrayLike, gpus: ArrayLike, price: ArrayLike,
+                  counts: ArrayLike, *, overhead_s: float = 0.0, remaining: float = 1.0,
+                  by_type: bool = False) -> dict[str, Array]:
     """Evaluate many heterogeneous clusters at once.
 
     `batch`, `compute_s`, `gpus`, `price` are per worker type (length T);
@@ -294,7 +303,7 @@ def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhe
     # (types x candidates) table: 10^5 candidates in a few milliseconds.
     table = np.asarray(counts, dtype=float)
     counts_t = table if by_type else np.atleast_2d(table).T                          # (T, K)
-    batch, compute_s, gpus, price = (np.asarray(v, dtype=float) for v in (batch, compute_s, gpus, price))
+    batch_, compute_, gpus_, price_ = (np.asarray(v, dtype=float) for v in (batch, compute_s, gpus, price))
     n_raw = counts_t.sum(axis=0)
     order = np.argsort(n_raw, kind="stable")
     grouped = np.ascontiguousarray(counts_t[:, order])
@@ -302,8 +311,8 @@ def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhe
     cuts = np.flatnonzero(np.diff(n_sorted)) + 1
     starts = np.concatenate([[0], cuts]).astype(int)
     ends = np.concatenate([cuts, [len(n_sorted)]]).astype(int)
-    t_tab = job.iteration_times(compute_s, gpus, np.maximum(n_sorted[starts], 1.0)) if len(starts) and len(n_sorted) \
-        else np.zeros((0, len(batch)))
+    t_tab = job.iteration_times(compute_, gpus_, np.maximum(n_sorted[starts], 1.0)) if len(starts) and len(n_sorted) \
+        else np.zeros((0, len(batch_)))
     size = len(n_sorted)
     rate_s, speed_s, sq_s, vmax_s = (np.zeros(size) for _ in range(4))
     for g, (lo, hi) in enumerate(zip(starts, ends)):
@@ -311,7 +320,7 @@ def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhe
             continue
         block = grouped[:, lo:hi]
         inv = 1.0 / t_tab[g]
-        v = batch * inv
+        v = batch_ * inv
         rate_s[lo:hi] = inv @ block
         speed_s[lo:hi] = v @ block
         sq_s[lo:hi] = (v * v) @ block
@@ -333,9 +342,9 @@ def evaluate_spot(job: SpotJob, batch, compute_s, gpus, price, counts, *, overhe
         t_exp = 1.0 / rate
         time = j * t_exp + overhead_s
     time = np.where((n > 0) & np.isfinite(j_real) & (j_real > 0), time, np.inf)
-    cost = time * (price @ counts_t) / 3600.0
+    cost = time * (price_ @ counts_t) / 3600.0
     comm = 2.0 * job.model_mb / job.worker_bandwidth(safe_n)
-    comp_mean = (compute_s @ counts_t) / safe_n
+    comp_mean = (compute_ @ counts_t) / safe_n
     contended = job.required_bw_mb_s > job.ps_bw_mb_s / safe_n
     code = np.where(comp_mean >= comm, WORKER_COMPUTE, np.where(contended, PS_NETWORK, WORKER_NETWORK))
     return {"n": n, "b_w": b_w, "R": r, "j": j, "t_exp": t_exp, "time": time, "cost": cost,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from controller.training.models import TrainingError
+from controller.training.models import Array, TrainingError
 from controller.training.spec import Catalog, InstanceType
 
 CATALOG_FORMAT_VERSION = 1
@@ -91,7 +91,7 @@ def read_spec(path: str | os.PathLike[str] | None) -> tuple[Any, str]:
     return data, str(target) if path is not None else f"bundled {BUNDLED_SPEC}"
 
 
-def read_curve_csv(path: str | os.PathLike[str] | None, batch: int | None = None) -> dict[str, np.ndarray]:
+def read_curve_csv(path: str | os.PathLike[str] | None, batch: int | None = None) -> dict[str, Array]:
     """Columns of a loss-curve CSV (header row required; lines starting with # are comments).
 
     Accepted layouts: ``samples,loss``; ``iteration,loss`` with a ``batch``

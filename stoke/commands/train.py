@@ -220,8 +220,9 @@ def run_fit_loss(args: argparse.Namespace) -> int:
                 "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
         rows = [[k, v] for k, v in coeffs.items()]
         if args.target is not None:
-            body["samples_to_target"] = est.samples_for(args.target)
-            rows.append([f"samples to loss {args.target}", _fmt(body["samples_to_target"], 0)])
+            samples = est.samples_for(args.target)
+            body["samples_to_target"] = samples
+            rows.append([f"samples to loss {args.target}", _fmt(samples, 0)])
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
@@ -302,8 +303,9 @@ def run_watch(args: argparse.Namespace) -> int:
         print(f"revoked: {', '.join(result.revoked)}")
         if result.plan is not None and result.plan.feasible:
             adds = ", ".join(f"{c} x {t}" for t, c in result.plan.additions) or "nothing"
-            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} s, "
-                  f"${_fmt(result.plan.predicted_cost, 2)}; launch: {result.launch.summary() if result.launch else '-'}")
+            launched = result.launch.summary() if result.launch else "-"
+            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} "
+                  f"s, ${_fmt(result.plan.predicted_cost, 2)}; launch: {launched}")
         elif result.plan is not None:
             print(f"re-plan infeasible: {result.plan.reason}")
         sys.stdout.flush()
@@ -357,8 +359,8 @@ def run_comm_sim(args: argparse.Namespace) -> int:
                                        "messages": r.messages} for r in results]}, indent=2))
         return 0
     total_mb = sum(g.bytes for g in profile.gradients) / 1e6
-    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, link {profile.bandwidth_mb_s:.0f} MB/s, "
-          f"compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
+    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, "
+          f"link {profile.bandwidth_mb_s:.0f} MB/s, compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
     base = {r.scheduler: r.iteration_ms for r in results}
     rows = []
     for r in results:

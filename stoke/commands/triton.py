@@ -159,7 +159,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         with LoadGenerator(args.url, args.model, batch=args.batch, on_latency=on_latency) as gen:
             report = gen.run(args.rate, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms)
     except LoadError as err:
-        raise UserError(f"--url {args.url} --model {args.model}: {err}")
+        raise UserError(f"--url {args.url} --model {args.model}: {err}") from None
     finally:
         if exporter is not None:
             exporter.close()

@@ -93,7 +93,8 @@ def prometheus(tmp_path: Path, histogram_target: int):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("prometheus did not start: " + (tmp_path / "prometheus.log").read_text()[-2000:])
+                    raise RuntimeError("prometheus did not start: "
+                                       + (tmp_path / "prometheus.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
         yield base
     finally:

@@ -74,7 +74,8 @@ def triton_metrics(tmp_path: Path):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("tritonserver did not start: " + (tmp_path / "triton.log").read_text()[-2000:])
+                    raise RuntimeError("tritonserver did not start: "
+                                       + (tmp_path / "triton.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
         body = b'{"inputs":[{"name":"IN","shape":[1],"datatype":"FP32","data":[1.0]}]}'
         for _ in range(3):

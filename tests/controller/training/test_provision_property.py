@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from controller.training.homogeneous import provision_homogeneous
 from controller.training.spec import PsOption, TrainingSpec, WorkerOption
 from controller.training.spot import SpotState, provision_spot
-from controller.training.models import LossCurve, SpotJob, SpotLoss
+from controller.training.models import LossCurve, SpotJob, SpotLoss, TrainingError
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -175,7 +175,7 @@ def test_homogeneous_matches_brute_force(workers, deadline, sync, ps_count, cpu,
                         reference_batch=512)
     try:
         plan = provision_homogeneous(spec)
-    except Exception as err:  # only a spec with no usable worker may be refused
+    except TrainingError as err:  # only a spec with no usable worker may be refused
         assert all(w.quota < 1 for w in workers) or "too high" in str(err)
         return
     brute = brute_homogeneous(spec)
