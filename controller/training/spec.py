@@ -178,86 +178,90 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
     sync = str(job.get("sync", "asp"))
     if sync not in ("asp", "bsp"):
         raise TrainingError(f"{source}: job.sync must be 'asp' or 'bsp', got {sync!r}")
+    workers = _workers(_need(data, "workers", "spec", source), catalog, source, market)
+    for section in ("ps", "homogeneous", "spot"):
+        if data.get(section) is not None and not isinstance(data[section], Mapping):
+            raise TrainingError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
+                                f"got {data[section]!r}")
+    ps = _ps(data.get("ps", {}) or {}, catalog, source)
+    homo = data.get("homogeneous", {}) or {}
+    spot_raw = data.get("spot")
+    cap = homo.get("worker_bandwidth_mb_s")
+    return TrainingSpec(
+        name=name, target_loss=target, deadline_s=deadline, model_mb=model_mb, workers=workers, ps=ps,
+        sync=sync, curve=_curve(homo["curve"], source) if "curve" in homo else None,
+        update_cpu_s_per_mb=_num(homo, "update_cpu_s_per_mb", "homogeneous", source, default=0.0, allow_zero=True),
+        batch_penalty=_num(homo, "batch_penalty", "homogeneous", source, default=0.0, allow_zero=True),
+        reference_batch=int(_num(homo, "reference_batch", "homogeneous", source, default=0, allow_zero=True)),
+        worker_bandwidth_cap_mb_s=None if cap is None else _num(homo, "worker_bandwidth_mb_s", "homogeneous", source),
+        spot=None if spot_raw is None else _spot(spot_raw, model_mb, target, ps, source),
+        recovery_overhead_s=_num(spot_raw or {}, "recovery_overhead_s", "spot", source, default=30.0, allow_zero=True))
 
-    raw_workers = _need(data, "workers", "spec", source)
-    if not isinstance(raw_workers, Mapping) or not raw_workers:
+
+def _workers(raw: Any, catalog: Catalog, source: str, market: str) -> tuple[WorkerOption, ...]:
+    """workers: {instance type: {quota, speed, gpu_batch, price_per_hour?, network_mb_s?}}."""
+    if not isinstance(raw, Mapping) or not raw:
         raise TrainingError(f"{source}: workers must map instance type -> {{quota, speed, gpu_batch}}")
     workers = []
-    for type_name, w in raw_workers.items():
+    for type_name, w in raw.items():
         where = f"workers.{type_name}"
         inst = catalog.get(str(type_name), f"{source}: {where}")
         quota = _num(w, "quota", where, source, allow_zero=True)
         if quota != int(quota):
             raise TrainingError(f"{source}: {where}.quota must be a whole number, got {quota!r}")
-        speed = _num(w, "speed", where, source)
         gpu_batch = _num(w, "gpu_batch", where, source)
         default_price = inst.spot_per_hour if market == "spot" else inst.on_demand_per_hour
-        price = _num(w, "price_per_hour", where, source, default=default_price, allow_zero=True)
-        workers.append(WorkerOption(type=str(type_name), quota=int(quota), speed=speed,
-                                    batch=int(gpu_batch) * inst.gpus, gpus=inst.gpus,
-                                    network_mb_s=_num(w, "network_mb_s", where, source, default=inst.network_mb_s),
-                                    price_per_hour=price, on_demand_per_hour=inst.on_demand_per_hour,
-                                    vcpus=inst.vcpus))
+        workers.append(WorkerOption(
+            type=str(type_name), quota=int(quota), speed=_num(w, "speed", where, source),
+            batch=int(gpu_batch) * inst.gpus, gpus=inst.gpus,
+            network_mb_s=_num(w, "network_mb_s", where, source, default=inst.network_mb_s),
+            price_per_hour=_num(w, "price_per_hour", where, source, default=default_price, allow_zero=True),
+            on_demand_per_hour=inst.on_demand_per_hour, vcpus=inst.vcpus))
+    return tuple(workers)
 
-    for section in ("ps", "homogeneous", "spot"):
-        if data.get(section) is not None and not isinstance(data[section], Mapping):
-            raise TrainingError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
-                                    f"got {data[section]!r}")
-    ps_raw = data.get("ps", {}) or {}
-    ps_type = str(ps_raw.get("type", "same"))
+
+def _ps(raw: Mapping[str, Any], catalog: Catalog, source: str) -> PsOption:
+    """ps: {type: same | an instance type, max_count?, network_mb_s?, vcpus?, price_per_hour?}."""
+    ps_type = str(raw.get("type", "same"))
+    max_count = int(_num(raw, "max_count", "ps", source, default=4))
     if ps_type == "same":
-        ps = PsOption(type="same", max_count=int(_num(ps_raw, "max_count", "ps", source, default=4)),
-                      network_mb_s=0.0, vcpus=0, price_per_hour=0.0)
-    else:
-        inst = catalog.get(ps_type, f"{source}: ps.type")
-        ps = PsOption(type=ps_type, max_count=int(_num(ps_raw, "max_count", "ps", source, default=4)),
-                      network_mb_s=_num(ps_raw, "network_mb_s", "ps", source, default=inst.network_mb_s),
-                      vcpus=int(_num(ps_raw, "vcpus", "ps", source, default=inst.vcpus)),
-                      price_per_hour=_num(ps_raw, "price_per_hour", "ps", source, default=inst.on_demand_per_hour,
-                                          allow_zero=True))
+        return PsOption(type="same", max_count=max_count, network_mb_s=0.0, vcpus=0, price_per_hour=0.0)
+    inst = catalog.get(ps_type, f"{source}: ps.type")
+    return PsOption(type=ps_type, max_count=max_count,
+                    network_mb_s=_num(raw, "network_mb_s", "ps", source, default=inst.network_mb_s),
+                    vcpus=int(_num(raw, "vcpus", "ps", source, default=inst.vcpus)),
+                    price_per_hour=_num(raw, "price_per_hour", "ps", source, default=inst.on_demand_per_hour,
+                                        allow_zero=True))
 
-    curve = None
-    homo = data.get("homogeneous", {}) or {}
-    if "curve" in homo:
-        c = homo["curve"]
-        try:
-            curve = LossCurve(beta0=_num(c, "beta0", "homogeneous.curve", source),
-                              beta1=_num(c, "beta1", "homogeneous.curve", source, positive=False),
-                              beta2=_num(c, "beta2", "homogeneous.curve", source, positive=False))
-        except TrainingError as err:
-            raise TrainingError(f"{source}: homogeneous.curve: {err}") from None
-    cap = homo.get("worker_bandwidth_mb_s")
 
-    spot = None
-    spot_raw = data.get("spot")
-    if spot_raw is not None:
-        loss = _need(spot_raw, "loss", "spot", source)
-        contention = _need(spot_raw, "contention", "spot", source)
-        try:
-            spot = SpotJob(
-                model_mb=model_mb,
-                ps_bw_mb_s=_num(spot_raw, "ps_bandwidth_mb_s", "spot", source,
-                                default=ps.network_mb_s if ps.network_mb_s > 0 else None),
-                required_bw_mb_s=_num(spot_raw, "required_bandwidth_mb_s", "spot", source),
-                pcie_bw_mb_s=_num(spot_raw, "pcie_mb_s", "spot", source, default=10000.0),
-                a1=_num(contention, "a1", "spot.contention", source),
-                b1=_num(contention, "b1", "spot.contention", source, positive=False),
-                loss=SpotLoss(**{k: _num(loss, k, "spot.loss", source, positive=False)
-                                 for k in ("g1", "g2", "g3", "g4", "g5")},
-                              r_weight=_num(loss, "r_weight", "spot.loss", source, default=1.0, allow_zero=True)),
-                target_loss=target)
-        except TrainingError as err:
-            raise TrainingError(f"{source}: spot: {err}") from None
+def _curve(raw: Any, source: str) -> LossCurve:
+    """homogeneous.curve: {beta0, beta1, beta2}."""
+    beta0 = _num(raw, "beta0", "homogeneous.curve", source)
+    beta1 = _num(raw, "beta1", "homogeneous.curve", source, positive=False)
+    beta2 = _num(raw, "beta2", "homogeneous.curve", source, positive=False)
+    try:                      # the model's own checks do not know the file
+        return LossCurve(beta0=beta0, beta1=beta1, beta2=beta2)
+    except TrainingError as err:
+        raise TrainingError(f"{source}: homogeneous.curve: {err}") from None
 
-    return TrainingSpec(
-        name=name, target_loss=target, deadline_s=deadline, model_mb=model_mb, workers=tuple(workers), ps=ps,
-        sync=sync, curve=curve,
-        update_cpu_s_per_mb=_num(homo, "update_cpu_s_per_mb", "homogeneous", source, default=0.0, allow_zero=True),
-        batch_penalty=_num(homo, "batch_penalty", "homogeneous", source, default=0.0, allow_zero=True),
-        reference_batch=int(_num(homo, "reference_batch", "homogeneous", source, default=0, allow_zero=True)),
-        worker_bandwidth_cap_mb_s=None if cap is None else _num(homo, "worker_bandwidth_mb_s", "homogeneous", source),
-        spot=spot,
-        recovery_overhead_s=_num(spot_raw or {}, "recovery_overhead_s", "spot", source, default=30.0, allow_zero=True))
+
+def _spot(raw: Any, model_mb: float, target: float, ps: PsOption, source: str) -> SpotJob:
+    """spot: {ps_bandwidth_mb_s?, required_bandwidth_mb_s, pcie_mb_s?, contention: {a1, b1}, loss: {g1..g5}}."""
+    loss = _need(raw, "loss", "spot", source)
+    contention = _need(raw, "contention", "spot", source)
+    numbers = dict(
+        ps_bw_mb_s=_num(raw, "ps_bandwidth_mb_s", "spot", source,
+                        default=ps.network_mb_s if ps.network_mb_s > 0 else None),
+        required_bw_mb_s=_num(raw, "required_bandwidth_mb_s", "spot", source),
+        pcie_bw_mb_s=_num(raw, "pcie_mb_s", "spot", source, default=10000.0),
+        a1=_num(contention, "a1", "spot.contention", source),
+        b1=_num(contention, "b1", "spot.contention", source, positive=False))
+    g = {k: _num(loss, k, "spot.loss", source, positive=False) for k in ("g1", "g2", "g3", "g4", "g5")}
+    r_weight = _num(loss, "r_weight", "spot.loss", source, default=1.0, allow_zero=True)
+    try:                      # the model's own checks do not know the file
+        return SpotJob(model_mb=model_mb, loss=SpotLoss(**g, r_weight=r_weight), target_loss=target, **numbers)
+    except TrainingError as err:
+        raise TrainingError(f"{source}: spot: {err}") from None
 
 
 def with_overrides(spec: TrainingSpec, *, deadline_s: float | None = None,
@@ -295,34 +299,42 @@ def training_plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
 
 
 def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
+    """Inverse of `training_plan_to_dict`; raises TrainingError naming the field, its value and the fix."""
+    fix = "re-plan with `stoke train plan --json`"
     if not isinstance(data, Mapping):
         raise TrainingError(f"{source}: a plan must be a JSON object (write it with `stoke train plan --json`)")
     if data.get("format_version") != PLAN_FORMAT_VERSION:
         raise TrainingError(f"{source}: format_version {data.get('format_version')!r} is not supported "
-                                f"(expected {PLAN_FORMAT_VERSION}); re-plan with `stoke train plan --json`")
-    counts = _need(data, "counts", "plan", source)
-    if not isinstance(counts, Mapping) or not all(isinstance(v, int) and v >= 0 for v in counts.values()):
-        raise TrainingError(f"{source}: counts must map instance type -> whole number of workers")
+                            f"(expected {PLAN_FORMAT_VERSION}); {fix}")
 
-    def num(key: str) -> float:
-        value = data.get(key)
-        return math.inf if value is None else float(value)
+    def counts(key: str, value: Any) -> tuple[tuple[str, int], ...]:
+        if not isinstance(value, Mapping):
+            raise check.fail(key, "a mapping of instance type -> whole number of workers", value, where=source,
+                             error=TrainingError, fix=fix)
+        return tuple((str(t), check.whole(c, f"{key}.{t}", where=source, error=TrainingError, fix=fix))
+                     for t, c in value.items())
 
-    try:
-        return _plan(data, counts, num, source)
-    except (TypeError, ValueError, AttributeError) as err:
-        raise TrainingError(f"{source}: malformed plan ({err}); re-plan with `stoke train plan --json`") from None
+    def num(key: str, default: float = math.inf) -> float:
+        value = data.get(key)     # null: inf (an infeasible plan's prediction); Infinity: an open deadline
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise check.fail(key, "a number", value, where=source, error=TrainingError, fix=fix)
+        return float(value)
 
+    def whole(key: str) -> int:
+        return check.whole(data.get(key, 0), key, where=source, error=TrainingError, fix=fix)
 
-def _plan(data: Mapping[str, Any], counts: Mapping[str, int], num: Any, source: str) -> TrainingPlan:
+    details = data.get("details") or {}
+    if not isinstance(details, Mapping):
+        raise check.fail("details", "a mapping", details, where=source, error=TrainingError, fix=fix)
     return TrainingPlan(
         strategy=str(data.get("strategy", "spot")), job=str(data.get("job", "training-job")),
         feasible=bool(_need(data, "feasible", "plan", source)),
-        counts=tuple((str(t), int(c)) for t, c in counts.items()),
-        ps_type=str(data.get("ps_type", "")), ps_count=int(data.get("ps_count", 0)),
+        counts=counts("counts", _need(data, "counts", "plan", source)),
+        ps_type=str(data.get("ps_type", "")), ps_count=whole("ps_count"),
         predicted_time_s=num("predicted_time_s"), predicted_cost=num("predicted_cost"),
-        deadline_s=float(data.get("deadline_s", math.inf)), target_loss=float(data.get("target_loss", 0.0)),
-        bottleneck=str(data.get("bottleneck", "")), reason=str(data.get("reason", "")),
-        details=dict(data.get("details", {})),
-        existing=tuple((str(t), int(c)) for t, c in (data.get("existing") or {}).items()),
-        candidates=int(data.get("candidates", 0)), search=str(data.get("search", "")))
+        deadline_s=num("deadline_s"), target_loss=num("target_loss", 0.0),
+        bottleneck=str(data.get("bottleneck", "")), reason=str(data.get("reason", "")), details=dict(details),
+        existing=counts("existing", data.get("existing") or {}), candidates=whole("candidates"),
+        search=str(data.get("search", "")))

@@ -106,13 +106,36 @@ def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
     return str(path)
 
 
+def demo_config(tmp: Path, profile_path: str, gpu_type: str) -> Any:
+    """A loopback controller for the demo: any free ports, a token in `tmp`, fast heartbeats, the CPU as `gpu_type`."""
+    from controller.config import ControllerConfig, GpuTypeConfig, ProfileSource, ServiceConfig
+    service = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, cpu_gpu_type=gpu_type,
+                            gpu_types=(GpuTypeConfig(gpu_type, DEMO_CPU_PRICE, ("cpu",)),))
+    return ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
+                            token_file=str(tmp / "token"), reconcile_interval_s=0.5,
+                            profiles=(ProfileSource(profile_path, gpu_type),), service=service)
+
+
+def _wait_for_agent(client: Any, stop: threading.Event, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(n.state == "ready" for n in client.list_nodes().nodes):
+        if time.monotonic() > deadline or stop.is_set():
+            raise UserError(f"the local agent did not register within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def _settled(status: Any) -> bool:
+    """Every workload serves or is pending (with its reason), and at least one serves."""
+    states = [w.state for w in status.workloads]
+    return bool(states) and all(s in ("serving", "pending") for s in states) and "serving" in states
+
+
 def run_up(args: argparse.Namespace) -> int:
     quiet_grpc()
     from agents.agent import Agent, local_devices
     from agents.latency_metrics import RequestLatencyExporter
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
-    from controller.config import ControllerConfig, GpuTypeConfig, ProfileSource, ServiceConfig
     from controller.server import ControllerServer
     from interference.profile_io import load_profile
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -127,14 +150,9 @@ def run_up(args: argparse.Namespace) -> int:
     stop = until_signal(args.seconds)
     token = secrets.token_urlsafe(16)
     (tmp / "token").write_text(token + "\n")
-    service = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, cpu_gpu_type=profile.gpu.name,
-                            gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),))
-    config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
-                              token_file=str(tmp / "token"), reconcile_interval_s=0.5,
-                              profiles=(ProfileSource(profile_path, profile.gpu.name),), service=service)
     loaders: list[threading.Thread] = []
     latency = RequestLatencyExporter(w.slo_ms for w in workloads)
-    server = ControllerServer(config).start()
+    server = ControllerServer(demo_config(tmp, profile_path, profile.gpu.name)).start()
     client = ControllerClient(server.address, token=token)
     agent_client = ControllerClient(server.address, token=token)
     agent = None
@@ -142,11 +160,7 @@ def run_up(args: argparse.Namespace) -> int:
         fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
         agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0)
         agent.start()
-        deadline = time.monotonic() + 30
-        while not any(n.state == "ready" for n in client.list_nodes().nodes):
-            if time.monotonic() > deadline or stop.is_set():
-                raise UserError("the local agent did not register within 30 s")
-            time.sleep(0.1)
+        _wait_for_agent(client, stop)
         client.apply_workloads(workloads)
         latency_url = latency.serve(0)
         print(f"controller {server.address} (token in {tmp / 'token'}), metrics "
@@ -156,9 +170,7 @@ def run_up(args: argparse.Namespace) -> int:
         next_print = 0.0
         while not stop.is_set():
             status = client.status()
-            if ready_at is None and status.workloads and all(w.state in ("serving", "pending")
-                                                             for w in status.workloads) \
-                    and any(w.state == "serving" for w in status.workloads):
+            if ready_at is None and _settled(status):
                 ready_at = time.monotonic() - started
                 served = {w.name for w in status.workloads if w.state == "serving"}
                 print(f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
