@@ -140,7 +140,8 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
         source, base = str(path), Path(path).resolve().parent
         data = _read_yaml(Path(path))
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the config must be a mapping of keys ({', '.join(check.keys(ControllerConfig))})")
+            known = ", ".join(check.keys(ControllerConfig))
+            raise ConfigError(f"{path}: the config must be a mapping of keys ({known})")
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
         source = f"{source} + command line"

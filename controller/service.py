@@ -26,9 +26,8 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from controller.config import ServiceConfig
-from controller.messages import (FailedPrecondition, HeartbeatAnswer, HeartbeatReport, InvalidArgument, NodeDevice,
-                                 check_name, invalid)
-from controller.messages import AssignmentError
+from controller.messages import (AssignmentError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport,
+                                 InvalidArgument, NodeDevice, check_name, invalid)
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView
@@ -123,10 +122,12 @@ class ControlService:
             raise invalid("workloads", "give at least one workload")
         profiles, _ = self.profiles.snapshot()
         workloads: list[Workload] = []
+        seen: set[str] = set()
         for i, item in enumerate(items):
             w = self._checked_workload(item, f"workloads[{i}]", profiles)
-            if any(w.name == seen.name for seen in workloads):
+            if w.name in seen:
                 raise invalid(f"workloads[{i}].name", f"{w.name!r} appears twice in the request; keep one")
+            seen.add(w.name)
             workloads.append(w)
         result = self.store.upsert_workloads(workloads, self.clock())
         if result[0] or result[1]:

@@ -238,7 +238,8 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) ->
             values[f.name] = _build(hints[f.name], data, prefix, ctx)
             continue
         value = data.get(f.name)
-        if value is None or value == []:     # not given (or given empty): the default
+        # not given, given empty, or "" for an optional field: the default
+        if value is None or value == [] or (value == "" and f.default is None):
             if f.default is dataclasses.MISSING:
                 raise ctx.error(f"{ctx.where}: {prefix.rstrip('.') or 'the settings'} lacks field {f.name!r}; "
                                 f"add it", prefix + f.name)
