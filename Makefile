@@ -6,7 +6,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test test-fast tools bench clean
+.PHONY: run test test-fast tools bench schema clean
 
 # The venv is rebuilt whenever the dependency lists change.
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -34,6 +34,10 @@ test-fast: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# The controller config's JSON Schema, generated from its classes (controller/config.py).
+schema: $(BIN)/.installed
+	$(BIN)/python -m controller.config
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -34,9 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from controller.api.client import InvalidRequest, Unauthenticated
-from controller.assignment import ModelAssignment
-from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice, Observation
+from controller.messages import (AssignmentError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport,
+                                 InvalidArgument, ModelAssignment, NodeDevice, Observation, Unauthenticated)
 
 log = logging.getLogger("stoke.agent")
 
@@ -58,22 +57,20 @@ def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
     """This node's devices, through `agents.device` when present, else the CPU as one device."""
     try:
         from agents.device import open_device   # NVML / CPU behind one interface
-    except ImportError:
-        open_device = None
-    if open_device is not None:
-        device = open_device(kind)
-        try:
-            infos = device.describe()
-        finally:
-            close = getattr(device, "close", None)
-            if close:
-                close()
-        return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
-                                memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
-                                cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
-    cores = len(os.sched_getaffinity(0))
-    return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
-                       cores=cores),)
+    except ImportError:                          # no NVML bindings: the CPU as one device
+        cores = len(os.sched_getaffinity(0))
+        return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
+                           cores=cores),)
+    device = open_device(kind)
+    try:
+        infos = device.describe()
+    finally:
+        close = getattr(device, "close", None)
+        if close:
+            close()
+    return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
+                            memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
+                            cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
 
 
 def observation_of(o: Any) -> Observation:
@@ -94,7 +91,7 @@ class AgentState:
     desired_revision: int = 0
     applied: tuple[ModelAssignment, ...] | None = None
     applied_revision: int = 0
-    apply_errors: tuple[str, ...] = ()
+    apply_errors: tuple[AssignmentError, ...] = ()
     errors_revision: int = 0             # the revision whose apply produced `apply_errors`
     last_apply: float = 0.0
     applies: int = 0
@@ -153,7 +150,7 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
-            if isinstance(err, (Unauthenticated, InvalidRequest)):
+            if isinstance(err, (Unauthenticated, InvalidArgument, FailedPrecondition)):
                 # retrying cannot help until someone fixes the token or the node's identity: say so loudly
                 log.error("the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
                           "the node id; retrying in %.1fs, Triton keeps serving", err, delay)
@@ -202,7 +199,7 @@ class Agent:
                      if (keys := getattr(report, name, ()))]
             if parts or errors:
                 self._event(f"applied revision {revision}: " + ("; ".join(parts) or "no change")
-                            + (f"; errors: {' | '.join(errors)}" if errors else ""))
+                            + (f"; errors: {' | '.join(map(str, errors))}" if errors else ""))
         for e in self.fleet.check_health():
             self._event(e)
         observed = tuple(observation_of(o) for o in self.fleet.observe())
@@ -216,7 +213,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 wait = self.heartbeat_once()
-            except Exception:  # noqa: BLE001 - never let the loop die
+            except Exception:  # never let the loop die (logged with its traceback)
                 log.exception("heartbeat failed")
                 wait = self.interval_s
             self._stop.wait(max(0.0, wait))
@@ -225,7 +222,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self.fleet_once()
-            except Exception:  # noqa: BLE001
+            except Exception:  # the same: logged, the loop goes on
                 log.exception("fleet step failed")
             self._wake_fleet.wait(self.interval_s)
             self._wake_fleet.clear()

@@ -19,8 +19,9 @@ core and in total from /proc/stat deltas between two samples (the first
 sample covers the time since the device was opened), memory used =
 MemTotal - MemAvailable from /proc/meminfo. GPU fields stay None.
 
-`serve_device_metrics(device, port, host)` exports the samples on the agent's
-own Prometheus endpoint (see `agents.device_exporter`).
+`agents.device_exporter.serve_device_metrics(device, port, host)` exports the
+samples on the agent's own Prometheus endpoint (it imports this module, not
+the other way round).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import pynvml
+from stoke.errors import StokeError
 
 DEVICE_KINDS = ("auto", "cpu", "nvml")
 
@@ -52,7 +54,7 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
 THROTTLE_REASON_NAMES = tuple(name for _, name in THROTTLE_REASONS)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(StokeError, RuntimeError):
     """A device cannot be opened or read; the message says why and what to do."""
 
 
@@ -405,15 +407,6 @@ def open_device(kind: str = "auto", *, nvml: Any = pynvml, proc_root: str | os.P
     raise DeviceError(f"unknown device kind {kind!r}; use one of {', '.join(DEVICE_KINDS)}")
 
 
-def serve_device_metrics(device: Device, port: int, host: str = "127.0.0.1") -> Any:
-    """Serve the device's samples on http://host:port/metrics (port 0: any free port).
-
-    Returns a server with `.port`, `.url` and `.close()`; see `agents.device_exporter`.
-    """
-    from agents.device_exporter import serve_device_metrics as serve
-    return serve(device, port, host)
-
-
 def sample_to_dict(s: DeviceSample) -> dict[str, Any]:
     """JSON shape of a sample (`stoke device show --json`)."""
     return {
@@ -436,7 +429,7 @@ def info_to_dict(d: DeviceInfo) -> dict[str, Any]:
 
 __all__: Sequence[str] = (
     "Device", "DeviceError", "DeviceInfo", "DeviceSample", "GpuProcess", "CpuDevice", "NvmlDevice",
-    "open_device", "serve_device_metrics", "decode_throttle_reasons", "milliwatts_to_watts", "mhz_to_hz",
+    "open_device", "decode_throttle_reasons", "milliwatts_to_watts", "mhz_to_hz",
     "parse_proc_stat", "parse_meminfo", "utilization_pct", "sample_to_dict", "info_to_dict",
     "THROTTLE_REASONS", "THROTTLE_REASON_NAMES", "DEVICE_KINDS",
 )

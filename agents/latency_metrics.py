@@ -13,7 +13,7 @@ by default (`controller.alerts`).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
@@ -31,7 +31,7 @@ class RequestLatencyExporter:
         self._histogram = Histogram(METRIC, "Request latency seen by the client (ms); "
                                     "a failed request counts as the client timeout", ["workload", "model"],
                                     buckets=bounds + [math.inf], registry=self.registry)
-        self._server = None
+        self._server: Any = None
         self.port: int | None = None
 
     def observe(self, workload: str, model: str, latency_ms: float) -> None:

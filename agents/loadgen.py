@@ -20,11 +20,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from stoke.errors import StokeError
 
 ARRIVALS = ("constant", "poisson")
 
 
-class LoadError(RuntimeError):
+class LoadError(StokeError, RuntimeError):
     """The target cannot be reached or the model's inputs cannot be built."""
 
 

@@ -22,11 +22,12 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from stoke.errors import StokeError
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 
 
-class MpsError(RuntimeError):
+class MpsError(StokeError, RuntimeError):
     """The MPS control daemon is missing or refused a command."""
 
 

@@ -22,13 +22,14 @@ from typing import Callable
 
 from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonError, TritonFleet
-from controller.assignment import ModelAssignment
-from interference.profile_io import atomic_write_text
+from controller.messages import ModelAssignment
 from interference.profiling import (Measurement, MeasurePoint, ProfileSession, Stability, eta_seconds,
                                     measure_until_stable)
+from stoke.errors import StokeError
+from stoke.files import atomic_write_text
 
 
-class ProfilingError(RuntimeError):
+class ProfilingError(StokeError, RuntimeError):
     """A measurement could not be taken (Triton would not serve, requests failed, a neighbour died)."""
 
 
@@ -82,7 +83,7 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
             report = fleet.apply(copies)
             if report.errors:
                 raise ProfilingError(f"cannot serve {point.model} at {point.share_pct:g}%: "
-                                     f"{'; '.join(report.errors)}")
+                                     f"{'; '.join(map(str, report.errors))}")
             endpoints = fleet.endpoints()
             stop = threading.Event()
             threads = [threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),

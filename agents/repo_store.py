@@ -33,13 +33,15 @@ import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
+from stoke.errors import StokeError
 
-from interference.profile_io import atomic_replace, atomic_write_bytes
+from stoke.files import atomic_replace, atomic_write_bytes
 
 CONFIG_NAME = "config.pbtxt"
 #: Object metadata key holding a file's MD5 (S3 returns it as x-amz-meta-stoke-md5).
@@ -49,7 +51,7 @@ _PLAIN_MD5 = re.compile(r"^[0-9a-f]{32}$")
 IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
 
 
-class StoreError(RuntimeError):
+class StoreError(StokeError, RuntimeError):
     """A repository store cannot be read or written."""
 
 
@@ -248,7 +250,7 @@ class S3Store(RepoStore):
                  max_concurrency: int = 4) -> None:
         self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
         self.url = url
-        self.client = client or boto3.client("s3", endpoint_url=self.endpoint_url)
+        self.client: Any = client or boto3.client("s3", endpoint_url=self.endpoint_url)
         # memory in flight per transfer is about max_concurrency x multipart_chunksize, whatever the file size
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
                                        multipart_chunksize=multipart_chunksize, max_concurrency=max_concurrency)

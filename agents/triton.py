@@ -27,7 +27,7 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
     loaded there, endpoint switched, then (after `drain_s`) the old process
     stopped gracefully (``moved``);
   * a failed load keeps the previous config (or process) serving, and the
-    error is reported in ``ApplyReport.errors`` (rollback).
+    error is reported in ``ApplyReport.errors`` as an `AssignmentError` (key, message; rollback).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
   counters -> observed figures (request rate, mean batch, queue / compute ms).
 """
@@ -49,19 +49,21 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from controller.assignment import ModelAssignment
+from controller.messages import AssignmentError, ModelAssignment
 from controller.render import (CONFIG_NAME, ModelConfig, config_from_json, config_to_json, config_to_text,
                                parse_config, read_config, render_config)
+from stoke.errors import StokeError
 
 HOST = "127.0.0.1"
 
 
-class TritonError(RuntimeError):
+class TritonError(StokeError, RuntimeError):
     """A Triton process failed to start, load a model or answer."""
 
 
@@ -376,7 +378,7 @@ class TritonProcess:
         except (urllib.error.URLError, OSError) as err:
             raise TritonError(f"{self.name}: cannot scrape {self.metrics_url}: {err}") from None
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "alive": self.alive(), "returncode": self.returncode(),
                 "grpc": self.grpc_url, "http": self.http_url, "metrics": self.metrics_url,
                 "cpu_cores": list(self.cpu_cores or ()), "log": str(self.log_path)}
@@ -494,7 +496,7 @@ class ApplyReport:
     moved: tuple[str, ...] = ()
     stopped: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
+    errors: tuple[AssignmentError, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -534,7 +536,7 @@ class TritonFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
         self.env = dict(env or {})
-        self.mps = mps
+        self.mps: Any = mps
         self.cpu_cores = tuple(sorted(cpu_cores if cpu_cores else os.sched_getaffinity(0)))
         self.latency_histogram = latency_histogram
         self.exit_timeout_s = exit_timeout_s
@@ -548,7 +550,7 @@ class TritonFleet:
         self._lock = threading.RLock()
         self._counter = 0
         self._mps_started = False
-        self._store = None
+        self._store: Any = None      # the S3 store of a remote repository, opened on first use
 
     # -- base configs
     def _default_base_config(self, model: str) -> ModelConfig:
@@ -619,10 +621,10 @@ class TritonFleet:
     # -- the interface
     def apply(self, assignments: Sequence[ModelAssignment]) -> ApplyReport:
         desired: dict[str, ModelAssignment] = {}
-        errors: list[str] = []
+        errors: list[AssignmentError] = []
         for a in assignments:
             if a.key in desired:
-                errors.append(f"{a.key}: duplicate assignment key; kept the first")
+                errors.append(AssignmentError(a.key, "duplicate assignment key; kept the first"))
                 continue
             desired[a.key] = a
         started, reloaded, moved, stopped, unchanged = [], [], [], [], []
@@ -641,7 +643,7 @@ class TritonFleet:
                 try:
                     config = self.render(a)
                 except Exception as err:  # noqa: BLE001 - a bad base config is reported, others go on
-                    errors.append(f"{key}: cannot render the config of {a.model!r}: {err}")
+                    errors.append(AssignmentError(key, f"cannot render the config of {a.model!r}: {err}"))
                     if slot is not None:
                         unchanged.append(key)
                     continue
@@ -650,14 +652,14 @@ class TritonFleet:
                         self._slots[key] = self._spawn(a, config)
                         started.append(key)
                     except (RuntimeError, OSError) as err:   # TritonError, MpsError
-                        errors.append(f"{key}: start failed: {err}")
+                        errors.append(AssignmentError(key, f"start failed: {err}"))
                     continue
                 if _placement(slot.assignment) != _placement(a):
                     try:
                         new = self._spawn(a, config, exclude=key)
                     except (RuntimeError, OSError) as err:   # TritonError, MpsError
-                        errors.append(f"{key}: move to share {a.share_pct:g}% / device {a.device} failed, "
-                                      f"the old process keeps serving: {err}")
+                        errors.append(AssignmentError(key, f"move to share {a.share_pct:g}% / device {a.device} "
+                                                           f"failed, the old process keeps serving: {err}"))
                         continue
                     old, self._slots[key] = slot, new
                     time.sleep(self.drain_s)        # clients that read the old endpoint have sent by now
@@ -674,7 +676,7 @@ class TritonFleet:
                     slot.config, slot.assignment = config, a
                     reloaded.append(key)
                 except TritonError as err:
-                    errors.append(f"{key}: reload failed, previous config keeps serving: {err}")
+                    errors.append(AssignmentError(key, f"reload failed, previous config keeps serving: {err}"))
                     self._rollback(slot)
         return ApplyReport(tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged),
                            tuple(errors))
@@ -746,7 +748,7 @@ class TritonFleet:
         with self._lock:
             return [slot.assignment for _, slot in sorted(self._slots.items()) if slot.process.alive()]
 
-    def processes(self) -> dict[str, dict[str, object]]:
+    def processes(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return {key: slot.process.state() for key, slot in sorted(self._slots.items())}
 

@@ -34,8 +34,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # before grpc loads: no fork 
 
 from agents.agent import Agent  # noqa: E402
 from controller.api.client import ControllerClient  # noqa: E402
-from controller.assignment import ModelAssignment  # noqa: E402
-from controller.service import NodeDevice  # noqa: E402
+from controller.messages import ModelAssignment, NodeDevice, Replica  # noqa: E402
 from controller.solver import Workload  # noqa: E402
 
 TOKEN = "bench-token"
@@ -62,16 +61,17 @@ def wait(fn, timeout: float, interval: float = 0.05):
 
 def bench_apply_to_serving(tmp: Path) -> None:
     from agents.triton import TritonFleet
-    from controller.server import ControllerConfig, ControllerServer
+    from controller.config import ControllerConfig, ProfileSource, ServiceConfig
+    from controller.server import ControllerServer
     from interference.profile_io import save_profile
-    from stoke.commands.control import demo_cpu_profile
+    from stoke.commands.demo import demo_cpu_profile
 
     save_profile(demo_cpu_profile(), tmp / "cpu.json")
     (tmp / "token").write_text(TOKEN)
     server = ControllerServer(ControllerConfig(
         listen="127.0.0.1:0", metrics_listen="", db=str(tmp / "apply.db"), token_file=str(tmp / "token"),
-        heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0, reconcile_interval_s=0.1,
-        profiles=((str(tmp / "cpu.json"), "CPU"),))).start()
+        reconcile_interval_s=0.1, profiles=(ProfileSource(str(tmp / "cpu.json"), "CPU"),),
+        service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0))).start()
     client = ControllerClient(server.address, token=TOKEN)
     fleet = TritonFleet(str(ROOT / "triton_repo"), device_kind="cpu", workdir=str(tmp / "triton"))
     agent = Agent(ControllerClient(server.address, token=TOKEN), fleet, "n1", (NodeDevice(0, "cpu", "cpu"),),
@@ -186,10 +186,10 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         applied = wait(lambda: _plan_revision(client), 300, 0.05)
         plan_s = time.monotonic() - t0
         plan = client.get_plan().plan
-        expected = {g.node_id: {f"{p.workload}#{p.replica}" for p in g.placements} for g in plan.gpus}
+        expected = {g.node_id: {str(Replica(p.workload, p.replica)) for p in g.placements} for g in plan.gpus}
         per_node: dict[str, set[str]] = {}
         for g in plan.gpus:
-            per_node.setdefault(g.node_id, set()).update(f"{p.workload}#{p.replica}" for p in g.placements)
+            per_node.setdefault(g.node_id, set()).update(str(Replica(p.workload, p.replica)) for p in g.placements)
         wait(lambda: all(set(a.fleet.serving) == per_node.get(a.node_id, set()) for a in agents), 120, 0.05)
         converge_s = time.monotonic() - t0
         del expected
@@ -197,7 +197,7 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
               f"{len(plan.gpus)} GPUs, ${plan.cost_per_hour:,.2f}/h, pending {len(plan.pending)}")
         print(f"  apply -> plan stored (solve + bind + store):              {plan_s:.2f} s")
         print(f"  apply -> all {nodes} simulated agents running their assignments: {converge_s:.2f} s")
-        before = {f"{p.workload}#{p.replica}": (g.node_id, g.device, p.share_pct, p.batch)
+        before = {str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
                   for g in plan.gpus for p in g.placements}
         target = items[7]
         t0 = time.monotonic()
@@ -205,7 +205,7 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         wait(lambda: _plan_revision(client) > applied, 120, 0.05)
         change_s = time.monotonic() - t0
         plan2 = client.get_plan().plan
-        after = {f"{p.workload}#{p.replica}": (g.node_id, g.device, p.share_pct, p.batch)
+        after = {str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
                  for g in plan2.gpus for p in g.placements}
         moved = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         moved_other = [k for k in moved if not k.startswith(target.name + "#")]

@@ -19,8 +19,8 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agents.device import open_device, serve_device_metrics
-from agents.device_exporter import DeviceCollector
+from agents.device import open_device
+from agents.device_exporter import DeviceCollector, serve_device_metrics
 from stoke.table import render_table
 
 

@@ -14,14 +14,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from controller.training import files
-from controller.training.blocks import plan_blocks, profile_from_dict
+from controller.training import readers
+from controller.training.blocks import plan_blocks, gradient_profile_from_dict
 from controller.training.comm_sim import compare
 from controller.training.homogeneous import provision_homogeneous
-from controller.training.problem import spec_from_dict
+from controller.training.spec import spec_from_dict
 from controller.training.spot import provision_spot
-from interference.training import SpotLoss
-from interference.training_fit import LossCurveEstimator, SpotLossEstimator
+from controller.training.models import SpotLoss
+from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 
 TYPES = {  # type: (profiled samples/s, per-GPU batch) for a ResNet-110-like job
     "p3.2xlarge": (1885, 1024), "g4dn.4xlarge": (750, 1024), "g3.8xlarge": (1018, 512),
@@ -42,28 +42,28 @@ def timed(fn, repeat: int = 15) -> tuple[float, object]:
 
 
 def big_spec(quota: int = 25):
-    data, source = files.read_spec(None)
+    data, source = readers.read_spec(None)
     data["workers"] = {t: {"quota": quota, "speed": s, "gpu_batch": b} for t, (s, b) in TYPES.items()}
     data["job"]["deadline_s"] = 1500
-    return spec_from_dict(data, files.offline_catalog(), "bench spec")
+    return spec_from_dict(data, readers.offline_catalog(), "bench spec")
 
 
 def main() -> None:
     spec = big_spec()
     print("== provisioner search: 7 instance types x quota 25 (target <= 50 ms)")
     for mode in ("exact", "window"):
-        ms, plan = timed(lambda: provision_spot(spec, search=mode))
+        ms, plan = timed(lambda mode=mode: provision_spot(spec, search=mode))
         mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
         print(f"spot/{mode:6s} {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix}: "
               f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}")
-    homo = spec_from_dict({**files.read_spec(None)[0],
+    homo = spec_from_dict({**readers.read_spec(None)[0],
                            "workers": {t: {"quota": 25, "speed": s, "gpu_batch": b} for t, (s, b) in TYPES.items()}},
-                          files.offline_catalog(), "bench spec", market="on_demand")
+                          readers.offline_catalog(), "bench spec", market="on_demand")
     ms, plan = timed(lambda: provision_homogeneous(homo))
     mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
-    print(f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + {plan.ps_count} PS: "
-          f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}")
-    fixture = spec_from_dict(files.read_spec(None)[0], files.offline_catalog(), "fixture")
+    print(f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + "
+          f"{plan.ps_count} PS: {plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}")
+    fixture = spec_from_dict(readers.read_spec(None)[0], readers.offline_catalog(), "fixture")
     ms, plan = timed(lambda: provision_spot(fixture))
     print(f"published ResNet-110 case {ms:.2f} ms -> {[c for _, c in plan.counts]}, "
           f"{plan.predicted_time_s:.1f} s, ${plan.predicted_cost:.3f}")
@@ -80,7 +80,7 @@ def main() -> None:
               f"max {100 * max(gaps):.1f}%")
 
     print("== loss fitting")
-    cols = files.read_curve_csv(None)
+    cols = readers.read_curve_csv(None)
     ms, est = timed(lambda: LossCurveEstimator().fit(cols["samples"], cols["loss"]))
     print(f"loss curve ({est.n_points_} points) {ms:.2f} ms, rmse {est.rmse_:.4f}")
     truth = SpotLoss(876.5, -0.2, 2507.6, 1.0, 0.5, r_weight=0.0)
@@ -91,9 +91,9 @@ def main() -> None:
 
     print("== gradient scheduling (comm simulator)")
     for name in ("resnet50", "vgg19"):
-        data, source = files.read_gradient_profile(None, name)
-        profile = profile_from_dict(data, source)
-        ms, blocks = timed(lambda: plan_blocks(profile), repeat=25)
+        data, source = readers.read_gradient_profile(None, name)
+        profile = gradient_profile_from_dict(data, source)
+        ms, blocks = timed(lambda profile=profile: plan_blocks(profile), repeat=25)
         res = {r.scheduler: r for r in compare(profile)}
         f, p, b = (res[k].iteration_ms for k in ("fifo", "priority", "blocks"))
         print(f"{profile.name:15s} iteration ms fifo {f:7.2f}  priority {p:7.2f}  blocks {b:7.2f}  "

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.loadgen import LoadGenerator  # noqa: E402
 from agents.triton import TritonFleet, TritonProcess  # noqa: E402
-from controller.assignment import ModelAssignment  # noqa: E402
+from controller.messages import ModelAssignment  # noqa: E402
 from controller.render import read_config, render_config  # noqa: E402
 
 REPO = ROOT / "triton_repo"
@@ -90,8 +90,9 @@ def bench_changes(workdir: Path, rate: float, seconds: float, repeats: int) -> N
     for name, rows in (("batch change (reload)", batch_rows), ("share change (new process)", share_rows)):
         sent = sum(r[0] for r in rows)
         failed = sum(r[1] for r in rows)
+        p99 = statistics.median(r[3] for r in rows)
         print(f"{name:<27} at {rate:g} rps: {failed} failed of {sent} requests over {len(rows)} changes; "
-              f"apply {fmt([r[2] for r in rows])}; p99 during run median {statistics.median(r[3] for r in rows):.1f} ms")
+              f"apply {fmt([r[2] for r in rows])}; p99 during run median {p99:.1f} ms")
 
 
 def bench_loadgen_ceiling(workdir: Path, seconds: float, rates: list[float]) -> None:
@@ -121,7 +122,8 @@ def bench_share_effect(workdir: Path, seconds: float, rate: float = 300.0) -> No
             with LoadGenerator(fleet.endpoint("w#0"), "conv_medium") as gen:
                 r = gen.run(rate, seconds, arrival="poisson", seed=1)
             obs = {o.key: o for o in fleet.observe()}["w#0"]
-            print(f"conv_medium at {rate:g} rps, share {share:>3g}% ({len(fleet.processes()['w#0']['cpu_cores'])} cores): "
+            cores = len(fleet.processes()["w#0"]["cpu_cores"])
+            print(f"conv_medium at {rate:g} rps, share {share:>3g}% ({cores} cores): "
                   f"p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, mean batch {obs.mean_batch:.2f}, "
                   f"compute {obs.mean_compute_ms:.2f} ms/request")
 

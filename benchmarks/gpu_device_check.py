@@ -83,7 +83,8 @@ def smi_query() -> list[dict[str, float]] | None:
     rows = []
     for line in proc.stdout.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
-        rows.append({f: (float(v) if v.replace(".", "", 1).isdigit() else float("nan")) for f, v in zip(fields, values)})
+        rows.append({f: (float(v) if v.replace(".", "", 1).isdigit() else float("nan"))
+                     for f, v in zip(fields, values)})
     return rows
 
 
@@ -159,8 +160,9 @@ def main() -> int:
         peak = max(busy, key=lambda s: s.utilization_pct or 0)
         procs = {p.pid: p for s in busy for p in s.processes}
         big = [p for p in procs.values() if (p.used_memory_bytes or 0) >= 256 << 20]
+        listed = [(p.pid, p.name, p.used_memory_bytes) for p in procs.values()]
         print(f"  busy peak: util={peak.utilization_pct}% sm={peak.sm_clock_mhz} MHz power={peak.power_w} W "
-              f"throttle={peak.throttle_reasons} processes={[(p.pid, p.name, p.used_memory_bytes) for p in procs.values()]}")
+              f"throttle={peak.throttle_reasons} processes={listed}")
         record("client visible as a compute process (>= 256 MiB)",
                "PASS" if big else ("FAIL" if procs else "FAIL"),
                f"client pid {client.pid} (NVML pids may be host pids in a container); seen "
@@ -206,7 +208,7 @@ def main() -> int:
 
     # 4. exporter
     try:
-        from agents.device import serve_device_metrics
+        from agents.device_exporter import serve_device_metrics
         with serve_device_metrics(dev, 0) as server:
             text = urllib.request.urlopen(server.url, timeout=10).read().decode()
         wanted = ["stoke_device_up 1.0", "stoke_device_sm_clock_hertz{", "stoke_device_power_watts{",

@@ -60,6 +60,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models.text import TextMode
 
 from controller.solver.problem import Plan, Workload
+from stoke.errors import InputError
 
 #: (severity, long window, short window, burn rate), the SRE workbook's table for 30 days.
 BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
@@ -97,7 +98,7 @@ _GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
 DEFAULT_DASHBOARD_UID = "stoke-slo"
 
 
-class AlertConfigError(ValueError):
+class AlertConfigError(InputError):
     """Options or workloads cannot be turned into valid rules; the message names the field."""
 
 

@@ -14,15 +14,46 @@ Durations and errors (fed by the service through the Observer protocol):
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.service import ControlService
+from controller.status import WorkloadStatus
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+#: The per-workload gauges: key -> (metric name, help).
+_WORKLOAD_GAUGES = {
+    "slo": ("stoke_workload_slo_ms", "Latency SLO of the workload (ms)"),
+    "pred": ("stoke_workload_predicted_latency_ms", "Predicted worst latency of the planned replicas (ms)"),
+    "obs": ("stoke_workload_observed_latency_ms", "Observed mean latency (queue + compute) of the worst replica (ms)"),
+    "rate": ("stoke_workload_observed_rate_rps", "Observed request rate (req/s)"),
+    "share": ("stoke_workload_planned_share_pct", "Planned share summed over replicas (%)"),
+    "batch": ("stoke_workload_planned_batch", "Planned batch size (largest replica)"),
+    "att": ("stoke_workload_slo_attainment", "Fraction of observed replicas meeting the SLO (0..1)"),
+}
+
+
+def _workload_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricFamily]:
+    fams = {k: GaugeMetricFamily(name, text, labels=["workload", "model"])
+            for k, (name, text) in _WORKLOAD_GAUGES.items()}
+    for w in workloads:
+        lv = [w.workload.name, w.workload.model]
+        fams["slo"].add_metric(lv, w.workload.slo_ms)
+        if w.replicas:
+            fams["pred"].add_metric(lv, w.predicted_latency_ms)
+            fams["share"].add_metric(lv, sum(r.share_pct for r in w.replicas))
+            fams["batch"].add_metric(lv, max(r.batch for r in w.replicas))
+        if w.observed_latency_ms is not None:
+            fams["obs"].add_metric(lv, w.observed_latency_ms)
+            fams["rate"].add_metric(lv, w.observed_rate_rps or 0.0)
+        if w.slo_attainment is not None:
+            fams["att"].add_metric(lv, w.slo_attainment)
+    return iter(fams.values())
 
 
 class _StateCollector(Collector):
@@ -31,36 +62,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = self.service.status()
-        labels = ["workload", "model"]
-        fams = {
-            "slo": GaugeMetricFamily("stoke_workload_slo_ms", "Latency SLO of the workload (ms)", labels=labels),
-            "pred": GaugeMetricFamily("stoke_workload_predicted_latency_ms",
-                                      "Predicted worst latency of the planned replicas (ms)", labels=labels),
-            "obs": GaugeMetricFamily("stoke_workload_observed_latency_ms",
-                                     "Observed mean latency (queue + compute) of the worst replica (ms)",
-                                     labels=labels),
-            "rate": GaugeMetricFamily("stoke_workload_observed_rate_rps", "Observed request rate (req/s)",
-                                      labels=labels),
-            "share": GaugeMetricFamily("stoke_workload_planned_share_pct",
-                                       "Planned share summed over replicas (%)", labels=labels),
-            "batch": GaugeMetricFamily("stoke_workload_planned_batch", "Planned batch size (largest replica)",
-                                       labels=labels),
-            "att": GaugeMetricFamily("stoke_workload_slo_attainment",
-                                     "Fraction of observed replicas meeting the SLO (0..1)", labels=labels),
-        }
-        for w in status.workloads:
-            lv = [w.workload.name, w.workload.model]
-            fams["slo"].add_metric(lv, w.workload.slo_ms)
-            if w.replicas:
-                fams["pred"].add_metric(lv, w.predicted_latency_ms)
-                fams["share"].add_metric(lv, sum(r.share_pct for r in w.replicas))
-                fams["batch"].add_metric(lv, max(r.batch for r in w.replicas))
-            if w.observed_latency_ms is not None:
-                fams["obs"].add_metric(lv, w.observed_latency_ms)
-                fams["rate"].add_metric(lv, w.observed_rate_rps or 0.0)
-            if w.slo_attainment is not None:
-                fams["att"].add_metric(lv, w.slo_attainment)
-        yield from fams.values()
+        yield from _workload_families(status.workloads)
         yield GaugeMetricFamily("stoke_gpus_in_use", "GPUs (device slots) used by the applied plan",
                                 value=status.gpus_in_use)
         yield GaugeMetricFamily("stoke_plan_cost_per_hour", "Hourly cost of the applied plan",

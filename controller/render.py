@@ -1,4 +1,4 @@
-"""Plan / ModelAssignment -> Triton model configuration (`config.pbtxt`).
+"""ModelAssignment -> Triton model configuration (`config.pbtxt`); a whole plan: `controller.render_plan`.
 
 `config.pbtxt` is Triton's `ModelConfig` protobuf
 (`tritonclient.grpc.model_config_pb2`), read and written with protobuf text
@@ -40,12 +40,11 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from controller.assignment import ModelAssignment
-from controller.solver.problem import Plan, plan_from_dict
-from interference.profile_io import atomic_write_text
-
-ModelConfig = model_config_pb2.ModelConfig
+from controller.messages import ModelAssignment
+from stoke.files import atomic_write_text
+from stoke.errors import InputError
 
 CONFIG_NAME = "config.pbtxt"
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
@@ -54,7 +53,7 @@ DEFAULT_BUCKETS_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000
 DEVICE_KINDS = ("cpu", "gpu")
 
 
-class RenderError(ValueError):
+class RenderError(InputError):
     """A base config or an assignment cannot be rendered; the message names the file/field."""
 
 
@@ -156,52 +155,3 @@ def render_config(base: ModelConfig, assignment: ModelAssignment, *, device_kind
 def write_config(path: str | os.PathLike[str], config: ModelConfig) -> bool:
     """Write `config` as protobuf text, atomically, only when the bytes change; True if written."""
     return atomic_write_text(path, config_to_text(config))
-
-
-def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignment]:
-    """One assignment per placement; the device is the GPU's position in the plan."""
-    if not isinstance(plan, Plan):
-        plan = plan_from_dict(plan)
-    return [ModelAssignment(workload=p.name, model=p.model, device=index, share_pct=p.share_pct,
-                            batch=p.batch, queue_delay_ms=p.queue_delay_ms, slo_ms=p.slo_ms,
-                            rate_rps=p.rate_rps, replica=p.replica)
-            for index, p in plan.placements()]
-
-
-def _safe(key: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-
-
-def render_plan(plan: Plan | Mapping[str, Any], repo_dir: str | os.PathLike[str], device_kind: str,
-                *, latency_histogram: bool = False) -> list[str]:
-    """Write the configs of a plan into a local model repository; returns the changed paths.
-
-    Each model's ``config.pbtxt`` gets the first placement of that model (in
-    plan order). When placements of one model differ (two workloads or
-    replicas with other batches or GPUs), every placement also gets
-    ``<model>/configs/<workload>_<replica>.pbtxt`` (Triton's
-    ``--model-config-name``), since one directory holds one default config.
-    """
-    repo = Path(repo_dir)
-    by_model: dict[str, list[ModelConfig]] = {}
-    keyed: dict[str, list[tuple[str, ModelConfig]]] = {}
-    bases: dict[str, ModelConfig] = {}
-    for assignment in assignments_from_plan(plan):
-        if assignment.model not in bases:
-            bases[assignment.model] = read_config(repo / assignment.model / CONFIG_NAME)
-        config = render_config(bases[assignment.model], assignment, device_kind=device_kind,
-                               latency_histogram=latency_histogram)
-        by_model.setdefault(assignment.model, []).append(config)
-        keyed.setdefault(assignment.model, []).append(
-            (f"{_safe(assignment.workload)}_{assignment.replica}", config))
-    changed: list[str] = []
-    for model, configs in by_model.items():
-        path = repo / model / CONFIG_NAME
-        if write_config(path, configs[0]):
-            changed.append(str(path))
-        if len({config_to_text(c) for c in configs}) > 1:
-            for name, config in keyed[model]:
-                path = repo / model / "configs" / f"{name}.pbtxt"
-                if write_config(path, config):
-                    changed.append(str(path))
-    return changed

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from controller.reconcile.slots import Binding
 from controller.solver import Workload
+from stoke.errors import StokeError
 
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
@@ -43,17 +45,8 @@ CREATE TABLE IF NOT EXISTS plans (
 """
 
 
-class StoreError(RuntimeError):
+class DatabaseError(StokeError, RuntimeError):
     """The database cannot be opened or has an unknown schema."""
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Where one plan GPU runs: a device slot of a node."""
-
-    node_id: str
-    device: int
-    gpu_type: str
 
 
 @dataclass(frozen=True)
@@ -88,10 +81,10 @@ class Store:
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
+                raise DatabaseError(f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
                                  f"use a fresh db path or an older stoke")
         except sqlite3.Error as err:
-            raise StoreError(f"{self.path}: cannot open the controller database ({err})") from None
+            raise DatabaseError(f"{self.path}: cannot open the controller database ({err})") from None
         self._lock = threading.Lock()
 
     def journal_mode(self) -> str:
@@ -189,7 +182,7 @@ class Store:
                                        "VALUES (?, ?, ?, ?)",
                                        (json.dumps(plan, sort_keys=True), bindings_json,
                                         json.dumps([list(p) for p in pending]), now))
-                revision = int(cur.lastrowid)
+                revision = int(cur.lastrowid or 0)   # AUTOINCREMENT: always set after an INSERT
                 self._db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
                 self._db.execute("COMMIT")
             except BaseException:

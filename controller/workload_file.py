@@ -17,7 +17,6 @@ Every error names the file, the field and the fix.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,13 +26,15 @@ import yaml
 
 from controller.solver.problem import GpuType, Problem, ProblemError, Workload
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile
+from stoke import validate as check
+from stoke.errors import InputError
 
 #: Hourly on-demand price of the bundled GPU type (AWS p3.2xlarge, one V100, us-east-1).
 DEFAULT_GPU_PRICE = 3.06
 EXAMPLE_WORKLOADS = "example-workloads.yaml"
 
 
-class WorkloadFileError(ValueError):
+class WorkloadFileError(InputError):
     """A workload file is malformed; the message names file, field and fix."""
 
 
@@ -55,21 +56,14 @@ def default_gpu_types() -> tuple[GpuType, ...]:
 
 
 def _number(item: dict[str, Any], key: str, where: str, source: str, positive: bool = True) -> float:
-    if key not in item:
-        raise WorkloadFileError(f"{source}: {where} lacks field {key!r}; add it")
-    value = item[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise WorkloadFileError(f"{source}: {where}.{key} must be a number, got {value!r}")
-    if positive and value <= 0:
-        raise WorkloadFileError(f"{source}: {where}.{key} must be > 0, got {value!r}; give a positive value")
-    return float(value)
+    value = check.require(item, key, where=f"{source}: {where}", error=WorkloadFileError)
+    if positive:
+        return check.positive(value, f"{where}.{key}", where=source, error=WorkloadFileError)
+    return check.non_negative(value, f"{where}.{key}", where=source, error=WorkloadFileError)
 
 
 def _text(item: dict[str, Any], key: str, where: str, source: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise WorkloadFileError(f"{source}: {where}.{key} must be a non-empty string, got {value!r}")
-    return value.strip()
+    return check.text(item.get(key), f"{where}.{key}", where=source, error=WorkloadFileError)
 
 
 def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...]:
@@ -119,11 +113,9 @@ def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ..
             raise WorkloadFileError(f"{source}: {where} must be a mapping")
         name = _text(item, "name", where, source)
         price = _number(item, "price_per_hour", where, source, positive=False)
-        if price < 0:
-            raise WorkloadFileError(f"{source}: {where}.price_per_hour must be >= 0")
         max_count = item.get("max_count")
-        if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 0):
-            raise WorkloadFileError(f"{source}: {where}.max_count must be a whole number >= 0, got {max_count!r}")
+        if max_count is not None:
+            check.whole(max_count, f"{where}.max_count", where=source, error=WorkloadFileError)
         if "profile" in item:
             path = base_dir / str(item["profile"])
             try:

@@ -19,9 +19,11 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
-from interference.fitting import bounded_least_squares
+from interference.least_squares import bounded_least_squares
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+from stoke import validate as check
+from stoke.errors import InputError
 
 if TYPE_CHECKING:
     from interference.profiling import ProfileSession
@@ -41,7 +43,7 @@ MONOTONE_TOLERANCE = 0.01
 K_NAMES = ("k1", "k2", "k3", "k4", "k5")
 
 
-class RawProfileError(ValueError):
+class RawProfileError(InputError):
     """Raw measurements are missing a field or hold an unusable value."""
 
 
@@ -70,10 +72,7 @@ def _series(section: Mapping[str, Any], name: str, key: str, length: int) -> np.
 
 
 def _positive(section: Mapping[str, Any], name: str, key: str) -> float:
-    value = _field(section, name, key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise RawProfileError(f"section {name!r} field {key!r} must be a positive number, got {value!r}")
-    return float(value)
+    return check.positive(_field(section, name, key), f"section {name!r} field {key!r}", error=RawProfileError)
 
 
 def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
+from stoke.errors import StokeError
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
 PROFILE_FORMAT_VERSION = 1
@@ -84,7 +85,7 @@ class DeviceProfile:
             ) from None
 
 
-class UnknownModelError(KeyError):
+class UnknownModelError(StokeError, KeyError):
     """A workload names a model that the GPU profile does not know."""
 
     def __str__(self) -> str:  # KeyError would repr() the message

@@ -1,8 +1,8 @@
 """Reading raw measurements and reading/writing fitted profiles.
 
 The one module of `interference` that touches files. Fitted profiles are JSON
-with a ``format_version``; writes go through a temporary file and a rename so
-a reader never sees half a profile.
+with a ``format_version``; writes go through `stoke.files.atomic_write_text`
+(a temporary file and a rename) so a reader never sees half a profile.
 """
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import dataclasses
 import json
 import math
 import os
-import secrets
-import stat
-from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+from stoke.files import atomic_write_text
+from stoke import validate as check
+from stoke.errors import InputError
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
@@ -27,7 +27,7 @@ BUNDLED_PROFILE = "v100-profile.json"
 BUNDLED_CPU_PROFILE = "cpu-2core-profile.json"
 
 
-class ProfileFileError(ValueError):
+class ProfileFileError(InputError):
     """A profile file is missing, malformed or lacks a field."""
 
 
@@ -89,10 +89,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not (isinstance(value, list) and len(value) == 5 and all(_finite(v) for v in value)):
                 raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
             values["k_act"] = tuple(float(v) for v in value)
-        elif not _finite(value):
-            raise ProfileFileError(f"{where} field {f.name!r} must be a number, got {value!r}")
-        elif f.name in _POSITIVE and value <= 0:
-            raise ProfileFileError(f"{where} field {f.name!r} must be > 0, got {value!r}; refit the profile")
+        elif f.name in _POSITIVE:
+            check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
+        else:
+            check.number(value, f"{where} field {f.name!r}", error=ProfileFileError)
     if "kernels" in values:
         values["kernels"] = int(values["kernels"])
     return cls(**values)
@@ -131,69 +131,6 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     except json.JSONDecodeError as err:
         raise ProfileFileError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
     return profile_from_dict(data, str(path))
-
-
-@contextmanager
-def atomic_replace(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A binary handle whose bytes replace `path` only when the block ends without error.
-
-    The data goes to a temp file beside `path`, is fsynced and renamed over
-    it, so a reader never sees half a file; large files can be streamed in.
-    The file gets the mode a plain ``open(path, "w")`` would give: an existing
-    file keeps its mode, a new one gets 0666 less the umask (0644 usually).
-    `tempfile.mkstemp` would leave it 0600, unreadable to a Triton, Prometheus
-    or Grafana container running as another user.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        keep_mode: int | None = stat.S_IMODE(target.stat().st_mode)
-    except FileNotFoundError:
-        keep_mode = None
-    fd, tmp = _create_temp_beside(target)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            if keep_mode is not None:
-                os.fchmod(handle.fileno(), keep_mode)
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` through `atomic_replace` (temp file + rename, open()'s mode)."""
-    with atomic_replace(path) as handle:
-        handle.write(data)
-
-
-def _create_temp_beside(target: Path) -> tuple[int, Path]:
-    """A new hidden file next to `target`, created with 0666 so the kernel applies the umask as open() does."""
-    for _attempt in range(100):
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{target.parent}: no free temporary file name for {target.name}")
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
-    """Write `text` to `path` through a temp file + rename (see `atomic_write_bytes`); skip if unchanged.
-
-    Returns True when the file was written.
-    """
-    target = Path(path)
-    try:
-        if target.read_text() == text:
-            return False
-    except (OSError, UnicodeDecodeError):
-        pass
-    atomic_write_bytes(target, text.encode("utf-8"))
-    return True
 
 
 def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> bool:

@@ -21,6 +21,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from stoke.errors import InputError
+
 MEASUREMENTS_FORMAT = "stoke-measurements"
 MEASUREMENTS_VERSION = 1
 
@@ -126,7 +128,7 @@ class ProfileSession:
 
     def tell(self, point: MeasurePoint, latency_ms: float, spread_pct: float | None = None) -> None:
         if not latency_ms > 0:
-            raise ValueError(f"{point.key}: a latency must be > 0 ms, got {latency_ms!r}")
+            raise InputError(f"{point.key}: a latency must be > 0 ms, got {latency_ms!r}")
         self.results[point.key] = float(latency_ms)
         if spread_pct is not None:
             self.spreads[point.key] = float(spread_pct)
@@ -151,19 +153,19 @@ class ProfileSession:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "measurements") -> "ProfileSession":
         if not isinstance(data, dict) or data.get("format") != MEASUREMENTS_FORMAT:
-            raise ValueError(f"{source}: not a stoke measurements file (field 'format' must be "
+            raise InputError(f"{source}: not a stoke measurements file (field 'format' must be "
                              f"{MEASUREMENTS_FORMAT!r}); write one with `stoke profile run`")
         if data.get("version") != MEASUREMENTS_VERSION:
-            raise ValueError(f"{source}: measurements version {data.get('version')!r} is not supported "
+            raise InputError(f"{source}: measurements version {data.get('version')!r} is not supported "
                              f"(this stoke reads {MEASUREMENTS_VERSION})")
         cores, models, batches = data.get("cores"), data.get("models"), data.get("batches")
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-            raise ValueError(f"{source}: field 'cores' must be a whole number >= 1, got {cores!r}")
+            raise InputError(f"{source}: field 'cores' must be a whole number >= 1, got {cores!r}")
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
-            raise ValueError(f"{source}: field 'models' must be a non-empty list of model names")
+            raise InputError(f"{source}: field 'models' must be a non-empty list of model names")
         if not isinstance(batches, list) or not batches or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches):
-            raise ValueError(f"{source}: field 'batches' must be a non-empty list of whole numbers >= 1")
+            raise InputError(f"{source}: field 'batches' must be a non-empty list of whole numbers >= 1")
         try:
             session = cls(device=str(data["device"]), cores=int(data["cores"]), models=list(data["models"]),
                           batches=[int(b) for b in data["batches"]],
@@ -175,5 +177,5 @@ class ProfileSession:
                     spread = p.get("spread_pct")
                     session.tell(point, float(p["latency_ms"]), None if spread is None else float(spread))
         except (KeyError, TypeError, IndexError, ValueError) as err:
-            raise ValueError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
+            raise InputError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session

@@ -2,7 +2,8 @@
 
 Each command group lives in `stoke.commands.<group>` and exposes
 `register(subparsers)`, which adds its sub-commands with `set_defaults(run=fn)`;
-`fn(args) -> int` returns the exit code.
+`fn(args) -> int` returns the exit code. A `stoke.errors.StokeError` raised
+anywhere below is printed here as one line (exit code 2).
 """
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import sys
 from typing import Sequence
 
 from stoke import __version__
-from stoke.errors import UserError
+from stoke.errors import StokeError
 
 #: Command-group modules, in the order `stoke --help` lists them.
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.daemons",
     "stoke.commands.control",
+    "stoke.commands.demo",
     "stoke.commands.alerts",
     "stoke.commands.device",
     "stoke.commands.train",
@@ -44,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except UserError as err:
+    except StokeError as err:      # the one place stoke's errors become a message and an exit code
         print(f"stoke: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

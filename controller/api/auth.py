@@ -14,13 +14,11 @@ from typing import Callable
 
 import grpc
 
+from controller.config import ConfigError
+
 TOKEN_ENV = "STOKE_TOKEN"
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
-
-
-class AuthConfigError(ValueError):
-    pass
 
 
 def read_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | None:
@@ -29,11 +27,11 @@ def read_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | Non
         try:
             text = Path(token_file).read_text().strip()
         except OSError as err:
-            raise AuthConfigError(f"{token_file}: cannot read the token file ({err.strerror}); "
+            raise ConfigError(f"{token_file}: cannot read the token file ({err.strerror}); "
                                   f"check the path given as token_file / --token-file") from None
         token = text.splitlines()[0].strip() if text else ""
         if not token:
-            raise AuthConfigError(f"{token_file}: the token file is empty; write the token on its first line")
+            raise ConfigError(f"{token_file}: the token file is empty; write the token on its first line")
         return token
     token = os.environ.get(env, "").strip()
     return token or None
@@ -67,7 +65,7 @@ def server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
     try:
         cert, key = Path(cert_path).read_bytes(), Path(key_path).read_bytes()
     except OSError as err:
-        raise AuthConfigError(f"{err.filename}: cannot read TLS material ({err.strerror}); "
+        raise ConfigError(f"{err.filename}: cannot read TLS material ({err.strerror}); "
                               f"check tls.cert / tls.key in the controller config") from None
     return grpc.ssl_server_credentials([(key, cert)])
 
@@ -78,6 +76,6 @@ def channel_credentials(ca_path: str | None) -> grpc.ChannelCredentials:
         try:
             root = Path(ca_path).read_bytes()
         except OSError as err:
-            raise AuthConfigError(f"{ca_path}: cannot read the CA certificate ({err.strerror}); "
+            raise ConfigError(f"{ca_path}: cannot read the CA certificate ({err.strerror}); "
                                   f"check --tls-ca") from None
     return grpc.ssl_channel_credentials(root_certificates=root)

@@ -1,7 +1,10 @@
 """Client of the controller API: the one place callers (CLI, agent, tests) go through gRPC.
 
-Returns domain dataclasses or the protobuf messages (for display), and turns
-gRPC status codes into `ClientError` subclasses with one readable line.
+Returns the messages (`controller.messages`) or the protobuf responses (for
+display), and turns gRPC status codes back into the errors the service
+raised (`controller.messages`: `InvalidArgument`, `NotFound`,
+`FailedPrecondition`; `Unavailable` and `Unauthenticated` on the way), each
+with one readable line.
 """
 from __future__ import annotations
 
@@ -13,34 +16,14 @@ from controller.api import convert
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
 from controller.api.auth import channel_credentials
-from controller.assignment import ModelAssignment
-from controller.service import HeartbeatAnswer, HeartbeatReport, NodeDevice
+from controller.messages import (ApiError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport, InvalidArgument,
+                                 ModelAssignment, NodeDevice, NotFound, Unauthenticated, Unavailable)
 from controller.solver import Workload
 
-
-class ClientError(Exception):
-    code = "UNKNOWN"
-
-
-class Unavailable(ClientError):
-    code = "UNAVAILABLE"
-
-
-class Unauthenticated(ClientError):
-    code = "UNAUTHENTICATED"
-
-
-class InvalidRequest(ClientError):
-    code = "INVALID_ARGUMENT"
-
-
-class NotFoundError(ClientError):
-    code = "NOT_FOUND"
-
-
-_CODES = {grpc.StatusCode.UNAVAILABLE: Unavailable, grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
-          grpc.StatusCode.UNAUTHENTICATED: Unauthenticated, grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
-          grpc.StatusCode.NOT_FOUND: NotFoundError, grpc.StatusCode.FAILED_PRECONDITION: InvalidRequest}
+_ERRORS: dict[Any, type[ApiError]] = {
+    grpc.StatusCode.UNAVAILABLE: Unavailable, grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated, grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound, grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition}
 
 
 class ControllerClient:
@@ -71,7 +54,7 @@ class ControllerClient:
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             detail = err.details() if hasattr(err, "details") else str(err)
-            cls = _CODES.get(code, ClientError)
+            cls = _ERRORS.get(code, ApiError)
             if cls is Unavailable:
                 detail = f"controller at {self.address} is unreachable ({detail})"
             raise cls(detail) from None

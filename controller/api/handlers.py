@@ -7,10 +7,11 @@ from typing import Any, Callable
 
 import grpc
 
-from controller.api import convert
+from controller.api import convert, views
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
-from controller.service import ControlService, FailedPrecondition, InvalidArgument, NotFound
+from controller.messages import FailedPrecondition, InvalidArgument, NotFound
+from controller.service import ControlService
 
 log = logging.getLogger("stoke.controller.api")
 
@@ -26,7 +27,7 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         except FailedPrecondition as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except Exception as err:  # noqa: BLE001 - reported to the caller, logged here
+        except Exception as err:  # reported to the caller, logged here with its traceback
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
     return wrapper
@@ -52,37 +53,37 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
 
     @_rpc
     def PreviewPlan(self, request, context):  # noqa: N802
-        return pb.PlanResponse(plan=convert.plan_to_pb(self.service.preview_plan()))
+        return pb.PlanResponse(plan=views.plan_to_pb(self.service.preview_plan()))
 
     @_rpc
     def GetPlan(self, request, context):  # noqa: N802
         view = self.service.current_plan()
         if view is None:
             raise NotFound("no plan has been applied yet; apply workloads with `stoke workload apply -f FILE`")
-        return pb.PlanResponse(plan=convert.plan_to_pb(view))
+        return pb.PlanResponse(plan=views.plan_to_pb(view))
 
     @_rpc
     def ApplyPlan(self, request, context):  # noqa: N802
         outcome = self.service.apply_plan()
-        return pb.PlanResponse(plan=convert.plan_to_pb(outcome.plan), changed=outcome.changed,
-                               changes=[convert.change_to_pb(c) for c in outcome.changes])
+        return pb.PlanResponse(plan=views.plan_to_pb(outcome.plan), changed=outcome.changed,
+                               changes=[views.change_to_pb(c) for c in outcome.changes])
 
     @_rpc
     def ListNodes(self, request, context):  # noqa: N802
-        return pb.ListNodesResponse(nodes=[convert.node_to_pb(n) for n in self.service.list_nodes()])
+        return pb.ListNodesResponse(nodes=[views.node_to_pb(n) for n in self.service.list_nodes()])
 
     @_rpc
     def GetStatus(self, request, context):  # noqa: N802
-        return convert.status_to_pb(self.service.status())
+        return views.status_to_pb(self.service.status())
 
     @_rpc
     def UploadProfile(self, request, context):  # noqa: N802
         rows = self.service.upload_profile(request.profile_json, request.gpu_type)
-        return pb.UploadProfileResponse(profiles=[convert.profile_row_to_pb(r) for r in rows])
+        return pb.UploadProfileResponse(profiles=[views.profile_row_to_pb(r) for r in rows])
 
     @_rpc
     def ListProfiles(self, request, context):  # noqa: N802
-        return pb.ListProfilesResponse(profiles=[convert.profile_row_to_pb(r) for r in self.service.list_profiles()])
+        return pb.ListProfilesResponse(profiles=[views.profile_row_to_pb(r) for r in self.service.list_profiles()])
 
 
 class AgentHandlers(pb_grpc.AgentGatewayServicer):

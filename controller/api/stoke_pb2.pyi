@@ -270,23 +270,31 @@ class RegisterResponse(_message.Message):
     heartbeat_interval_s: float
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
+class AssignmentError(_message.Message):
+    __slots__ = ("key", "message")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    message: str
+    def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "running", "observed", "events", "errors", "applied_revision", "errors_revision")
+    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
-    ERRORS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
     ERRORS_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     running: _containers.RepeatedCompositeFieldContainer[Assignment]
     observed: _containers.RepeatedCompositeFieldContainer[Observed]
     events: _containers.RepeatedScalarFieldContainer[str]
-    errors: _containers.RepeatedScalarFieldContainer[str]
     applied_revision: int
     errors_revision: int
-    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ...) -> None: ...
+    errors: _containers.RepeatedCompositeFieldContainer[AssignmentError]
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s")

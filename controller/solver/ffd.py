@@ -30,8 +30,9 @@ def solve_ffd(problem: Problem) -> Plan:
                 shares.append(item.min_share)
                 break
         else:
-            if limits[gpu_type] is not None and sum(1 for b in bins if b[0] == gpu_type) >= limits[gpu_type]:
-                raise ProblemError(f"the inventory has only {limits[gpu_type]} GPUs of type {gpu_type!r}; "
+            limit = limits[gpu_type]
+            if limit is not None and sum(1 for b in bins if b[0] == gpu_type) >= limit:
+                raise ProblemError(f"the inventory has only {limit} GPUs of type {gpu_type!r}; "
                                    f"workload {item.workload.name!r} needs another; raise max_count")
             bins.append((gpu_type, [item], [item.min_share]))
     plan = _plan("ffd", problem, caches, bins)

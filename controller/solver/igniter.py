@@ -64,6 +64,7 @@ def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
             batch = igniter_batch(cache, workload.model, half, residual)
             share = min_share_solo(cache, workload.model, batch, Target(half, residual))
     if residual > EPS:
+        assert share is not None      # the loop above ends with a share or with nothing left to place
         items.append(Item(workload, residual, batch, share, Target(half, residual), batch_queue_delay_ms(batch, residual)))
     return items
 

@@ -5,14 +5,15 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from interference.profile import DeviceProfile
+from stoke import validate as check
+from stoke.errors import InputError
 
 
-class ProblemError(ValueError):
+class ProblemError(InputError):
     """The problem cannot be solved as stated (bad input or an impossible SLO)."""
 
 
@@ -36,9 +37,7 @@ class Workload:
         if not self.model or not isinstance(self.model, str):
             raise ProblemError(f"workload {self.name!r}: model must be a non-empty string")
         for attr in ("slo_ms", "rate_rps"):
-            value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ProblemError(f"workload {self.name!r}: {attr} must be a positive number, got {value!r}")
+            check.positive(getattr(self, attr), attr, where=f"workload {self.name!r}", error=ProblemError)
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,9 @@ class GpuType:
     max_count: int | None = None
 
     def __post_init__(self) -> None:
-        if self.price_per_hour < 0:
-            raise ProblemError(f"GPU type {self.name!r}: price_per_hour must be >= 0")
-        if self.max_count is not None and self.max_count < 0:
-            raise ProblemError(f"GPU type {self.name!r}: max_count must be >= 0")
+        check.non_negative(self.price_per_hour, "price_per_hour", where=f"GPU type {self.name!r}", error=ProblemError)
+        if self.max_count is not None:
+            check.whole(self.max_count, "max_count", where=f"GPU type {self.name!r}", error=ProblemError)
 
 
 @dataclass(frozen=True)
@@ -207,32 +205,49 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
-    """Inverse of `plan_to_dict`; raises ProblemError naming the bad field."""
-    def need(obj: Mapping[str, Any], key: str, where: str) -> Any:
-        if not isinstance(obj, Mapping) or key not in obj:
-            raise ProblemError(f"{source}: {where} lacks field {key!r}; produce the plan with `stoke plan --json`")
-        return obj[key]
+    """Inverse of `plan_to_dict`; raises ProblemError naming the bad field (and its value)."""
+    fix = "produce the plan with `stoke plan --json`"
+
+    def need(obj: Any, key: str, where: str) -> Any:
+        if not isinstance(obj, Mapping):
+            raise ProblemError(f"{source}: {where} must be an object; {fix}", where)
+        return check.require(obj, key, where=f"{source}: {where}", error=ProblemError, fix=fix)
+
+    def items(obj: Any, key: str, where: str) -> list[Any]:
+        value = need(obj, key, where)
+        if not isinstance(value, list):
+            raise check.fail(f"{where}.{key}", "a list", value, where=source, error=ProblemError, fix=fix)
+        return value
+
+    def num(obj: Mapping[str, Any], key: str, where: str, default: Any = None) -> float:
+        value = need(obj, key, where) if default is None else obj.get(key, default)
+        return check.number(value, f"{where}.{key}", where=source, error=ProblemError, fix=fix)
+
+    def whole(obj: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+        value = need(obj, key, where) if default is None else obj.get(key, default)
+        return check.whole(value, f"{where}.{key}", where=source, error=ProblemError, fix=fix)
 
     gpus = []
-    for gi, g in enumerate(need(data, "gpus", "plan")):
+    for gi, g in enumerate(items(data, "gpus", "plan")):
         placements = []
-        for wi, w in enumerate(need(g, "workloads", f"gpus[{gi}]")):
+        for wi, w in enumerate(items(g, "workloads", f"gpus[{gi}]")):
             where = f"gpus[{gi}].workloads[{wi}]"
-            rate = float(need(w, "rate_rps", where))
-            batch = int(need(w, "batch", where))
+            rate = num(w, "rate_rps", where)
+            batch = whole(w, "batch", where)
             placements.append(Placement(
                 name=str(need(w, "name", where)), model=str(need(w, "model", where)),
-                slo_ms=float(need(w, "slo_ms", where)), rate_rps=rate,
-                share_pct=float(need(w, "share_pct", where)), batch=batch,
-                queue_delay_ms=float(w.get("queue_delay_ms", batch_queue_delay_ms(batch, rate))),
-                predicted_latency_ms=float(need(w, "predicted_latency_ms", where)),
-                predicted_throughput_rps=float(need(w, "predicted_throughput_rps", where)),
-                replica=int(w.get("replica", 0)), replicas=int(w.get("replicas", 1)),
+                slo_ms=num(w, "slo_ms", where), rate_rps=rate,
+                share_pct=num(w, "share_pct", where), batch=batch,
+                queue_delay_ms=num(w, "queue_delay_ms", where, batch_queue_delay_ms(batch, rate)),
+                predicted_latency_ms=num(w, "predicted_latency_ms", where),
+                predicted_throughput_rps=num(w, "predicted_throughput_rps", where),
+                replica=whole(w, "replica", where, 0), replicas=whole(w, "replicas", where, 1),
                 arrivals=str(w.get("arrivals", "poisson")), binding=str(w.get("binding", "")),
-                predicted_p99_ms=math.inf if w.get("predicted_p99_ms", math.nan) is None
-                else float(w.get("predicted_p99_ms", math.nan))))
+                # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
+                predicted_p99_ms=(math.inf if w.get("predicted_p99_ms", math.nan) is None else
+                                  math.nan if "predicted_p99_ms" not in w else num(w, "predicted_p99_ms", where))))
         gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
-                            price_per_hour=float(g.get("price_per_hour", 0.0)), placements=tuple(placements),
+                            price_per_hour=num(g, "price_per_hour", f"gpus[{gi}]", 0.0), placements=tuple(placements),
                             key=g.get("key")))
     return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus),
                 notes=tuple(data.get("notes", ())))

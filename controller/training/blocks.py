@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from controller.training.problem import TrainingSpecError
+from controller.training.models import TrainingError
+from stoke import validate as check
 
 
 @dataclass(frozen=True)
@@ -82,36 +83,34 @@ class Block:
         return sum(p.bytes for p in self.partitions)
 
 
-def profile_from_dict(data: Any, source: str = "PROFILE.yaml") -> GradientProfile:
+def gradient_profile_from_dict(data: Any, source: str = "PROFILE.yaml") -> GradientProfile:
     """Validate a parsed gradient profile (see the bundled resnet50.yaml for the layout)."""
     if not isinstance(data, Mapping):
-        raise TrainingSpecError(f"{source}: a gradient profile must be a mapping with 'layers'")
+        raise TrainingError(f"{source}: a gradient profile must be a mapping with 'layers'")
 
     def num(obj: Mapping[str, Any], key: str, where: str, default: Any = None, allow_zero: bool = False) -> float:
         value = obj.get(key, default)
         if value is None:
-            raise TrainingSpecError(f"{source}: {where} lacks field {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value < 0 or (value == 0 and not allow_zero):
-            raise TrainingSpecError(f"{source}: {where}.{key} must be a {'non-negative' if allow_zero else 'positive'}"
-                                    f" number, got {value!r}")
-        return float(value)
+            raise TrainingError(f"{source}: {where} lacks field {key!r}", key)
+        if allow_zero:
+            return check.non_negative(value, f"{where}.{key}", where=source, error=TrainingError)
+        return check.positive(value, f"{where}.{key}", where=source, error=TrainingError)
 
     layers = data.get("layers")
     if not isinstance(layers, list) or not layers:
-        raise TrainingSpecError(f"{source}: 'layers' must list the layers from the input layer "
+        raise TrainingError(f"{source}: 'layers' must list the layers from the input layer "
                                 f"(name, bytes, forward_ms, ready_ms)")
     gradients = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, Mapping):
-            raise TrainingSpecError(f"{source}: layers[{i}] must be a mapping")
+            raise TrainingError(f"{source}: layers[{i}] must be a mapping")
         gradients.append(Gradient(name=str(layer.get("name", f"layer{i}")), priority=i,
                                   bytes=int(num(layer, "bytes", f"layers[{i}]")),
                                   ready_ms=num(layer, "ready_ms", f"layers[{i}]", allow_zero=True),
                                   forward_ms=num(layer, "forward_ms", f"layers[{i}]", allow_zero=True)))
     backward = num(data, "backward_ms", "profile", default=max(g.ready_ms for g in gradients))
     if backward < max(g.ready_ms for g in gradients) - 1e-9:
-        raise TrainingSpecError(f"{source}: backward_ms {backward} is before the last gradient is ready; raise it")
+        raise TrainingError(f"{source}: backward_ms {backward} is before the last gradient is ready; raise it")
     return GradientProfile(name=str(data.get("name", source)), bandwidth_mb_s=num(data, "bandwidth_mb_s", "profile"),
                            latency_ms=num(data, "latency_ms", "profile", default=0.0, allow_zero=True),
                            partition_bytes=int(num(data, "partition_bytes", "profile", default=4096000)),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from controller.training.blocks import GradientProfile, Partition, find_steps, partitions_of, take_block
 
@@ -48,6 +49,14 @@ class SimResult:
     @property
     def comm_overhead_ms(self) -> float:
         return self.iteration_ms - self.compute_ms
+
+
+class _Scheduler(Protocol):
+    """Decides what the worker sends next: `admit` a gradient when it is ready, `next` (partitions to send now,
+    time of the next decision)."""
+
+    def admit(self, gradient: int) -> None: ...
+    def next(self, now: float) -> tuple[list[Partition], float]: ...
 
 
 class _Fifo:
@@ -104,7 +113,7 @@ class _Blocks(_Priority):
         return take_block(self.pending, budget, self.profile.min_piece_bytes), math.inf
 
 
-def _scheduler(name: str, profile: GradientProfile):
+def _scheduler(name: str, profile: GradientProfile) -> _Scheduler:
     if name == "fifo":
         return _Fifo(profile)
     if name == "priority":

@@ -5,7 +5,7 @@ parameter servers (1 <= m <= ps.max_count) minimising
 
     cost = (n*price_t + m*price_ps) * T(t, n, m) / 3600   subject to   T <= deadline
 
-with T from `interference.training.predict_ps` (BSP or ASP, PS network and
+with T from `controller.training.models.predict_ps` (BSP or ASP, PS network and
 PS CPU contention, iterations from the fitted loss curve). The PS type is
 fixed by the spec, or "same" (PS on the worker type).
 
@@ -21,40 +21,43 @@ call and the cheapest feasible row kept (ties: fewer machines, then faster).
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Any
 
 import numpy as np
 
-from interference.training import BOTTLENECK_TEXT, BOTTLENECKS, predict_ps
-from controller.training.problem import TrainingPlan, TrainingSpec, TrainingSpecError
+from controller.training.models import BOTTLENECK_TEXT, BOTTLENECKS, Array, TrainingError, predict_ps
+from controller.training.spec import TrainingPlan, TrainingSpec, WorkerOption
 
 
-def _ps_figures(spec: TrainingSpec, worker) -> tuple[float, float, float]:
+def _ps_figures(spec: TrainingSpec, worker: WorkerOption) -> tuple[float, float, float]:
     """(PS bandwidth, PS vCPUs, PS price) for workers of type `worker`."""
     if spec.ps.type == "same":
         return worker.network_mb_s, float(worker.vcpus), worker.price_per_hour
     return spec.ps.network_mb_s, float(spec.ps.vcpus), spec.ps.price_per_hour
 
 
-def worker_bandwidth(spec: TrainingSpec, worker) -> float:
+def worker_bandwidth(spec: TrainingSpec, worker: WorkerOption) -> float:
     cap = spec.worker_bandwidth_cap_mb_s
     return min(worker.network_mb_s, cap) if cap else worker.network_mb_s
 
 
-def compute_speed(spec: TrainingSpec, worker, ps_bw: float) -> float:
+def compute_speed(spec: TrainingSpec, worker: WorkerOption, ps_bw: float) -> float:
     """R_worker: the profiled single-worker speed with its own push/pull removed."""
     single = 2.0 * spec.model_mb / min(worker_bandwidth(spec, worker), ps_bw)
     t_comp = worker.batch / worker.speed - single
     if t_comp <= 0:
-        raise TrainingSpecError(f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
+        raise TrainingError(f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
                                 f"{spec.model_mb} at {min(worker_bandwidth(spec, worker), ps_bw)} MB/s: "
                                 f"batch/speed must exceed the push+pull time")
     return worker.batch / t_comp
 
 
-def candidate_table(spec: TrainingSpec) -> dict[str, np.ndarray]:
-    """Every (type, n, m) inside the bounds with its prediction (arrays of equal length)."""
-    cols: dict[str, list[np.ndarray]] = {}
-    n_lower_by_type = {}
+def candidate_table(spec: TrainingSpec) -> tuple[dict[str, Array], dict[str, int]]:
+    """Every (type, n, m) inside the bounds with its prediction (arrays of equal length), and the lower
+    bound on n of each type (from the deadline)."""
+    cols: dict[str, list[Array]] = {}
+    n_lower_by_type: dict[str, int] = {}
     for index, w in enumerate(spec.workers):
         if w.quota < 1:
             continue
@@ -82,9 +85,7 @@ def candidate_table(spec: TrainingSpec) -> dict[str, np.ndarray]:
         out["n"], out["m"] = n_flat, m_flat
         for k, v in out.items():
             cols.setdefault(k, []).append(np.asarray(v))
-    table = {k: np.concatenate(v) for k, v in cols.items()}
-    table["n_lower"] = n_lower_by_type  # type: ignore[assignment]
-    return table
+    return {k: np.concatenate(v) for k, v in cols.items()}, n_lower_by_type
 
 
 def ps_saturation(spec: TrainingSpec, type_name: str, m: int) -> int:
@@ -106,14 +107,13 @@ def ps_saturation(spec: TrainingSpec, type_name: str, m: int) -> int:
 def provision_homogeneous(spec: TrainingSpec) -> TrainingPlan:
     """Cheapest (type, n, m) meeting the deadline; infeasible plans say by how much (see module doc)."""
     if not spec.workers or all(w.quota < 1 for w in spec.workers):
-        raise TrainingSpecError("spec has no worker type with quota >= 1; raise workers.<type>.quota")
-    table = candidate_table(spec)
+        raise TrainingError("spec has no worker type with quota >= 1; raise workers.<type>.quota")
+    table, n_lower = candidate_table(spec)
     names = [w.type for w in spec.workers]
-    n_lower = table.pop("n_lower")  # type: ignore[arg-type]
     total = len(table.get("n", ()))
-    common = dict(strategy="homogeneous", job=spec.name, deadline_s=spec.deadline_s, target_loss=spec.target_loss,
-                  candidates=total, search="exact")
-    details: dict = {"n_lower": n_lower, "sync": spec.sync}
+    plan = partial(TrainingPlan, strategy="homogeneous", job=spec.name, deadline_s=spec.deadline_s,
+                   target_loss=spec.target_loss, candidates=total, search="exact")
+    details: dict[str, Any] = {"n_lower": n_lower, "sync": spec.sync}
     meets = (table["time"] <= spec.deadline_s + 1e-9) if total else np.zeros(0, dtype=bool)
     if meets.any():
         cost = np.where(meets, table["cost"], np.inf)
@@ -126,13 +126,13 @@ def provision_homogeneous(spec: TrainingSpec) -> TrainingPlan:
             "t_comp_s": round(float(table["t_comp"][best]), 6), "t_comm_s": round(float(table["t_comm"][best]), 6),
             "t_ps_cpu_s": round(float(table["t_cpu"][best]), 6),
             "ps_saturation_workers": ps_saturation(spec, w.type, m), "explanation": BOTTLENECK_TEXT[code]})
-        return TrainingPlan(feasible=True, counts=tuple((t, n if t == w.type else 0) for t in names),
-                            ps_type=w.type if spec.ps.type == "same" else spec.ps.type, ps_count=m,
-                            predicted_time_s=float(table["time"][best]), predicted_cost=float(table["cost"][best]),
-                            bottleneck=code, details=details, **common)
+        return plan(feasible=True, counts=tuple((t, n if t == w.type else 0) for t in names),
+                    ps_type=w.type if spec.ps.type == "same" else spec.ps.type, ps_count=m,
+                    predicted_time_s=float(table["time"][best]), predicted_cost=float(table["cost"][best]),
+                    bottleneck=code, details=details)
     reason = _infeasible_reason(spec)
-    return TrainingPlan(feasible=False, counts=tuple((t, 0) for t in names), ps_type=spec.ps.type, ps_count=0,
-                        predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details, **common)
+    return plan(feasible=False, counts=tuple((t, 0) for t in names), ps_type=spec.ps.type, ps_count=0,
+                predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details)
 
 
 def _infeasible_reason(spec: TrainingSpec) -> str:

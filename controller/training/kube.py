@@ -33,7 +33,7 @@ import json
 import re
 from typing import Any
 
-from controller.training.problem import TrainingPlan
+from controller.training.spec import TrainingPlan
 
 PS_PORT = 2222
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -8,7 +8,7 @@ n = sum c in [n_lower, n_upper] minimising
     cost(c) = T(c) * sum_t c_t * price_t / 3600   subject to   T(c) <= deadline
 
 where T(c) = j(b_w, R, n) * T_exp(c) (+ recovery overhead T_ohd when
-re-planning) from `interference.training.evaluate_spot`.
+re-planning) from `controller.training.models.evaluate_spot`.
 
 Bounds. n_upper = floor(((1 - b1)/a1)^2), the largest cluster the fitted
 contention P(n) covers (P < 1), capped by the quota. For each n, a valid lower
@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from functools import partial
+from typing import Any, Mapping
 
 import numpy as np
+import numpy.typing as npt
 
-from interference.training import BOTTLENECK_TEXT, BOTTLENECKS, SpotJob, evaluate_spot
-from controller.training.problem import TrainingPlan, TrainingSpec, TrainingSpecError
+from controller.training.models import BOTTLENECK_TEXT, BOTTLENECKS, Array, SpotJob, TrainingError, evaluate_spot
+from controller.training.spec import TrainingPlan, TrainingSpec
 
 DEFAULT_EXACT_LIMIT = 300_000
+Counts = npt.NDArray[np.int64]       # instance counts per worker type (vectors, or a table of them)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class SpotState:
     replan: bool = False          # add the recovery overhead
 
 
-def _arrays(spec: TrainingSpec, job: SpotJob):
+def _arrays(spec: TrainingSpec, job: SpotJob) -> tuple[Array, Array, Array, Array]:
     batch = np.array([w.batch for w in spec.workers], dtype=float)
     speed = np.array([w.speed for w in spec.workers], dtype=float)
     gpus = np.array([w.gpus for w in spec.workers], dtype=float)
@@ -56,7 +59,7 @@ def _arrays(spec: TrainingSpec, job: SpotJob):
     return batch, job.compute_time(batch, speed), gpus, price
 
 
-def count_vectors(lower: np.ndarray, upper: np.ndarray, max_total: int) -> int:
+def count_vectors(lower: Counts, upper: Counts, max_total: int) -> int:
     """How many integer vectors lower <= c <= upper have sum(c) <= max_total (a DP, no enumeration)."""
     ways = np.zeros(max_total + 1, dtype=float)
     base = int(lower.sum())
@@ -72,8 +75,8 @@ def count_vectors(lower: np.ndarray, upper: np.ndarray, max_total: int) -> int:
     return int(ways.sum())
 
 
-def enumerate_vectors(lower: np.ndarray, upper: np.ndarray, min_total: int, max_total: int,
-                      *, by_type: bool = False) -> np.ndarray:
+def enumerate_vectors(lower: npt.ArrayLike, upper: npt.ArrayLike, min_total: int, max_total: int,
+                      *, by_type: bool = False) -> Counts:
     """All integer vectors lower <= c <= upper with min_total <= sum(c) <= max_total.
 
     Rows (K, T), or with `by_type` the transposed (T, K) table the
@@ -82,29 +85,28 @@ def enumerate_vectors(lower: np.ndarray, upper: np.ndarray, min_total: int, max_
     Built one type at a time: each partial row is repeated once per value
     the next type may take without the sum exceeding max_total (vectorised).
     """
-    lower = np.asarray(lower, dtype=np.int64)
-    upper = np.asarray(upper, dtype=np.int64)
-    rest_min = np.concatenate([np.cumsum(lower[::-1])[::-1][1:], [0]]).astype(np.int64)
-    columns: list[np.ndarray] = []
+    low: Counts = np.asarray(lower, dtype=np.int64)
+    high: Counts = np.asarray(upper, dtype=np.int64)
+    rest_min = np.concatenate([np.cumsum(low[::-1])[::-1][1:], [0]]).astype(np.int64)
+    columns: list[Counts] = []
     sums = np.zeros(1, dtype=np.int64)
-    for t in range(len(lower)):
-        room = np.minimum(upper[t], max_total - rest_min[t] - sums) - lower[t]
+    for t in range(len(low)):
+        room = np.minimum(high[t], max_total - rest_min[t] - sums) - low[t]
         keep = room >= 0
         if not keep.any():
-            return np.zeros((len(lower), 0) if by_type else (0, len(lower)), dtype=np.int64)
+            return np.zeros((len(low), 0) if by_type else (0, len(low)), dtype=np.int64)
         reps = room[keep] + 1
         parent = np.repeat(np.nonzero(keep)[0], reps)
         starts = np.cumsum(reps) - reps
-        values = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(starts, reps) + lower[t]
+        values = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(starts, reps) + low[t]
         columns = [c[parent] for c in columns] + [values]
         sums = sums[parent] + values
     ok = sums >= min_total
-    table = np.vstack([c[ok] for c in columns]) if columns else np.zeros((0, int(ok.sum())), dtype=np.int64)
+    table: Counts = np.vstack([c[ok] for c in columns]) if columns else np.zeros((0, int(ok.sum())), dtype=np.int64)
     return table if by_type else np.ascontiguousarray(table.T)
 
 
-def window_vectors(order_times: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                   n_values: list[int]) -> np.ndarray:
+def window_vectors(order_times: Array, lower: Counts, upper: Counts, n_values: list[int]) -> Counts:
     """The published sliding-window candidates: windows over the extra instances sorted by iteration time."""
     order = np.argsort(order_times, kind="stable")
     extra = upper - lower
@@ -133,19 +135,19 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
                    exact_limit: int = DEFAULT_EXACT_LIMIT) -> TrainingPlan:
     """Cheapest heterogeneous spot cluster that reaches the target loss by the deadline (see module doc)."""
     if spec.spot is None:
-        raise TrainingSpecError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
+        raise TrainingError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
     if search not in ("auto", "exact", "window"):
-        raise TrainingSpecError(f"unknown search {search!r}; use auto, exact or window")
+        raise TrainingError(f"unknown search {search!r}; use auto, exact or window")
     if spec.ps.type == "same":
-        raise TrainingSpecError("the spot strategy runs one on-demand parameter server beside spot workers of "
+        raise TrainingError("the spot strategy runs one on-demand parameter server beside spot workers of "
                                 "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'")
     state = state or SpotState()
     job = spec.spot
     names = [w.type for w in spec.workers]
-    for table in (state.existing, state.revoked):
-        unknown = sorted(set(table) - set(names))
+    for counts in (state.existing, state.revoked):
+        unknown = sorted(set(counts) - set(names))
         if unknown:
-            raise TrainingSpecError(f"instances of type {', '.join(unknown)} are not among the spec's workers")
+            raise TrainingError(f"instances of type {', '.join(unknown)} are not among the spec's workers")
     batch, comp, gpus, price = _arrays(spec, job)
     lower = np.array([state.existing.get(t, 0) for t in names], dtype=np.int64)
     upper = np.array([max(w.quota - state.revoked.get(w.type, 0), 0) for w in spec.workers], dtype=np.int64)
@@ -164,7 +166,7 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
     feasible_sizes = [int(n) for n in sizes if n_min <= n <= n_cap and t_bound[n - 1] <= spec.deadline_s]
     n_lower = feasible_sizes[0] if feasible_sizes else None
 
-    details: dict = {"n_lower": n_lower, "n_upper": n_cap, "recovery_overhead_s": overhead}
+    details: dict[str, Any] = {"n_lower": n_lower, "n_upper": n_cap, "recovery_overhead_s": overhead}
     mode = search
     table = np.zeros((len(names), 0), dtype=np.int64)          # candidates, one column each
     if feasible_sizes:
@@ -181,17 +183,13 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
     elif mode == "auto":
         mode = "exact"
 
-    if table.shape[1]:
-        out = evaluate_spot(job, batch, comp, gpus, price, table, overhead_s=overhead, remaining=remaining,
-                            by_type=True)
-        meets = out["time"] <= spec.deadline_s + 1e-9
-    else:
-        out, meets = None, np.zeros(0, dtype=bool)
-
     existing = tuple((t, int(c)) for t, c in zip(names, lower) if c)
-    common = dict(strategy="spot", job=spec.name, ps_type=spec.ps.type,
-                  ps_count=1, deadline_s=spec.deadline_s, target_loss=spec.target_loss, existing=existing,
-                  candidates=int(table.shape[1]), search=mode)
+    plan = partial(TrainingPlan, strategy="spot", job=spec.name, ps_type=spec.ps.type, ps_count=1,
+                   deadline_s=spec.deadline_s, target_loss=spec.target_loss, existing=existing,
+                   candidates=int(table.shape[1]), search=mode)
+    out = evaluate_spot(job, batch, comp, gpus, price, table, overhead_s=overhead, remaining=remaining,
+                        by_type=True) if table.shape[1] else {}
+    meets = out["time"] <= spec.deadline_s + 1e-9 if out else np.zeros(0, dtype=bool)
     if meets.any():
         cost = np.where(meets, out["cost"], np.inf)
         # Cheapest; ties go to the fewer workers, then the faster plan (deterministic).
@@ -201,17 +199,20 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
         details.update({"iterations": int(out["j"][best]), "t_exp_s": round(float(out["t_exp"][best]), 6),
                         "b_w": round(float(out["b_w"][best]), 3), "R": round(float(out["R"][best]), 6),
                         "explanation": BOTTLENECK_TEXT[code]})
-        return TrainingPlan(feasible=True, counts=tuple((t, int(c)) for t, c in zip(names, table[:, best])),
-                            predicted_time_s=float(out["time"][best]), predicted_cost=float(out["cost"][best]),
-                            bottleneck=code, details=details, **common)
+        return plan(feasible=True, counts=tuple((t, int(c)) for t, c in zip(names, table[:, best])),
+                    predicted_time_s=float(out["time"][best]), predicted_cost=float(out["cost"][best]),
+                    bottleneck=code, details=details)
 
-    reason = _infeasible_reason(spec, job, batch, comp, gpus, price, lower, upper, n_min, n_cap, overhead, remaining)
-    return TrainingPlan(feasible=False, counts=tuple((t, int(c)) for t, c in zip(names, lower)),
-                        predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details, **common)
+    reason = _infeasible_reason(spec, job, (batch, comp, gpus, price), lower, upper, n_min, n_cap, overhead,
+                                remaining)
+    return plan(feasible=False, counts=tuple((t, int(c)) for t, c in zip(names, lower)),
+                predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details)
 
 
-def _infeasible_reason(spec, job, batch, comp, gpus, price, lower, upper, n_min, n_cap, overhead, remaining) -> str:
+def _infeasible_reason(spec: TrainingSpec, job: SpotJob, per_type: tuple[Array, Array, Array, Array], lower: Counts,
+                       upper: Counts, n_min: int, n_cap: int, overhead: float, remaining: float) -> str:
     """Say by how much the fastest cluster within the quota misses the deadline."""
+    batch, comp, gpus, price = per_type
     if n_min > n_cap:
         return (f"the {n_min} instances already running exceed the {n_cap} workers the contention model "
                 f"covers (P(n) < 1); add a parameter server or lower the worker count")

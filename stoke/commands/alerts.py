@@ -11,9 +11,9 @@ from typing import Any
 from controller.alerts import (DASHBOARD_FILE, DEFAULT_HISTOGRAM, DEFAULT_OBJECTIVE, DEFAULT_PERIOD_DAYS,
                                GRAFANA_ALERTS_FILE, RULES_FILE, RULES_TEST_FILE, AlertConfigError, SloOptions,
                                render_all, shared_selectors, summary_rows)
-from controller.solver.problem import Plan, ProblemError, plan_from_dict
-from controller.workload_file import WorkloadFileError, load_workloads_file
-from interference.profile_io import atomic_write_text
+from controller.workload_file import load_workloads_file
+from stoke.commands.inputs import read_plan
+from stoke.files import atomic_write_text
 from stoke.errors import UserError
 from stoke.table import render_table
 
@@ -70,29 +70,10 @@ def _options(args: argparse.Namespace) -> SloOptions:
         raise UserError(f"alerts options: {err}") from None
 
 
-def _plan(path: str | None) -> Plan | None:
-    if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise UserError(f"{path}: cannot read plan ({err.strerror}); produce it with `stoke plan --json > FILE`") \
-            from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON ({err.msg}); produce it with `stoke plan --json > FILE`") from None
-    try:
-        return plan_from_dict(data, source=path)
-    except (ProblemError, TypeError, ValueError) as err:
-        raise UserError(str(err)) from None
-
-
 def run_render(args: argparse.Namespace) -> int:
     options = _options(args)
-    try:
-        workloads = load_workloads_file(args.workloads).workloads
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
-    plan = _plan(args.plan)
+    workloads = load_workloads_file(args.workloads).workloads
+    plan = read_plan(args.plan) if args.plan else None
     if plan is not None:
         unknown = sorted({p.name for _, p in plan.placements()} - {w.name for w in workloads})
         if unknown:

@@ -1,22 +1,16 @@
-"""Control-plane commands: `stoke controller`, `stoke agent`, `stoke workload ...`, `stoke nodes`,
-`stoke status`, `stoke profiles ...`, `stoke up`, and `remote_plan` for `stoke plan --remote`.
+"""Client commands of a running controller: `stoke workload ...`, `stoke nodes`, `stoke status`,
+`stoke profiles ...`, and `remote_plan` for `stoke plan --remote`.
 
-Client commands take `--controller HOST:PORT` (default $STOKE_CONTROLLER or
+They take `--controller HOST:PORT` (default $STOKE_CONTROLLER or
 127.0.0.1:50051), `--token-file FILE` (default: $STOKE_TOKEN), `--tls-ca FILE`
-(TLS with that CA; `--tls` for the system roots) and `--json`.
+(TLS with that CA; `--tls` for the system roots) and `--json`. The daemons
+are in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import secrets
-import shutil
-import signal
-import socket
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +24,7 @@ DEFAULT_CONTROLLER = "127.0.0.1:50051"
 # ------------------------------------------------------------------ registration
 
 
-def _client_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
+def client_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
     p.add_argument("--controller", metavar="HOST:PORT",
                    default=os.environ.get("STOKE_CONTROLLER", DEFAULT_CONTROLLER),
                    help="controller address (default $STOKE_CONTROLLER or %(default)s)")
@@ -41,59 +35,26 @@ def _client_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> N
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("controller", help="run the control-plane controller (gRPC API, reconcile loop)",
-                              description="Run the controller until Ctrl-C. The YAML config is documented in "
-                                          "controller/server.py (listen, db, token_file, tls, heartbeat timeout, "
-                                          "gpu_types, profiles).")
-    p.add_argument("--config", metavar="FILE", help="controller YAML config")
-    p.add_argument("--listen", metavar="HOST:PORT", help="override `listen`")
-    p.add_argument("--db", metavar="FILE", help="override `db`")
-    p.add_argument("--token-file", metavar="FILE", help="override `token_file`")
-    p.add_argument("--metrics-listen", metavar="HOST:PORT", help="override `metrics_listen` ('' = off)")
-    p.add_argument("--heartbeat-timeout", type=float, metavar="S", help="override `heartbeat_timeout_s`")
-    p.add_argument("--heartbeat-interval", type=float, metavar="S", help="override `heartbeat_interval_s`")
-    p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
-    p.set_defaults(run=run_controller)
-
-    p = subparsers.add_parser("agent", help="run the node agent (registers, heartbeats, runs Triton)",
-                              description="Register this node with the controller and serve its assignments "
-                                          "with Triton until Ctrl-C.")
-    _client_args(p)
-    p.add_argument("--device", choices=("auto", "cpu", "nvml"), default="auto", help="device backend")
-    p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: host name)")
-    p.add_argument("--repository", default="triton_repo", help="Triton model repository (path or s3://)")
-    p.add_argument("--workdir", help="where Triton processes keep their files (default: a temp dir)")
-    p.add_argument("--gpu-type", default="", help="GPU type of this node's devices (default: decided by the "
-                                                   "controller's gpu_types)")
-    p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
-    p.add_argument("--latency-histogram", action="store_true",
-                   help="configure Triton's per-model latency histogram with a bucket at each SLO (used by the "
-                        "SLO alert rules of `stoke alerts`; needs Triton >= 2.52, the bundled 2.51 refuses it)")
-    p.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
-                   help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)")
-    p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
-    p.set_defaults(run=run_agent)
-
     w = subparsers.add_parser("workload", help="manage the workloads of a running controller")
     ws = w.add_subparsers(dest="workload_command", metavar="COMMAND", required=True)
     p = ws.add_parser("apply", help="create or update the workloads of a YAML file (all or nothing)")
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="workloads YAML (see `stoke plan`)")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_workload_apply)
     p = ws.add_parser("rm", help="delete a workload")
     p.add_argument("name")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_workload_rm)
     p = ws.add_parser("ls", help="list the workloads")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_workload_ls)
 
     p = subparsers.add_parser("nodes", help="list the nodes: devices, health, last heartbeat, what runs there")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_nodes)
 
     p = subparsers.add_parser("status", help="per workload: planned share/batch/node, predicted vs observed")
-    _client_args(p)
+    client_args(p)
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="S",
                    help="refresh every S seconds (default 2) until Ctrl-C")
     p.set_defaults(run=run_status)
@@ -103,46 +64,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = ps.add_parser("upload", help="upload a fitted profile (JSON from `stoke profile fit`)")
     p.add_argument("file")
     p.add_argument("--gpu-type", default="", help="store under this GPU type (default: the profile's gpu.name)")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_profiles_upload)
     p = ps.add_parser("ls", help="list the fitted profiles per (model, GPU type)")
-    _client_args(p)
+    client_args(p)
     p.set_defaults(run=run_profiles_ls)
-
-    p = subparsers.add_parser("up", help="run a complete local demo stack: controller, agent, Triton, load",
-                              description="Start a controller, one agent with Triton on the demo models, apply "
-                                          "demo workloads (the bundled examples scaled to CPU), send load, and "
-                                          "print the status table until Ctrl-C or --seconds.")
-    p.add_argument("--seconds", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
-    p.add_argument("--repository", default="triton_repo", help="model repository (default %(default)s)")
-    p.add_argument("--workloads", metavar="FILE", help="workloads YAML instead of the demo set")
-    p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: the bundled 2-core CPU profile)")
-    p.add_argument("--count", type=int, default=DEMO_COUNT, choices=(1, 2, 3),
-                   help="demo workloads to run (default %(default)s; a third one exceeds one 2-core node and "
-                        "shows as pending)")
-    p.add_argument("--no-load", action="store_true", help="do not generate load")
-    p.add_argument("--interval", type=float, default=3.0, help="status refresh seconds (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the final status as JSON")
-    p.set_defaults(run=run_up)
 
 
 # ------------------------------------------------------------------ client helpers
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from controller.api.auth import AuthConfigError, read_token
+def connect(args: argparse.Namespace) -> Any:
+    from controller.api.auth import read_token
     from controller.api.client import ControllerClient
-    try:
-        token = read_token(getattr(args, "token_file", None))
-        return ControllerClient(args.controller, token=token, tls_ca=getattr(args, "tls_ca", None),
-                                tls=bool(getattr(args, "tls", False)))
-    except AuthConfigError as err:
-        raise UserError(str(err)) from None
+    token = read_token(getattr(args, "token_file", None))
+    return ControllerClient(args.controller, token=token, tls_ca=getattr(args, "tls_ca", None),
+                            tls=bool(getattr(args, "tls", False)))
 
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") -> Any:
-    from controller.api.client import ClientError, InvalidRequest, Unauthenticated, Unavailable
-    client = _client(args)
+    """Call the controller; its refusals become one line that says what to do (the fix depends on the call)."""
+    from controller.messages import ApiError, FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
+    client = connect(args)
     try:
         return fn(client)
     except Unavailable as err:
@@ -150,9 +93,9 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
     except Unauthenticated as err:
         raise UserError(f"controller {args.controller} refused the call ({err}); pass --token-file FILE "
                         f"or set $STOKE_TOKEN") from None
-    except InvalidRequest as err:
+    except (InvalidArgument, FailedPrecondition) as err:
         raise UserError(f"{source + ': ' if source else ''}{err}") from None
-    except ClientError as err:
+    except ApiError as err:
         raise UserError(f"controller {args.controller}: {err}") from None
     finally:
         client.close()
@@ -162,7 +105,7 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
 _INT64_FIELDS = {"revision", "memory_bytes", "failures", "success", "applied_revision"}
 
 
-def _to_dict(message: Any) -> dict[str, Any]:
+def to_dict(message: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
     def fix(value: Any, key: str = "") -> Any:
@@ -184,25 +127,16 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    workloads = read_workloads(args.file)
+    from controller.workload_file import read_workloads
+    workloads = read_workloads(args.file)     # its gpu_types are ignored: the controller's nodes are the inventory
     reply = _call(args, lambda c: c.apply_workloads(workloads), source=args.file)
     if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+        print(json.dumps(to_dict(reply), indent=2))
     else:
         rows = ([[n, "created"] for n in reply.created] + [[n, "updated"] for n in reply.updated]
                 + [[n, "unchanged"] for n in reply.unchanged])
         print(render_table(["workload", "result"], rows))
     return 0
-
-
-def read_workloads(path: str) -> tuple[Any, ...]:
-    """The workloads of a YAML file (its gpu_types are ignored: the controller's nodes are the inventory)."""
-    from controller.workload_file import WorkloadFileError
-    from controller.workload_file import read_workloads as read
-    try:
-        return read(path)
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
 
 
 def run_workload_rm(args: argparse.Namespace) -> int:
@@ -253,7 +187,7 @@ def remote_plan(args: argparse.Namespace) -> int:
     preview = bool(getattr(args, "preview", False))
     reply = _call(args, lambda c: c.preview_plan() if preview else c.get_plan())
     if args.json:
-        print(json.dumps(_to_dict(reply.plan), indent=2))
+        print(json.dumps(to_dict(reply.plan), indent=2))
     else:
         print(format_remote_plan(reply.plan))
     return 0
@@ -263,10 +197,11 @@ def remote_plan(args: argparse.Namespace) -> int:
 
 
 def format_nodes(reply: Any) -> str:
+    from controller.messages import Replica
     rows = []
     for n in reply.nodes:
         devices = ", ".join(f"{d.index}:{d.gpu_type or d.name}" for d in n.devices)
-        running = ", ".join(f"{a.workload}#{a.replica}" for a in n.running) or "-"
+        running = ", ".join(str(Replica(a.workload, a.replica)) for a in n.running) or "-"
         rows.append([n.node_id, n.state, devices, _ago(n.seconds_since_heartbeat), len(n.assigned), running,
                      n.applied_revision])
     out = render_table(["node", "state", "devices", "heartbeat", "assigned", "running", "revision"], rows)
@@ -276,7 +211,7 @@ def format_nodes(reply: Any) -> str:
 
 def run_nodes(args: argparse.Namespace) -> int:
     reply = _call(args, lambda c: c.list_nodes())
-    print(json.dumps(_to_dict(reply)["nodes"], indent=2) if args.json else format_nodes(reply))
+    print(json.dumps(to_dict(reply)["nodes"], indent=2) if args.json else format_nodes(reply))
     return 0
 
 
@@ -307,7 +242,7 @@ def run_status(args: argparse.Namespace) -> int:
     while True:
         reply = _call(args, lambda c: c.status())
         if args.json:
-            print(json.dumps(_to_dict(reply), indent=2), flush=True)
+            print(json.dumps(to_dict(reply), indent=2), flush=True)
         else:
             if args.watch:
                 print("\033[2J\033[H", end="")
@@ -327,7 +262,7 @@ def run_profiles_upload(args: argparse.Namespace) -> int:
         raise UserError(f"{args.file}: cannot read the profile ({err.strerror})") from None
     reply = _call(args, lambda c: c.upload_profile(text, args.gpu_type), source=args.file)
     if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+        print(json.dumps(to_dict(reply), indent=2))
     else:
         print(render_table(["gpu_type", "model"], [[p.gpu_type, p.model] for p in reply.profiles]))
     return 0
@@ -336,273 +271,9 @@ def run_profiles_upload(args: argparse.Namespace) -> int:
 def run_profiles_ls(args: argparse.Namespace) -> int:
     reply = _call(args, lambda c: c.list_profiles())
     if args.json:
-        print(json.dumps(_to_dict(reply)["profiles"], indent=2))
+        print(json.dumps(to_dict(reply)["profiles"], indent=2))
     else:
         print(render_table(["model", "gpu_type", "uploaded"],
                            [[p.model, p.gpu_type, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(p.uploaded_unix))]
                             for p in reply.profiles]))
     return 0
-
-
-# ------------------------------------------------------------------ long-running processes
-
-
-def _until_signal(seconds: float = 0.0) -> threading.Event:
-    """An event set on SIGINT / SIGTERM (or after `seconds` > 0)."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    if seconds > 0:
-        timer = threading.Timer(seconds, stop.set)
-        timer.daemon = True          # Ctrl-C before the deadline must not wait for it
-        timer.start()
-    return stop
-
-
-def run_controller(args: argparse.Namespace) -> int:
-    from controller.server import ConfigError, ControllerServer, load_config
-    from controller.store import StoreError
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load_config(args.config, listen=args.listen, db=args.db, token_file=args.token_file,
-                             metrics_listen=args.metrics_listen, heartbeat_timeout_s=args.heartbeat_timeout,
-                             heartbeat_interval_s=args.heartbeat_interval)
-        server = ControllerServer(config).start()
-    except (ConfigError, StoreError) as err:
-        raise UserError(str(err)) from None
-    print(f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})",
-          flush=True)
-    stop = _until_signal()
-    stop.wait()
-    server.stop()
-    return 0
-
-
-def run_agent(args: argparse.Namespace) -> int:
-    _quiet_grpc()
-    from dataclasses import replace
-
-    from agents.agent import Agent, local_devices
-    from agents.triton import TritonError, TritonFleet
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    devices = local_devices(args.device)
-    if args.gpu_type:
-        devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
-    kind = "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
-    if "://" not in args.repository and not Path(args.repository).is_dir():
-        raise UserError(f"--repository {args.repository}: no such model repository; pass the path of "
-                        f"triton_repo/ (or an s3:// URL)")
-    client = _client(args)
-    try:
-        fleet = TritonFleet(args.repository, device_kind=kind, workdir=args.workdir,
-                            ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
-    except TritonError as err:
-        raise UserError(f"cannot run Triton: {err}") from None
-    exporter = None
-    if args.metrics_port >= 0:
-        from agents.device import DeviceError, open_device, serve_device_metrics
-        try:
-            exporter = serve_device_metrics(open_device(args.device), args.metrics_port)
-        except (DeviceError, OSError) as err:
-            fleet.close()
-            raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
-    agent = Agent(client, fleet, args.node_id, devices)
-    agent.start()
-    print(f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}"
-          + (f", device metrics {exporter.url}" if exporter else ""), flush=True)
-    stop = _until_signal()
-    stop.wait()
-    agent.stop()
-    client.close()
-    if exporter is not None:
-        exporter.close()
-    return 0
-
-
-# ------------------------------------------------------------------ stoke up
-
-#: The bundled example workloads' models mapped to the demo models of triton_repo/.
-DEMO_MODEL_FOR = {"alexnet": "mlp_small", "resnet50": "conv_medium", "vgg19": "conv_medium", "ssd": "embed_large"}
-#: CPU scaling of the examples: rates divided, SLOs multiplied.
-DEMO_RATE_DIVISOR = 25.0
-DEMO_SLO_FACTOR = 4.0
-#: Hourly price of the local CPU node in the demo (about a 2-vCPU cloud instance).
-DEMO_CPU_PRICE = 0.08
-DEMO_COUNT = 2     # a 2-core node holds two demo workloads at the fitted CPU profile's 50% share step
-
-
-def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]:
-    """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
-    from controller.solver import Workload
-    from controller.workload_file import WorkloadFileError, example_workloads_path, load_workloads_file
-    if path:
-        return read_workloads(path)
-    try:
-        examples = load_workloads_file(example_workloads_path()).workloads
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
-    out, used = [], set()
-    for w in examples:
-        model = DEMO_MODEL_FOR.get(w.model)
-        if model is None or model in used:
-            continue
-        used.add(model)
-        out.append(Workload(name=w.name, model=model, slo_ms=w.slo_ms * DEMO_SLO_FACTOR,
-                            rate_rps=round(w.rate_rps / DEMO_RATE_DIVISOR, 1)))
-        if len(out) == count:
-            break
-    return tuple(out)
-
-
-def demo_cpu_profile(name: str = "CPU") -> Any:
-    """Placeholder CPU coefficients for the demo models (share = % of the node's cores).
-
-    Rough figures, not a fit: `stoke up` uses them only when no fitted CPU
-    profile is bundled in interference/data/ (and says so).
-    """
-    from interference.profile import DeviceProfile, GpuProfile, ModelProfile
-    gpu = GpuProfile(name=name, max_freq_mhz=3000.0, power_cap_w=1000.0, idle_power_w=10.0, pcie_bytes_per_ms=1e9,
-                     share_step_pct=5.0, sched_slope_ms=0.001, sched_intercept_ms=0.0, freq_slope_mhz_per_w=-1.0)
-
-    def model(n: str, k2: float, k3: float, k5: float) -> ModelProfile:
-        return ModelProfile(name=n, kernels=4, idle_time_ms=0.05, k_act=(0.0, k2, k3, 0.0, k5),
-                            power_slope_w=0.001, power_intercept_w=1.0, l2_slope=0.001, l2_intercept=1.0,
-                            cache_sensitivity=0.001, bytes_in=256, bytes_out=64)
-
-    return DeviceProfile(gpu=gpu, models={"tiny_echo": model("tiny_echo", 2.0, 20.0, 0.2),
-                                          "mlp_small": model("mlp_small", 5.0, 30.0, 0.3),
-                                          "conv_medium": model("conv_medium", 60.0, 40.0, 0.5),
-                                          "embed_large": model("embed_large", 10.0, 40.0, 0.5)})
-
-
-def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
-    """--profile, else the bundled interference/data/*cpu*.json, else the placeholder written to `workdir`."""
-    if given:
-        return given
-    from interference.profile_io import ProfileFileError, bundled_data_dir, load_profile, save_profile
-    folder = bundled_data_dir()
-    candidates = sorted(folder.glob("*cpu*profile*.json")) + sorted(folder.glob("*cpu*.json"))
-    for candidate in candidates:
-        try:
-            load_profile(candidate)       # skip raw measurement files beside the fitted profile
-            return str(candidate)
-        except ProfileFileError:
-            continue
-    path = workdir / "demo-cpu-profile.json"
-    save_profile(demo_cpu_profile(), path)
-    print(f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients "
-          f"({path})", flush=True)
-    return str(path)
-
-
-def _quiet_grpc() -> None:
-    """grpc core logs an INFO line whenever a Triton process is forked beside its threads; keep errors only."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-
-def run_up(args: argparse.Namespace) -> int:
-    _quiet_grpc()
-    from agents.agent import Agent, local_devices
-    from agents.latency_metrics import RequestLatencyExporter
-    from agents.triton import TritonError, TritonFleet
-    from controller.api.client import ControllerClient
-    from controller.server import ControllerConfig, ControllerServer
-    from controller.service import GpuTypeConfig
-    from interference.profile_io import ProfileFileError, load_profile
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not Path(args.repository).is_dir():
-        raise UserError(f"--repository {args.repository}: no such model repository; run from the stoke checkout "
-                        f"or pass --repository PATH")
-    tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
-    profile_path = find_cpu_profile(args.repository, args.profile, tmp)
-    try:
-        profile = load_profile(profile_path)
-    except ProfileFileError as err:
-        raise UserError(str(err)) from None
-    workloads = demo_workloads(args.workloads, args.count)
-    started = time.monotonic()
-    stop = _until_signal(args.seconds)
-    token = secrets.token_urlsafe(16)
-    (tmp / "token").write_text(token + "\n")
-    config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
-                              token_file=str(tmp / "token"), heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0,
-                              reconcile_interval_s=0.5, profiles=((profile_path, profile.gpu.name),),
-                              gpu_types=(GpuTypeConfig(profile.gpu.name, DEMO_CPU_PRICE, ("cpu",)),),
-                              cpu_gpu_type=profile.gpu.name)
-    loaders: list[threading.Thread] = []
-    latency = RequestLatencyExporter(w.slo_ms for w in workloads)
-    server = ControllerServer(config).start()
-    client = ControllerClient(server.address, token=token)
-    agent_client = ControllerClient(server.address, token=token)
-    agent = None
-    try:
-        try:
-            fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
-        except TritonError as err:
-            raise UserError(f"cannot run Triton here: {err}") from None
-        agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0)
-        agent.start()
-        deadline = time.monotonic() + 30
-        while not any(n.state == "ready" for n in client.list_nodes().nodes):
-            if time.monotonic() > deadline or stop.is_set():
-                raise UserError("the local agent did not register within 30 s")
-            time.sleep(0.1)
-        client.apply_workloads(workloads)
-        latency_url = latency.serve(0)
-        print(f"controller {server.address} (token in {tmp / 'token'}), metrics "
-              f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
-              f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}", flush=True)
-        ready_at = None
-        next_print = 0.0
-        while not stop.is_set():
-            status = client.status()
-            if ready_at is None and status.workloads and all(w.state in ("serving", "pending")
-                                                             for w in status.workloads) \
-                    and any(w.state == "serving" for w in status.workloads):
-                ready_at = time.monotonic() - started
-                served = {w.name for w in status.workloads if w.state == "serving"}
-                print(f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
-                      f"{ready_at:.1f}s", flush=True)
-                if not args.no_load:
-                    for w in (w for w in workloads if w.name in served):
-                        t = threading.Thread(target=_drive_load, args=(fleet, w, stop, latency.recorder(w.name, w.model)),
-                                             daemon=True)
-                        t.start()
-                        loaders.append(t)
-            if time.monotonic() >= next_print and not args.json:
-                print("\n" + format_status(status), flush=True)
-                next_print = time.monotonic() + args.interval
-            stop.wait(0.5)
-        final = client.status()
-        if args.json:
-            print(json.dumps({"ready_after_s": ready_at, "status": _to_dict(final)}, indent=2))
-        return 0 if ready_at is not None else 1
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(timeout=10)
-        if agent is not None:
-            agent.stop()
-        agent_client.close()
-        client.close()
-        server.stop()
-        latency.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _drive_load(fleet: Any, workload: Any, stop: threading.Event, on_latency: Any = None) -> None:
-    """Open-loop load at the workload's rate, in 2-second windows, following the model across moves."""
-    from agents.loadgen import LoadError, LoadGenerator
-    key = f"{workload.name}#0"
-    gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model, on_latency=on_latency)
-    try:
-        while not stop.is_set():
-            try:
-                gen.run(workload.rate_rps, 2.0, arrival="poisson", slo_ms=workload.slo_ms)
-            except (LoadError, KeyError):
-                stop.wait(1.0)
-    finally:
-        gen.close()

@@ -12,13 +12,14 @@ from typing import Any, Callable, Iterator
 
 from controller.simulate import SimulationReport, simulate
 from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
-from controller.solver import STRATEGIES, Plan, ProblemError, plan_from_dict, plan_to_dict, solve
+from controller.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, read_raw, save_profile
+from stoke.commands.inputs import read_plan
 from stoke.errors import UserError
 from stoke.table import render_table
 
@@ -287,17 +288,7 @@ def run_predict(args: argparse.Namespace) -> int:
 # -- simulate --------------------------------------------------------------------------------------
 
 def run_simulate(args: argparse.Namespace) -> int:
-    try:
-        data = json.loads(Path(args.plan).read_text())
-    except OSError as err:
-        raise UserError(f"{args.plan}: cannot read plan ({err.strerror})") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{args.plan}: not valid JSON (line {err.lineno}: {err.msg}); "
-                        f"write it with `stoke plan --json > PLAN.json`") from None
-    try:
-        plan = plan_from_dict(data, args.plan)
-    except (ProblemError, TypeError, ValueError) as err:
-        raise UserError(str(err) if isinstance(err, ProblemError) else f"{args.plan}: malformed plan ({err})") from None
+    plan = read_plan(args.plan)
     if args.seconds <= 0:
         raise UserError(f"--seconds must be > 0, got {args.seconds}")
     profile = _load_profile_arg(args.profile)

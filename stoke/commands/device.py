@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any
 
-from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict, serve_device_metrics
+from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
+from agents.device_exporter import serve_device_metrics
 from stoke.errors import UserError
 from stoke.table import render_table
 
@@ -56,8 +57,6 @@ def run_show(args: argparse.Namespace) -> int:
         infos = device.describe()
         time.sleep(args.interval)
         samples = device.sample()
-    except DeviceError as err:
-        raise UserError(str(err)) from None
     finally:
         device.close()
     if args.json:

@@ -23,18 +23,18 @@ from typing import Any
 
 import yaml
 
-from controller.training import files
-from controller.training.blocks import plan_blocks, profile_from_dict
+from controller.training import readers
+from controller.training.blocks import gradient_profile_from_dict, plan_blocks
 from controller.training.comm_sim import SCHEDULERS, compare
+from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 from controller.training.homogeneous import provision_homogeneous
 from controller.training.kube import (DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND,
                                       render_manifests, validate_manifests)
-from controller.training.problem import (TrainingPlan, TrainingSpecError, plan_from_dict, plan_to_dict,
-                                         spec_from_dict, with_overrides)
+from controller.training.spec import (TrainingPlan, spec_from_dict, training_plan_from_dict, training_plan_to_dict,
+                                      with_overrides)
 from controller.training.spot import provision_spot
-from interference.profile_io import atomic_write_text
-from interference.training import TrainingModelError
-from interference.training_fit import LossCurveEstimator, SpotLossEstimator
+from stoke import validate as check
+from stoke.files import atomic_write_text
 from stoke.errors import UserError
 
 FIT_FORMAT_VERSION = 1
@@ -134,58 +134,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
-def _positive_number(value: float) -> bool:
-    return math.isfinite(value) and value > 0
-
-
-def _errors():
-    return (TrainingSpecError, TrainingModelError)
-
-
 def _load_spec(path: str | None, strategy: str = "spot", prices: str = "offline", *, endpoint_url=None,
                region="us-east-1", cache=None):
-    try:
-        data, source = files.read_spec(path)
-        if prices == "live":
-            from agents.cloud import CloudError, PriceSource, make_clients
-            ec2, pricing = make_clients(region, endpoint_url)
-            src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
-            types = None
-            if isinstance(data, dict) and isinstance(data.get("workers"), dict):
-                types = list(data["workers"])
-                ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
-                if ps_type != "same":
-                    types.append(str(ps_type))
-            try:
-                catalog = src.live(types)
-            except CloudError as err:
-                raise UserError(f"{source}: live prices failed ({err}); retry with --prices offline") from None
-            notes = src.notes
-        else:
-            catalog, notes = files.offline_catalog(), []
-        market = "spot" if strategy == "spot" else "on_demand"
-        return spec_from_dict(data, catalog, source, market=market), catalog, notes
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    data, source = readers.read_spec(path)
+    if prices == "live":
+        from controller.cloud import CloudError, PriceSource, make_clients
+        ec2, pricing = make_clients(region, endpoint_url)
+        src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
+        types = None
+        if isinstance(data, dict) and isinstance(data.get("workers"), dict):
+            types = list(data["workers"])
+            ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
+            if ps_type != "same":
+                types.append(str(ps_type))
+        try:
+            catalog = src.live(types)
+        except CloudError as err:
+            raise UserError(f"{source}: live prices failed ({err}); retry with --prices offline") from None
+        notes = src.notes
+    else:
+        catalog, notes = readers.offline_catalog(), []
+    market = "spot" if strategy == "spot" else "on_demand"
+    return spec_from_dict(data, catalog, source, market=market), catalog, notes
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
-    try:
-        if strategy == "homogeneous":
-            return provision_homogeneous(spec)
-        return provision_spot(spec, search=search)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    if strategy == "homogeneous":
+        return provision_homogeneous(spec)
+    return provision_spot(spec, search=search)
 
 
 def _load_plan(path: str | None) -> TrainingPlan:
     if path is None:
         spec, _, _ = _load_spec(None)
         return _solve(spec, "spot")
-    try:
-        return plan_from_dict(files.read_json(path, "plan"), path)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    return training_plan_from_dict(readers.read_json(path, "plan"), path)
 
 
 def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None:
@@ -211,11 +194,12 @@ def run_plan(args: argparse.Namespace) -> int:
     spec, catalog, notes = _load_spec(args.spec, args.strategy, args.prices, endpoint_url=args.endpoint_url,
                                       region=args.region, cache=args.price_cache)
     if args.deadline is not None or args.loss is not None:
-        if any(v is not None and not _positive_number(v) for v in (args.deadline, args.loss)):
-            raise UserError("--deadline and --loss must be positive numbers")
+        for flag, value in (("--deadline", args.deadline), ("--loss", args.loss)):
+            if value is not None:
+                check.positive(value, flag, error=UserError)
         spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
     plan = _solve(spec, args.strategy, args.search)
-    body = plan_to_dict(plan)
+    body = training_plan_to_dict(plan)
     body["prices"] = {"source": catalog.source, "as_of": catalog.prices_as_of, "notes": notes}
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
@@ -227,30 +211,28 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
-    try:
-        cols = files.read_curve_csv(args.curve, args.batch)
-        if {"b_w", "R", "n", "j"} <= set(cols):
-            import numpy as np
-            X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
-            est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
-            coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
-            body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
-                    "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
-            rows = [[k, v] for k, v in coeffs.items()]
-        else:
-            t0 = time.perf_counter()
-            est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
-            fit_ms = (time.perf_counter() - t0) * 1000
-            c = est.curve_
-            coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
-            body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
-                    "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
-            rows = [[k, v] for k, v in coeffs.items()]
-            if args.target is not None:
-                body["samples_to_target"] = est.samples_for(args.target)
-                rows.append([f"samples to loss {args.target}", _fmt(body["samples_to_target"], 0)])
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    cols = readers.read_curve_csv(args.curve, args.batch)
+    if {"b_w", "R", "n", "j"} <= set(cols):
+        import numpy as np
+        X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
+        est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
+        coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
+        body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
+                "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
+        rows = [[k, v] for k, v in coeffs.items()]
+    else:
+        t0 = time.perf_counter()
+        est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
+        fit_ms = (time.perf_counter() - t0) * 1000
+        c = est.curve_
+        coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
+        body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
+                "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
+        rows = [[k, v] for k, v in coeffs.items()]
+        if args.target is not None:
+            samples = est.samples_for(args.target)
+            body["samples_to_target"] = samples
+            rows.append([f"samples to loss {args.target}", _fmt(samples, 0)])
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
@@ -263,7 +245,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from agents.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
 
@@ -275,7 +257,7 @@ def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError
+    from controller.cloud import CloudError
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
     if not plan.feasible:
@@ -293,13 +275,13 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_terminate(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError
+    from controller.cloud import CloudError
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from agents.cloud import SpotLauncher, make_clients
+        from controller.cloud import SpotLauncher, make_clients
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
     try:
@@ -312,7 +294,7 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from agents.cloud import CloudError, RevocationWatcher
+    from controller.cloud import CloudError, RevocationWatcher
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")
     if args.plan is not None and args.spec is None:
@@ -324,16 +306,16 @@ def run_watch(args: argparse.Namespace) -> int:
         raise UserError(f"{args.spec or 'bundled spec'}: spec {spec.name!r} does not match the plan of job "
                         f"{plan.job!r}" + (f" (types {', '.join(unknown)} not in the spec)" if unknown else "")
                         + "; give the spec the plan came from")
-    if not _positive_number(args.interval):
-        raise UserError("--interval must be a positive number of seconds")
+    check.positive(args.interval, "--interval", error=UserError, unit="seconds")
     watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
 
     def report(result) -> None:
         print(f"revoked: {', '.join(result.revoked)}")
         if result.plan is not None and result.plan.feasible:
             adds = ", ".join(f"{c} x {t}" for t, c in result.plan.additions) or "nothing"
-            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} s, "
-                  f"${_fmt(result.plan.predicted_cost, 2)}; launch: {result.launch.summary() if result.launch else '-'}")
+            launched = result.launch.summary() if result.launch else "-"
+            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} "
+                  f"s, ${_fmt(result.plan.predicted_cost, 2)}; launch: {launched}")
         elif result.plan is not None:
             print(f"re-plan infeasible: {result.plan.reason}")
         sys.stdout.flush()
@@ -359,7 +341,7 @@ def run_render(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
-    catalog = files.offline_catalog()
+    catalog = readers.offline_catalog()
     gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
     vcpus = {name: t.vcpus for name, t in catalog.types.items()}
     try:
@@ -390,14 +372,10 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_comm_sim(args: argparse.Namespace) -> int:
-    try:
-        data, source = files.read_gradient_profile(args.profile, args.model)
-        profile = profile_from_dict(data, source)
-    except _errors() as err:
-        raise UserError(str(err)) from None
+    data, source = readers.read_gradient_profile(args.profile, args.model)
+    profile = gradient_profile_from_dict(data, source)
     if args.bandwidth is not None:
-        if not _positive_number(args.bandwidth):
-            raise UserError("--bandwidth must be a positive number of MB/s")
+        check.positive(args.bandwidth, "--bandwidth", error=UserError, unit="MB/s")
         from dataclasses import replace
         profile = replace(profile, bandwidth_mb_s=args.bandwidth)
     chosen = SCHEDULERS if args.scheduler == "all" else (args.scheduler,)
@@ -414,8 +392,8 @@ def run_comm_sim(args: argparse.Namespace) -> int:
                                        "messages": r.messages} for r in results]}, indent=2))
         return 0
     total_mb = sum(g.bytes for g in profile.gradients) / 1e6
-    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, link {profile.bandwidth_mb_s:.0f} MB/s, "
-          f"compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
+    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, "
+          f"link {profile.bandwidth_mb_s:.0f} MB/s, compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
     base = {r.scheduler: r.iteration_ms for r in results}
     rows = []
     for r in results:

@@ -10,22 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stoke.commands.inputs import read_plan
+from stoke import validate as check
 from stoke.errors import UserError
-
-
-def _read_plan(path: str) -> Any:
-    from controller.solver.problem import ProblemError, plan_from_dict
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise UserError(f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`")
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON (line {err.lineno}: {err.msg}); "
-                        f"write the plan with `stoke plan --json`")
-    try:
-        return plan_from_dict(data, source=path)
-    except (ProblemError, TypeError, ValueError) as err:
-        raise UserError(str(err).splitlines()[0])
 
 
 def _check_repo(repo: str) -> None:
@@ -45,13 +32,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 # --------------------------------------------------------------------------- render
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from controller.render import RenderError, render_plan
+    from controller.render_plan import render_plan
     _check_repo(args.repo)
-    plan = _read_plan(args.plan)
-    try:
-        changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
-    except RenderError as err:
-        raise UserError(str(err))
+    plan = read_plan(args.plan)
+    changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
     if args.json:
         print(json.dumps({"changed": changed}, indent=2))
     elif changed:
@@ -65,16 +49,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _default_assignments(repo: str) -> list[Any]:
     """Without a plan: every model of a local repository, whole machine, its base batch."""
-    from controller.assignment import ModelAssignment
-    from controller.render import CONFIG_NAME, RenderError, read_config
+    from controller.messages import ModelAssignment
+    from controller.render import CONFIG_NAME, read_config
     if "://" in repo:
         raise UserError(f"--repo {repo}: a remote repository needs --plan PLAN.json naming the models to serve")
     out = []
     for path in sorted(Path(repo).glob(f"*/{CONFIG_NAME}")):
-        try:
-            base = read_config(path)
-        except RenderError as err:
-            raise UserError(str(err))
+        base = read_config(path)
         batch = max(1, base.max_batch_size)
         delay_ms = base.dynamic_batching.max_queue_delay_microseconds / 1000.0
         out.append(ModelAssignment(workload=path.parent.name, model=path.parent.name, device=0, share_pct=100.0,
@@ -118,10 +99,10 @@ def _refuse_overcommit(args: argparse.Namespace, assignments: list[Any]) -> None
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from agents.triton import TritonError, TritonFleet
-    from controller.render import assignments_from_plan
+    from agents.triton import TritonFleet
+    from controller.render_plan import assignments_from_plan
     _check_repo(args.repo)
-    assignments = assignments_from_plan(_read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
+    assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
         wanted = set(args.models.split(","))
         assignments = [a for a in assignments if a.model in wanted or a.workload in wanted]
@@ -135,11 +116,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         mps = MpsControl()
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     report = None
-    try:
-        fleet = TritonFleet(args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps,
-                            ready_timeout_s=args.ready_timeout)
-    except TritonError as err:
-        raise UserError(str(err))
+    fleet = TritonFleet(args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps,
+                        ready_timeout_s=args.ready_timeout)
     try:
         report = fleet.apply(assignments)
         endpoints, procs = fleet.endpoints(), fleet.processes()
@@ -148,7 +126,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 for a in fleet.running()]
         if args.json:
             # one line, so a caller can read it while the servers keep running
-            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": list(report.errors)}), flush=True)
+            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}), flush=True)
         else:
             print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
             for error in report.errors:
@@ -175,15 +153,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- sync
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from agents.repo_store import S3Store, StoreError, open_store
+    from agents.repo_store import S3Store, open_store
     _check_repo(args.repo)
-    try:
-        store = open_store(args.dest, endpoint_url=args.endpoint_url)
-        if isinstance(store, S3Store) and args.create_bucket:
-            store.create_bucket()
-        report = store.sync(args.repo)
-    except StoreError as err:
-        raise UserError(str(err))
+    store = open_store(args.dest, endpoint_url=args.endpoint_url)
+    if isinstance(store, S3Store) and args.create_bucket:
+        store.create_bucket()
+    report = store.sync(args.repo)
     if args.json:
         print(json.dumps({"uploaded": report.uploaded, "deleted": report.deleted,
                           "unchanged": len(report.unchanged)}, indent=2))
@@ -198,8 +173,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator
-    if args.rate <= 0 or args.seconds <= 0:
-        raise UserError("--rate and --seconds must be > 0 (requests per second, seconds of load)")
+    check.positive(args.rate, "--rate", error=UserError, unit="requests per second")
+    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load")
     exporter = None
     on_latency = None
     if args.metrics_port is not None:
@@ -216,7 +191,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         with LoadGenerator(args.url, args.model, batch=args.batch, on_latency=on_latency) as gen:
             report = gen.run(args.rate, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms)
     except LoadError as err:
-        raise UserError(f"--url {args.url} --model {args.model}: {err}")
+        raise UserError(f"--url {args.url} --model {args.model}: {err}") from None
     finally:
         if exporter is not None:
             exporter.close()

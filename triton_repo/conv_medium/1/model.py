@@ -1,4 +1,5 @@
-"""conv_medium: two 3x3 convolutions (3->16, pool, 16->32) on 3x32x32, global average pool, dense 32 -> 10 (compute-heavy, ~1.2M MACs per sample).
+"""conv_medium: two 3x3 convolutions (3->16, pool, 16->32) on 3x32x32, global average pool, dense 32 -> 10
+(compute-heavy, ~1.2M MACs per sample).
 
 Triton Python-backend model; numpy only, weights from a fixed seed (no weight files).
 Requests that Triton's dynamic batcher hands over together are stacked into one

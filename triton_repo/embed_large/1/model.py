@@ -1,4 +1,5 @@
-"""embed_large: embedding bag: 16 hashed ids per sample gathered from a 131072 x 64 FP32 table (32 MiB) and averaged (memory-heavy, little compute).
+"""embed_large: embedding bag: 16 hashed ids per sample gathered from a 131072 x 64 FP32 table (32 MiB) and
+averaged (memory-heavy, little compute).
 
 Triton Python-backend model; numpy only, weights from a fixed seed (no weight files).
 Requests that Triton's dynamic batcher hands over together are stacked into one

@@ -1,0 +1,174 @@
+"""The controller's configuration, declared once: keys, defaults, checks and meaning.
+
+`ControllerConfig` is what `stoke controller --config FILE` reads (YAML,
+every key optional); it contains the `ServiceConfig` the service runs with,
+whose keys sit at the top level of the file beside the process's own
+(listen, db, tls, ...). Each field is a `stoke.validate.setting`: its default,
+its rule and one line of meaning. From the same declarations come the error
+messages (file, field, value, fix), the list of known keys and the JSON
+Schema, `controller/data/controller-config.schema.json` (``make schema``
+rewrites it; a test fails when it is stale). An example::
+
+    listen: 127.0.0.1:50051
+    db: stoke-controller.db        # relative paths are relative to the config file
+    tls: {cert: server.crt, key: server.key}
+    heartbeat_timeout_s: 10
+    gpu_types:
+      - {name: CPU, price_per_hour: 0.10, match: [cpu]}
+    profiles:
+      - cpu-profile.json                             # or {path: ..., gpu_type: ...}
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.messages import NodeDevice
+from controller.solver import STRATEGIES
+from stoke import validate as check
+from stoke.errors import InputError
+
+SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "controller-config.schema.json"
+
+
+class ConfigError(InputError):
+    """The controller config, or a file it or a flag names (token, TLS material), is unusable; names the file,
+    the field and the fix."""
+
+
+@dataclass(frozen=True)
+class GpuTypeConfig:
+    """A GPU type the controller prices and recognises by device name."""
+
+    name: str = check.setting(rule=check.TEXT, doc="GPU type name, as profiles and workloads name it")
+    price_per_hour: float = check.setting(0.0, check.NON_NEGATIVE, "price of one device of this type per hour")
+    match: tuple[str, ...] = check.setting((), check.STRINGS, "case-insensitive substrings of a device name "
+                                                             "that mean this type")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """How the control-plane service plans and watches the nodes."""
+
+    heartbeat_interval_s: float = check.setting(2.0, check.POSITIVE_SECONDS, "heartbeat interval told to agents")
+    heartbeat_timeout_s: float = check.setting(10.0, check.POSITIVE_SECONDS,
+                                               "a node silent this long is lost and its workloads re-planned")
+    strategy: str = check.setting("stoke", check.choice(tuple(STRATEGIES)), "solver strategy")
+    gpu_types: tuple[GpuTypeConfig, ...] = check.setting(
+        (GpuTypeConfig("CPU", 0.10, ("cpu",)),), doc="prices, and how device names map to GPU types")
+    cpu_gpu_type: str = check.setting("CPU", check.TEXT, "GPU type of CPU devices no `match` claims")
+    failed_device_block_s: float = check.setting(
+        120.0, check.POSITIVE_SECONDS, "a device where every assignment failed to start leaves the inventory "
+                                       "this long")
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must be larger than "
+                              f"heartbeat_interval_s ({self.heartbeat_interval_s:g})", "heartbeat_timeout_s")
+
+    def gpu_type_for(self, device: NodeDevice) -> str:
+        if device.gpu_type:
+            return device.gpu_type
+        name = device.name.lower()
+        for t in self.gpu_types:
+            if any(m.lower() in name for m in t.match):
+                return t.name
+        if device.kind == "cpu":
+            return self.cpu_gpu_type
+        # an unconfigured GPU: its NVML name ("NVIDIA H200") made into a valid GPU type name ("NVIDIA-H200"),
+        # so profiles and workloads can name it
+        return "-".join(device.name.split()).replace("#", "-").replace(":", "-").replace("/", "-") or "gpu"
+
+    def price(self, gpu_type: str) -> float:
+        for t in self.gpu_types:
+            if t.name == gpu_type:
+                return t.price_per_hour
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Serve TLS with this certificate and key."""
+
+    cert: str = check.setting(rule=check.PATH, doc="PEM certificate file")
+    key: str = check.setting(rule=check.PATH, doc="PEM private key file")
+
+
+@dataclass(frozen=True)
+class ProfileSource:
+    """A fitted profile uploaded when the controller starts."""
+
+    SHORTHAND = "path"     # a bare string is the path
+
+    path: str = check.setting(rule=check.PATH, doc="fitted profile JSON (`stoke profile fit`)")
+    gpu_type: str = check.setting("", doc="store it under this GPU type (default: the profile's gpu.name)")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The controller process: where it listens, what it stores, and the service it runs."""
+
+    listen: str = check.setting("127.0.0.1:50051", check.ADDRESS, "gRPC address (port 0 = any free port)")
+    metrics_listen: str = check.setting("127.0.0.1:9470", check.ADDRESS_OR_OFF,
+                                        'Prometheus /metrics address ("" = off)')
+    db: str = check.setting("stoke-controller.db", check.PATH, "SQLite file (WAL)")
+    token_file: str | None = check.setting(None, check.PATH, "bearer token file (first line); else $STOKE_TOKEN; "
+                                                             "else no auth (a warning)")
+    tls: TlsConfig | None = check.setting(None, doc="serve TLS")
+    reconcile_interval_s: float = check.setting(1.0, check.POSITIVE_SECONDS,
+                                                "the reconcile loop's tick (it also wakes on every change)")
+    profiles: tuple[ProfileSource, ...] = check.setting((), doc="fitted profiles uploaded at start")
+    service: ServiceConfig = check.setting(ServiceConfig(), flatten=True)
+
+
+#: Keys the command line may override (`stoke controller --listen ...`); paths given there are relative to the cwd.
+PATH_OVERRIDES = ("db", "token_file")
+
+
+def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> ControllerConfig:
+    """Read the YAML config (None: defaults); `overrides` (not None) win over the file."""
+    data: Any = {}
+    base: Path | None = None
+    source = "defaults"
+    if path is not None:
+        source, base = str(path), Path(path).resolve().parent
+        data = _read_yaml(Path(path))
+        if not isinstance(data, dict):
+            known = ", ".join(check.keys(ControllerConfig))
+            raise ConfigError(f"{path}: the config must be a mapping of keys ({known})")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:
+        source = f"{source} + command line"
+        # command-line paths are relative to the cwd, not to the config file
+        given.update({k: str(Path(v).absolute()) for k, v in given.items() if k in PATH_OVERRIDES and v})
+        data = {**data, **given}
+    return check.load(ControllerConfig, data, where=source, error=ConfigError, base_dir=base)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the controller config ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+
+
+def config_schema() -> dict[str, Any]:
+    return check.json_schema(ControllerConfig, "stoke controller config")
+
+
+def schema_text() -> str:
+    return json.dumps(config_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":     # `make schema`: rewrite the committed JSON Schema
+    from stoke.files import atomic_write_text
+    print(f"{SCHEMA_FILE}: {'written' if atomic_write_text(SCHEMA_FILE, schema_text()) else 'unchanged'}",
+          file=sys.stderr)

@@ -1,0 +1,176 @@
+"""What the agents, the API client and the controller's service say to each other. Plain data.
+
+The node side (`agents`) and the client side (`controller.api.client`) import
+this module and nothing of the controller's service, store or solver (an
+import contract holds it). It depends on nothing heavy: dataclasses and
+`stoke.errors`.
+
+- `Replica`: the key of one replica of a workload, ``"name#replica"`` on the
+  wire, in Triton's process names and in every report;
+- `ModelAssignment`: what a node is asked to run (the plan, cut per node);
+- `NodeDevice`, `Observation`, `AssignmentError`, `HeartbeatReport`,
+  `HeartbeatAnswer`: registration and the heartbeat;
+- the errors the API answers with (`InvalidArgument`, `NotFound`,
+  `FailedPrecondition`) and the ones a client meets on the way
+  (`Unavailable`, `Unauthenticated`), all under `ApiError`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stoke.errors import InputError, StokeError
+
+#: Longest workload, model, GPU type or node name.
+NAME_MAX = 128
+#: Separates the workload name from the replica index in a `Replica` key.
+REPLICA_SEPARATOR = "#"
+
+
+# ---------------------------------------------------------------- errors the API answers with
+
+
+class ApiError(StokeError, RuntimeError):
+    """The controller refused a call, or could not be reached; the message says why."""
+
+
+class InvalidArgument(InputError, ApiError):
+    """A request field is bad: `field` names it (e.g. ``workloads[1].slo_ms``)."""
+
+
+class NotFound(ApiError):
+    """The request names something the controller does not have."""
+
+
+class FailedPrecondition(ApiError):
+    """The stored state cannot do what was asked (e.g. its workloads cannot be planned); the request was fine."""
+
+
+class Unavailable(ApiError):
+    """The controller cannot be reached."""
+
+
+class Unauthenticated(ApiError):
+    """The controller refused the token."""
+
+
+def invalid(field: str, problem: str) -> InvalidArgument:
+    """The error for a bad request field, worded ``field: problem``."""
+    return InvalidArgument(f"{field}: {problem}", field)
+
+
+def check_name(value: Any, field: str) -> str:
+    """A workload, model, GPU type or node name, stripped; refuses what would break a `Replica` key."""
+    if not isinstance(value, str) or not value.strip():
+        raise invalid(field, "must be a non-empty string")
+    name: str = value.strip()
+    # '#' separates a replica in assignment keys; ':' separated an error from its key on the wire
+    if len(name) > NAME_MAX or any(c.isspace() or c in "#:/\\" for c in name):
+        raise invalid(field, f"{name!r} must be at most {NAME_MAX} characters without spaces, '#', ':', '/' or '\\'")
+    return name
+
+
+# ---------------------------------------------------------------- assignments
+
+
+@dataclass(frozen=True, order=True)
+class Replica:
+    """One replica of a workload; ``str()`` gives its key, ``"name#replica"``."""
+
+    workload: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.workload}{REPLICA_SEPARATOR}{self.index}"
+
+    @classmethod
+    def parse(cls, key: str) -> Replica:
+        name, _, index = key.rpartition(REPLICA_SEPARATOR)
+        if not name or not index.isdigit():
+            raise ValueError(f"{key!r} is not a replica key (name{REPLICA_SEPARATOR}index)")
+        return cls(name, int(index))
+
+
+@dataclass(frozen=True)
+class ModelAssignment:
+    """One model to serve on one device of a node, with its share and batching."""
+
+    workload: str          # workload name; with `replica` the unique key of the assignment
+    model: str             # model name in the model repository
+    device: int            # GPU index on a GPU node; 0 on a CPU node
+    share_pct: float       # MPS active-thread % on a GPU node; % of the CPU cores on a CPU node
+    batch: int             # max_batch_size / preferred batch
+    queue_delay_ms: float  # dynamic batching max queue delay
+    slo_ms: float
+    rate_rps: float
+    replica: int = 0
+
+    @property
+    def key(self) -> str:
+        return str(Replica(self.workload, self.replica))
+
+
+# ---------------------------------------------------------------- registration and heartbeat
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    index: int
+    name: str
+    kind: str                 # "gpu" | "cpu"
+    memory_bytes: int = 0
+    cores: int = 0
+    gpu_type: str = ""        # "" = resolved by the controller (ServiceConfig.gpu_type_for)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Per-assignment figures an agent scraped from Triton."""
+
+    key: str
+    model: str
+    request_rate_rps: float = 0.0
+    mean_batch: float = 0.0
+    mean_queue_ms: float = 0.0
+    mean_compute_ms: float = 0.0
+    failures: int = 0
+    success: int = 0
+    endpoint: str = ""
+
+    @property
+    def latency_ms(self) -> float:
+        return self.mean_queue_ms + self.mean_compute_ms
+
+    @property
+    def success_in_window(self) -> bool:
+        return self.request_rate_rps > 0 or self.mean_compute_ms > 0
+
+
+@dataclass(frozen=True)
+class AssignmentError:
+    """Why one assignment (its `key`) failed to start, move or reload on a node."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+@dataclass(frozen=True)
+class HeartbeatReport:
+    node_id: str
+    running: tuple[ModelAssignment, ...] = ()
+    observed: tuple[Observation, ...] = ()
+    events: tuple[str, ...] = ()
+    errors: tuple[AssignmentError, ...] = ()
+    applied_revision: int = 0
+    errors_revision: int = 0          # the plan revision whose apply produced `errors`
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    registered: bool
+    revision: int = 0
+    assignments: tuple[ModelAssignment, ...] = ()
+    heartbeat_interval_s: float = 0.0

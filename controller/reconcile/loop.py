@@ -1,0 +1,166 @@
+"""The reconcile loop: observe -> solve -> diff -> act, and the applied plan it keeps.
+
+One pass (`Reconciler.reconcile`):
+
+- observe: mark silent nodes lost, then read the workloads (store), the
+  fitted profiles, the healthy device slots (`NodeRegistry`) and the applied
+  plan (`planning.Observed`); a pass whose inputs did not change since the
+  last one does nothing;
+- solve: `planning.plan_observed`, the pure solve step (the solver is timed
+  for the observer);
+- diff: the new plan cut per node against the applied cut (`diff.diff_assignments`);
+  the same placements, bindings and pending workloads change nothing;
+- act: store the new revision (desired state, in SQLite); each node receives
+  its assignments with its next heartbeat (agents poll).
+
+A failed solve is recorded as `last_error` and raised; the next pass solves
+again only when an input changes. Each pass reports its duration to the
+`Observer` (the Prometheus metrics).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Protocol
+
+from controller.config import ServiceConfig
+from controller.messages import ModelAssignment
+from controller.reconcile.diff import NodeChange, diff_assignments
+from controller.reconcile.planning import Observed, PlanView, plan_observed
+from controller.reconcile.slots import node_assignments
+from controller.registry import NodeRegistry
+from controller.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
+from controller.store import Store, StoredPlan
+from interference.profile import DeviceProfile
+
+Solver = Callable[..., Plan]
+Profiles = Callable[[], tuple[Mapping[str, DeviceProfile], int]]     # () -> (profiles by GPU type, version)
+
+
+class Observer(Protocol):
+    """Receives durations and errors (the Prometheus metrics module implements it)."""
+
+    def solved(self, seconds: float) -> None: ...
+    def reconciled(self, seconds: float, error: bool) -> None: ...
+
+
+class NullObserver:
+    def solved(self, seconds: float) -> None:
+        pass
+
+    def reconciled(self, seconds: float, error: bool) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    plan: PlanView
+    changed: bool
+    changes: tuple[NodeChange, ...]
+
+
+def view_of(stored: StoredPlan) -> PlanView:
+    plan = plan_from_dict(stored.plan, f"plan revision {stored.revision}")
+    return PlanView(stored.revision, plan, stored.bindings, stored.pending, stored.created_unix)
+
+
+class Reconciler:
+    def __init__(self, store: Store, registry: NodeRegistry, profiles: Profiles, config: ServiceConfig, *,
+                 clock: Callable[[], float], solver: Solver, observer: Observer | None = None) -> None:
+        self.store = store
+        self.registry = registry
+        self.profiles = profiles
+        self.config = config
+        self.clock = clock
+        self.solver = solver
+        self.observer: Observer = observer or NullObserver()
+        self._lock = threading.Lock()            # guards the applied plan and its cut
+        self._pass_lock = threading.Lock()       # one pass at a time
+        stored = store.latest_plan()
+        self._applied: PlanView | None = view_of(stored) if stored else None
+        self._cut = node_assignments(self._applied.plan, self._applied.bindings) if self._applied else {}
+        self._last_inputs: Any = None
+        self.last_error = ""
+
+    # ------------------------------------------------------------ the applied plan
+
+    @property
+    def applied(self) -> PlanView | None:
+        with self._lock:
+            return self._applied
+
+    def cut(self) -> dict[str, tuple[ModelAssignment, ...]]:
+        """The applied plan per node: {node_id: assignments}."""
+        with self._lock:
+            return dict(self._cut)
+
+    def assigned_to(self, node_id: str) -> tuple[int, tuple[ModelAssignment, ...]]:
+        """(applied revision, the node's assignments), read together."""
+        with self._lock:
+            return (self._applied.revision if self._applied else 0), self._cut.get(node_id, ())
+
+    # ------------------------------------------------------------ one pass
+
+    def observe(self) -> Observed:
+        profiles, version = self.profiles()
+        return Observed(workloads=self.store.workloads(), profiles=profiles, profiles_version=version,
+                        slots=self.registry.healthy_slots(), applied=self.applied)
+
+    def solve(self, observed: Observed | None = None) -> PlanView:
+        """The plan for the observed state, not applied (revision 0)."""
+        return plan_observed(observed or self.observe(), self.config, self._run_solver, self.clock())
+
+    def _run_solver(self, problem: Problem, current: Plan | None) -> Plan:
+        started = time.perf_counter()
+        try:
+            return self.solver(problem, self.config.strategy, current=current)
+        finally:
+            self.observer.solved(time.perf_counter() - started)
+
+    def reconcile(self, force: bool = False) -> ApplyOutcome | None:
+        """One observe -> solve -> diff -> act pass. Returns None when nothing needed doing."""
+        with self._pass_lock:
+            started = time.perf_counter()
+            error = skipped = False
+            fingerprint = None
+            try:
+                self.registry.check_nodes()
+                observed = self.observe()
+                fingerprint = observed.fingerprint()
+                if not force and fingerprint == self._last_inputs:
+                    skipped = True
+                    return None
+                outcome = self._act(self.solve(observed))
+                # what was just solved, with the revision it produced (a change meanwhile triggers another pass)
+                self._last_inputs = fingerprint[:3] + (outcome.plan.revision,)
+                self.last_error = ""
+                return outcome
+            except ProblemError as err:
+                error = True
+                self.last_error = f"solve failed: {err}"
+                self._last_inputs = fingerprint      # re-solve on the next change, not every tick
+                raise
+            except Exception as err:
+                error = True
+                self.last_error = f"reconcile failed: {type(err).__name__}: {err}"
+                raise
+            finally:
+                if not skipped:      # passes with nothing to do are not timed
+                    self.observer.reconciled(time.perf_counter() - started, error)
+
+    def _act(self, view: PlanView) -> ApplyOutcome:
+        applied = self.applied
+        if applied is None and not view.plan.gpus and not view.pending:
+            return ApplyOutcome(plan=view, changed=False, changes=())   # nothing to run, nothing to record
+        if applied is not None and applied.signature() == view.signature():
+            return ApplyOutcome(plan=applied, changed=False, changes=())   # same placements, bindings, pending
+        cut = node_assignments(view.plan, view.bindings)
+        changes = tuple(c for c in diff_assignments(self._cut, cut) if not c.empty)
+        now = self.clock()
+        revision = self.store.add_plan(plan_to_dict(view.plan), view.bindings, view.pending, now)
+        stored = replace(view, revision=revision, created_unix=now)
+        with self._lock:
+            self._applied = stored
+            self._cut = cut
+        return ApplyOutcome(plan=stored, changed=True, changes=changes)

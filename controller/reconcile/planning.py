@@ -1,0 +1,169 @@
+"""The solve step of a reconcile pass: the observed state in, a plan bound to node devices out. Pure.
+
+`plan_observed(observed, config, run_solver, now)`:
+
+1. `split_schedulable`: a workload whose GPU type (or any type with its model
+   profiled) has no ready device is pending with the reason;
+2. `solve_with_fallback`: the solver runs on the inventory of the ready
+   devices, asked to keep the applied placements on the healthy slots
+   (`current=`). Not enough devices: plan as if there were (the GPUs beyond
+   the ready devices stay unbound and their workloads pending); a workload
+   infeasible on its own is pending with the solver's reason;
+3. `bind_plan`: each plan GPU gets a node device (`slots.bind_gpus`, stable),
+   keeps the slot as its identity for the next solve, and every workload
+   left unplaced is pending with its reason.
+
+`run_solver(problem, current)` is the only way out (the loop times it).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from controller.config import ServiceConfig
+from controller.reconcile.slots import Binding, bind_gpus, slot_key, slot_keys, without_slots
+from controller.solver import GpuType, Plan, Problem, ProblemError, Workload, plan_to_dict
+from interference.profile import DeviceProfile
+
+RunSolver = Callable[[Problem, "Plan | None"], Plan]
+Pending = list[tuple[str, str]]       # (workload, reason)
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """A plan with its node bindings: applied (revision >= 1) or a preview (revision 0)."""
+
+    revision: int
+    plan: Plan
+    bindings: tuple[Binding | None, ...]
+    pending: tuple[tuple[str, str], ...]
+    created_unix: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = plan_to_dict(self.plan)
+        data["revision"] = self.revision
+        data["created_unix"] = self.created_unix
+        for g, b in zip(data["gpus"], self.bindings):
+            g["node_id"] = b.node_id if b else None
+            g["device"] = b.device if b else None
+        data["pending"] = [{"workload": w, "reason": r} for w, r in self.pending]
+        return data
+
+    def signature(self) -> Any:
+        """What makes two plans the same for the nodes (notes and strategy text aside)."""
+        data = self.to_dict()
+        return (data["gpus"], data["pending"])
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile pass sees: the inputs of a solve."""
+
+    workloads: tuple[Workload, ...]
+    profiles: Mapping[str, DeviceProfile]
+    profiles_version: int
+    slots: tuple[Binding, ...]            # healthy device slots, sorted
+    applied: PlanView | None
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        """Equal fingerprints, equal plans: a pass whose inputs did not change has nothing to do."""
+        return (self.workloads, self.profiles_version, self.slots, self.applied.revision if self.applied else 0)
+
+
+def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:
+    """Solve the observed state (see the module docstring); returns a preview (revision 0)."""
+    counts = collections.Counter(s.gpu_type for s in observed.slots)
+    usable = {t: p for t, p in observed.profiles.items() if counts.get(t)}
+    schedulable, pending = split_schedulable(observed.workloads, observed.profiles, usable)
+    plan = Plan(strategy=config.strategy, gpus=())
+    if schedulable:
+        inventory = tuple(GpuType(name=t, price_per_hour=config.price(t), profile=p, max_count=counts[t])
+                          for t, p in sorted(usable.items()))
+        solved, schedulable, infeasible = solve_with_fallback(schedulable, inventory, _kept(observed, usable),
+                                                              run_solver)
+        plan = solved or plan
+        pending += infeasible
+    return bind_plan(plan, observed, schedulable, pending, now)
+
+
+def split_schedulable(workloads: Sequence[Workload], profiles: Mapping[str, DeviceProfile],
+                      usable: Mapping[str, DeviceProfile]) -> tuple[list[Workload], Pending]:
+    """(workloads a ready device can serve, [(workload, why not)] for the rest)."""
+    schedulable, pending = [], []
+    for w in workloads:
+        allowed = [w.gpu_type] if w.gpu_type else sorted(usable)
+        if w.gpu_type and w.gpu_type not in usable:
+            pending.append((w.name, f"no ready node has GPU type {w.gpu_type}" if w.gpu_type in profiles
+                            else f"GPU type {w.gpu_type} has no profile"))
+        elif not any(w.model in usable[t].models for t in allowed if t in usable):
+            pending.append((w.name, f"no ready node has a GPU type profiled for model {w.model}"
+                            if usable else "no ready node"))
+        else:
+            schedulable.append(w)
+    return schedulable, pending
+
+
+def _kept(observed: Observed, usable: Mapping[str, DeviceProfile]) -> Plan | None:
+    """The applied plan on the healthy slots, each GPU keyed by its slot: what the solver is asked to keep."""
+    if observed.applied is None:
+        return None
+    kept = without_slots(observed.applied.plan, observed.applied.bindings, observed.slots)[0]
+    return replace(kept, gpus=tuple(g for g in kept.gpus if g.gpu_type in usable))
+
+
+def _current(kept: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
+    """The kept plan restricted to `workloads`."""
+    if kept is None:
+        return None
+    names = {w.name for w in workloads}
+    gpus = tuple(replace(g, placements=tuple(p for p in g.placements if p.name in names)) for g in kept.gpus)
+    return Plan(strategy=kept.strategy, gpus=tuple(g for g in gpus if g.placements), notes=kept.notes)
+
+
+def solve_with_fallback(workloads: list[Workload], inventory: tuple[GpuType, ...], kept: Plan | None,
+                        run_solver: RunSolver) -> tuple[Plan | None, list[Workload], Pending]:
+    """(plan or None, the workloads it was solved for, [(workload, reason)] infeasible on their own).
+
+    Raises the solver's ProblemError when the workloads are feasible one by one but not together."""
+    def run(ws: Sequence[Workload], types: tuple[GpuType, ...]) -> Plan:
+        return run_solver(Problem(tuple(ws), types), _current(kept, ws))
+
+    try:
+        return run(workloads, inventory), workloads, []
+    except ProblemError:
+        pass
+    unbounded = tuple(replace(g, max_count=None) for g in inventory)
+    try:
+        return run(workloads, unbounded), workloads, []
+    except ProblemError as together:
+        failure = together
+    feasible, infeasible = [], []
+    for w in workloads:
+        try:
+            run([w], unbounded)
+            feasible.append(w)
+        except ProblemError as err:
+            infeasible.append((w.name, str(err)))
+    if not infeasible:
+        raise failure
+    return (run(feasible, unbounded) if feasible else None), feasible, infeasible
+
+
+def bind_plan(plan: Plan, observed: Observed, schedulable: Sequence[Workload], pending: Pending,
+              now: float) -> PlanView:
+    """Bind the plan's GPUs to slots (stable), key each GPU by its slot, and name every unplaced workload."""
+    applied = observed.applied
+    previous = slot_keys(applied.plan, applied.bindings) if applied else {}
+    bindings = bind_gpus(plan, observed.slots, previous)
+    # a GPU's identity is its slot: stored plans carry it, the next solve keeps it
+    plan = replace(plan, gpus=tuple(replace(g, key=slot_key(b) if b else None) for g, b in zip(plan.gpus, bindings)))
+    pending = list(pending)
+    placed = {p.name for g, b in zip(plan.gpus, bindings) if b is not None for p in g.placements}
+    for g, b in zip(plan.gpus, bindings):
+        if b is None:
+            pending += [(p.name, f"no free {g.gpu_type} device on the ready nodes") for p in g.placements]
+    for w in schedulable:
+        if w.name not in placed and all(w.name != name for name, _ in pending):
+            pending.append((w.name, "the solver did not place it: " + ("; ".join(plan.notes) or "no reason given")))
+    return PlanView(revision=0, plan=plan, bindings=bindings, pending=tuple(sorted(set(pending))), created_unix=now)

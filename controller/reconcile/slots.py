@@ -1,0 +1,119 @@
+"""Plan GPUs bound to node devices (slots), and the plan cut per node. Pure functions, no I/O.
+
+Binding plan GPUs to node devices
+---------------------------------
+The solver returns GPUs (`Plan.gpus`), not machines. Every device a node
+reports is one *slot* `(node_id, device index, gpu_type)`; a CPU node is one
+slot of the CPU "GPU type" (device 0, share = % of its cores). `bind_gpus`
+gives each plan GPU one slot of its type, at most one GPU per slot:
+
+1. stability first: the controller passes the applied plan to the solver as
+   `current` with each GPU's `key` set to its slot ("node/device"); the solver
+   carries the key over to the GPU that keeps those workloads, and that GPU
+   goes back to the slot named by its key;
+2. a GPU without a (usable) key goes to the slot that ran the most of its
+   placements (workload#replica keys) in the previous plan, pairs taken in
+   order of that overlap (greatest first), ties by slot order;
+3. the other GPUs take the free slots of their type in (node_id, device) order;
+4. a GPU left without a slot is bound to None (its workloads are reported
+   pending: no free device of that type).
+
+Together with the solver's `current=` argument (the `stoke` strategy keeps the
+current placements that stay feasible) this keeps a GPU on the node it was on,
+so an unrelated change does not reshuffle placements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Sequence
+
+from controller.messages import ModelAssignment, Replica
+from controller.solver import GpuPlan, Plan
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where one plan GPU runs: a device slot of a node."""
+
+    node_id: str
+    device: int
+    gpu_type: str
+
+
+def slot_key(slot: Binding) -> str:
+    return f"{slot.node_id}/{slot.device}"
+
+
+def placement_keys(gpu: GpuPlan) -> frozenset[str]:
+    return frozenset(str(Replica(p.name, p.replica)) for p in gpu.placements)
+
+
+def slot_order(slot: Binding) -> tuple[str, int, str]:
+    return (slot.node_id, slot.device, slot.gpu_type)
+
+
+def bind_gpus(plan: Plan, slots: Iterable[Binding],
+              previous: Mapping[Binding, frozenset[str]] | None = None) -> tuple[Binding | None, ...]:
+    """One slot (or None) per plan GPU; `previous` maps slots to the keys they ran before."""
+    free = sorted(set(slots), key=slot_order)
+    previous = previous or {}
+    bound: list[Binding | None] = [None] * len(plan.gpus)
+    taken: set[Binding] = set()
+    keys = [placement_keys(g) for g in plan.gpus]
+    by_key = {slot_key(s): s for s in free}
+    for i, gpu in enumerate(plan.gpus):
+        slot = by_key.get(getattr(gpu, "key", None) or "")
+        if slot is not None and slot.gpu_type == gpu.gpu_type and slot not in taken:
+            bound[i] = slot
+            taken.add(slot)
+    pairs = []
+    for i, gpu in enumerate(plan.gpus):
+        if bound[i] is not None:
+            continue
+        for slot in free:
+            if slot.gpu_type != gpu.gpu_type or slot not in previous or slot in taken:
+                continue
+            overlap = len(keys[i] & previous[slot])
+            if overlap:
+                pairs.append((-overlap, i, slot_order(slot), slot))
+    for _, i, _, slot in sorted(pairs):
+        if bound[i] is None and slot not in taken:
+            bound[i] = slot
+            taken.add(slot)
+    for i, gpu in enumerate(plan.gpus):
+        if bound[i] is not None:
+            continue
+        for slot in free:
+            if slot.gpu_type == gpu.gpu_type and slot not in taken:
+                bound[i] = slot
+                taken.add(slot)
+                break
+    return tuple(bound)
+
+
+def slot_keys(plan: Plan, bindings: Sequence[Binding | None]) -> dict[Binding, frozenset[str]]:
+    """What each bound slot runs under `plan` (input to the next `bind_gpus`)."""
+    return {b: placement_keys(g) for g, b in zip(plan.gpus, bindings) if b is not None}
+
+
+def node_assignments(plan: Plan, bindings: Sequence[Binding | None]) -> dict[str, tuple[ModelAssignment, ...]]:
+    """The plan cut per node: {node_id: assignments sorted by key}."""
+    out: dict[str, list[ModelAssignment]] = {}
+    for gpu, slot in zip(plan.gpus, bindings):
+        if slot is None:
+            continue
+        for p in gpu.placements:
+            out.setdefault(slot.node_id, []).append(ModelAssignment(
+                workload=p.name, model=p.model, device=slot.device, share_pct=float(p.share_pct),
+                batch=int(p.batch), queue_delay_ms=float(p.queue_delay_ms), slo_ms=float(p.slo_ms),
+                rate_rps=float(p.rate_rps), replica=int(p.replica)))
+    return {node: tuple(sorted(items, key=lambda a: a.key)) for node, items in sorted(out.items())}
+
+
+def without_slots(plan: Plan, bindings: Sequence[Binding | None], keep: Iterable[Binding]) -> tuple[Plan, tuple[Binding, ...]]:
+    """The plan restricted to GPUs bound to a slot in `keep` (e.g. the slots of healthy nodes),
+    each GPU keyed by its slot ("node/device"): the `current` plan handed to the solver."""
+    keep = set(keep)
+    pairs = [(replace(g, key=slot_key(b)), b) for g, b in zip(plan.gpus, bindings) if b is not None and b in keep]
+    return (Plan(strategy=plan.strategy, gpus=tuple(g for g, _ in pairs), notes=plan.notes),
+            tuple(b for _, b in pairs))

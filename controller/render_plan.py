@@ -1,0 +1,65 @@
+"""A whole plan written into a local model repository (`stoke triton render`, `stoke triton up --plan`).
+
+Apart from `controller.render` (one assignment -> one config), which the
+agents use, because a plan is the solver's type and the agents do not import
+the solver.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from controller.messages import ModelAssignment
+from controller.render import CONFIG_NAME, ModelConfig, config_to_text, read_config, render_config, write_config
+from controller.solver.problem import Plan, plan_from_dict
+
+
+def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignment]:
+    """One assignment per placement; the device is the GPU's position in the plan."""
+    if not isinstance(plan, Plan):
+        plan = plan_from_dict(plan)
+    return [ModelAssignment(workload=p.name, model=p.model, device=index, share_pct=p.share_pct,
+                            batch=p.batch, queue_delay_ms=p.queue_delay_ms, slo_ms=p.slo_ms,
+                            rate_rps=p.rate_rps, replica=p.replica)
+            for index, p in plan.placements()]
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
+def render_plan(plan: Plan | Mapping[str, Any], repo_dir: str | os.PathLike[str], device_kind: str,
+                *, latency_histogram: bool = False) -> list[str]:
+    """Write the configs of a plan into a local model repository; returns the changed paths.
+
+    Each model's ``config.pbtxt`` gets the first placement of that model (in
+    plan order). When placements of one model differ (two workloads or
+    replicas with other batches or GPUs), every placement also gets
+    ``<model>/configs/<workload>_<replica>.pbtxt`` (Triton's
+    ``--model-config-name``), since one directory holds one default config.
+    """
+    repo = Path(repo_dir)
+    by_model: dict[str, list[ModelConfig]] = {}
+    keyed: dict[str, list[tuple[str, ModelConfig]]] = {}
+    bases: dict[str, ModelConfig] = {}
+    for assignment in assignments_from_plan(plan):
+        if assignment.model not in bases:
+            bases[assignment.model] = read_config(repo / assignment.model / CONFIG_NAME)
+        config = render_config(bases[assignment.model], assignment, device_kind=device_kind,
+                               latency_histogram=latency_histogram)
+        by_model.setdefault(assignment.model, []).append(config)
+        keyed.setdefault(assignment.model, []).append(
+            (f"{_safe(assignment.workload)}_{assignment.replica}", config))
+    changed: list[str] = []
+    for model, configs in by_model.items():
+        path = repo / model / CONFIG_NAME
+        if write_config(path, configs[0]):
+            changed.append(str(path))
+        if len({config_to_text(c) for c in configs}) > 1:
+            for name, config in keyed[model]:
+                path = repo / model / "configs" / f"{name}.pbtxt"
+                if write_config(path, config):
+                    changed.append(str(path))
+    return changed

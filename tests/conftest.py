@@ -1,0 +1,67 @@
+"""Fixtures shared across the test tree: the demo repository, a moto S3 server.
+
+The test folders mirror the source tree (tests/agents, tests/controller, tests/interference, tests/stoke);
+the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
+of them, since pytest puts this folder on sys.path for its conftest.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from triton_helpers import DEMO_REPO, free_port
+
+
+@pytest.fixture
+def demo_repo_copy(tmp_path: Path) -> Path:
+    """A private copy of the demo repository (tests may rewrite its configs)."""
+    target = tmp_path / "repo"
+    shutil.copytree(DEMO_REPO, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+@pytest.fixture(scope="module")
+def moto_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real moto S3 server on loopback; yields its endpoint URL and sets fake AWS credentials."""
+    binary = Path(sys.executable).parent / "moto_server"
+    if not binary.exists():
+        pytest.skip("moto_server not installed (pip install 'moto[server]')")
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1)
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,279 @@
+"""Unit tests of the protocol-neutral service: real store (tmp SQLite), real solver, fake clock."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from controller.config import ServiceConfig
+from controller.messages import AssignmentError, HeartbeatReport, InvalidArgument, NodeDevice, Observation
+from controller.service import ControlService
+from controller.store import Store
+
+from control_helpers import cpu_profile_json
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+CPU = (NodeDevice(0, "cpu", "cpu", cores=8),)
+CONFIG = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
+
+
+def make(tmp_path, clock=None, config=CONFIG):
+    clock = clock or Clock()
+    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock)
+    return svc, clock
+
+
+@pytest.fixture
+def svc(tmp_path):
+    s, clock = make(tmp_path)
+    s.upload_profile(cpu_profile_json())
+    s.register("node-a", CPU)
+    s.register("node-b", CPU)
+    s.clock_ = clock
+    return s
+
+
+def wl(name, model="mlp_small", slo=100.0, rate=20.0, **kw):
+    return {"name": name, "model": model, "slo_ms": slo, "rate_rps": rate, **kw}
+
+
+def where(svc):
+    """{workload key: (node, device, share, batch)} of the applied plan."""
+    return {a.key: (node.node_id, a.device, a.share_pct, a.batch)
+            for node in svc.list_nodes() for a in node.assigned}
+
+
+def test_store_uses_wal(tmp_path):
+    assert Store(tmp_path / "x.db").journal_mode().lower() == "wal"
+
+
+def test_apply_plans_and_heartbeat_delivers_assignments(svc):
+    created, updated, unchanged = svc.apply_workloads([wl("a"), wl("b", "conv_medium", 300, 5)])
+    assert (created, updated, unchanged) == (["a", "b"], [], [])
+    outcome = svc.reconcile()
+    assert outcome is not None and outcome.changed and outcome.plan.revision == 1
+    placed = where(svc)
+    assert set(placed) == {"a#0", "b#0"}
+    node = placed["a#0"][0]
+    answer = svc.heartbeat(HeartbeatReport(node_id=node))
+    assert answer.registered and answer.revision == 1
+    assert "a#0" in {a.key for a in answer.assignments}
+    # nothing changed: the next pass does nothing
+    assert svc.reconcile() is None
+    # same request again: unchanged, no new revision
+    assert svc.apply_workloads([wl("a")]) == ([], [], ["a"])
+    assert svc.reconcile(force=True).changed is False
+
+
+def test_bad_workload_names_field_and_stores_nothing(svc):
+    with pytest.raises(InvalidArgument) as err:
+        svc.apply_workloads([wl("ok"), wl("bad", slo=-3)])
+    assert err.value.field == "workloads[1].slo_ms"
+    with pytest.raises(InvalidArgument) as err:
+        svc.apply_workloads([wl("x", model="nope")])
+    assert err.value.field == "workloads[0].model" and "mlp_small" in str(err.value)
+    with pytest.raises(InvalidArgument) as err:
+        svc.apply_workloads([wl("has space")])
+    assert err.value.field == "workloads[0].name"
+    assert svc.list_workloads() == ()
+
+
+def test_bad_profile_refused(svc):
+    with pytest.raises(InvalidArgument) as err:
+        svc.upload_profile('{"format_version": 1, "gpu": {}}')
+    assert err.value.field == "profile_json"
+    assert {r.model for r in svc.list_profiles()} == {"tiny_echo", "mlp_small", "conv_medium", "embed_large"}
+
+
+def test_rate_change_moves_only_that_workload_and_unrelated_change_keeps_placements(svc):
+    svc.apply_workloads([wl("a", rate=10), wl("b", "embed_large", 100, 10), wl("c", "conv_medium", 300, 5)])
+    svc.reconcile()
+    before = where(svc)
+    svc.apply_workloads([wl("a", rate=400)])
+    outcome = svc.reconcile()
+    after = where(svc)
+    assert after["a#0"] != before["a#0"]
+    for key in ("b#0", "c#0"):
+        assert after[key][:2] == before[key][:2]     # same node and device
+    touched = {k for c in outcome.changes for k in c.start + c.reload + c.move + c.stop}
+    assert "a#0" in touched
+    # an unrelated new workload: nothing that ran moves
+    svc.apply_workloads([wl("d", "tiny_echo", 100, 5)])
+    svc.reconcile()
+    final = where(svc)
+    for key, value in after.items():
+        assert final[key] == value
+
+
+def test_lost_node_is_replanned_and_reconciled_when_back(svc):
+    clock = svc.clock_
+    svc.apply_workloads([wl("a"), wl("b", "embed_large", 100, 10)])
+    svc.reconcile()
+    used = {v[0] for v in where(svc).values()}
+    victim = sorted(used)[0]
+    survivor = ({"node-a", "node-b"} - {victim}).pop()
+    clock.advance(3)
+    svc.heartbeat(HeartbeatReport(node_id=survivor))
+    clock.advance(3)                       # victim silent for 6 s > 5 s timeout
+    svc.heartbeat(HeartbeatReport(node_id=survivor))
+    outcome = svc.reconcile()
+    assert outcome is not None and outcome.changed
+    assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "lost"
+    assert {v[0] for v in where(svc).values()} == {survivor}
+    assert {w.workload.name: w.state for w in svc.status().workloads} == {"a": "starting", "b": "starting"}
+    # back: told the current plan (nothing for it now), marked ready
+    answer = svc.heartbeat(HeartbeatReport(node_id=victim))
+    assert answer.registered and answer.assignments == ()
+    assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "ready"
+
+
+def test_restart_keeps_workloads_and_plan(tmp_path):
+    svc, clock = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a"), wl("b", "embed_large", 100, 10)])
+    first = svc.reconcile()
+    svc.store.close()
+    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
+    assert [w.name for w in again.list_workloads()] == ["a", "b"]
+    assert again.current_plan().revision == first.plan.revision
+    assert [n.state for n in again.list_nodes()] == ["waiting"]
+    assert again.reconcile() is None or not again.reconcile(force=True).changed
+    # the agent comes back: re-registers (heartbeat says so), nothing re-planned
+    assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is False
+    again.register("node-a", CPU)
+    outcome = again.reconcile(force=True)
+    assert outcome.changed is False and again.current_plan().revision == first.plan.revision
+
+
+def test_node_lost_while_waiting_after_restart_must_register_its_real_devices(tmp_path):
+    svc, clock = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    svc.store.close()
+    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
+    clock.advance(1000)                        # silent far past the timeout: waiting -> lost
+    again.check_nodes()
+    assert [n.state for n in again.list_nodes()] == ["lost"]
+    # its devices are only stand-ins from the stored plan: a heartbeat must not revive them
+    assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is False
+    again.register("node-a", CPU)
+    assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is True
+    assert [n.state for n in again.list_nodes()] == ["ready"]
+
+
+def test_status_merges_observed_figures(svc):
+    svc.apply_workloads([wl("a", slo=50)])
+    svc.reconcile()
+    node = where(svc)["a#0"][0]
+    assigned = svc.heartbeat(HeartbeatReport(node_id=node)).assignments
+    svc.heartbeat(HeartbeatReport(node_id=node, running=assigned, observed=(
+        Observation("a#0", "mlp_small", request_rate_rps=19.5, mean_queue_ms=1.0, mean_compute_ms=2.0),)))
+    st = svc.status()
+    a = st.workloads[0]
+    assert a.state == "serving" and a.observed_latency_ms == pytest.approx(3.0)
+    assert a.observed_rate_rps == pytest.approx(19.5) and a.slo_attainment == 1.0
+    assert st.gpus_in_use == 1 and st.cost_per_hour == pytest.approx(0.10)
+
+
+def test_pending_when_no_node(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    st = svc.status()
+    assert st.workloads[0].state == "pending" and "no ready node" in st.workloads[0].reason
+
+
+def test_device_where_everything_failed_is_blocked_and_replanned(svc):
+    clock = svc.clock_
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    node = where(svc)["a#0"][0]
+    other = ({"node-a", "node-b"} - {node}).pop()
+    first = svc.heartbeat(HeartbeatReport(node_id=node)).revision
+    svc.heartbeat(HeartbeatReport(node_id=node, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
+    outcome = svc.reconcile()
+    assert outcome is not None and where(svc)["a#0"][0] == other
+    assert any("blocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
+    # errors of the older revision, reported late, do not block the device the workload moved to
+    svc.heartbeat(HeartbeatReport(node_id=other, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
+    assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
+    # a failed reload (the old config keeps running): reported as failing, the device is not blocked
+    answer = svc.heartbeat(HeartbeatReport(node_id=other))
+    old_config = replace(answer.assignments[0], batch=7)
+    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=(AssignmentError("a#0", "reload failed: bad config"),),
+                                  errors_revision=answer.revision))
+    a = svc.status().workloads[0]
+    assert a.state == "failing" and "bad config" in a.reason
+    assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
+    # the block expires: the device is back in the inventory (nothing moves: the plan is stable)
+    clock.advance(121)
+    svc.heartbeat(HeartbeatReport(node_id=node))
+    svc.heartbeat(HeartbeatReport(node_id=other))
+    svc.reconcile()
+    assert where(svc)["a#0"][0] == other
+    assert any("unblocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
+
+
+def test_short_of_devices_places_what_fits_and_reports_the_rest(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("solo", CPU)
+    # each needs most of a node: one node holds one of them
+    svc.apply_workloads([wl("big1", "conv_medium", 100, 800), wl("big2", "conv_medium", 100, 800),
+                         wl("impossible", "conv_medium", 0.5, 10)])
+    outcome = svc.reconcile()
+    pending = dict(outcome.plan.pending)
+    placed = {k.split("#")[0] for k in where(svc)}
+    assert len(placed) == 1 and placed <= {"big1", "big2"}
+    assert "no free CPU device" in pending[({"big1", "big2"} - placed).pop()]
+    assert "impossible" in pending and "impossible" not in placed
+    states = {w.workload.name: w.state for w in svc.status().workloads}
+    assert states["impossible"] == "pending"
+
+
+def test_a_partly_placed_workload_is_degraded_not_serving(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("solo", CPU)
+    svc.apply_workloads([wl("huge", "conv_medium", 100, 5000)])     # needs several nodes' worth of replicas
+    outcome = svc.reconcile()
+    assert "huge" in dict(outcome.plan.pending) and any(k.startswith("huge#") for k in where(svc))
+    assigned = svc.heartbeat(HeartbeatReport(node_id="solo")).assignments
+    svc.heartbeat(HeartbeatReport(node_id="solo", running=tuple(assigned)))
+    [status] = svc.status().workloads
+    assert status.state == "degraded" and status.reason
+
+
+def test_store_keeps_recent_plans_and_revisions_keep_counting(tmp_path):
+    store = Store(tmp_path / "p.db")
+    revisions = [store.add_plan({"gpus": []}, [], [], float(i), keep=3) for i in range(5)]
+    assert revisions == [1, 2, 3, 4, 5]
+    assert store.plan_count() == 3 and store.latest_plan().revision == 5
+
+
+def test_names_with_separators_and_unprofiled_pairs_are_refused(svc):
+    with pytest.raises(InvalidArgument, match=r"workloads\[0\]\.name"):
+        svc.apply_workloads([wl("a:b")])
+    # a second GPU type profiling only mlp_small: embed_large pinned to it is refused
+    other = json.loads(cpu_profile_json("SMALL"))
+    other["models"] = {"mlp_small": other["models"]["mlp_small"]}
+    svc.upload_profile(json.dumps(other))
+    with pytest.raises(InvalidArgument, match=r"workloads\[0\]\.gpu_type.*not profiled on 'SMALL'"):
+        svc.apply_workloads([wl("x", model="embed_large", gpu_type="SMALL")])
+    assert not svc.list_workloads()

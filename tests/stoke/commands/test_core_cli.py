@@ -1,0 +1,105 @@
+"""The `stoke` CLI end to end (in-process main(), real files)."""
+import json
+
+import pytest
+
+from interference.profile_io import bundled_profile, bundled_raw_path, load_profile, profile_to_dict
+from stoke.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_defaults_print_a_table(capsys):
+    code, out, _ = run(capsys, "plan")
+    assert code == 0
+    assert "strategy stoke" in out and "photo-tagging" in out and "share_%" in out
+
+
+def test_plan_json_has_the_documented_shape(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json", "--strategy", "igniter", "--plot", str(tmp_path / "p.png"))
+    assert code == 0
+    data = json.loads(out)
+    assert data["strategy"] == "igniter" and data["gpu_count"] == len(data["gpus"])
+    assert data["cost_per_hour"] == pytest.approx(3.06 * data["gpu_count"])
+    entry = data["gpus"][0]["workloads"][0]
+    assert {"name", "model", "slo_ms", "rate_rps", "share_pct", "batch", "predicted_latency_ms",
+            "predicted_throughput_rps"} <= set(entry)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(json.dumps([{"model": "vgg19", "batch": 6, "share_pct": 37.5},
+                                 {"model": "alexnet", "batch": 4, "share_pct": 10}]) + "\n")
+    code, out, _ = run(capsys, "predict", "--cases", str(cases), "--json")
+    assert code == 0
+    [line] = out.strip().splitlines()
+    result = json.loads(line)
+    assert [r["model"] for r in result] == ["vgg19", "alexnet"]
+    assert all(r["predicted_latency_ms"] > 0 and r["predicted_throughput_rps"] > 0 for r in result)
+
+
+def test_simulate_a_plan_file(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    (tmp_path / "plan.json").write_text(out)
+    code, out, _ = run(capsys, "simulate", str(tmp_path / "plan.json"), "--seconds", "3", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert len(report["workloads"]) == 8 and 0 <= report["attainment"] <= 1
+
+
+def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
+    out_path = tmp_path / "v100.json"
+    code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
+    assert code == 0 and "alexnet" in out
+    assert load_profile(out_path) == bundled_profile()
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("workloads:\n  - {name: a, model: bert, slo_ms: 10, rate_rps: 5}\n", "model 'bert' is not profiled"),
+    ("workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n", "workloads[0].rate_rps must be a positive number, got -5"),
+    ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
+    ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
+])
+def test_bad_workload_files_give_one_clear_line_and_exit_2(capsys, tmp_path, content, expected):
+    path = tmp_path / "w.yaml"
+    path.write_text(content)
+    code, out, err = run(capsys, "plan", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and str(path) in err and expected in err
+
+
+def test_profile_missing_a_field_is_named(capsys, tmp_path):
+    data = profile_to_dict(bundled_profile())
+    del data["gpu"]["power_cap_w"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    code, _, err = run(capsys, "plan", "--profile", str(path))
+    assert code == 2 and "gpu lacks field 'power_cap_w'" in err and str(path) in err
+    code, _, err = run(capsys, "profile", "fit", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "cannot read raw profile" in err
+
+
+def test_impossible_slo_exits_2_naming_workload(capsys, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("workloads:\n  - {name: rush, model: ssd, slo_ms: 2, rate_rps: 10}\n")
+    code, _, err = run(capsys, "plan", str(path))
+    assert code == 2 and "workload 'rush'" in err and "needs at least" in err
+
+
+def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("gpu_types:\n  - {name: A100, price_per_hour: 4.1}\n"
+                    "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
+    code, _, err = run(capsys, "plan", str(path))
+    assert code == 2 and "('A100') has no profile" in err
+    data = profile_to_dict(bundled_profile())
+    data["gpu"]["share_step_pct"] = 0
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps(data))
+    code, _, err = run(capsys, "plan", "--profile", str(bad))
+    assert code == 2 and "'share_step_pct' must be a positive number" in err

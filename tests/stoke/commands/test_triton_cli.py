@@ -1,0 +1,113 @@
+"""`stoke triton render` / `sync` and input errors (no server needed)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from controller.render import read_config
+from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from stoke.commands import triton as commands
+from stoke.errors import StokeError
+
+
+@pytest.fixture
+def parser():
+    p = argparse.ArgumentParser(prog="stoke")
+    commands.register(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def run(parser, argv):
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    plan = Plan(strategy="t", gpus=(GpuPlan("V100", 2.48, (
+        Placement(name="web", model="mlp_small", slo_ms=40.0, rate_rps=300.0, share_pct=60.0, batch=8,
+                  queue_delay_ms=23.333333, predicted_latency_ms=4.0, predicted_throughput_rps=900.0),)),))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_to_dict(plan)))
+    return path
+
+
+def test_render_writes_then_reports_nothing_to_do(parser, plan_file, demo_repo_copy, capsys):
+    assert run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)]) == 0
+    out = capsys.readouterr().out
+    assert "mlp_small/config.pbtxt" in out
+    cfg = read_config(demo_repo_copy / "mlp_small" / "config.pbtxt")
+    assert cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 23333
+    assert list(cfg.instance_group[0].gpus) == [0]
+    assert run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": []}
+
+
+def test_bad_inputs_are_one_line_user_errors(parser, plan_file, tmp_path, demo_repo_copy):
+    with pytest.raises(StokeError, match="missing.json: cannot read plan"):
+        run(parser, ["triton", "render", str(tmp_path / "missing.json"), "--repo", str(demo_repo_copy)])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"gpus\": [{\"gpu_type\": \"V100\", \"workloads\": [{\"name\": \"w\"}]}]}")
+    with pytest.raises(StokeError, match=r"bad.json: gpus\[0\].workloads\[0\] lacks field '"):
+        run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
+    bad.write_text("{not json")
+    with pytest.raises(StokeError, match="not valid JSON"):
+        run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
+    with pytest.raises(StokeError, match="--repo .*not found"):
+        run(parser, ["triton", "render", str(plan_file), "--repo", str(tmp_path / "nope")])
+    (demo_repo_copy / "mlp_small" / "config.pbtxt").write_text("max_batch_size: many")
+    with pytest.raises(StokeError, match="mlp_small/config.pbtxt: not a valid Triton model config"):
+        run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)])
+    with pytest.raises(StokeError, match="--rate must be a positive number of requests per second"):
+        run(parser, ["load", "--url", "127.0.0.1:1", "--model", "m", "--rate", "0", "--seconds", "1"])
+
+
+def test_sync_to_a_directory(parser, demo_repo_copy, tmp_path, capsys):
+    assert run(parser, ["triton", "sync", str(demo_repo_copy), str(tmp_path / "mirror"), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert "tiny_echo/config.pbtxt" in first["uploaded"] and first["deleted"] == []
+    assert run(parser, ["triton", "sync", str(demo_repo_copy), str(tmp_path / "mirror")]) == 0
+    assert "already in sync" in capsys.readouterr().out
+
+
+def _plan_of(path, gpus):
+    """A plan file with the given GPUs, each a list of (workload, share_pct)."""
+    plan = Plan(strategy="t", gpus=tuple(GpuPlan("CPU", 0.1, tuple(
+        Placement(name=name, model="tiny_echo", slo_ms=50.0, rate_rps=10.0, share_pct=share, batch=1,
+                  queue_delay_ms=0.0, predicted_latency_ms=1.0, predicted_throughput_rps=100.0)
+        for name, share in placements)) for placements in gpus))
+    path.write_text(json.dumps(plan_to_dict(plan)))
+    return path
+
+
+def test_up_refuses_a_plan_with_more_devices_than_the_cpu_node(parser, tmp_path, demo_repo_copy):
+    import os
+    cores = len(os.sched_getaffinity(0))
+    whole = _plan_of(tmp_path / "two.json", [[("a", 100.0)], [("b", 100.0)]])     # two whole nodes' worth
+    with pytest.raises(UserError) as err:
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--plan", str(whole), "--seconds", "0"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"--plan {whole}: does not fit this node:")
+    assert f"need {2 * cores} whole cores (a#0: {cores}, b#0: {cores}) but this CPU node has {cores}" in message
+    assert "plan device(s) 0, 1" in message and "--models" in message and "stoke agent" in message
+    # one plan device whose shares add up to 90%, but each rounds up to a whole core: one more than the node has
+    rounded = _plan_of(tmp_path / "rounded.json", [[(f"w{i}", 90.0 / (cores + 1)) for i in range(cores + 1)]])
+    with pytest.raises(UserError, match=f"need {cores + 1} whole cores .* this CPU node has {cores}"):
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--plan", str(rounded), "--seconds", "0"])
+
+
+def test_overcommit_check_accepts_what_fits():
+    from agents.triton import overcommit_problems
+    from controller.assignment import ModelAssignment
+
+    def a(name, share, device=0):
+        return ModelAssignment(workload=name, model="m", device=device, share_pct=share, batch=1,
+                               queue_delay_ms=0.0, slo_ms=10.0, rate_rps=1.0)
+
+    assert overcommit_problems([a("x", 50), a("y", 50)], device_kind="cpu", devices=1, cores=[0, 1]) == []
+    assert overcommit_problems([a("x", 50), a("y", 50, device=3)], device_kind="cpu", devices=1, cores=[0, 1]) == []
+    assert overcommit_problems([a("x", 60), a("y", 40)], device_kind="gpu", devices=1, cores=[0]) == []
+    gpu = overcommit_problems([a("x", 60), a("y", 50), a("z", 10, device=2)], device_kind="gpu", devices=2, cores=[0])
+    assert gpu == ["it needs GPU(s) 2 (z#0) but this node has 2 GPU(s)", "GPU 0 shares add up to 110% (x#0: 60%, y#0: 50%)"]
