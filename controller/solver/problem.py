@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -179,6 +180,10 @@ def _finite_or_none(value: float) -> float | None:
     return round(value, 6) if math.isfinite(value) else None
 
 
+def _rounded(value: float) -> float:
+    return round(value, 6) if math.isfinite(value) else value
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "strategy": plan.strategy,
@@ -196,7 +201,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "share_pct": p.share_pct, "batch": p.batch, "queue_delay_ms": round(p.queue_delay_ms, 6),
                 "predicted_latency_ms": round(p.predicted_latency_ms, 6),
                 "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
-                "p99_slo_ratio": _finite_or_none(p.p99_slo_ratio), "binding": p.binding,
+                # from the rounded p99, so that a plan read back writes the same figures
+                "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms), "binding": p.binding,
                 "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
                 "replica": p.replica, "replicas": p.replicas, "arrivals": p.arrivals,
             } for p in g.placements],

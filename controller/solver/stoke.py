@@ -145,11 +145,14 @@ def best_candidate(workload: Workload, cache: PointCache, rate_rps: float,
                    options: StokeOptions = DEFAULT_OPTIONS) -> Item | None:
     """The (delay, batch, share) with the smallest share meeting the budget alone, or None.
 
-    Ties on the share go to the smallest predicted p99 (the most room for interference).
+    Ties on the share go to the smallest batch whose predicted p99 is within 0.5% of the lowest
+    (the most room for interference, without a larger max batch that buys nothing).
     """
     return best_candidates([workload], cache, options, [rate_rps])[0]
 
 
+#: p99s within this of the lowest count as equal when picking the batch at the smallest share.
+NEAR_BEST_P99 = 0.005
 #: Workloads evaluated together by `best_candidates` (bounds the temporary arrays to ~10 MB).
 CANDIDATE_CHUNK = 96
 
@@ -181,11 +184,16 @@ def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: S
             found = columns.any(axis=1)
             first = np.argmax(columns, axis=1)
             at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
-            pick = np.argmin(at.reshape(len(chunk), -1), axis=1)
+            # At the smallest share: the smallest batch whose p99 is within 0.5% of the lowest
+            # (a larger max batch that buys nothing only makes the config look odd).
+            best = at.reshape(len(chunk), -1).min(axis=1)
+            near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
+            pick = np.argmax(near.any(axis=1), axis=1)                    # smallest such batch
+            modes_at = np.argmax(np.where(near, -at, -np.inf)[np.arange(len(chunk)), :, pick], axis=1)
             for n, k in enumerate(chunk):
                 if not found[n]:
                     continue
-                mode, row = divmod(int(pick[n]), MAX_BATCH)
+                mode, row = int(modes_at[n]), int(pick[n])
                 b, r = int(batch[row]), rates[k]
                 delay = _delay_ms(modes[mode], b, r)
                 out[k] = Item(workloads[k], r, b, float(cache.shares[first[n]]),

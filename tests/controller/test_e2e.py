@@ -215,14 +215,16 @@ def test_applied_workloads_are_served_with_planned_configs(stack):
 def test_rate_change_changes_batch_and_reaches_triton(stack):
     client = stack["client"]
     before = stack["endpoints"]
+    revision = client.get_plan().plan.revision
+    old_batch = next(p.batch for g in client.get_plan().plan.gpus for p in g.placements if p.workload == "web")
     client.apply_workloads([Workload("web", "mlp_small", 100, 300)])
 
     def new_batch():
         status = serving(client)
-        if status is None:
+        if status is None or status.revision == revision:
             return None
         web = next(w for w in status.workloads if w.name == "web")
-        return status if web.replicas[0].batch > 1 else None
+        return status if web.replicas[0].batch > old_batch else None
 
     status = wait_for("web reloaded with a larger batch", new_batch, 60)
     web = next(w for w in status.workloads if w.name == "web")

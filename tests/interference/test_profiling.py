@@ -68,7 +68,7 @@ def test_bundled_cpu_profile_loads_and_plans():
 
 def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
     from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
-    from stoke.commands.control import find_cpu_profile
+    from stoke.commands.demo import find_cpu_profile
     assert find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 

@@ -16,7 +16,7 @@ import yaml
 from kubernetes.client import V1Service, V1StatefulSet
 
 from controller.training.kube import render_manifests, validate_manifests
-from controller.training.problem import TrainingPlan
+from controller.training.spec import TrainingPlan
 from stoke.cli import main
 
 MODELS = {"Service": V1Service, "StatefulSet": V1StatefulSet}

@@ -9,7 +9,7 @@ import pytest
 from controller.render import read_config
 from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.commands import triton as commands
-from stoke.errors import StokeError
+from stoke.errors import StokeError, UserError
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_up_refuses_a_plan_with_more_devices_than_the_cpu_node(parser, tmp_path,
 
 def test_overcommit_check_accepts_what_fits():
     from agents.triton import overcommit_problems
-    from controller.assignment import ModelAssignment
+    from controller.messages import ModelAssignment
 
     def a(name, share, device=0):
         return ModelAssignment(workload=name, model="m", device=device, share_pct=share, batch=1,
