@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make run    plan the bundled example workloads (V100 profile), then run the whole stack
 #               locally for 40 s: controller, agent, real Triton on the demo models, load
-#   make test   the whole test suite (import contract, unit, property, integration)
+#   make test   import contracts, ruff (lint + format check), mypy, then the whole test suite
+#               (unit, property, integration)
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -27,6 +28,9 @@ tools:
 
 test: $(BIN)/.installed tools
 	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 test-fast: $(BIN)/.installed
