@@ -24,6 +24,7 @@ The fleet is any object with `apply`, `observe`, `check_health`, `running`,
 `register` and `heartbeat` (see `controller.api.client.ControllerClient`).
 Time comes from the injected `clock`; waiting from the injected `sleep`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,11 +32,21 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
-from controller.messages import (AssignmentError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport,
-                                 InvalidArgument, ModelAssignment, NodeDevice, Observation, Unauthenticated)
+from controller.messages import (
+    AssignmentError,
+    FailedPrecondition,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    InvalidArgument,
+    ModelAssignment,
+    NodeDevice,
+    Observation,
+    Unauthenticated,
+)
 
 log = logging.getLogger("stoke.agent")
 
@@ -56,11 +67,12 @@ class Client(Protocol):
 def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
     """This node's devices, through `agents.device` when present, else the CPU as one device."""
     try:
-        from agents.device import open_device   # NVML / CPU behind one interface
-    except ImportError:                          # no NVML bindings: the CPU as one device
+        from agents.device import open_device  # NVML / CPU behind one interface
+    except ImportError:  # no NVML bindings: the CPU as one device
         cores = len(os.sched_getaffinity(0))
-        return (NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu",
-                           cores=cores),)
+        return (
+            NodeDevice(index=0, name=f"cpu ({platform.processor() or platform.machine()})", kind="cpu", cores=cores),
+        )
     device = open_device(kind)
     try:
         infos = device.describe()
@@ -68,31 +80,45 @@ def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
         close = getattr(device, "close", None)
         if close:
             close()
-    return tuple(NodeDevice(index=int(d.index), name=str(d.name), kind=str(d.kind),
-                            memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
-                            cores=int(getattr(d, "cores", 0) or 0)) for d in infos)
+    return tuple(
+        NodeDevice(
+            index=int(d.index),
+            name=str(d.name),
+            kind=str(d.kind),
+            memory_bytes=int(getattr(d, "memory_bytes", 0) or getattr(d, "memory", 0) or 0),
+            cores=int(getattr(d, "cores", 0) or 0),
+        )
+        for d in infos
+    )
 
 
 def observation_of(o: Any) -> Observation:
     """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation."""
-    return Observation(key=o.key, model=o.model, request_rate_rps=float(o.request_rate_rps),
-                       mean_batch=float(o.mean_batch), mean_queue_ms=float(o.mean_queue_ms),
-                       mean_compute_ms=float(o.mean_compute_ms), failures=int(o.failures), success=int(o.success),
-                       endpoint=str(o.endpoint))
+    return Observation(
+        key=o.key,
+        model=o.model,
+        request_rate_rps=float(o.request_rate_rps),
+        mean_batch=float(o.mean_batch),
+        mean_queue_ms=float(o.mean_queue_ms),
+        mean_compute_ms=float(o.mean_compute_ms),
+        failures=int(o.failures),
+        success=int(o.success),
+        endpoint=str(o.endpoint),
+    )
 
 
 @dataclass
 class AgentState:
     registered: bool = False
     connected: bool = False
-    failures: int = 0                    # consecutive controller failures
+    failures: int = 0  # consecutive controller failures
     next_attempt: float = 0.0
     desired: tuple[ModelAssignment, ...] | None = None
     desired_revision: int = 0
     applied: tuple[ModelAssignment, ...] | None = None
     applied_revision: int = 0
     apply_errors: tuple[AssignmentError, ...] = ()
-    errors_revision: int = 0             # the revision whose apply produced `apply_errors`
+    errors_revision: int = 0  # the revision whose apply produced `apply_errors`
     last_apply: float = 0.0
     applies: int = 0
     running: tuple[ModelAssignment, ...] = ()
@@ -101,10 +127,20 @@ class AgentState:
 
 
 class Agent:
-    def __init__(self, client: Client, fleet: Fleet, node_id: str, devices: Sequence[NodeDevice], *,
-                 address: str = "", heartbeat_interval_s: float = 2.0, backoff_s: float = 0.5,
-                 max_backoff_s: float = 2.0, retry_apply_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: Client,
+        fleet: Fleet,
+        node_id: str,
+        devices: Sequence[NodeDevice],
+        *,
+        address: str = "",
+        heartbeat_interval_s: float = 2.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 2.0,
+        retry_apply_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -143,29 +179,39 @@ class Agent:
                 log.info("registered %s with %d device(s)", self.node_id, len(self.devices))
             with self._lock:
                 events = list(s.events)
-                report = HeartbeatReport(node_id=self.node_id, running=s.running, observed=s.observed,
-                                         events=tuple(events), errors=s.apply_errors,
-                                         applied_revision=s.applied_revision, errors_revision=s.errors_revision)
+                report = HeartbeatReport(
+                    node_id=self.node_id,
+                    running=s.running,
+                    observed=s.observed,
+                    events=tuple(events),
+                    errors=s.apply_errors,
+                    applied_revision=s.applied_revision,
+                    errors_revision=s.errors_revision,
+                )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
             if isinstance(err, (Unauthenticated, InvalidArgument, FailedPrecondition)):
                 # retrying cannot help until someone fixes the token or the node's identity: say so loudly
-                log.error("the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
-                          "the node id; retrying in %.1fs, Triton keeps serving", err, delay)
+                log.error(
+                    "the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
+                    "the node id; retrying in %.1fs, Triton keeps serving",
+                    err,
+                    delay,
+                )
             elif s.connected or s.failures == 1:
                 log.warning("controller unreachable (%s); retrying in %.1fs, Triton keeps serving", err, delay)
             s.connected = False
             s.next_attempt = now + delay
             return delay
         with self._lock:
-            del s.events[:len(events)]
+            del s.events[: len(events)]
         if not s.connected and s.failures:
             self._event(f"reconnected to the controller after {s.failures} failed attempt(s)")
         s.connected, s.failures, s.next_attempt = True, 0, 0.0
         if not answer.registered:
-            s.registered = False          # the controller restarted or forgot us: register right away
+            s.registered = False  # the controller restarted or forgot us: register right away
             return 0.0
         if answer.heartbeat_interval_s > 0:
             self.interval_s = answer.heartbeat_interval_s
@@ -183,8 +229,9 @@ class Agent:
         with self._lock:
             desired, revision = s.desired, s.desired_revision
         now = self.clock()
-        due = desired is not None and (desired != s.applied or
-                                       (s.apply_errors and now - s.last_apply >= self.retry_apply_s))
+        due = desired is not None and (
+            desired != s.applied or (s.apply_errors and now - s.last_apply >= self.retry_apply_s)
+        )
         if due:
             assert desired is not None
             report = self.fleet.apply(desired)
@@ -195,11 +242,17 @@ class Agent:
                 s.apply_errors, s.errors_revision = errors, revision
             if not errors:
                 s.applied_revision = revision
-            parts = [f"{name} {', '.join(keys)}" for name in ("started", "reloaded", "moved", "stopped")
-                     if (keys := getattr(report, name, ()))]
+            parts = [
+                f"{name} {', '.join(keys)}"
+                for name in ("started", "reloaded", "moved", "stopped")
+                if (keys := getattr(report, name, ()))
+            ]
             if parts or errors:
-                self._event(f"applied revision {revision}: " + ("; ".join(parts) or "no change")
-                            + (f"; errors: {' | '.join(map(str, errors))}" if errors else ""))
+                self._event(
+                    f"applied revision {revision}: "
+                    + ("; ".join(parts) or "no change")
+                    + (f"; errors: {' | '.join(map(str, errors))}" if errors else "")
+                )
         for e in self.fleet.check_health():
             self._event(e)
         observed = tuple(observation_of(o) for o in self.fleet.observe())

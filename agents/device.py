@@ -23,16 +23,19 @@ MemTotal - MemAvailable from /proc/meminfo. GPU fields stay None.
 samples on the agent's own Prometheus endpoint (it imports this module, not
 the other way round).
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import pynvml
+
 from stoke.errors import StokeError
 
 DEVICE_KINDS = ("auto", "cpu", "nvml")
@@ -63,10 +66,10 @@ class DeviceInfo:
     """What a device is (does not change while it runs)."""
 
     index: int
-    kind: str                          # "gpu" | "cpu"
+    kind: str  # "gpu" | "cpu"
     name: str
-    memory_bytes: int                  # total memory (GPU memory, or the node's RAM for the CPU)
-    cores: int = 0                     # CPU cores (logical CPUs); 0 for a GPU
+    memory_bytes: int  # total memory (GPU memory, or the node's RAM for the CPU)
+    cores: int = 0  # CPU cores (logical CPUs); 0 for a GPU
     uuid: str = ""
     sm_clock_max_mhz: float | None = None
     power_limit_w: float | None = None
@@ -76,9 +79,9 @@ class DeviceInfo:
 @dataclass(frozen=True)
 class GpuProcess:
     pid: int
-    used_memory_bytes: int | None      # None when NVML cannot tell (e.g. some MPS/Windows setups)
+    used_memory_bytes: int | None  # None when NVML cannot tell (e.g. some MPS/Windows setups)
     name: str = ""
-    mps: bool = False                  # an MPS client (from the MPS process list)
+    mps: bool = False  # an MPS client (from the MPS process list)
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,11 @@ class DeviceSample:
 
     index: int
     kind: str
-    timestamp: float                              # time.time() of the reading
-    utilization_pct: float | None                 # 0..100
+    timestamp: float  # time.time() of the reading
+    utilization_pct: float | None  # 0..100
     memory_used_bytes: int | None
     memory_total_bytes: int | None
-    per_core_utilization_pct: tuple[float, ...] = ()   # CPU only
+    per_core_utilization_pct: tuple[float, ...] = ()  # CPU only
     sm_clock_mhz: float | None = None
     sm_clock_max_mhz: float | None = None
     power_w: float | None = None
@@ -117,6 +120,7 @@ class Device(Protocol):
 
 
 # --------------------------------------------------------------------------- pure decoding
+
 
 def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
     """NVML throttle/clocks-event bitmask -> reason names, in bit order; unknown bits as 'unknown_0x...'."""
@@ -215,13 +219,13 @@ def cpu_model_name(cpuinfo: str) -> str:
 
 # --------------------------------------------------------------------------- CPU device
 
+
 class CpuDevice:
     """The CPU as one device, read from /proc (`proc_root` for tests)."""
 
     kind = "cpu"
 
-    def __init__(self, proc_root: str | os.PathLike[str] = "/proc",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, proc_root: str | os.PathLike[str] = "/proc", clock: Callable[[], float] = time.time) -> None:
         self.proc = Path(proc_root)
         self.clock = clock
         self._lock = threading.Lock()
@@ -244,8 +248,11 @@ class CpuDevice:
             name = cpu_model_name(self._read("cpuinfo"))
         except DeviceError:
             name = ""
-        return [DeviceInfo(index=0, kind="cpu", name=name or "cpu", memory_bytes=int(mem.get("MemTotal", 0)),
-                           cores=len(cores))]
+        return [
+            DeviceInfo(
+                index=0, kind="cpu", name=name or "cpu", memory_bytes=int(mem.get("MemTotal", 0)), cores=len(cores)
+            )
+        ]
 
     def sample(self) -> list[DeviceSample]:
         now_total, now_cores = self._read_stat()
@@ -254,10 +261,10 @@ class CpuDevice:
             before_total, before_cores = self._last
             total = utilization_pct(before_total, now_total)
             cores = tuple(utilization_pct(b, a) for b, a in zip(before_cores, now_cores))
-            if total is None:            # sampled twice within one jiffy: repeat the last figures
+            if total is None:  # sampled twice within one jiffy: repeat the last figures
                 if self._last_util is not None:
                     total, cores = self._last_util
-                else:                    # nothing yet: the average since boot
+                else:  # nothing yet: the average since boot
                     total = utilization_pct(CpuTimes(0, 0), now_total)
                     cores = tuple(utilization_pct(CpuTimes(0, 0), a) for a in now_cores)
             else:
@@ -266,15 +273,24 @@ class CpuDevice:
         mem_total = mem.get("MemTotal")
         available = mem.get("MemAvailable", mem.get("MemFree"))
         used = None if mem_total is None or available is None else mem_total - available
-        return [DeviceSample(index=0, kind="cpu", timestamp=self.clock(), utilization_pct=total,
-                             memory_used_bytes=used, memory_total_bytes=mem_total,
-                             per_core_utilization_pct=tuple(c if c is not None else 0.0 for c in cores))]
+        return [
+            DeviceSample(
+                index=0,
+                kind="cpu",
+                timestamp=self.clock(),
+                utilization_pct=total,
+                memory_used_bytes=used,
+                memory_total_bytes=mem_total,
+                per_core_utilization_pct=tuple(c if c is not None else 0.0 for c in cores),
+            )
+        ]
 
     def close(self) -> None:
         pass
 
 
 # --------------------------------------------------------------------------- NVML device
+
 
 class NvmlDevice:
     """Every NVIDIA GPU of the node, read through NVML.
@@ -292,8 +308,10 @@ class NvmlDevice:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as err:
-            raise DeviceError(f"NVML is not available here ({_text(err) or type(err).__name__}): no NVIDIA "
-                              f"driver or GPU on this machine; use --device cpu (or auto)") from None
+            raise DeviceError(
+                f"NVML is not available here ({_text(err) or type(err).__name__}): no NVIDIA "
+                f"driver or GPU on this machine; use --device cpu (or auto)"
+            ) from None
         self._open = True
         try:
             count = int(nvml.nvmlDeviceGetCount())
@@ -317,13 +335,18 @@ class NvmlDevice:
         out = []
         for i, h in enumerate(self._handles):
             mem = self._get("nvmlDeviceGetMemoryInfo", h)
-            out.append(DeviceInfo(
-                index=i, kind="gpu", name=_text(self._get("nvmlDeviceGetName", h) or f"gpu{i}"),
-                memory_bytes=int(mem.total) if mem is not None else 0,
-                uuid=_text(self._get("nvmlDeviceGetUUID", h) or ""),
-                sm_clock_max_mhz=_float(self._get("nvmlDeviceGetMaxClockInfo", h, self.nvml.NVML_CLOCK_SM)),
-                power_limit_w=milliwatts_to_watts(self._get("nvmlDeviceGetEnforcedPowerLimit", h)),
-                driver=_text(driver or "")))
+            out.append(
+                DeviceInfo(
+                    index=i,
+                    kind="gpu",
+                    name=_text(self._get("nvmlDeviceGetName", h) or f"gpu{i}"),
+                    memory_bytes=int(mem.total) if mem is not None else 0,
+                    uuid=_text(self._get("nvmlDeviceGetUUID", h) or ""),
+                    sm_clock_max_mhz=_float(self._get("nvmlDeviceGetMaxClockInfo", h, self.nvml.NVML_CLOCK_SM)),
+                    power_limit_w=milliwatts_to_watts(self._get("nvmlDeviceGetEnforcedPowerLimit", h)),
+                    driver=_text(driver or ""),
+                )
+            )
         return out
 
     def _throttle_mask(self, h: Any) -> int | None:
@@ -344,13 +367,19 @@ class NvmlDevice:
 
     def _processes(self, h: Any) -> tuple[GpuProcess, ...]:
         out: dict[int, GpuProcess] = {}
-        for fn, mps in (("nvmlDeviceGetComputeRunningProcesses", False),
-                        ("nvmlDeviceGetMPSComputeRunningProcesses", True)):
+        for fn, mps in (
+            ("nvmlDeviceGetComputeRunningProcesses", False),
+            ("nvmlDeviceGetMPSComputeRunningProcesses", True),
+        ):
             for p in self._get(fn, h) or ():
                 pid = int(p.pid)
                 used = getattr(p, "usedGpuMemory", None)
-                out[pid] = GpuProcess(pid=pid, used_memory_bytes=None if used is None else int(used),
-                                      name=self._process_name(pid), mps=mps or (pid in out and out[pid].mps))
+                out[pid] = GpuProcess(
+                    pid=pid,
+                    used_memory_bytes=None if used is None else int(used),
+                    name=self._process_name(pid),
+                    mps=mps or (pid in out and out[pid].mps),
+                )
         return tuple(sorted(out.values(), key=lambda p: p.pid))
 
     def sample(self) -> list[DeviceSample]:
@@ -363,19 +392,24 @@ class NvmlDevice:
             mem = self._get("nvmlDeviceGetMemoryInfo", h)
             util = self._get("nvmlDeviceGetUtilizationRates", h)
             mask = self._throttle_mask(h)
-            out.append(DeviceSample(
-                index=i, kind="gpu", timestamp=now,
-                utilization_pct=_float(util.gpu) if util is not None else None,
-                memory_used_bytes=int(mem.used) if mem is not None else None,
-                memory_total_bytes=int(mem.total) if mem is not None else None,
-                sm_clock_mhz=_float(self._get("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM)),
-                sm_clock_max_mhz=_float(self._get("nvmlDeviceGetMaxClockInfo", h, nvml.NVML_CLOCK_SM)),
-                power_w=milliwatts_to_watts(self._get("nvmlDeviceGetPowerUsage", h)),
-                power_limit_w=milliwatts_to_watts(self._get("nvmlDeviceGetEnforcedPowerLimit", h)),
-                temperature_c=_float(self._get("nvmlDeviceGetTemperature", h, nvml.NVML_TEMPERATURE_GPU)),
-                throttle_reasons=decode_throttle_reasons(mask) if mask is not None else (),
-                throttle_mask=mask,
-                processes=self._processes(h)))
+            out.append(
+                DeviceSample(
+                    index=i,
+                    kind="gpu",
+                    timestamp=now,
+                    utilization_pct=_float(util.gpu) if util is not None else None,
+                    memory_used_bytes=int(mem.used) if mem is not None else None,
+                    memory_total_bytes=int(mem.total) if mem is not None else None,
+                    sm_clock_mhz=_float(self._get("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM)),
+                    sm_clock_max_mhz=_float(self._get("nvmlDeviceGetMaxClockInfo", h, nvml.NVML_CLOCK_SM)),
+                    power_w=milliwatts_to_watts(self._get("nvmlDeviceGetPowerUsage", h)),
+                    power_limit_w=milliwatts_to_watts(self._get("nvmlDeviceGetEnforcedPowerLimit", h)),
+                    temperature_c=_float(self._get("nvmlDeviceGetTemperature", h, nvml.NVML_TEMPERATURE_GPU)),
+                    throttle_reasons=decode_throttle_reasons(mask) if mask is not None else (),
+                    throttle_mask=mask,
+                    processes=self._processes(h),
+                )
+            )
         return out
 
     def close(self) -> None:
@@ -392,6 +426,7 @@ def _float(value: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------- entry points
+
 
 def open_device(kind: str = "auto", *, nvml: Any = pynvml, proc_root: str | os.PathLike[str] = "/proc") -> Device:
     """The node's devices: "nvml" (GPUs; DeviceError without one), "cpu", or "auto" (NVML if it starts)."""
@@ -410,26 +445,58 @@ def open_device(kind: str = "auto", *, nvml: Any = pynvml, proc_root: str | os.P
 def sample_to_dict(s: DeviceSample) -> dict[str, Any]:
     """JSON shape of a sample (`stoke device show --json`)."""
     return {
-        "index": s.index, "kind": s.kind, "timestamp": s.timestamp, "utilization_pct": s.utilization_pct,
+        "index": s.index,
+        "kind": s.kind,
+        "timestamp": s.timestamp,
+        "utilization_pct": s.utilization_pct,
         "per_core_utilization_pct": list(s.per_core_utilization_pct),
-        "memory_used_bytes": s.memory_used_bytes, "memory_total_bytes": s.memory_total_bytes,
-        "sm_clock_mhz": s.sm_clock_mhz, "sm_clock_max_mhz": s.sm_clock_max_mhz,
-        "power_w": s.power_w, "power_limit_w": s.power_limit_w, "temperature_c": s.temperature_c,
-        "throttle_reasons": list(s.throttle_reasons), "throttle_mask": s.throttle_mask,
-        "processes": [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes, "mps": p.mps}
-                      for p in s.processes],
+        "memory_used_bytes": s.memory_used_bytes,
+        "memory_total_bytes": s.memory_total_bytes,
+        "sm_clock_mhz": s.sm_clock_mhz,
+        "sm_clock_max_mhz": s.sm_clock_max_mhz,
+        "power_w": s.power_w,
+        "power_limit_w": s.power_limit_w,
+        "temperature_c": s.temperature_c,
+        "throttle_reasons": list(s.throttle_reasons),
+        "throttle_mask": s.throttle_mask,
+        "processes": [
+            {"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes, "mps": p.mps} for p in s.processes
+        ],
     }
 
 
 def info_to_dict(d: DeviceInfo) -> dict[str, Any]:
-    return {"index": d.index, "kind": d.kind, "name": d.name, "uuid": d.uuid, "memory_bytes": d.memory_bytes,
-            "cores": d.cores, "sm_clock_max_mhz": d.sm_clock_max_mhz, "power_limit_w": d.power_limit_w,
-            "driver": d.driver}
+    return {
+        "index": d.index,
+        "kind": d.kind,
+        "name": d.name,
+        "uuid": d.uuid,
+        "memory_bytes": d.memory_bytes,
+        "cores": d.cores,
+        "sm_clock_max_mhz": d.sm_clock_max_mhz,
+        "power_limit_w": d.power_limit_w,
+        "driver": d.driver,
+    }
 
 
 __all__: Sequence[str] = (
-    "Device", "DeviceError", "DeviceInfo", "DeviceSample", "GpuProcess", "CpuDevice", "NvmlDevice",
-    "open_device", "decode_throttle_reasons", "milliwatts_to_watts", "mhz_to_hz",
-    "parse_proc_stat", "parse_meminfo", "utilization_pct", "sample_to_dict", "info_to_dict",
-    "THROTTLE_REASONS", "THROTTLE_REASON_NAMES", "DEVICE_KINDS",
+    "Device",
+    "DeviceError",
+    "DeviceInfo",
+    "DeviceSample",
+    "GpuProcess",
+    "CpuDevice",
+    "NvmlDevice",
+    "open_device",
+    "decode_throttle_reasons",
+    "milliwatts_to_watts",
+    "mhz_to_hz",
+    "parse_proc_stat",
+    "parse_meminfo",
+    "utilization_pct",
+    "sample_to_dict",
+    "info_to_dict",
+    "THROTTLE_REASONS",
+    "THROTTLE_REASON_NAMES",
+    "DEVICE_KINDS",
 )

@@ -19,11 +19,12 @@ than exported as zero. Metric names follow Prometheus base units:
     stoke_device_process_memory_bytes{device,kind,pid,name,type}  (GPU)
     stoke_device_sample_duration_seconds          time the sample took
 """
+
 from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -41,7 +42,7 @@ class DeviceCollector(Collector):
         self._infos: list[DeviceInfo] | None = None
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())   # no sampling at registration time
+        return iter(())  # no sampling at registration time
 
     def _info(self) -> list[DeviceInfo]:
         if self._infos is None:
@@ -58,18 +59,24 @@ class DeviceCollector(Collector):
             except (DeviceError, OSError) as err:
                 up.add_metric([], 0.0)
                 yield up
-                yield _gauge("stoke_device_sample_error", "1: the last sample failed", ["error"],
-                             [([str(err)[:200]], 1.0)])
+                yield _gauge(
+                    "stoke_device_sample_error", "1: the last sample failed", ["error"], [([str(err)[:200]], 1.0)]
+                )
                 return
         up.add_metric([], 1.0)
         yield up
-        yield from (f for f in families(infos, samples) if f.samples)   # a CPU has no GPU families
-        yield _gauge("stoke_device_sample_duration_seconds", "Seconds the device sample of this scrape took", [],
-                     [([], time.perf_counter() - start)])
+        yield from (f for f in families(infos, samples) if f.samples)  # a CPU has no GPU families
+        yield _gauge(
+            "stoke_device_sample_duration_seconds",
+            "Seconds the device sample of this scrape took",
+            [],
+            [([], time.perf_counter() - start)],
+        )
 
 
-def _gauge(name: str, doc: str, labels: list[str], values: list[tuple[list[str], float]],
-           unit: str = "") -> GaugeMetricFamily:
+def _gauge(
+    name: str, doc: str, labels: list[str], values: list[tuple[list[str], float]], unit: str = ""
+) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=labels, unit=unit)
     for label_values, value in values:
         family.add_metric(label_values, value)
@@ -79,20 +86,39 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[tuple[list[str],
 def families(infos: list[DeviceInfo], samples: list[DeviceSample]) -> Iterator[GaugeMetricFamily]:
     """Metric families of one scrape (pure conversion; tested without HTTP)."""
     base = ["device", "kind"]
-    yield _gauge("stoke_device_info", "Device identity", base + ["name", "uuid"],
-                 [([str(d.index), d.kind, d.name, d.uuid], 1.0) for d in infos])
-    yield _gauge("stoke_device_cores", "Logical CPU cores of the device (CPU)", base,
-                 [([str(d.index), d.kind], float(d.cores)) for d in infos if d.cores])
+    yield _gauge(
+        "stoke_device_info",
+        "Device identity",
+        base + ["name", "uuid"],
+        [([str(d.index), d.kind, d.name, d.uuid], 1.0) for d in infos],
+    )
+    yield _gauge(
+        "stoke_device_cores",
+        "Logical CPU cores of the device (CPU)",
+        base,
+        [([str(d.index), d.kind], float(d.cores)) for d in infos if d.cores],
+    )
 
-    def per_sample(name: str, doc: str, get) -> GaugeMetricFamily:    # type: ignore[no-untyped-def]
-        return _gauge(name, doc, base, [([str(s.index), s.kind], float(v)) for s in samples
-                                        if (v := get(s)) is not None])
+    def per_sample(name: str, doc: str, get) -> GaugeMetricFamily:  # type: ignore[no-untyped-def]
+        return _gauge(
+            name, doc, base, [([str(s.index), s.kind], float(v)) for s in samples if (v := get(s)) is not None]
+        )
 
-    yield per_sample("stoke_device_utilization_ratio", "Busy share of the device, 0..1",
-                     lambda s: None if s.utilization_pct is None else s.utilization_pct / 100.0)
-    yield _gauge("stoke_device_core_utilization_ratio", "Busy share of one CPU core, 0..1", base + ["core"],
-                 [([str(s.index), s.kind, str(c)], u / 100.0) for s in samples
-                  for c, u in enumerate(s.per_core_utilization_pct)])
+    yield per_sample(
+        "stoke_device_utilization_ratio",
+        "Busy share of the device, 0..1",
+        lambda s: None if s.utilization_pct is None else s.utilization_pct / 100.0,
+    )
+    yield _gauge(
+        "stoke_device_core_utilization_ratio",
+        "Busy share of one CPU core, 0..1",
+        base + ["core"],
+        [
+            ([str(s.index), s.kind, str(c)], u / 100.0)
+            for s in samples
+            for c, u in enumerate(s.per_core_utilization_pct)
+        ],
+    )
     yield per_sample("stoke_device_memory_used_bytes", "Memory in use", lambda s: s.memory_used_bytes)
     yield per_sample("stoke_device_memory_total_bytes", "Memory in all", lambda s: s.memory_total_bytes)
     yield per_sample("stoke_device_sm_clock_hertz", "Current SM clock", lambda s: mhz_to_hz(s.sm_clock_mhz))
@@ -100,18 +126,39 @@ def families(infos: list[DeviceInfo], samples: list[DeviceSample]) -> Iterator[G
     yield per_sample("stoke_device_power_watts", "Power draw", lambda s: s.power_w)
     yield per_sample("stoke_device_power_limit_watts", "Enforced power limit", lambda s: s.power_limit_w)
     yield per_sample("stoke_device_temperature_celsius", "GPU temperature", lambda s: s.temperature_c)
-    yield _gauge("stoke_device_throttle_reason", "1 when this clock throttle reason is active", base + ["reason"],
-                 [([str(s.index), s.kind, r], 1.0 if r in s.throttle_reasons else 0.0)
-                  for s in samples if s.throttle_mask is not None
-                  for r in THROTTLE_REASON_NAMES + tuple(x for x in s.throttle_reasons
-                                                         if x not in THROTTLE_REASON_NAMES)])
-    yield _gauge("stoke_device_processes", "GPU processes (compute; MPS clients)", base + ["type"],
-                 [([str(s.index), s.kind, t], float(sum(1 for p in s.processes if p.mps == (t == "mps"))))
-                  for s in samples if s.kind == "gpu" for t in ("compute", "mps")])
-    yield _gauge("stoke_device_process_memory_bytes", "GPU memory of one process", base + ["pid", "name", "type"],
-                 [([str(s.index), s.kind, str(p.pid), p.name, "mps" if p.mps else "compute"],
-                   float(p.used_memory_bytes)) for s in samples for p in s.processes
-                  if p.used_memory_bytes is not None])
+    yield _gauge(
+        "stoke_device_throttle_reason",
+        "1 when this clock throttle reason is active",
+        base + ["reason"],
+        [
+            ([str(s.index), s.kind, r], 1.0 if r in s.throttle_reasons else 0.0)
+            for s in samples
+            if s.throttle_mask is not None
+            for r in THROTTLE_REASON_NAMES + tuple(x for x in s.throttle_reasons if x not in THROTTLE_REASON_NAMES)
+        ],
+    )
+    yield _gauge(
+        "stoke_device_processes",
+        "GPU processes (compute; MPS clients)",
+        base + ["type"],
+        [
+            ([str(s.index), s.kind, t], float(sum(1 for p in s.processes if p.mps == (t == "mps"))))
+            for s in samples
+            if s.kind == "gpu"
+            for t in ("compute", "mps")
+        ],
+    )
+    yield _gauge(
+        "stoke_device_process_memory_bytes",
+        "GPU memory of one process",
+        base + ["pid", "name", "type"],
+        [
+            ([str(s.index), s.kind, str(p.pid), p.name, "mps" if p.mps else "compute"], float(p.used_memory_bytes))
+            for s in samples
+            for p in s.processes
+            if p.used_memory_bytes is not None
+        ],
+    )
 
 
 class MetricsServer:
@@ -135,7 +182,7 @@ class MetricsServer:
             self._thread.join(timeout=5)
             self._server = None
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,6 +196,5 @@ def serve_device_metrics(device: Device, port: int, host: str = "127.0.0.1") -> 
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as err:
-        raise DeviceError(f"cannot serve device metrics on {host}:{port} ({err.strerror}); "
-                          f"pick a free port") from None
+        raise DeviceError(f"cannot serve device metrics on {host}:{port} ({err.strerror}); pick a free port") from None
     return MetricsServer(server, thread, registry, host)

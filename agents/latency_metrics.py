@@ -10,10 +10,12 @@ timeout (the load generator does this): for an SLO it is as bad as a late one,
 and the histogram's sum stays finite. The generated alert rules read this histogram
 by default (`controller.alerts`).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
@@ -28,9 +30,13 @@ class RequestLatencyExporter:
     def __init__(self, slos_ms: Iterable[float] = ()):
         bounds = sorted({float(b) for b in BASE_BUCKETS_MS} | {float(s) for s in slos_ms if s > 0})
         self.registry = CollectorRegistry()
-        self._histogram = Histogram(METRIC, "Request latency seen by the client (ms); "
-                                    "a failed request counts as the client timeout", ["workload", "model"],
-                                    buckets=bounds + [math.inf], registry=self.registry)
+        self._histogram = Histogram(
+            METRIC,
+            "Request latency seen by the client (ms); a failed request counts as the client timeout",
+            ["workload", "model"],
+            buckets=bounds + [math.inf],
+            registry=self.registry,
+        )
         self._server: Any = None
         self.port: int | None = None
 
@@ -46,7 +52,7 @@ class RequestLatencyExporter:
         """Serve /metrics on HOST:PORT (0 = any free port); returns the URL. OSError if it cannot bind."""
         try:
             self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        except OverflowError as err:          # a port outside 0..65535
+        except OverflowError as err:  # a port outside 0..65535
             raise OSError(f"port {port}: {err}") from None
         self.port = self._server.server_port
         return f"http://{host}:{self.port}/metrics"

@@ -9,6 +9,7 @@ back on gRPC's threads through `async_infer` callbacks.
 The target is an address or a callable returning the current address, so a
 run follows a model that the Triton fleet moves to another process.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
 from stoke.errors import StokeError
 
 ARRIVALS = ("constant", "poisson")
@@ -34,21 +36,21 @@ class LoadReport:
     model: str
     target: str
     arrival: str
-    rate_rps: float             # requested
-    seconds: float              # requested duration of the arrival schedule
+    rate_rps: float  # requested
+    seconds: float  # requested duration of the arrival schedule
     sent: int
     ok: int
     failed: int
-    throughput_rps: float       # successful responses per second of the run
+    throughput_rps: float  # successful responses per second of the run
     p50_ms: float
     p95_ms: float
     p99_ms: float
     mean_ms: float
     max_ms: float
     slo_ms: float | None
-    over_slo_share: float | None    # share of requests (failed ones included) slower than the SLO
-    max_send_lag_ms: float      # how late the generator itself sent, at worst (its own overhead)
-    errors: tuple[str, ...] = field(default=())   # distinct error messages (first 5)
+    over_slo_share: float | None  # share of requests (failed ones included) slower than the SLO
+    max_send_lag_ms: float  # how late the generator itself sent, at worst (its own overhead)
+    errors: tuple[str, ...] = field(default=())  # distinct error messages (first 5)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -76,8 +78,9 @@ def arrival_offsets(rate_rps: float, seconds: float, arrival: str = "constant", 
     raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
 
 
-def build_inputs(client: grpcclient.InferenceServerClient, model: str, batch: int = 1,
-                 seed: int = 0) -> list[grpcclient.InferInput]:
+def build_inputs(
+    client: grpcclient.InferenceServerClient, model: str, batch: int = 1, seed: int = 0
+) -> list[grpcclient.InferInput]:
     """Random inputs matching the model's metadata (dynamic dims become 1, batch dim = `batch`)."""
     try:
         meta = client.get_model_metadata(model, as_json=True)
@@ -104,10 +107,18 @@ def build_inputs(client: grpcclient.InferenceServerClient, model: str, batch: in
 class LoadGenerator:
     """Sends `model` requests open-loop to `target` (address or callable returning one)."""
 
-    def __init__(self, target: str | Callable[[], str], model: str, *, batch: int = 1,
-                 max_in_flight: int = 2000, timeout_s: float = 10.0,
-                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-                 on_latency: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        target: str | Callable[[], str],
+        model: str,
+        *,
+        batch: int = 1,
+        max_in_flight: int = 2000,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+        on_latency: Callable[[float], None] | None = None,
+    ) -> None:
         """`on_latency(ms)` is called for every request, e.g. to feed
         `agents.latency_metrics.RequestLatencyExporter`; a failed request reports the client
         timeout (it is as bad as the slowest answer the client would wait for)."""
@@ -144,13 +155,14 @@ class LoadGenerator:
             except InferenceServerException as err:
                 raise LoadError(f"{url}: {err}") from None
 
-    def run(self, rate_rps: float, seconds: float, *, arrival: str = "constant", seed: int = 0,
-            slo_ms: float | None = None) -> LoadReport:
+    def run(
+        self, rate_rps: float, seconds: float, *, arrival: str = "constant", seed: int = 0, slo_ms: float | None = None
+    ) -> LoadReport:
         self.prepare()
         assert self._inputs is not None
         offsets = arrival_offsets(rate_rps, seconds, arrival, seed)
         n = len(offsets)
-        latency = np.full(n, np.nan)      # ms, NaN = failed / not answered
+        latency = np.full(n, np.nan)  # ms, NaN = failed / not answered
         errors: dict[str, int] = {}
         lock = threading.Lock()
         pending = [0]
@@ -185,9 +197,10 @@ class LoadGenerator:
             max_lag = max(max_lag, self._clock() - due)
             if pending[0] >= self.max_in_flight:
                 with lock:
-                    errors["dropped: too many requests in flight"] = errors.get(
-                        "dropped: too many requests in flight", 0) + 1
-                if self._on_latency is not None:      # a dropped request is a failed one for the SLI
+                    errors["dropped: too many requests in flight"] = (
+                        errors.get("dropped: too many requests in flight", 0) + 1
+                    )
+                if self._on_latency is not None:  # a dropped request is a failed one for the SLI
                     self._on_latency(self.timeout_s * 1000.0)
                 continue
             with lock:
@@ -195,8 +208,11 @@ class LoadGenerator:
             try:
                 url = self._target()
                 self._client(url).async_infer(
-                    self.model, self._inputs, client_timeout=self.timeout_s,
-                    callback=lambda result, error, i=i, due=due: on_done(i, due, result, error))
+                    self.model,
+                    self._inputs,
+                    client_timeout=self.timeout_s,
+                    callback=lambda result, error, i=i, due=due: on_done(i, due, result, error),
+                )
                 sent += 1
             except Exception as err:  # noqa: BLE001 - a failed send is a failed request
                 on_done(i, due, None, err)
@@ -212,13 +228,25 @@ class LoadGenerator:
         if slo_ms is not None and n:
             over = float((np.sum(good > slo_ms) + (n - ok)) / n)
         return LoadReport(
-            model=self.model, target=self._target(), arrival=arrival, rate_rps=float(rate_rps),
-            seconds=float(seconds), sent=sent, ok=ok, failed=n - ok,
+            model=self.model,
+            target=self._target(),
+            arrival=arrival,
+            rate_rps=float(rate_rps),
+            seconds=float(seconds),
+            sent=sent,
+            ok=ok,
+            failed=n - ok,
             throughput_rps=ok / (end - start) if end > start else 0.0,
-            p50_ms=percentile(good, 50), p95_ms=percentile(good, 95), p99_ms=percentile(good, 99),
-            mean_ms=float(good.mean()) if ok else math.nan, max_ms=float(good.max()) if ok else math.nan,
-            slo_ms=slo_ms, over_slo_share=over, max_send_lag_ms=max_lag * 1000.0,
-            errors=tuple(f"{m} (x{c})" for m, c in sorted(errors.items(), key=lambda kv: -kv[1])[:5]))
+            p50_ms=percentile(good, 50),
+            p95_ms=percentile(good, 95),
+            p99_ms=percentile(good, 99),
+            mean_ms=float(good.mean()) if ok else math.nan,
+            max_ms=float(good.max()) if ok else math.nan,
+            slo_ms=slo_ms,
+            over_slo_share=over,
+            max_send_lag_ms=max_lag * 1000.0,
+            errors=tuple(f"{m} (x{c})" for m, c in sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+        )
 
     def __enter__(self) -> LoadGenerator:
         return self
@@ -228,6 +256,7 @@ class LoadGenerator:
 
 
 # -- closed-loop helpers (profiling) ---------------------------------------------------------------
+
 
 def sequential_latency_ms(url: str, model: str, batch: int, requests: int, warmup: int = 3) -> float:
     """Median latency (ms) of `requests` back-to-back requests of `batch` samples (LoadError on failure)."""
@@ -271,7 +300,6 @@ def tensor_bytes(url: str, model: str) -> tuple[int, int]:
         client.close()
 
     def total(specs: list[dict]) -> int:
-        return sum(int(np.prod([max(1, int(d)) for d in s["shape"][1:]])) * sizes.get(s["datatype"], 4)
-                   for s in specs)
+        return sum(int(np.prod([max(1, int(d)) for d in s["shape"][1:]])) * sizes.get(s["datatype"], 4) for s in specs)
 
     return total(meta["inputs"]), total(meta["outputs"])

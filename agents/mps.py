@@ -15,6 +15,7 @@ Commands go to the daemon on the control binary's stdin, one per call:
 Pipe and log directories come from ``CUDA_MPS_PIPE_DIRECTORY`` /
 ``CUDA_MPS_LOG_DIRECTORY`` (set for the daemon and for every client).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
 from stoke.errors import StokeError
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -68,14 +70,20 @@ def check_percentage(pct: float) -> int:
 class MpsControl:
     """Start, command and stop the MPS control daemon of one node."""
 
-    def __init__(self, *, pipe_dir: str | None = None, log_dir: str | None = None,
-                 binary: str = CONTROL_BINARY, runner: Runner | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        pipe_dir: str | None = None,
+        log_dir: str | None = None,
+        binary: str = CONTROL_BINARY,
+        runner: Runner | None = None,
+    ) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.binary = binary
         self._runner = runner or _run
         self.started = False
-        self.owned = False           # True only when start() launched the daemon itself
+        self.owned = False  # True only when start() launched the daemon itself
 
     def env(self) -> dict[str, str]:
         """Environment for the daemon and its clients (pipe/log directories when set)."""

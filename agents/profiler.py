@@ -11,20 +11,28 @@ the session is written (atomically) to the checkpoint file, so an
 interrupted profile resumes where it stopped; each point reports progress
 with an ETA.
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonError, TritonFleet
 from controller.messages import ModelAssignment
-from interference.profiling import (Measurement, MeasurePoint, ProfileSession, Stability, eta_seconds,
-                                    measure_until_stable)
+from interference.profiling import (
+    Measurement,
+    MeasurePoint,
+    ProfileSession,
+    Stability,
+    eta_seconds,
+    measure_until_stable,
+)
 from stoke.errors import StokeError
 from stoke.files import atomic_write_text
 
@@ -34,9 +42,16 @@ class ProfilingError(StokeError, RuntimeError):
 
 
 def _assignment(point: MeasurePoint, copy: int) -> ModelAssignment:
-    return ModelAssignment(workload=f"profile-{point.model}-{copy}", model=point.model, device=0,
-                           share_pct=point.share_pct, batch=max(32, point.batch), queue_delay_ms=0.0,
-                           slo_ms=1e6, rate_rps=1.0)
+    return ModelAssignment(
+        workload=f"profile-{point.model}-{copy}",
+        model=point.model,
+        device=0,
+        share_pct=point.share_pct,
+        batch=max(32, point.batch),
+        queue_delay_ms=0.0,
+        slo_ms=1e6,
+        rate_rps=1.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -52,9 +67,11 @@ class PointDone:
     def line(self) -> str:
         p, m = self.point, self.measurement
         eta = "" if self.eta_s is None else f", ETA {format_duration(self.eta_s)}"
-        return (f"[{self.done}/{self.total}] {p.model} share {p.share_pct:g}% batch {p.batch}"
-                f"{' +%d busy neighbour(s)' % p.neighbours if p.neighbours else ''}: {m.latency_ms:.2f} ms "
-                f"({m.windows} windows, spread {m.spread_pct:.1f}%{'' if m.stable else ', UNSTABLE'}){eta}")
+        return (
+            f"[{self.done}/{self.total}] {p.model} share {p.share_pct:g}% batch {p.batch}"
+            f"{' +%d busy neighbour(s)' % p.neighbours if p.neighbours else ''}: {m.latency_ms:.2f} ms "
+            f"({m.windows} windows, spread {m.spread_pct:.1f}%{'' if m.stable else ', UNSTABLE'}){eta}"
+        )
 
 
 def format_duration(seconds: float) -> str:
@@ -62,10 +79,24 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def run_session(session: ProfileSession, repository: str, checkpoint: str | Path, *, requests: int = 20,
-                stability: Stability = Stability(),
-                progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
-                clock: Callable[[], float] = time.monotonic) -> ProfileSession:
+DEFAULT_STABILITY = Stability()
+
+
+def _window(url: str, model: str, batch: int, requests: int, index: int) -> float:
+    """One measurement window: the median of `requests` sequential requests (the first window warms up)."""
+    return sequential_latency_ms(url, model, batch, requests, warmup=3 if index == 0 else 0)
+
+
+def run_session(
+    session: ProfileSession,
+    repository: str,
+    checkpoint: str | Path,
+    *,
+    requests: int = 20,
+    stability: Stability = DEFAULT_STABILITY,
+    progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
+    clock: Callable[[], float] = time.monotonic,
+) -> ProfileSession:
     """Measure every point the session still asks for; ProfilingError when one cannot be measured.
 
     Each window is `requests` sequential requests (the first window after a
@@ -82,21 +113,23 @@ def run_session(session: ProfileSession, repository: str, checkpoint: str | Path
             copies = [_assignment(point, c) for c in range(1 + point.neighbours)]
             report = fleet.apply(copies)
             if report.errors:
-                raise ProfilingError(f"cannot serve {point.model} at {point.share_pct:g}%: "
-                                     f"{'; '.join(map(str, report.errors))}")
+                raise ProfilingError(
+                    f"cannot serve {point.model} at {point.share_pct:g}%: {'; '.join(map(str, report.errors))}"
+                )
             endpoints = fleet.endpoints()
             stop = threading.Event()
-            threads = [threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop),
-                                        daemon=True) for c in copies[1:]]
+            threads = [
+                threading.Thread(target=keep_busy, args=(endpoints[c.key], c.model, point.batch, stop), daemon=True)
+                for c in copies[1:]
+            ]
             for t in threads:
                 t.start()
             try:
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
-                url = endpoints[copies[0].key]
                 measurement = measure_until_stable(
-                    lambda i: sequential_latency_ms(url, point.model, point.batch, requests, warmup=3 if i == 0 else 0),
-                    stability)
+                    partial(_window, endpoints[copies[0].key], point.model, point.batch, requests), stability
+                )
                 if not all(t.is_alive() for t in threads):
                     raise ProfilingError(f"{point.key}: a busy neighbour stopped during the measurement")
             except LoadError as err:

@@ -24,6 +24,7 @@ S3 credentials and region come from the standard AWS environment
 profiles); the endpoint from ``endpoint_url`` (or ``AWS_ENDPOINT_URL``, or the
 ``s3://host:port/bucket/path`` form Triton uses for a custom endpoint).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,8 @@ import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
-from stoke.errors import StokeError
 
+from stoke.errors import StokeError
 from stoke.files import atomic_replace, atomic_write_bytes
 
 CONFIG_NAME = "config.pbtxt"
@@ -66,7 +67,7 @@ class SyncReport:
         return bool(self.uploaded or self.deleted)
 
 
-def _md5() -> "hashlib._Hash":
+def _md5() -> hashlib._Hash:
     return hashlib.md5(usedforsecurity=False)
 
 
@@ -158,8 +159,11 @@ class RepoStore(ABC):
             self.get_file(path, local.root / _check_rel(path))
         for path in delete_order(stale):
             local.delete(path)
-        return SyncReport(tuple(upload_order(changed)), tuple(delete_order(stale)),
-                          tuple(sorted(p for p in wanted if p not in changed)))
+        return SyncReport(
+            tuple(upload_order(changed)),
+            tuple(delete_order(stale)),
+            tuple(sorted(p for p in wanted if p not in changed)),
+        )
 
 
 def _check_rel(path: str) -> str:
@@ -190,7 +194,7 @@ class LocalStore(RepoStore):
             raise StoreError(f"{self.root / path}: cannot read ({err.strerror})") from None
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        atomic_write_bytes(self.root / _check_rel(path), data)   # the mode open() would give, not 0600
+        atomic_write_bytes(self.root / _check_rel(path), data)  # the mode open() would give, not 0600
 
     def put_file(self, path: str, source: Path, md5: str) -> None:
         with open(source, "rb") as src, atomic_replace(self.root / _check_rel(path)) as out:
@@ -245,15 +249,25 @@ def triton_s3_url(bucket: str, prefix: str, endpoint_url: str | None) -> str:
 class S3Store(RepoStore):
     """A model repository under ``s3://bucket/prefix`` (boto3; standard AWS credentials)."""
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, client: object | None = None,
-                 multipart_threshold: int = 64 << 20, multipart_chunksize: int = 16 << 20,
-                 max_concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        client: object | None = None,
+        multipart_threshold: int = 64 << 20,
+        multipart_chunksize: int = 16 << 20,
+        max_concurrency: int = 4,
+    ) -> None:
         self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
         self.url = url
         self.client: Any = client or boto3.client("s3", endpoint_url=self.endpoint_url)
         # memory in flight per transfer is about max_concurrency x multipart_chunksize, whatever the file size
-        self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
-                                       multipart_chunksize=multipart_chunksize, max_concurrency=max_concurrency)
+        self.transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_concurrency,
+        )
 
     @property
     def triton_url(self) -> str:
@@ -276,7 +290,7 @@ class S3Store(RepoStore):
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
-                    out[obj["Key"][len(prefix):]] = self._md5_of(obj["Key"], obj["ETag"].strip('"'))
+                    out[obj["Key"][len(prefix) :]] = self._md5_of(obj["Key"], obj["ETag"].strip('"'))
         except (ClientError, BotoCoreError) as err:
             raise StoreError(f"{self.url}: cannot list ({err})") from None
         return out
@@ -286,7 +300,7 @@ class S3Store(RepoStore):
         if _PLAIN_MD5.match(etag):
             return etag
         metadata = self.client.head_object(Bucket=self.bucket, Key=key).get("Metadata", {})
-        return metadata.get(MD5_METADATA, etag)     # no checksum recorded: never equal, so it is uploaded again
+        return metadata.get(MD5_METADATA, etag)  # no checksum recorded: never equal, so it is uploaded again
 
     def read_bytes(self, path: str) -> bytes:
         try:
@@ -303,8 +317,13 @@ class S3Store(RepoStore):
 
     def put_file(self, path: str, source: Path, md5: str) -> None:
         try:
-            self.client.upload_file(str(source), self.bucket, self._key(path), Config=self.transfer,
-                                    ExtraArgs={"Metadata": {MD5_METADATA: md5}})
+            self.client.upload_file(
+                str(source),
+                self.bucket,
+                self._key(path),
+                Config=self.transfer,
+                ExtraArgs={"Metadata": {MD5_METADATA: md5}},
+            )
         except (ClientError, BotoCoreError, S3UploadFailedError) as err:
             raise StoreError(f"{self.url}/{path}: cannot upload {source} ({err})") from None
 

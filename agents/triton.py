@@ -31,14 +31,15 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
   counters -> observed figures (request rate, mean batch, queue / compute ms).
 """
+
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import shutil
 import sys
 import sysconfig
 import tempfile
@@ -56,8 +57,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from controller.messages import AssignmentError, ModelAssignment
-from controller.render import (CONFIG_NAME, ModelConfig, config_from_json, config_to_json, config_to_text,
-                               parse_config, read_config, render_config)
+from controller.render import (
+    CONFIG_NAME,
+    ModelConfig,
+    config_from_json,
+    config_to_json,
+    config_to_text,
+    parse_config,
+    read_config,
+    render_config,
+)
 from stoke.errors import StokeError
 
 HOST = "127.0.0.1"
@@ -69,12 +78,15 @@ class TritonError(StokeError, RuntimeError):
 
 # --------------------------------------------------------------------------- environment
 
+
 def _pytriton_root() -> Path:
     import importlib.util
+
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise TritonError("nvidia-pytriton is not installed; it ships the tritonserver binary "
-                          "(pip install nvidia-pytriton)")
+        raise TritonError(
+            "nvidia-pytriton is not installed; it ships the tritonserver binary (pip install nvidia-pytriton)"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
 
 
@@ -83,8 +95,10 @@ def find_tritonserver() -> Path:
     override = os.environ.get("STOKE_TRITONSERVER")
     path = Path(override) if override else _pytriton_root() / "bin" / "tritonserver"
     if not os.access(path, os.X_OK):
-        raise TritonError(f"{path}: tritonserver binary not found or not executable; install nvidia-pytriton "
-                          f"or set STOKE_TRITONSERVER")
+        raise TritonError(
+            f"{path}: tritonserver binary not found or not executable; install nvidia-pytriton "
+            f"or set STOKE_TRITONSERVER"
+        )
     return path
 
 
@@ -138,8 +152,9 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def cpu_cores_for_share(share_pct: float, cores: Sequence[int],
-                        used: Mapping[int, int] | None = None) -> tuple[int, ...]:
+def cpu_cores_for_share(
+    share_pct: float, cores: Sequence[int], used: Mapping[int, int] | None = None
+) -> tuple[int, ...]:
     """ceil(share/100 x cores) cores (at least one), the least used first (ties: lowest index)."""
     cores = sorted(cores)
     count = min(len(cores), max(1, math.ceil(share_pct / 100.0 * len(cores) - 1e-9)))
@@ -147,8 +162,9 @@ def cpu_cores_for_share(share_pct: float, cores: Sequence[int],
     return tuple(sorted(sorted(cores, key=lambda c: (used.get(c, 0), c))[:count]))
 
 
-def overcommit_problems(assignments: Sequence[ModelAssignment], *, device_kind: str, devices: int,
-                        cores: Sequence[int]) -> list[str]:
+def overcommit_problems(
+    assignments: Sequence[ModelAssignment], *, device_kind: str, devices: int, cores: Sequence[int]
+) -> list[str]:
     """Why these assignments do not fit this node, one line each (empty when they fit).
 
     `TritonFleet` would place them anyway, pinning an assignment to cores (or
@@ -163,8 +179,10 @@ def overcommit_problems(assignments: Sequence[ModelAssignment], *, device_kind: 
             return []
         plan_devices = sorted({a.device for a in assignments})
         detail = ", ".join(f"{k}: {n}" for k, n in need.items())
-        return [f"its {len(need)} assignment(s) on plan device(s) {', '.join(map(str, plan_devices))} need "
-                f"{sum(need.values())} whole cores ({detail}) but this CPU node has {len(cores)}"]
+        return [
+            f"its {len(need)} assignment(s) on plan device(s) {', '.join(map(str, plan_devices))} need "
+            f"{sum(need.values())} whole cores ({detail}) but this CPU node has {len(cores)}"
+        ]
     problems = []
     missing = sorted({a.device for a in assignments if not 0 <= a.device < devices})
     if missing:
@@ -181,14 +199,25 @@ def overcommit_problems(assignments: Sequence[ModelAssignment], *, device_kind: 
 
 # --------------------------------------------------------------------------- one process
 
+
 class TritonProcess:
     """One `tritonserver` in explicit model-control mode on free loopback ports."""
 
-    def __init__(self, repository: str, *, workdir: str | os.PathLike[str], name: str = "triton",
-                 binary: str | os.PathLike[str] | None = None, backend_dir: str | os.PathLike[str] | None = None,
-                 cpu_cores: Sequence[int] | None = None, env: Mapping[str, str] | None = None,
-                 device_kind: str = "cpu", ready_timeout_s: float = 30.0, exit_timeout_s: int = 5,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        repository: str,
+        *,
+        workdir: str | os.PathLike[str],
+        name: str = "triton",
+        binary: str | os.PathLike[str] | None = None,
+        backend_dir: str | os.PathLike[str] | None = None,
+        cpu_cores: Sequence[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        device_kind: str = "cpu",
+        ready_timeout_s: float = 30.0,
+        exit_timeout_s: int = 5,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.repository = repository if "://" in repository else str(Path(repository).resolve())
         self.workdir = Path(workdir)
         self.name = name
@@ -203,7 +232,7 @@ class TritonProcess:
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / f"{name}.log"
-        self.started_s = 0.0          # seconds from spawn to ready (last start)
+        self.started_s = 0.0  # seconds from spawn to ready (last start)
         self._client: grpcclient.InferenceServerClient | None = None
 
     # -- addresses
@@ -224,22 +253,32 @@ class TritonProcess:
         return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
-        args = [str(self.binary), f"--model-repository={self.repository}",
-                f"--backend-directory={self.backend_dir}", "--model-control-mode=explicit",
-                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-                f"--metrics-port={self.metrics_port}", f"--http-address={HOST}", f"--grpc-address={HOST}",
-                f"--metrics-address={HOST}", "--disable-auto-complete-config", "--exit-on-error=true",
-                f"--exit-timeout-secs={self.exit_timeout_s}", "--log-verbose=0",
-                # cumulative latency summaries/histograms where the server supports them (2.51:
-                # accepted, but no per-model histogram for non-decoupled models)
-                "--metrics-config=histogram_latencies=true"]
+        args = [
+            str(self.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.backend_dir}",
+            "--model-control-mode=explicit",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={HOST}",
+            f"--grpc-address={HOST}",
+            f"--metrics-address={HOST}",
+            "--disable-auto-complete-config",
+            "--exit-on-error=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            "--log-verbose=0",
+            # cumulative latency summaries/histograms where the server supports them (2.51:
+            # accepted, but no per-model histogram for non-decoupled models)
+            "--metrics-config=histogram_latencies=true",
+        ]
         if self.device_kind == "cpu":
             args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
         return args + list(self.extra_args)
 
     def _preexec(self) -> None:
         if self.cpu_cores:
-            os.sched_setaffinity(0, self.cpu_cores)   # inherited by the Python stubs it spawns
+            os.sched_setaffinity(0, self.cpu_cores)  # inherited by the Python stubs it spawns
 
     # -- life cycle
     def start(self) -> float:
@@ -253,10 +292,16 @@ class TritonProcess:
             self._client = None
             t0 = time.monotonic()
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=triton_env(extra=self.env),
-                                             preexec_fn=self._preexec, cwd=self.workdir,
-                                             start_new_session=True)  # Ctrl-C of the CLI does not hit it
+                self.proc = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=triton_env(extra=self.env),
+                    preexec_fn=self._preexec,
+                    cwd=self.workdir,
+                    start_new_session=True,
+                )  # Ctrl-C of the CLI does not hit it
             while time.monotonic() - t0 < self.ready_timeout_s:
                 if self.proc.poll() is not None:
                     break
@@ -270,8 +315,9 @@ class TritonProcess:
                 raise TritonError(f"{self.name}: not ready within {self.ready_timeout_s:.0f} s; log tail: {last}")
             if "address already in use" not in last.lower() and "failed to start" not in last.lower():
                 break
-        raise TritonError(f"{self.name}: tritonserver exited with code {self.proc.returncode if self.proc else '?'}; "
-                          f"log tail: {last}")
+        raise TritonError(
+            f"{self.name}: tritonserver exited with code {self.proc.returncode if self.proc else '?'}; log tail: {last}"
+        )
 
     def log_tail(self, lines: int = 8) -> str:
         try:
@@ -332,7 +378,7 @@ class TritonProcess:
                         break
                     time.sleep(0.02)
             except InferenceServerException:
-                pass        # a server that does not answer is stopped by the signal below
+                pass  # a server that does not answer is stopped by the signal below
         return self.stop()
 
     # -- repository API
@@ -346,8 +392,9 @@ class TritonProcess:
         """Load (or reload) `model`, with a full config override when given; returns seconds."""
         t0 = time.monotonic()
         try:
-            self.client.load_model(model, config=None if config is None else config_to_json(config),
-                                   client_timeout=timeout_s)
+            self.client.load_model(
+                model, config=None if config is None else config_to_json(config), client_timeout=timeout_s
+            )
         except InferenceServerException as err:
             raise TritonError(f"{self.name}: load of {model!r} failed: {_one_line(err)}") from None
         return time.monotonic() - t0
@@ -379,9 +426,17 @@ class TritonProcess:
             raise TritonError(f"{self.name}: cannot scrape {self.metrics_url}: {err}") from None
 
     def state(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "alive": self.alive(), "returncode": self.returncode(),
-                "grpc": self.grpc_url, "http": self.http_url, "metrics": self.metrics_url,
-                "cpu_cores": list(self.cpu_cores or ()), "log": str(self.log_path)}
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "alive": self.alive(),
+            "returncode": self.returncode(),
+            "grpc": self.grpc_url,
+            "http": self.http_url,
+            "metrics": self.metrics_url,
+            "cpu_cores": list(self.cpu_cores or ()),
+            "log": str(self.log_path),
+        }
 
 
 def _one_line(err: BaseException) -> str:
@@ -447,7 +502,7 @@ class ObservedModel:
     endpoint: str
     mean_request_ms: float = 0.0
     window_s: float = 0.0
-    latency_p99_ms: float | None = None   # from the per-model histogram, when the server emits one
+    latency_p99_ms: float | None = None  # from the per-model histogram, when the server emits one
 
 
 def _quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | None:
@@ -463,9 +518,11 @@ def _quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | 
     return bounds[-1]
 
 
-def observe_model(model: str, key: str, endpoint: str, previous: Mapping[str, float],
-                  current: Mapping[str, float], window_s: float) -> ObservedModel:
+def observe_model(
+    model: str, key: str, endpoint: str, previous: Mapping[str, float], current: Mapping[str, float], window_s: float
+) -> ObservedModel:
     """Figures over the window between two scrapes (counters that went down count from zero)."""
+
     def delta(name: str) -> float:
         now, before = current.get(name, 0.0), previous.get(name, 0.0)
         return now - before if now >= before else now
@@ -475,19 +532,23 @@ def observe_model(model: str, key: str, endpoint: str, previous: Mapping[str, fl
     buckets = {float(k[3:]): delta(k) for k in current if k.startswith("le:")}
     compute_us = delta("compute_input_us") + delta("compute_infer_us") + delta("compute_output_us")
     return ObservedModel(
-        model=model, key=key,
+        model=model,
+        key=key,
         request_rate_rps=success / window_s if window_s > 0 else 0.0,
         mean_batch=delta("inferences") / executions if executions else 0.0,
         mean_queue_ms=delta("queue_us") / success / 1000.0 if success else 0.0,
         mean_compute_ms=compute_us / success / 1000.0 if success else 0.0,
-        failures=int(current.get("failure", 0.0)), success=int(current.get("success", 0.0)),
+        failures=int(current.get("failure", 0.0)),
+        success=int(current.get("success", 0.0)),
         endpoint=endpoint,
         mean_request_ms=delta("request_us") / success / 1000.0 if success else 0.0,
         window_s=window_s,
-        latency_p99_ms=_quantile_from_buckets(buckets, 0.99))
+        latency_p99_ms=_quantile_from_buckets(buckets, 0.99),
+    )
 
 
 # --------------------------------------------------------------------------- the fleet
+
 
 @dataclass(frozen=True)
 class ApplyReport:
@@ -521,12 +582,23 @@ def _placement(a: ModelAssignment) -> tuple[str, int, float]:
 class TritonFleet:
     """All Triton processes of one node; makes the node serve exactly the given assignments."""
 
-    def __init__(self, repository: str, *, device_kind: str = "cpu", workdir: str | None = None,
-                 ready_timeout_s: float = 30.0, base_config: Callable[[str], ModelConfig] | None = None,
-                 env: Mapping[str, str] | None = None, mps: object | None = None,
-                 cpu_cores: Sequence[int] | None = None, latency_histogram: bool = False,
-                 exit_timeout_s: int = 5, cpu_instance_per_core: bool = True, drain_s: float = 0.2,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        repository: str,
+        *,
+        device_kind: str = "cpu",
+        workdir: str | None = None,
+        ready_timeout_s: float = 30.0,
+        base_config: Callable[[str], ModelConfig] | None = None,
+        env: Mapping[str, str] | None = None,
+        mps: object | None = None,
+        cpu_cores: Sequence[int] | None = None,
+        latency_histogram: bool = False,
+        exit_timeout_s: int = 5,
+        cpu_instance_per_core: bool = True,
+        drain_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if device_kind not in ("cpu", "gpu"):
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
@@ -550,13 +622,14 @@ class TritonFleet:
         self._lock = threading.RLock()
         self._counter = 0
         self._mps_started = False
-        self._store: Any = None      # the S3 store of a remote repository, opened on first use
+        self._store: Any = None  # the S3 store of a remote repository, opened on first use
 
     # -- base configs
     def _default_base_config(self, model: str) -> ModelConfig:
         if "://" in self.repository:
             if self._store is None:
-                from agents.repo_store import open_store   # the S3 wrapper; imported only for remote repositories
+                from agents.repo_store import open_store  # the S3 wrapper; imported only for remote repositories
+
                 self._store = open_store(self.repository)
             store = self._store
             return parse_config(store.read_text(f"{model}/{CONFIG_NAME}"), f"{self.repository}/{model}/{CONFIG_NAME}")
@@ -564,9 +637,13 @@ class TritonFleet:
 
     def render(self, a: ModelAssignment) -> ModelConfig:
         """The config this fleet loads for `a` (base config + plan fields + this node's kind)."""
-        config = render_config(self._base_config(a.model), a, device_kind=self.device_kind,
-                               gpu_index=0 if self.device_kind == "gpu" else None,
-                               latency_histogram=self.latency_histogram)
+        config = render_config(
+            self._base_config(a.model),
+            a,
+            device_kind=self.device_kind,
+            gpu_index=0 if self.device_kind == "gpu" else None,
+            latency_histogram=self.latency_histogram,
+        )
         if self.device_kind == "cpu" and self.cpu_instance_per_core:
             # a CPU share is a set of cores; one model instance per core lets the model use them all
             config.instance_group[0].count = len(cpu_cores_for_share(a.share_pct, self.cpu_cores))
@@ -581,8 +658,9 @@ class TritonFleet:
                     used[c] = used.get(c, 0) + 1
         return used
 
-    def resources(self, a: ModelAssignment,
-                  exclude: str | None = None) -> tuple[tuple[int, ...] | None, dict[str, str]]:
+    def resources(
+        self, a: ModelAssignment, exclude: str | None = None
+    ) -> tuple[tuple[int, ...] | None, dict[str, str]]:
         """(CPU cores, extra environment) of the process that serves `a` (the same code path on both kinds)."""
         env = dict(self.env)
         if self.device_kind == "cpu":
@@ -591,7 +669,7 @@ class TritonFleet:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(a.share_pct)))))
         client_env = getattr(self.mps, "client_env", None)
         if client_env is not None:
-            env.update(client_env(a.share_pct))     # pipe / log directories of the daemon
+            env.update(client_env(a.share_pct))  # pipe / log directories of the daemon
         return None, env
 
     def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None) -> _Slot:
@@ -599,11 +677,18 @@ class TritonFleet:
             self._ensure_mps()
         cores, env = self.resources(a, exclude)
         self._counter += 1
-        process = TritonProcess(self.repository, workdir=self.workdir,
-                                name=f"triton-{_safe(a.key)}-{self._counter}", binary=self._binary,
-                                backend_dir=self._backend_dir, cpu_cores=cores, env=env,
-                                device_kind=self.device_kind, ready_timeout_s=self.ready_timeout_s,
-                                exit_timeout_s=self.exit_timeout_s)
+        process = TritonProcess(
+            self.repository,
+            workdir=self.workdir,
+            name=f"triton-{_safe(a.key)}-{self._counter}",
+            binary=self._binary,
+            backend_dir=self._backend_dir,
+            cpu_cores=cores,
+            env=env,
+            device_kind=self.device_kind,
+            ready_timeout_s=self.ready_timeout_s,
+            exit_timeout_s=self.exit_timeout_s,
+        )
         process.start()
         try:
             process.load(a.model, config)
@@ -614,7 +699,7 @@ class TritonFleet:
 
     def _ensure_mps(self) -> None:
         if self.mps is not None and not self._mps_started:
-            start = getattr(self.mps, "ensure_started", None) or getattr(self.mps, "start")
+            start = getattr(self.mps, "ensure_started", None) or self.mps.start
             start()
             self._mps_started = True
 
@@ -637,7 +722,7 @@ class TritonFleet:
                 a = desired[key]
                 slot = self._slots.get(key)
                 if slot is not None and not slot.process.alive():
-                    slot.process.stop()                # crashed: serve it again from scratch ("started")
+                    slot.process.stop()  # crashed: serve it again from scratch ("started")
                     del self._slots[key]
                     slot = None
                 try:
@@ -651,24 +736,29 @@ class TritonFleet:
                     try:
                         self._slots[key] = self._spawn(a, config)
                         started.append(key)
-                    except (RuntimeError, OSError) as err:   # TritonError, MpsError
+                    except (RuntimeError, OSError) as err:  # TritonError, MpsError
                         errors.append(AssignmentError(key, f"start failed: {err}"))
                     continue
                 if _placement(slot.assignment) != _placement(a):
                     try:
                         new = self._spawn(a, config, exclude=key)
-                    except (RuntimeError, OSError) as err:   # TritonError, MpsError
-                        errors.append(AssignmentError(key, f"move to share {a.share_pct:g}% / device {a.device} "
-                                                           f"failed, the old process keeps serving: {err}"))
+                    except (RuntimeError, OSError) as err:  # TritonError, MpsError
+                        errors.append(
+                            AssignmentError(
+                                key,
+                                f"move to share {a.share_pct:g}% / device {a.device} "
+                                f"failed, the old process keeps serving: {err}",
+                            )
+                        )
                         continue
                     old, self._slots[key] = slot, new
-                    time.sleep(self.drain_s)        # clients that read the old endpoint have sent by now
+                    time.sleep(self.drain_s)  # clients that read the old endpoint have sent by now
                     # unload (in-flight requests finish first), then SIGTERM
                     old.process.unload_and_stop([old.assignment.model])
                     moved.append(key)
                     continue
                 if config_to_text(config) == config_to_text(slot.config):
-                    slot.assignment = a            # e.g. a new rate: nothing to do on the server
+                    slot.assignment = a  # e.g. a new rate: nothing to do on the server
                     unchanged.append(key)
                     continue
                 try:
@@ -678,19 +768,22 @@ class TritonFleet:
                 except TritonError as err:
                     errors.append(AssignmentError(key, f"reload failed, previous config keeps serving: {err}"))
                     self._rollback(slot)
-        return ApplyReport(tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged),
-                           tuple(errors))
+        return ApplyReport(
+            tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged), tuple(errors)
+        )
 
     def _rollback(self, slot: _Slot) -> None:
         """Triton keeps the old version after a failed reload; make sure, else load the old config."""
         model = slot.assignment.model
         try:
-            if slot.process.model_ready(model) and \
-                    slot.process.model_config(model).max_batch_size == slot.config.max_batch_size:
+            if (
+                slot.process.model_ready(model)
+                and slot.process.model_config(model).max_batch_size == slot.config.max_batch_size
+            ):
                 return
             slot.process.load(model, slot.config)
         except TritonError:
-            pass    # check_health restarts it with the old config
+            pass  # check_health restarts it with the old config
 
     def check_health(self) -> list[str]:
         """Restart crashed Triton processes (re-loading their models); returns events."""
@@ -713,9 +806,11 @@ class TritonFleet:
                 try:
                     new = self._spawn(slot.assignment, slot.config, exclude=key)
                     self._slots[key] = new
-                    events.append(f"{key}: Triton pid {pid} exited with code {code}; restarted as pid "
-                                  f"{new.process.pid} on {new.process.grpc_url}")
-                except (RuntimeError, OSError) as err:   # TritonError, MpsError
+                    events.append(
+                        f"{key}: Triton pid {pid} exited with code {code}; restarted as pid "
+                        f"{new.process.pid} on {new.process.grpc_url}"
+                    )
+                except (RuntimeError, OSError) as err:  # TritonError, MpsError
                     events.append(f"{key}: Triton pid {pid} exited with code {code}; restart failed: {err}")
         return events
 
@@ -731,8 +826,16 @@ class TritonFleet:
                     continue
                 now = self._clock()
                 current = metrics.get(slot.assignment.model, {})
-                out.append(observe_model(slot.assignment.model, key, slot.process.grpc_url, slot.last_metrics,
-                                         current, now - slot.last_scrape))
+                out.append(
+                    observe_model(
+                        slot.assignment.model,
+                        key,
+                        slot.process.grpc_url,
+                        slot.last_metrics,
+                        current,
+                        now - slot.last_scrape,
+                    )
+                )
                 slot.last_metrics, slot.last_scrape = current, now
         return out
 
@@ -761,8 +864,9 @@ class TritonFleet:
         """Stop every process (graceful, then forceful), in parallel."""
         with self._lock:
             slots, self._slots = list(self._slots.values()), {}
-        threads = [threading.Thread(target=s.process.unload_and_stop, args=([s.assignment.model],), daemon=True)
-                   for s in slots]
+        threads = [
+            threading.Thread(target=s.process.unload_and_stop, args=([s.assignment.model],), daemon=True) for s in slots
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -773,7 +877,7 @@ class TritonFleet:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
             self._mps_started = False
-        if self._own_workdir:   # a temporary directory of ours: logs and backend links go with the fleet
+        if self._own_workdir:  # a temporary directory of ours: logs and backend links go with the fleet
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> TritonFleet:

@@ -10,6 +10,7 @@ judge is `interference.batching.serve`, the server the plan replay (`stoke simul
 with enough requests that its own p99 is good to about 1% (more near saturation). Also
 prints the model's speed on a planner-sized candidate table. Target: every point within 5%.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from interference.batching import (ServiceCurve, fill_time_ms, latency_distribution, serve, table)
+from interference.batching import ServiceCurve, fill_time_ms, latency_distribution, serve, table
 from interference.latency import batch_curve
 from interference.profile_io import bundled_profile
 
@@ -30,17 +31,27 @@ def curves() -> dict[str, ServiceCurve]:
     profile = bundled_profile()
     k = np.arange(1, 33, dtype=float)
     linear = tuple(float(v) for v in 2.0 + k)
-    return {"linear 2+k ms": ServiceCurve(linear, linear),
-            "resnet50 V100 50%": ServiceCurve(*batch_curve(profile, "resnet50", 50.0, 32)),
-            "alexnet V100 10%": ServiceCurve(*batch_curve(profile, "alexnet", 10.0, 32))}
+    return {
+        "linear 2+k ms": ServiceCurve(linear, linear),
+        "resnet50 V100 50%": ServiceCurve(*batch_curve(profile, "resnet50", 50.0, 32)),
+        "alexnet V100 10%": ServiceCurve(*batch_curve(profile, "alexnet", 10.0, 32)),
+    }
 
 
 def truncate(curve: ServiceCurve, batch: int) -> ServiceCurve:
     return ServiceCurve(curve.latency_ms[:batch], curve.occupancy_ms[:batch])
 
 
-def simulated_p99(curve: ServiceCurve, batch: int, rate_rps: float, delay_ms: float, arrivals: str,
-                  utilisation: float, rng: np.random.Generator, scale: float = 1.0) -> tuple[float, int]:
+def simulated_p99(
+    curve: ServiceCurve,
+    batch: int,
+    rate_rps: float,
+    delay_ms: float,
+    arrivals: str,
+    utilisation: float,
+    rng: np.random.Generator,
+    scale: float = 1.0,
+) -> tuple[float, int]:
     """p99 latency (ms) of the discrete-event server, after a warm-up, and the requests it took."""
     if arrivals == "constant":
         n = 20_000
@@ -51,7 +62,7 @@ def simulated_p99(curve: ServiceCurve, batch: int, rate_rps: float, delay_ms: fl
     lat = np.concatenate([[0.0], curve.latency_ms])
     occ = np.concatenate([[0.0], curve.occupancy_ms])
     latencies, _ = serve(times, batch, delay_ms, lat, occ)
-    return float(np.percentile(latencies[n // 20:], 99)), n
+    return float(np.percentile(latencies[n // 20 :], 99)), n
 
 
 def grid_points(quick: bool) -> list[tuple[str, str, int, str, float]]:
@@ -79,29 +90,39 @@ def bench_accuracy(quick: bool) -> None:
         rate = 1000.0 * load / curve.latency_ms[0]
         delay_ms = 0.0 if delay == "zero" else fill_time_ms(batch, rate)
         model = latency_distribution(rate, batch, delay_ms, arrivals, curve)
-        des, requests = simulated_p99(curve, batch, rate, delay_ms, arrivals, model.utilisation, rng,
-                                      scale=0.3 if quick else 1.0)
+        des, requests = simulated_p99(
+            curve, batch, rate, delay_ms, arrivals, model.utilisation, rng, scale=0.3 if quick else 1.0
+        )
         error = model.p99_ms / des - 1.0
         errors.append(error)
         rows.append((arrivals, name, batch, delay, load, model.utilisation, model.p99_ms, des, error, requests))
         spent = time.monotonic() - began
-        print(f"\r[{n}/{len(points)}] {spent:.0f} s, ETA {spent / n * (len(points) - n):.0f} s   ",
-              end="", file=sys.stderr, flush=True)
+        print(
+            f"\r[{n}/{len(points)}] {spent:.0f} s, ETA {spent / n * (len(points) - n):.0f} s   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
     print(file=sys.stderr)
-    print(f"{'arrivals':9} {'curve':18} {'B':>2} {'delay':5} {'load':>5} {'u':>6} {'model p99':>10} "
-          f"{'DES p99':>10} {'error':>7} {'requests':>9}")
+    print(
+        f"{'arrivals':9} {'curve':18} {'B':>2} {'delay':5} {'load':>5} {'u':>6} {'model p99':>10} "
+        f"{'DES p99':>10} {'error':>7} {'requests':>9}"
+    )
     for arrivals, name, batch, delay, load, u, model_p99, des, error, requests in rows:
         flag = "" if abs(error) <= 0.05 else "  <-- over 5%"
-        print(f"{arrivals:9} {name:18} {batch:2d} {delay:5} {load:5.2f} {u:6.3f} {model_p99:10.3f} "
-              f"{des:10.3f} {100 * error:+6.1f}% {requests:9,}{flag}")
+        print(
+            f"{arrivals:9} {name:18} {batch:2d} {delay:5} {load:5.2f} {u:6.3f} {model_p99:10.3f} "
+            f"{des:10.3f} {100 * error:+6.1f}% {requests:9,}{flag}"
+        )
     err = np.abs(np.array(errors))
-    print(f"\n{len(err)} points: |error| median {100 * np.median(err):.2f}%, p90 {100 * np.quantile(err, 0.9):.2f}%, "
-          f"max {100 * err.max():.2f}%; within 5%: {100 * np.mean(err <= 0.05):.1f}%")
+    print(
+        f"\n{len(err)} points: |error| median {100 * np.median(err):.2f}%, p90 {100 * np.quantile(err, 0.9):.2f}%, "
+        f"max {100 * err.max():.2f}%; within 5%: {100 * np.mean(err <= 0.05):.1f}%"
+    )
     for kind in ("poisson", "constant"):
         sub = np.array([abs(e) for e, r in zip(errors, rows) if r[0] == kind])
         if sub.size:
-            print(f"  {kind:9}: max {100 * sub.max():.2f}%, within 5% {100 * np.mean(sub <= 0.05):.1f}% "
-                  f"of {sub.size}")
+            print(f"  {kind:9}: max {100 * sub.max():.2f}%, within 5% {100 * np.mean(sub <= 0.05):.1f}% of {sub.size}")
 
 
 def bench_speed() -> None:
@@ -126,8 +147,10 @@ def bench_speed() -> None:
     for value in values:
         t.position(value)
     per_scalar = (time.perf_counter() - started) / scalar
-    print(f"\nSpeed: a 32 x 40 x 2 candidate table (2,560 p99s) in {per_table * 1e6:.0f} us "
-          f"({per_table / 2560 * 1e9:.0f} ns per candidate); scalar grid lookup {per_scalar * 1e9:.0f} ns")
+    print(
+        f"\nSpeed: a 32 x 40 x 2 candidate table (2,560 p99s) in {per_table * 1e6:.0f} us "
+        f"({per_table / 2560 * 1e9:.0f} ns per candidate); scalar grid lookup {per_scalar * 1e9:.0f} ns"
+    )
 
 
 def main() -> None:

@@ -15,6 +15,7 @@
 
     .venv/bin/python benchmarks/bench_control.py [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # before grpc loads: no fork notices from Triton starts
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no fork notices from Triton starts
 
 from agents.agent import Agent  # noqa: E402
 from controller.api.client import ControllerClient  # noqa: E402
@@ -68,14 +69,26 @@ def bench_apply_to_serving(tmp: Path) -> None:
 
     save_profile(demo_cpu_profile(), tmp / "cpu.json")
     (tmp / "token").write_text(TOKEN)
-    server = ControllerServer(ControllerConfig(
-        listen="127.0.0.1:0", metrics_listen="", db=str(tmp / "apply.db"), token_file=str(tmp / "token"),
-        reconcile_interval_s=0.1, profiles=(ProfileSource(str(tmp / "cpu.json"), "CPU"),),
-        service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0))).start()
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            metrics_listen="",
+            db=str(tmp / "apply.db"),
+            token_file=str(tmp / "token"),
+            reconcile_interval_s=0.1,
+            profiles=(ProfileSource(str(tmp / "cpu.json"), "CPU"),),
+            service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0),
+        )
+    ).start()
     client = ControllerClient(server.address, token=TOKEN)
     fleet = TritonFleet(str(ROOT / "triton_repo"), device_kind="cpu", workdir=str(tmp / "triton"))
-    agent = Agent(ControllerClient(server.address, token=TOKEN), fleet, "n1", (NodeDevice(0, "cpu", "cpu"),),
-                  heartbeat_interval_s=0.2)
+    agent = Agent(
+        ControllerClient(server.address, token=TOKEN),
+        fleet,
+        "n1",
+        (NodeDevice(0, "cpu", "cpu"),),
+        heartbeat_interval_s=0.2,
+    )
     agent.start()
     try:
         wait(lambda: any(n.state == "ready" for n in client.list_nodes().nodes), 10)
@@ -106,8 +119,10 @@ def bench_apply_to_serving(tmp: Path) -> None:
         for _ in range(n):
             fleet.observe()
         per = (time.process_time() - t0) / n
-        print(f"agent CPU per metrics scrape (TritonFleet.observe, 3 models):  {per * 1000:.2f} ms "
-              f"(at a 2 s heartbeat: {per / 2 * 100:.2f}% of one core)")
+        print(
+            f"agent CPU per metrics scrape (TritonFleet.observe, 3 models):  {per * 1000:.2f} ms "
+            f"(at a 2 s heartbeat: {per / 2 * 100:.2f}% of one core)"
+        )
     finally:
         agent.stop()
         client.close()
@@ -151,6 +166,7 @@ def rss_kib(pid: int) -> tuple[int, int]:
 
 def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
     from interference.profile_io import BUNDLED_PROFILE
+
     profile = ROOT / "interference" / "data" / BUNDLED_PROFILE
     port, metrics_port = free_port(), free_port()
     (tmp / "token").write_text(TOKEN)
@@ -158,10 +174,14 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         f"listen: 127.0.0.1:{port}\nmetrics_listen: 127.0.0.1:{metrics_port}\ndb: scale.db\ntoken_file: token\n"
         f"heartbeat_interval_s: 1.0\nheartbeat_timeout_s: 15\nreconcile_interval_s: 0.2\n"
         f"gpu_types:\n  - {{name: V100, price_per_hour: 3.06, match: [V100]}}\n"
-        f"profiles:\n  - path: {profile}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "stoke", "controller", "--config", str(tmp / "scale.yaml"),
-                             "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "scale.log", "wb"))
+        f"profiles:\n  - path: {profile}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoke", "controller", "--config", str(tmp / "scale.yaml"), "--log-level", "WARNING"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "scale.log", "wb"),
+    )
     address = f"127.0.0.1:{port}"
     client = ControllerClient(address, token=TOKEN, timeout_s=120)
     agents: list[Agent] = []
@@ -170,8 +190,13 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         base_rss, _ = rss_kib(proc.pid)
         devices = (NodeDevice(0, "Tesla V100-SXM2-16GB", "gpu"), NodeDevice(1, "Tesla V100-SXM2-16GB", "gpu"))
         for i in range(nodes):
-            a = Agent(ControllerClient(address, token=TOKEN, timeout_s=30), SimFleet(), f"node-{i:03d}", devices,
-                      heartbeat_interval_s=1.0)
+            a = Agent(
+                ControllerClient(address, token=TOKEN, timeout_s=30),
+                SimFleet(),
+                f"node-{i:03d}",
+                devices,
+                heartbeat_interval_s=1.0,
+            )
             a.start()
             agents.append(a)
         wait(lambda: sum(n.state == "ready" for n in client.list_nodes().nodes) == nodes, 120, 0.2)
@@ -193,37 +218,53 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         wait(lambda: all(set(a.fleet.serving) == per_node.get(a.node_id, set()) for a in agents), 120, 0.05)
         converge_s = time.monotonic() - t0
         del expected
-        print(f"scale: {nodes} nodes x 2 V100, {workloads} workloads -> plan revision {applied}: "
-              f"{len(plan.gpus)} GPUs, ${plan.cost_per_hour:,.2f}/h, pending {len(plan.pending)}")
+        print(
+            f"scale: {nodes} nodes x 2 V100, {workloads} workloads -> plan revision {applied}: "
+            f"{len(plan.gpus)} GPUs, ${plan.cost_per_hour:,.2f}/h, pending {len(plan.pending)}"
+        )
         print(f"  apply -> plan stored (solve + bind + store):              {plan_s:.2f} s")
         print(f"  apply -> all {nodes} simulated agents running their assignments: {converge_s:.2f} s")
-        before = {str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
-                  for g in plan.gpus for p in g.placements}
+        before = {
+            str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
+            for g in plan.gpus
+            for p in g.placements
+        }
         target = items[7]
         t0 = time.monotonic()
         client.apply_workloads([Workload(target.name, target.model, target.slo_ms, target.rate_rps * 2)])
         wait(lambda: _plan_revision(client) > applied, 120, 0.05)
         change_s = time.monotonic() - t0
         plan2 = client.get_plan().plan
-        after = {str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
-                 for g in plan2.gpus for p in g.placements}
+        after = {
+            str(Replica(p.workload, p.replica)): (g.node_id, g.device, p.share_pct, p.batch)
+            for g in plan2.gpus
+            for p in g.placements
+        }
         moved = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         moved_other = [k for k in moved if not k.startswith(target.name + "#")]
-        print(f"  one workload's rate doubled -> new plan stored:         {change_s:.2f} s; assignments changed: "
-              f"{len(moved)} ({len(moved_other)} of other workloads)")
+        print(
+            f"  one workload's rate doubled -> new plan stored:         {change_s:.2f} s; assignments changed: "
+            f"{len(moved)} ({len(moved_other)} of other workloads)"
+        )
         t0 = time.monotonic()
         status = client.status()
         status_s = time.monotonic() - t0
         rss, hwm = rss_kib(proc.pid)
         print(f"  GetStatus with {len(status.workloads)} workloads: {status_s * 1000:.0f} ms")
-        print(f"  controller memory: RSS {rss / 1024:.0f} MiB (peak {hwm / 1024:.0f} MiB; "
-              f"{base_rss / 1024:.0f} MiB idle before nodes/workloads)")
+        print(
+            f"  controller memory: RSS {rss / 1024:.0f} MiB (peak {hwm / 1024:.0f} MiB; "
+            f"{base_rss / 1024:.0f} MiB idle before nodes/workloads)"
+        )
         import urllib.request
+
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                  if line and not line.startswith("#")}
-        for name, label in (("stoke_plan_solve_seconds", "solver runs"),
-                            ("stoke_reconcile_duration_seconds", "reconcile passes (inputs changed)")):
+        values = {
+            line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")
+        }
+        for name, label in (
+            ("stoke_plan_solve_seconds", "solver runs"),
+            ("stoke_reconcile_duration_seconds", "reconcile passes (inputs changed)"),
+        ):
             count, total = values.get(f"{name}_count", 0.0), values.get(f"{name}_sum", 0.0)
             print(f"  {label}: {count:.0f}, mean {total / count if count else 0:.3f} s (from /metrics)")
         t0 = time.monotonic()

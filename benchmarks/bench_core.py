@@ -15,6 +15,7 @@ fewer GPUs than the previous stoke; paced: every workload within SLO with >= 10%
 than igniter; stoke solves 1000 workloads in <= 0.5 s. The script uses only APIs the previous
 solver also has, so `PYTHONPATH=<old checkout> python benchmarks/bench_core.py` measures it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 from controller.simulate import simulate
-from controller.solver import Problem, Workload, solve
+from controller.solver import Problem, ProblemError, Workload, solve
 from controller.solver.random_mix import random_workloads
 from controller.workload_file import default_gpu_types
 from interference.latency import VectorPredictor
@@ -36,9 +37,16 @@ def issue_mix(arrivals: str, count: int = 300, seed: int = 300) -> tuple[Workloa
     """Issue 8's case: four models, SLO 15-100 ms and 40-600 req/s for every model."""
     rng = np.random.default_rng(seed)
     models = ("alexnet", "resnet50", "vgg19", "ssd")
-    return tuple(Workload(f"m{i:03d}-{m}", m, round(float(rng.uniform(15, 100)), 1),
-                          round(float(rng.uniform(40, 600)), 1), arrivals=arrivals)
-                 for i, m in enumerate(models[int(k)] for k in rng.integers(len(models), size=count)))
+    return tuple(
+        Workload(
+            f"m{i:03d}-{m}",
+            m,
+            round(float(rng.uniform(15, 100)), 1),
+            round(float(rng.uniform(40, 600)), 1),
+            arrivals=arrivals,
+        )
+        for i, m in enumerate(models[int(k)] for k in rng.integers(len(models), size=count))
+    )
 
 
 def mix(size: int, arrivals: str) -> tuple[Workload, ...]:
@@ -49,30 +57,35 @@ def bench_solver(sizes: list[int], seconds: float, arrivals: str, strategies: tu
     types = default_gpu_types()
     profiles = {t.name: t.profile for t in types}
     print(f"\nSolver on random mixes, {arrivals} arrivals, simulated {seconds:g} s per plan:")
-    print(f"{'mix':>5} {'strategy':8} {'solve_ms':>9} {'gpus':>5} {'pred.miss':>9} {'p99<=SLO':>9} "
-          f"{'p99/SLO med':>11} {'p10':>5} {'req>SLO':>8}")
+    print(
+        f"{'mix':>5} {'strategy':8} {'solve_ms':>9} {'gpus':>5} {'pred.miss':>9} {'p99<=SLO':>9} "
+        f"{'p99/SLO med':>11} {'p10':>5} {'req>SLO':>8}"
+    )
     for size in sizes:
         workloads = mix(size, arrivals)
         for strategy in strategies:
             try:
-                solve(Problem(workloads[:5], types), strategy)   # warm caches / imports
+                solve(Problem(workloads[:5], types), strategy)  # warm caches / imports
                 runs = 3 if size < 1000 else 1
                 best = float("inf")
                 for _ in range(runs):
                     started = time.perf_counter()
                     plan = solve(Problem(workloads, types), strategy)
                     best = min(best, time.perf_counter() - started)
-            except Exception as err:                              # a baseline may refuse a mix
+            except ProblemError as err:  # a baseline may refuse a mix
                 print(f"{size:5d} {strategy:8} refused: {err}")
                 continue
             print(f"  simulating {size} x {strategy}...", end="\r", file=sys.stderr, flush=True)
             report = simulate(plan, profiles, seconds=seconds, seed=1, arrivals=arrivals)
             ratios = np.array([w.p99_ms / w.slo_ms for w in report.workloads if w.requests])
-            late = sum(w.over_slo * w.requests for w in report.workloads) / max(1, sum(w.requests
-                                                                                      for w in report.workloads))
-            print(f"{size:5d} {strategy:8} {best * 1000:9.1f} {plan.gpu_count:5d} {len(plan.slo_misses):9d} "
-                  f"{100 * report.attainment:8.1f}% {np.median(ratios):11.2f} {np.quantile(ratios, 0.1):5.2f} "
-                  f"{100 * late:7.2f}%")
+            late = sum(w.over_slo * w.requests for w in report.workloads) / max(
+                1, sum(w.requests for w in report.workloads)
+            )
+            print(
+                f"{size:5d} {strategy:8} {best * 1000:9.1f} {plan.gpu_count:5d} {len(plan.slo_misses):9d} "
+                f"{100 * report.attainment:8.1f}% {np.median(ratios):11.2f} {np.quantile(ratios, 0.1):5.2f} "
+                f"{100 * late:7.2f}%"
+            )
 
 
 def bench_predictor() -> None:
@@ -91,8 +104,10 @@ def bench_predictor() -> None:
         started = time.perf_counter()
         predictor.predict(model, batch, share, mask)
         best = min(best, time.perf_counter() - started)
-    print(f"\nVectorised predictor: {n:,} GPU configurations (up to {k} workloads each) in {best * 1000:.0f} ms "
-          f"= {n / best:,.0f} configurations/s")
+    print(
+        f"\nVectorised predictor: {n:,} GPU configurations (up to {k} workloads each) in {best * 1000:.0f} ms "
+        f"= {n / best:,.0f} configurations/s"
+    )
 
 
 def main() -> None:

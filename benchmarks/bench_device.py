@@ -10,6 +10,7 @@ does not count):
   * wall time per HTTP scrape (p50 / p99)
   * exporter share of one core at a 15 s scrape interval
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from stoke.table import render_table
 
 
 def per_call_cpu(fn, n: int) -> float:  # type: ignore[no-untyped-def]
-    fn()                                      # warm-up
+    fn()  # warm-up
     start = time.process_time()
     for _ in range(n):
         fn()

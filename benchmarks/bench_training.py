@@ -6,6 +6,7 @@ Prints figures only (median and best of several runs, wall clock on this
 machine; other processes sharing the cores inflate the median);
 targets: provisioner search with 7 instance types x quota 25 <= 50 ms.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -15,17 +16,21 @@ from dataclasses import replace
 import numpy as np
 
 from controller.training import readers
-from controller.training.blocks import plan_blocks, gradient_profile_from_dict
+from controller.training.blocks import gradient_profile_from_dict, plan_blocks
 from controller.training.comm_sim import compare
+from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 from controller.training.homogeneous import provision_homogeneous
+from controller.training.models import SpotLoss
 from controller.training.spec import spec_from_dict
 from controller.training.spot import provision_spot
-from controller.training.models import SpotLoss
-from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 
 TYPES = {  # type: (profiled samples/s, per-GPU batch) for a ResNet-110-like job
-    "p3.2xlarge": (1885, 1024), "g4dn.4xlarge": (750, 1024), "g3.8xlarge": (1018, 512),
-    "g3.16xlarge": (1995, 512), "p2.8xlarge": (2115, 1024), "g4dn.12xlarge": (2600, 1024),
+    "p3.2xlarge": (1885, 1024),
+    "g4dn.4xlarge": (750, 1024),
+    "g3.8xlarge": (1018, 512),
+    "g3.16xlarge": (1995, 512),
+    "p2.8xlarge": (2115, 1024),
+    "g4dn.12xlarge": (2600, 1024),
     "g3.4xlarge": (480, 512),
 }
 
@@ -54,19 +59,31 @@ def main() -> None:
     for mode in ("exact", "window"):
         ms, plan = timed(lambda mode=mode: provision_spot(spec, search=mode))
         mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
-        print(f"spot/{mode:6s} {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix}: "
-              f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}")
-    homo = spec_from_dict({**readers.read_spec(None)[0],
-                           "workers": {t: {"quota": 25, "speed": s, "gpu_batch": b} for t, (s, b) in TYPES.items()}},
-                          readers.offline_catalog(), "bench spec", market="on_demand")
+        print(
+            f"spot/{mode:6s} {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix}: "
+            f"{plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}"
+        )
+    homo = spec_from_dict(
+        {
+            **readers.read_spec(None)[0],
+            "workers": {t: {"quota": 25, "speed": s, "gpu_batch": b} for t, (s, b) in TYPES.items()},
+        },
+        readers.offline_catalog(),
+        "bench spec",
+        market="on_demand",
+    )
     ms, plan = timed(lambda: provision_homogeneous(homo))
     mix = ", ".join(f"{c} x {t}" for t, c in plan.counts if c)
-    print(f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + "
-          f"{plan.ps_count} PS: {plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}")
+    print(
+        f"homogeneous  {ms:8.2f} ms (best {timed.best:.2f})  {plan.candidates:6d} candidates  -> {mix} + "
+        f"{plan.ps_count} PS: {plan.predicted_time_s:.0f} s, ${plan.predicted_cost:.3f}, bottleneck {plan.bottleneck}"
+    )
     fixture = spec_from_dict(readers.read_spec(None)[0], readers.offline_catalog(), "fixture")
     ms, plan = timed(lambda: provision_spot(fixture))
-    print(f"published ResNet-110 case {ms:.2f} ms -> {[c for _, c in plan.counts]}, "
-          f"{plan.predicted_time_s:.1f} s, ${plan.predicted_cost:.3f}")
+    print(
+        f"published ResNet-110 case {ms:.2f} ms -> {[c for _, c in plan.counts]}, "
+        f"{plan.predicted_time_s:.1f} s, ${plan.predicted_cost:.3f}"
+    )
 
     # window heuristic's cost gap to the exact optimum over random deadlines
     gaps = []
@@ -76,8 +93,10 @@ def main() -> None:
         if e.feasible and w.feasible:
             gaps.append(w.predicted_cost / e.predicted_cost - 1)
     if gaps:
-        print(f"window vs exact cost gap over {len(gaps)} deadlines: median {100 * np.median(gaps):.1f}%, "
-              f"max {100 * max(gaps):.1f}%")
+        print(
+            f"window vs exact cost gap over {len(gaps)} deadlines: median {100 * np.median(gaps):.1f}%, "
+            f"max {100 * max(gaps):.1f}%"
+        )
 
     print("== loss fitting")
     cols = readers.read_curve_csv(None)
@@ -96,10 +115,12 @@ def main() -> None:
         ms, blocks = timed(lambda profile=profile: plan_blocks(profile), repeat=25)
         res = {r.scheduler: r for r in compare(profile)}
         f, p, b = (res[k].iteration_ms for k in ("fifo", "priority", "blocks"))
-        print(f"{profile.name:15s} iteration ms fifo {f:7.2f}  priority {p:7.2f}  blocks {b:7.2f}  "
-              f"speed-up vs fifo {f / b:.2f}x, vs priority {p / b:.2f}x; GPU idle ms "
-              f"{res['fifo'].gpu_idle_ms:.1f}/{res['priority'].gpu_idle_ms:.1f}/{res['blocks'].gpu_idle_ms:.1f}; "
-              f"planner {ms:.3f} ms for {len(blocks)} blocks")
+        print(
+            f"{profile.name:15s} iteration ms fifo {f:7.2f}  priority {p:7.2f}  blocks {b:7.2f}  "
+            f"speed-up vs fifo {f / b:.2f}x, vs priority {p / b:.2f}x; GPU idle ms "
+            f"{res['fifo'].gpu_idle_ms:.1f}/{res['priority'].gpu_idle_ms:.1f}/{res['blocks'].gpu_idle_ms:.1f}; "
+            f"planner {ms:.3f} ms for {len(blocks)} blocks"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ to a compute-heavy model's latency.
 
     .venv/bin/python benchmarks/bench_triton.py [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,23 @@ REPO = ROOT / "triton_repo"
 
 
 def a(model: str, *, batch: int = 8, share: float = 100.0, delay: float = 1.0, workload: str = "w") -> ModelAssignment:
-    return ModelAssignment(workload=workload, model=model, device=0, share_pct=share, batch=batch,
-                           queue_delay_ms=delay, slo_ms=50.0, rate_rps=100.0)
+    return ModelAssignment(
+        workload=workload,
+        model=model,
+        device=0,
+        share_pct=share,
+        batch=batch,
+        queue_delay_ms=delay,
+        slo_ms=50.0,
+        rate_rps=100.0,
+    )
 
 
 def fmt(values: list[float], unit: str = "s") -> str:
-    return (f"median {statistics.median(values):.3f} {unit}  min {min(values):.3f}  max {max(values):.3f}  "
-            f"(n={len(values)})")
+    return (
+        f"median {statistics.median(values):.3f} {unit}  min {min(values):.3f}  max {max(values):.3f}  "
+        f"(n={len(values)})"
+    )
 
 
 def bench_start_and_reload(workdir: Path, repeats: int) -> None:
@@ -47,8 +58,9 @@ def bench_start_and_reload(workdir: Path, repeats: int) -> None:
             starts.append(process.start())
             loads.append(process.load("mlp_small", render_config(base, a("mlp_small"), device_kind="cpu")))
             for batch in (16, 8, 16):
-                reloads.append(process.load("mlp_small", render_config(base, a("mlp_small", batch=batch),
-                                                                         device_kind="cpu")))
+                reloads.append(
+                    process.load("mlp_small", render_config(base, a("mlp_small", batch=batch), device_kind="cpu"))
+                )
         finally:
             process.stop()
     print(f"triton start-to-ready (no model)     {fmt(starts)}")
@@ -76,23 +88,37 @@ def bench_changes(workdir: Path, rate: float, seconds: float, repeats: int) -> N
         batch_rows, share_rows = [], []
         for i in range(repeats):
             batch = 16 if i % 2 == 0 else 8
-            load, report, took = under_load(fleet, "w#0", "mlp_small", rate, seconds,
-                                            lambda b=batch: fleet.apply([a("mlp_small", batch=b, share=50.0)]))
+            load, report, took = under_load(
+                fleet,
+                "w#0",
+                "mlp_small",
+                rate,
+                seconds,
+                lambda b=batch: fleet.apply([a("mlp_small", batch=b, share=50.0)]),
+            )
             assert report.reloaded == ("w#0",), report
             batch_rows.append((load.sent, load.failed, took, load.p99_ms))
         for i in range(repeats):
             share = 100.0 if i % 2 == 0 else 50.0
             batch = 16 if repeats % 2 else 8
-            load, report, took = under_load(fleet, "w#0", "mlp_small", rate, seconds,
-                                            lambda s=share, b=batch: fleet.apply([a("mlp_small", batch=b, share=s)]))
+            load, report, took = under_load(
+                fleet,
+                "w#0",
+                "mlp_small",
+                rate,
+                seconds,
+                lambda s=share, b=batch: fleet.apply([a("mlp_small", batch=b, share=s)]),
+            )
             assert report.moved == ("w#0",), report
             share_rows.append((load.sent, load.failed, took, load.p99_ms))
     for name, rows in (("batch change (reload)", batch_rows), ("share change (new process)", share_rows)):
         sent = sum(r[0] for r in rows)
         failed = sum(r[1] for r in rows)
         p99 = statistics.median(r[3] for r in rows)
-        print(f"{name:<27} at {rate:g} rps: {failed} failed of {sent} requests over {len(rows)} changes; "
-              f"apply {fmt([r[2] for r in rows])}; p99 during run median {p99:.1f} ms")
+        print(
+            f"{name:<27} at {rate:g} rps: {failed} failed of {sent} requests over {len(rows)} changes; "
+            f"apply {fmt([r[2] for r in rows])}; p99 during run median {p99:.1f} ms"
+        )
 
 
 def bench_loadgen_ceiling(workdir: Path, seconds: float, rates: list[float]) -> None:
@@ -105,9 +131,11 @@ def bench_loadgen_ceiling(workdir: Path, seconds: float, rates: list[float]) -> 
                 # sustained: every request answered, the rate achieved, and the sender on schedule
                 # (a send lag over 50 ms means the generator itself, not the server, fell behind)
                 ok = r.failed == 0 and r.throughput_rps >= 0.95 * rate and r.max_send_lag_ms <= 50.0
-                print(f"loadgen at {rate:>6g} rps: throughput {r.throughput_rps:8.1f} rps, failed {r.failed}, "
-                      f"p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, max send lag {r.max_send_lag_ms:7.2f} ms"
-                      f"{'' if ok else '  <- not sustained'}")
+                print(
+                    f"loadgen at {rate:>6g} rps: throughput {r.throughput_rps:8.1f} rps, failed {r.failed}, "
+                    f"p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, max send lag {r.max_send_lag_ms:7.2f} ms"
+                    f"{'' if ok else '  <- not sustained'}"
+                )
                 if ok:
                     best = rate
                 else:
@@ -123,9 +151,11 @@ def bench_share_effect(workdir: Path, seconds: float, rate: float = 300.0) -> No
                 r = gen.run(rate, seconds, arrival="poisson", seed=1)
             obs = {o.key: o for o in fleet.observe()}["w#0"]
             cores = len(fleet.processes()["w#0"]["cpu_cores"])
-            print(f"conv_medium at {rate:g} rps, share {share:>3g}% ({cores} cores): "
-                  f"p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, mean batch {obs.mean_batch:.2f}, "
-                  f"compute {obs.mean_compute_ms:.2f} ms/request")
+            print(
+                f"conv_medium at {rate:g} rps, share {share:>3g}% ({cores} cores): "
+                f"p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, mean batch {obs.mean_batch:.2f}, "
+                f"compute {obs.mean_compute_ms:.2f} ms/request"
+            )
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ repository root). Steps, each printed as PASS / FAIL / SKIP:
  5. CPU cost of one NVML sample (mean over 200).
 Exit status 0 when no step FAILed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.device import DeviceError, info_to_dict, open_device, sample_to_dict  # noqa: E402
+from agents.device import DeviceError, info_to_dict, open_device, sample_to_dict
 
 RESULTS: list[tuple[str, str, str]] = []
 
@@ -74,23 +75,40 @@ def record(step: str, status: str, detail: str = "") -> None:
 def smi_query() -> list[dict[str, float]] | None:
     if shutil.which("nvidia-smi") is None:
         return None
-    fields = ["clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "memory.used", "memory.total",
-              "utilization.gpu"]
-    proc = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30)
+    fields = [
+        "clocks.sm",
+        "clocks.max.sm",
+        "power.draw",
+        "power.limit",
+        "memory.used",
+        "memory.total",
+        "utilization.gpu",
+    ]
+    proc = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if proc.returncode != 0:
         return None
     rows = []
     for line in proc.stdout.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
-        rows.append({f: (float(v) if v.replace(".", "", 1).isdigit() else float("nan"))
-                     for f, v in zip(fields, values)})
+        rows.append(
+            {f: (float(v) if v.replace(".", "", 1).isdigit() else float("nan")) for f, v in zip(fields, values)}
+        )
     return rows
 
 
 def start_client(seconds: float, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(seconds)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("ready"):
         err = proc.stderr.read() if proc.stderr else ""
@@ -116,11 +134,15 @@ def main() -> int:
     report["devices"] = [info_to_dict(d) for d in infos]
     report["idle"] = [sample_to_dict(s) for s in idle]
     for d, s in zip(infos, idle):
-        print(f"gpu{d.index}: {d.name} uuid={d.uuid} mem={d.memory_bytes / 2**30:.1f} GiB driver={d.driver} "
-              f"sm_max={d.sm_clock_max_mhz} MHz limit={d.power_limit_w} W")
-        print(f"  idle: util={s.utilization_pct}% sm={s.sm_clock_mhz} MHz power={s.power_w} W "
-              f"temp={s.temperature_c} C mem={s.memory_used_bytes} B throttle={s.throttle_reasons} "
-              f"(mask {s.throttle_mask}) processes={[(p.pid, p.name, p.mps) for p in s.processes]}")
+        print(
+            f"gpu{d.index}: {d.name} uuid={d.uuid} mem={d.memory_bytes / 2**30:.1f} GiB driver={d.driver} "
+            f"sm_max={d.sm_clock_max_mhz} MHz limit={d.power_limit_w} W"
+        )
+        print(
+            f"  idle: util={s.utilization_pct}% sm={s.sm_clock_mhz} MHz power={s.power_w} W "
+            f"temp={s.temperature_c} C mem={s.memory_used_bytes} B throttle={s.throttle_reasons} "
+            f"(mask {s.throttle_mask}) processes={[(p.pid, p.name, p.mps) for p in s.processes]}"
+        )
         problems = []
         if s.sm_clock_mhz is None or s.sm_clock_max_mhz is None or s.sm_clock_mhz > s.sm_clock_max_mhz * 1.01:
             problems.append(f"SM clock {s.sm_clock_mhz} vs max {s.sm_clock_max_mhz}")
@@ -144,8 +166,11 @@ def main() -> int:
             diffs.append(f"power.limit smi {q['power.limit']} W vs nvml {s.power_limit_w}")
         if abs(q["clocks.max.sm"] - (s.sm_clock_max_mhz or 0)) > 1.0:
             diffs.append(f"clocks.max.sm smi {q['clocks.max.sm']} vs nvml {s.sm_clock_max_mhz}")
-        record("nvidia-smi agrees (memory total, power limit, max SM clock)", "FAIL" if diffs else "PASS",
-               "; ".join(diffs) or f"smi: {q}")
+        record(
+            "nvidia-smi agrees (memory total, power limit, max SM clock)",
+            "FAIL" if diffs else "PASS",
+            "; ".join(diffs) or f"smi: {q}",
+        )
 
     # 2. load: a CUDA client shows up; clocks/utilisation/power rise
     try:
@@ -161,18 +186,27 @@ def main() -> int:
         procs = {p.pid: p for s in busy for p in s.processes}
         big = [p for p in procs.values() if (p.used_memory_bytes or 0) >= 256 << 20]
         listed = [(p.pid, p.name, p.used_memory_bytes) for p in procs.values()]
-        print(f"  busy peak: util={peak.utilization_pct}% sm={peak.sm_clock_mhz} MHz power={peak.power_w} W "
-              f"throttle={peak.throttle_reasons} processes={listed}")
-        record("client visible as a compute process (>= 256 MiB)",
-               "PASS" if big else ("FAIL" if procs else "FAIL"),
-               f"client pid {client.pid} (NVML pids may be host pids in a container); seen "
-               f"{[(p.pid, p.used_memory_bytes) for p in procs.values()]}")
-        rises = [(peak.utilization_pct or 0) > (idle[0].utilization_pct or 0),
-                 (peak.power_w or 0) > (idle[0].power_w or 0)]
-        record("utilisation and power rise under load", "PASS" if all(rises) else "FAIL",
-               f"util {idle[0].utilization_pct}->{peak.utilization_pct}, power {idle[0].power_w}->{peak.power_w}, "
-               f"sm {idle[0].sm_clock_mhz}->{peak.sm_clock_mhz}")
-    except Exception as err:   # noqa: BLE001 - a check script reports and carries on
+        print(
+            f"  busy peak: util={peak.utilization_pct}% sm={peak.sm_clock_mhz} MHz power={peak.power_w} W "
+            f"throttle={peak.throttle_reasons} processes={listed}"
+        )
+        record(
+            "client visible as a compute process (>= 256 MiB)",
+            "PASS" if big else ("FAIL" if procs else "FAIL"),
+            f"client pid {client.pid} (NVML pids may be host pids in a container); seen "
+            f"{[(p.pid, p.used_memory_bytes) for p in procs.values()]}",
+        )
+        rises = [
+            (peak.utilization_pct or 0) > (idle[0].utilization_pct or 0),
+            (peak.power_w or 0) > (idle[0].power_w or 0),
+        ]
+        record(
+            "utilisation and power rise under load",
+            "PASS" if all(rises) else "FAIL",
+            f"util {idle[0].utilization_pct}->{peak.utilization_pct}, power {idle[0].power_w}->{peak.power_w}, "
+            f"sm {idle[0].sm_clock_mhz}->{peak.sm_clock_mhz}",
+        )
+    except Exception as err:  # noqa: BLE001 - a check script reports and carries on
         record("load client", "FAIL", repr(err)[:300])
 
     # 3. MPS
@@ -200,7 +234,7 @@ def main() -> int:
                 record("MPS client or server visible through NVML", "PASS" if seen else "FAIL", f"processes {names}")
                 logs = "".join(p.read_text(errors="replace") for p in (folder / "log").glob("*.log"))
                 report["mps_log_tail"] = logs[-2000:]
-        except Exception as err:   # noqa: BLE001
+        except Exception as err:  # noqa: BLE001
             record("MPS", "FAIL", repr(err)[:300])
         finally:
             subprocess.run([mps], input="quit\n", env=full_env, capture_output=True, text=True, timeout=20)
@@ -209,15 +243,22 @@ def main() -> int:
     # 4. exporter
     try:
         from agents.device_exporter import serve_device_metrics
+
         with serve_device_metrics(dev, 0) as server:
             text = urllib.request.urlopen(server.url, timeout=10).read().decode()
-        wanted = ["stoke_device_up 1.0", "stoke_device_sm_clock_hertz{", "stoke_device_power_watts{",
-                  "stoke_device_throttle_reason{", "stoke_device_processes{"]
+        wanted = [
+            "stoke_device_up 1.0",
+            "stoke_device_sm_clock_hertz{",
+            "stoke_device_power_watts{",
+            "stoke_device_throttle_reason{",
+            "stoke_device_processes{",
+        ]
         missing = [w for w in wanted if w not in text]
         report["exposition"] = text
-        record("exporter scrape", "FAIL" if missing else "PASS", f"missing {missing}" if missing else
-               f"{len(text)} bytes")
-    except Exception as err:   # noqa: BLE001
+        record(
+            "exporter scrape", "FAIL" if missing else "PASS", f"missing {missing}" if missing else f"{len(text)} bytes"
+        )
+    except Exception as err:  # noqa: BLE001
         record("exporter scrape", "FAIL", repr(err)[:300])
 
     # 5. cost

@@ -43,13 +43,15 @@ fires at the same share of the budget spent (`burn_windows`). A pair fires
 when the long AND the short window both burn faster than the rate; the pairs
 of one severity are ORed. No traffic (0/0 = NaN) never fires.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 from grafana_foundation_sdk.builders import dashboard as gd
@@ -72,7 +74,7 @@ BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
 SEVERITIES = ("page", "ticket")
 
 
-def burn_windows(options: "SloOptions") -> tuple[tuple[str, str, str, float], ...]:
+def burn_windows(options: SloOptions) -> tuple[tuple[str, str, str, float], ...]:
     """`BURN_WINDOWS` for the options' period: each pair fires at the same share of the budget spent.
 
     A burn rate b over a long window L spends b * L / period of the budget, so keeping the
@@ -80,6 +82,8 @@ def burn_windows(options: "SloOptions") -> tuple[tuple[str, str, str, float], ..
     """
     scale = options.period_days / 30.0
     return tuple((sev, long_w, short_w, burn * scale) for sev, long_w, short_w, burn in BURN_WINDOWS)
+
+
 #: Every window an SLI is recorded over (short to long).
 SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
@@ -106,22 +110,25 @@ class AlertConfigError(InputError):
 class SloOptions:
     """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, the serving path's histogram."""
 
-    objective: float = DEFAULT_OBJECTIVE          # share of requests that must meet the SLO
-    period_days: int = DEFAULT_PERIOD_DAYS        # SLO period (budget window)
-    histogram: str = DEFAULT_HISTOGRAM            # histogram metric family, in milliseconds
-    selector: str = 'workload="{name}"'           # label matchers of one workload's series
+    objective: float = DEFAULT_OBJECTIVE  # share of requests that must meet the SLO
+    period_days: int = DEFAULT_PERIOD_DAYS  # SLO period (budget window)
+    histogram: str = DEFAULT_HISTOGRAM  # histogram metric family, in milliseconds
+    selector: str = 'workload="{name}"'  # label matchers of one workload's series
     # label matchers of one workload's Triton series: Triton labels them only by model, so a workload
     # label must come from the scrape (each Triton process serves one workload); see `panel_rules`
     triton_selector: str = 'model="{model}",workload="{name}"'
-    dashboard_uid: str = DEFAULT_DASHBOARD_UID    # stable Grafana uid, whatever the workloads
-    rule_interval: str | None = None              # group evaluation interval (None: Prometheus' global)
-    datasource_uid: str = "prometheus"            # Grafana data source of the dashboard/alerts
-    folder: str = "stoke"                         # Grafana folder of the alert rules
+    dashboard_uid: str = DEFAULT_DASHBOARD_UID  # stable Grafana uid, whatever the workloads
+    rule_interval: str | None = None  # group evaluation interval (None: Prometheus' global)
+    datasource_uid: str = "prometheus"  # Grafana data source of the dashboard/alerts
+    folder: str = "stoke"  # Grafana folder of the alert rules
     org_id: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.objective, bool) or not isinstance(self.objective, (int, float)) \
-                or not 0.0 < self.objective < 1.0:
+        if (
+            isinstance(self.objective, bool)
+            or not isinstance(self.objective, (int, float))
+            or not 0.0 < self.objective < 1.0
+        ):
             raise AlertConfigError(f"objective must be a ratio in (0, 1) such as 0.999, got {self.objective!r}")
         if isinstance(self.period_days, bool) or not isinstance(self.period_days, int) or self.period_days < 1:
             raise AlertConfigError(f"period_days must be a whole number >= 1, got {self.period_days!r}")
@@ -134,8 +141,10 @@ class SloOptions:
             except (KeyError, IndexError, ValueError) as err:
                 raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
         if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
-            raise AlertConfigError(f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
-                                   f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}")
+            raise AlertConfigError(
+                f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
+                f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}"
+            )
 
     @property
     def error_budget(self) -> float:
@@ -147,6 +156,7 @@ class SloOptions:
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def format_number(value: float) -> str:
     """Short text of a number for expressions: 15 -> '15', 0.0010000000000000009 -> '0.001'."""
@@ -227,6 +237,7 @@ def shared_selectors(workloads: Sequence[Workload], options: SloOptions = SloOpt
 
 # --------------------------------------------------------------------------- Prometheus rules
 
+
 def sli_expr(workload: Workload, window: str, options: SloOptions) -> str:
     sel = workload_selector(workload, options)
     h = options.histogram
@@ -238,12 +249,18 @@ def sli_expr(workload: Workload, window: str, options: SloOptions) -> str:
 def recording_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
     """SLI error ratio of `workload` over every window, then its period average."""
     labels = _ident(workload)
-    rules = [{"record": f"slo:sli_error:ratio_rate{w}", "expr": sli_expr(workload, w, options), "labels": dict(labels)}
-             for w in SLI_WINDOWS]
+    rules = [
+        {"record": f"slo:sli_error:ratio_rate{w}", "expr": sli_expr(workload, w, options), "labels": dict(labels)}
+        for w in SLI_WINDOWS
+    ]
     five = f"slo:sli_error:ratio_rate5m{{{_wl(workload)}}}"
-    rules.append({"record": f"slo:sli_error:ratio_rate{options.period}",
-                  "expr": f"sum_over_time({five}[{options.period}]) / count_over_time({five}[{options.period}])",
-                  "labels": dict(labels)})
+    rules.append(
+        {
+            "record": f"slo:sli_error:ratio_rate{options.period}",
+            "expr": f"sum_over_time({five}[{options.period}]) / count_over_time({five}[{options.period}])",
+            "labels": dict(labels),
+        }
+    )
     return rules
 
 
@@ -263,8 +280,10 @@ def metadata_rules(workload: Workload, options: SloOptions = SloOptions()) -> li
         rule("slo:latency_target:ms", f"vector({format_number(workload.slo_ms)})"),
         rule("slo:target_rate:rps", f"vector({format_number(workload.rate_rps)})"),
         rule("slo:current_burn_rate:ratio", f"slo:sli_error:ratio_rate5m{{{wl}}} / on(workload, model) {budget}"),
-        rule("slo:period_burn_rate:ratio",
-             f"slo:sli_error:ratio_rate{options.period}{{{wl}}} / on(workload, model) {budget}"),
+        rule(
+            "slo:period_burn_rate:ratio",
+            f"slo:sli_error:ratio_rate{options.period}{{{wl}}} / on(workload, model) {budget}",
+        ),
         rule("slo:period_error_budget_remaining:ratio", f"1 - slo:period_burn_rate:ratio{{{wl}}}"),
     ]
 
@@ -310,8 +329,7 @@ def panel_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[
         f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')} / 1000",
         f"{rate('nv_inference_compute_infer_duration_us')} / {rate('nv_inference_request_success')} / 1000",
     ]
-    return [{"record": record, "expr": expr, "labels": dict(labels)}
-            for (record, _), expr in zip(PANEL_RECORDS, exprs)]
+    return [{"record": record, "expr": expr, "labels": dict(labels)} for (record, _), expr in zip(PANEL_RECORDS, exprs)]
 
 
 def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> str:
@@ -322,8 +340,10 @@ def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptio
         if sev != severity:
             continue
         threshold = f"({format_number(burn)} * {format_number(options.error_budget)})"
-        parts.append(f"(slo:sli_error:ratio_rate{long_w}{{{wl}}} > {threshold}\n"
-                     f" and slo:sli_error:ratio_rate{short_w}{{{wl}}} > {threshold})")
+        parts.append(
+            f"(slo:sli_error:ratio_rate{long_w}{{{wl}}} > {threshold}\n"
+            f" and slo:sli_error:ratio_rate{short_w}{{{wl}}} > {threshold})"
+        )
     if not parts:
         raise AlertConfigError(f"unknown severity {severity!r}; use one of {', '.join(SEVERITIES)}")
     return "\nor\n".join(parts)
@@ -334,9 +354,11 @@ def alert_annotations(workload: Workload, severity: str, options: SloOptions = S
     objective = format_number(options.objective * 100)
     return {
         "summary": f"{workload.name}: latency SLO error budget burning too fast ({severity})",
-        "description": (f"Workload {workload.name} (model {workload.model}): more than the allowed share of "
-                        f"requests is slower than {format_number(workload.slo_ms)} ms; objective {objective}% "
-                        f"over {options.period}; windows {', '.join(pairs)}."),
+        "description": (
+            f"Workload {workload.name} (model {workload.model}): more than the allowed share of "
+            f"requests is slower than {format_number(workload.slo_ms)} ms; objective {objective}% "
+            f"over {options.period}; windows {', '.join(pairs)}."
+        ),
     }
 
 
@@ -353,9 +375,12 @@ def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOpt
     """The rule file (`groups:`) for all workloads: SLI, metadata, dashboard and alert groups per workload."""
     groups = []
     for w in _validate(workloads):
-        for kind, rules in (("sli", recording_rules(w, options)), ("meta", metadata_rules(w, options)),
-                            ("panels", panel_rules(w, options)),
-                            ("alerts", [alert_rule(w, s, options) for s in SEVERITIES])):
+        for kind, rules in (
+            ("sli", recording_rules(w, options)),
+            ("meta", metadata_rules(w, options)),
+            ("panels", panel_rules(w, options)),
+            ("alerts", [alert_rule(w, s, options) for s in SEVERITIES]),
+        ):
             group: dict[str, Any] = {"name": f"stoke-slo-{kind}-{w.name}"}
             if options.rule_interval:
                 group["interval"] = options.rule_interval
@@ -368,25 +393,31 @@ def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOpt
 
 #: (scenario, error ratio as a multiple of the error budget, evaluation time)
 TEST_SCENARIOS: tuple[tuple[str, float, str], ...] = (
-    ("fast burn", 20.0, "20m"),    # 20 x budget: above every pair's burn rate, pages at once
-    ("slow burn", 2.0, "6h10m"),   # 2 x budget: only the 3d/6h pair at 1x (a ticket), once 6h have passed
-    ("healthy", 0.5, "6h10m"),     # half the budget: silent
+    ("fast burn", 20.0, "20m"),  # 20 x budget: above every pair's burn rate, pages at once
+    ("slow burn", 2.0, "6h10m"),  # 2 x budget: only the 3d/6h pair at 1x (a ticket), once 6h have passed
+    ("healthy", 0.5, "6h10m"),  # half the budget: silent
 )
 
 
 def expected_firing(error_ratio: float, options: SloOptions = SloOptions()) -> tuple[str, ...]:
     """Severities that fire for a constant error ratio, once every window has filled."""
-    return tuple(s for s in SEVERITIES
-                 if any(sev == s and error_ratio > burn * options.error_budget
-                        for sev, _, _, burn in burn_windows(options)))
+    return tuple(
+        s
+        for s in SEVERITIES
+        if any(sev == s and error_ratio > burn * options.error_budget for sev, _, _, burn in burn_windows(options))
+    )
 
 
 def _series_values(per_step: float, steps: int) -> str:
     return f"0+{format_number(per_step)}x{steps}"
 
 
-def rule_tests(workloads: Sequence[Workload], options: SloOptions = SloOptions(),
-               rules_file: str = RULES_FILE, le_style: str = "short") -> dict[str, Any]:
+def rule_tests(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    rules_file: str = RULES_FILE,
+    le_style: str = "short",
+) -> dict[str, Any]:
     """A `promtool test rules` file for the generated rules.
 
     Every workload gets 600 requests/min (a sample every 2 minutes) and a constant
@@ -401,7 +432,7 @@ def rule_tests(workloads: Sequence[Workload], options: SloOptions = SloOptions()
         raise AlertConfigError("le_style must be 'short' or 'float'")
     workloads = _validate(workloads)
     step_minutes = 2
-    total = 600.0 * step_minutes               # requests per step: 600/min
+    total = 600.0 * step_minutes  # requests per step: 600/min
     steps = (6 * 60 + 20) // step_minutes
     tests = []
     for name, multiple, eval_time in TEST_SCENARIOS:
@@ -423,23 +454,38 @@ def rule_tests(workloads: Sequence[Workload], options: SloOptions = SloOptions()
         for severity in SEVERITIES:
             exp = []
             if severity in firing:
-                exp = [{"exp_labels": {"severity": severity, **_ident(w)},
-                        "exp_annotations": alert_annotations(w, severity, options)} for w in workloads]
+                exp = [
+                    {
+                        "exp_labels": {"severity": severity, **_ident(w)},
+                        "exp_annotations": alert_annotations(w, severity, options),
+                    }
+                    for w in workloads
+                ]
             cases.append({"eval_time": eval_time, "alertname": ALERT_NAMES[severity], "exp_alerts": exp})
-        expr_tests = [{  # the recorded SLI equals the injected error ratio (to 1e-9)
-            "expr": f"abs(slo:sli_error:ratio_rate5m{{{_wl(w)}}} - {format_number(ratio)}) < bool 1e-9",
-            "eval_time": eval_time,
-            "exp_samples": [{"labels": "{" + ",".join(f'{k}="{v}"' for k, v in _ident(w).items()) + "}",
-                             "value": 1}],
-        } for w in workloads]
-        tests.append({"name": f"{name}: {', '.join(firing) or 'nothing'} fires",
-                      "interval": f"{step_minutes}m",
-                      "input_series": [{"series": k, "values": v} for k, v in series.items()], "alert_rule_test": cases,
-                      "promql_expr_test": expr_tests})
+        expr_tests = [
+            {  # the recorded SLI equals the injected error ratio (to 1e-9)
+                "expr": f"abs(slo:sli_error:ratio_rate5m{{{_wl(w)}}} - {format_number(ratio)}) < bool 1e-9",
+                "eval_time": eval_time,
+                "exp_samples": [
+                    {"labels": "{" + ",".join(f'{k}="{v}"' for k, v in _ident(w).items()) + "}", "value": 1}
+                ],
+            }
+            for w in workloads
+        ]
+        tests.append(
+            {
+                "name": f"{name}: {', '.join(firing) or 'nothing'} fires",
+                "interval": f"{step_minutes}m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "alert_rule_test": cases,
+                "promql_expr_test": expr_tests,
+            }
+        )
     return {"rule_files": [rules_file], "evaluation_interval": f"{step_minutes}m", "tests": tests}
 
 
 # --------------------------------------------------------------------------- Grafana dashboard
+
 
 def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per workload: its replicas' GPU index, GPU type, node, share and batch from the plan."""
@@ -447,31 +493,47 @@ def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict
     if plan is None:
         return rows
     for gpu, p in plan.placements():
-        rows.setdefault(p.name, []).append({
-            "gpu": gpu, "gpu_type": plan.gpus[gpu].gpu_type,
-            "node": (nodes or {}).get(gpu, f"gpu-{gpu}"),
-            "share_pct": p.share_pct, "batch": p.batch, "replica": p.replica, "replicas": p.replicas,
-            "rate_rps": p.rate_rps, "predicted_worst_ms": p.predicted_worst_ms})
+        rows.setdefault(p.name, []).append(
+            {
+                "gpu": gpu,
+                "gpu_type": plan.gpus[gpu].gpu_type,
+                "node": (nodes or {}).get(gpu, f"gpu-{gpu}"),
+                "share_pct": p.share_pct,
+                "batch": p.batch,
+                "replica": p.replica,
+                "replicas": p.replicas,
+                "rate_rps": p.rate_rps,
+                "predicted_worst_ms": p.predicted_worst_ms,
+            }
+        )
     return rows
 
 
 def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
-    lines = ["| workload | replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, replicas in rows.items():
         for r in replicas:
-            lines.append(f"| {name} | {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
-                         f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
-                         f"{format_number(round(r['rate_rps'], 2))} | "
-                         f"{format_number(round(r['predicted_worst_ms'], 3))} |")
+            lines.append(
+                f"| {name} | {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
+                f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
+                f"{format_number(round(r['rate_rps'], 2))} | "
+                f"{format_number(round(r['predicted_worst_ms'], 3))} |"
+            )
     return "\n".join(lines)
 
 
 WORKLOAD_VARIABLE = "workload"
 
 
-def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOptions(),
-                      plan: Plan | None = None, nodes: Mapping[int, str] | None = None) -> dict[str, Any]:
+def grafana_dashboard(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    plan: Plan | None = None,
+    nodes: Mapping[int, str] | None = None,
+) -> dict[str, Any]:
     """One templated dashboard: a `$workload` variable and a row repeated per selected workload.
 
     The row's panels read only per-workload series (`PANEL_RECORDS`, the SLO
@@ -489,65 +551,128 @@ def grafana_dashboard(workloads: Sequence[Workload], options: SloOptions = SloOp
 
     def series(panel: Any, *targets: tuple[str, str]) -> Any:
         for i, (expr, legend) in enumerate(targets):
-            panel = panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend)
-                                      .ref_id(chr(ord("A") + i)).datasource(ds))
+            panel = panel.with_target(
+                prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(ds)
+            )
         return panel.datasource(ds).id(next(ids))
 
     def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
-        return gd.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
-            [dm.Threshold(value=v, color=c) for v, c in pairs])
+        return (
+            gd.ThresholdsConfig()
+            .mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in pairs])
+        )
 
-    board = (gd.Dashboard("stoke: inference SLOs").uid(options.dashboard_uid).tags(["stoke", "slo", "triton"])
-             .timezone("utc").editable().refresh("30s").time("now-6h", "now")
-             .with_variable(gd.DatasourceVariable("datasource").label("Data source").type("prometheus")
-                            .current(dm.VariableOption(text=options.datasource_uid, value=options.datasource_uid)))
-             .with_variable(gd.QueryVariable(WORKLOAD_VARIABLE).label("Workload").datasource(ds)
-                            .query(f"label_values(slo:latency_target:ms, {WORKLOAD_VARIABLE})")
-                            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-                            .multi(True).include_all(True)))
+    board = (
+        gd.Dashboard("stoke: inference SLOs")
+        .uid(options.dashboard_uid)
+        .tags(["stoke", "slo", "triton"])
+        .timezone("utc")
+        .editable()
+        .refresh("30s")
+        .time("now-6h", "now")
+        .with_variable(
+            gd.DatasourceVariable("datasource")
+            .label("Data source")
+            .type("prometheus")
+            .current(dm.VariableOption(text=options.datasource_uid, value=options.datasource_uid))
+        )
+        .with_variable(
+            gd.QueryVariable(WORKLOAD_VARIABLE)
+            .label("Workload")
+            .datasource(ds)
+            .query(f"label_values(slo:latency_target:ms, {WORKLOAD_VARIABLE})")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+        )
+    )
     if plan is not None:
-        board = board.with_panel(text_panel.Panel().title("Plan: placement, share and batch of every replica")
-                                 .mode(TextMode.MARKDOWN).content(_plan_markdown(plan_rows(plan, nodes)))
-                                 .height(min(16, 3 + len(plan.placements()))).span(24).id(next(ids)))
+        board = board.with_panel(
+            text_panel.Panel()
+            .title("Plan: placement, share and batch of every replica")
+            .mode(TextMode.MARKDOWN)
+            .content(_plan_markdown(plan_rows(plan, nodes)))
+            .height(min(16, 3 + len(plan.placements())))
+            .span(24)
+            .id(next(ids))
+        )
     # The row repeats per selected workload; its panels are laid out in two lines of equal height.
     panels = [
-        series(timeseries.Panel().fill_opacity(10).title("latency vs SLO").unit("ms").height(8).span(8),
-               (f"slo:request_latency_ms:p99_5m{{{wl}}}", "p99"), (f"slo:request_latency_ms:p50_5m{{{wl}}}", "p50"),
-               (f"slo:latency_target:ms{{{wl}}}", "SLO")),
-        series(timeseries.Panel().fill_opacity(10).title("requests").unit("reqps").height(8).span(8),
-               (f"workload:nv_inference_request_success:rate5m{{{wl}}}", "served (Triton)"),
-               (f"workload:nv_inference_request_failure:rate5m{{{wl}}}", "failed (Triton)"),
-               (f"slo:target_rate:rps{{{wl}}}", "planned")),
-        series(timeseries.Panel().fill_opacity(10).title("batch: observed vs planned").height(8).span(8),
-               (f"workload:nv_inference_batch_size:mean5m{{{wl}}}", "observed mean batch"),
-               (f"stoke_workload_planned_batch{{{wl}}}", "planned batch")),
-        series(stat.Panel().title(f"error budget left ({options.period})").unit("percentunit").height(6).span(4)
-               .thresholds(steps((None, "red"), (0.25, "orange"), (0.5, "green"))),
-               (f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining")),
-        series(stat.Panel().title("burn rate (5m)").height(6).span(4)
-               .thresholds(steps((None, "green"), (1.0, "orange"), (6.0, "red"))),
-               (f"slo:current_burn_rate:ratio{{{wl}}}", "burn")),
-        series(stat.Panel().title("planned share (all replicas)").unit("percent").height(6).span(4),
-               (f"stoke_workload_planned_share_pct{{{wl}}}", "share")),
-        series(timeseries.Panel().fill_opacity(10).title("Triton time per request").unit("ms").height(6).span(12),
-               (f"workload:nv_inference_queue_ms:mean5m{{{wl}}}", "queue"),
-               (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute")),
+        series(
+            timeseries.Panel().fill_opacity(10).title("latency vs SLO").unit("ms").height(8).span(8),
+            (f"slo:request_latency_ms:p99_5m{{{wl}}}", "p99"),
+            (f"slo:request_latency_ms:p50_5m{{{wl}}}", "p50"),
+            (f"slo:latency_target:ms{{{wl}}}", "SLO"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("requests").unit("reqps").height(8).span(8),
+            (f"workload:nv_inference_request_success:rate5m{{{wl}}}", "served (Triton)"),
+            (f"workload:nv_inference_request_failure:rate5m{{{wl}}}", "failed (Triton)"),
+            (f"slo:target_rate:rps{{{wl}}}", "planned"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("batch: observed vs planned").height(8).span(8),
+            (f"workload:nv_inference_batch_size:mean5m{{{wl}}}", "observed mean batch"),
+            (f"stoke_workload_planned_batch{{{wl}}}", "planned batch"),
+        ),
+        series(
+            stat.Panel()
+            .title(f"error budget left ({options.period})")
+            .unit("percentunit")
+            .height(6)
+            .span(4)
+            .thresholds(steps((None, "red"), (0.25, "orange"), (0.5, "green"))),
+            (f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining"),
+        ),
+        series(
+            stat.Panel()
+            .title("burn rate (5m)")
+            .height(6)
+            .span(4)
+            .thresholds(steps((None, "green"), (1.0, "orange"), (6.0, "red"))),
+            (f"slo:current_burn_rate:ratio{{{wl}}}", "burn"),
+        ),
+        series(
+            stat.Panel().title("planned share (all replicas)").unit("percent").height(6).span(4),
+            (f"stoke_workload_planned_share_pct{{{wl}}}", "share"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("Triton time per request").unit("ms").height(6).span(12),
+            (f"workload:nv_inference_queue_ms:mean5m{{{wl}}}", "queue"),
+            (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute"),
+        ),
     ]
     board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(next(ids)))
     for panel in panels:
         board = board.with_panel(panel)
 
     board = board.with_row(gd.Row("Devices (stoke agent exporter)").id(next(ids)))
-    for title, metric, unit in (("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
-                                ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
-                                ("power", "stoke_device_power_watts", "watt"),
-                                ("memory used", "stoke_device_memory_used_bytes", "bytes")):
-        board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
-                                        (metric, "{{instance}} {{kind}}{{device}}")))
-    board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title("throttle reasons active").height(6).span(12),
-                                    ("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}")))
-    board = board.with_panel(series(timeseries.Panel().fill_opacity(10).title("GPU processes (compute + MPS)").height(6).span(12),
-                                    ("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}")))
+    for title, metric, unit in (
+        ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
+        ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
+        ("power", "stoke_device_power_watts", "watt"),
+        ("memory used", "stoke_device_memory_used_bytes", "bytes"),
+    ):
+        board = board.with_panel(
+            series(
+                timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
+                (metric, "{{instance}} {{kind}}{{device}}"),
+            )
+        )
+    board = board.with_panel(
+        series(
+            timeseries.Panel().fill_opacity(10).title("throttle reasons active").height(6).span(12),
+            ("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}"),
+        )
+    )
+    board = board.with_panel(
+        series(
+            timeseries.Panel().fill_opacity(10).title("GPU processes (compute + MPS)").height(6).span(12),
+            ("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}"),
+        )
+    )
     return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
 
 
@@ -568,14 +693,30 @@ def grafana_alert_rule(workload: Workload, severity: str, options: SloOptions = 
         "title": f"{workload.name}: latency SLO burn ({severity})",
         "condition": "C",
         "data": [
-            {"refId": "A", "relativeTimeRange": {"from": longest, "to": 0},
-             "datasourceUid": options.datasource_uid,
-             "model": {"refId": "A", "expr": alert_expr(workload, severity, options), "instant": True,
-                       "intervalMs": 1000, "maxDataPoints": 43200}},
-            {"refId": "C", "relativeTimeRange": {"from": 0, "to": 0}, "datasourceUid": "__expr__",
-             "model": {"refId": "C", "type": "threshold", "expression": "A",
-                       "datasource": {"type": "__expr__", "uid": "__expr__"},
-                       "conditions": [{"evaluator": {"type": "gt", "params": [0]}}]}},
+            {
+                "refId": "A",
+                "relativeTimeRange": {"from": longest, "to": 0},
+                "datasourceUid": options.datasource_uid,
+                "model": {
+                    "refId": "A",
+                    "expr": alert_expr(workload, severity, options),
+                    "instant": True,
+                    "intervalMs": 1000,
+                    "maxDataPoints": 43200,
+                },
+            },
+            {
+                "refId": "C",
+                "relativeTimeRange": {"from": 0, "to": 0},
+                "datasourceUid": "__expr__",
+                "model": {
+                    "refId": "C",
+                    "type": "threshold",
+                    "expression": "A",
+                    "datasource": {"type": "__expr__", "uid": "__expr__"},
+                    "conditions": [{"evaluator": {"type": "gt", "params": [0]}}],
+                },
+            },
         ],
         "noDataState": "OK",
         "execErrState": "Error",
@@ -593,12 +734,22 @@ def grafana_alerting(workloads: Sequence[Workload], options: SloOptions = SloOpt
     rules must be loaded; Grafana only evaluates the alert expressions.
     """
     workloads = _validate(workloads)
-    return {"apiVersion": 1, "groups": [{
-        "orgId": options.org_id, "name": "stoke-slo", "folder": options.folder, "interval": "1m",
-        "rules": [grafana_alert_rule(w, s, options) for w in workloads for s in SEVERITIES]}]}
+    return {
+        "apiVersion": 1,
+        "groups": [
+            {
+                "orgId": options.org_id,
+                "name": "stoke-slo",
+                "folder": options.folder,
+                "interval": "1m",
+                "rules": [grafana_alert_rule(w, s, options) for w in workloads for s in SEVERITIES],
+            }
+        ],
+    }
 
 
 # --------------------------------------------------------------------------- all files
+
 
 class _Dumper(yaml.SafeDumper):
     """Safe YAML with multi-line strings (PromQL) as literal blocks."""
@@ -613,22 +764,31 @@ _Dumper.add_representer(str, _str_representer)
 
 
 def _yaml(data: Any, header: str) -> str:
-    return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120,
-                              allow_unicode=True)
+    return header + yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True
+    )
 
 
-def render_all(workloads: Sequence[Workload], options: SloOptions = SloOptions(), plan: Plan | None = None,
-               nodes: Mapping[int, str] | None = None) -> dict[str, str]:
+def render_all(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    plan: Plan | None = None,
+    nodes: Mapping[int, str] | None = None,
+) -> dict[str, str]:
     """Every artefact as file name -> text (deterministic; the caller writes them)."""
     workloads = _validate(workloads)
     shared = shared_selectors(workloads, options)
     note = ""
     if shared:
-        note = "".join(f"# NOTE: workloads {', '.join(n)} share the series {{{s}}}: their SLIs measure the same "
-                       f"traffic. Give each workload its own series (selector option).\n" for s, n in shared.items())
-    header = (f"# Generated by `stoke alerts render`; do not edit. Objective {format_number(options.objective * 100)}% "
-              f"of requests under each workload's SLO over {options.period};\n# SLI histogram {options.histogram}.\n"
-              + note)
+        note = "".join(
+            f"# NOTE: workloads {', '.join(n)} share the series {{{s}}}: their SLIs measure the same "
+            f"traffic. Give each workload its own series (selector option).\n"
+            for s, n in shared.items()
+        )
+    header = (
+        f"# Generated by `stoke alerts render`; do not edit. Objective {format_number(options.objective * 100)}% "
+        f"of requests under each workload's SLO over {options.period};\n# SLI histogram {options.histogram}.\n" + note
+    )
     files = {
         RULES_FILE: _yaml(prometheus_rules(workloads, options), header),
         DASHBOARD_FILE: json.dumps(grafana_dashboard(workloads, options, plan, nodes), indent=2) + "\n",
@@ -642,11 +802,17 @@ def summary_rows(workloads: Iterable[Workload], options: SloOptions = SloOptions
     """One row per workload for a human table: SLO, objective and the page/ticket thresholds."""
     out = []
     for w in workloads:
-        out.append({"workload": w.name, "model": w.model, "slo_ms": w.slo_ms,
-                    "objective_pct": options.objective * 100,
-                    "page_error_ratio": max(b for s, _, _, b in burn_windows(options) if s == "page")
-                    * options.error_budget,
-                    "ticket_error_ratio": min(b for s, _, _, b in burn_windows(options) if s == "ticket")
-                    * options.error_budget,
-                    "selector": workload_selector(w, options)})
+        out.append(
+            {
+                "workload": w.name,
+                "model": w.model,
+                "slo_ms": w.slo_ms,
+                "objective_pct": options.objective * 100,
+                "page_error_ratio": max(b for s, _, _, b in burn_windows(options) if s == "page")
+                * options.error_budget,
+                "ticket_error_ratio": min(b for s, _, _, b in burn_windows(options) if s == "ticket")
+                * options.error_budget,
+                "selector": workload_selector(w, options),
+            }
+        )
     return out

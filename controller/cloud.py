@@ -22,6 +22,7 @@ watches the training cluster that `controller.training` plans.
   kept and the revoked capacity removed (a constraint, not a hand edit), and
   the launcher adds the replacements. Clock and sleep are injected.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,9 +33,10 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -43,18 +45,22 @@ from botocore.exceptions import BotoCoreError, ClientError
 from controller.training.readers import catalog_from_dict, catalog_to_dict, offline_catalog
 from controller.training.spec import Catalog, TrainingPlan, TrainingSpec, with_overrides
 from controller.training.spot import SpotState, provision_spot
-from stoke.files import atomic_write_text
 from stoke.errors import StokeError
+from stoke.files import atomic_write_text
 
 CLUSTER_TAG = "stoke-cluster"
 ROLE_TAG = "stoke-role"
 STATE_TAG = "stoke-state"
 JOB_TAG = "stoke-job"
 LIVE_STATES = ("pending", "running")
-DEFAULT_IMAGE = "ami-12c6146b"     # any AMI id; real use passes the training image
-PRICING_REGION = "us-east-1"       # the pricing API lives in us-east-1
-REGION_NAMES = {"us-east-1": "US East (N. Virginia)", "us-east-2": "US East (Ohio)",
-                "us-west-2": "US West (Oregon)", "eu-west-1": "EU (Ireland)"}
+DEFAULT_IMAGE = "ami-12c6146b"  # any AMI id; real use passes the training image
+PRICING_REGION = "us-east-1"  # the pricing API lives in us-east-1
+REGION_NAMES = {
+    "us-east-1": "US East (N. Virginia)",
+    "us-east-2": "US East (Ohio)",
+    "us-west-2": "US West (Oregon)",
+    "eu-west-1": "EU (Ireland)",
+}
 
 
 class CloudError(StokeError, RuntimeError):
@@ -62,7 +68,7 @@ class CloudError(StokeError, RuntimeError):
 
 
 def _utcnow_iso(clock: Callable[[], float]) -> str:
-    return _dt.datetime.fromtimestamp(clock(), _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.fromtimestamp(clock(), _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def make_clients(region: str, endpoint_url: str | None = None) -> tuple[Any, Any]:
@@ -74,6 +80,7 @@ def make_clients(region: str, endpoint_url: str | None = None) -> tuple[Any, Any
 
 
 # --------------------------------------------------------------------------- prices
+
 
 @dataclass
 class PriceSource:
@@ -114,10 +121,11 @@ class PriceSource:
         return catalog
 
     def _spot_prices(self, types: list[str]) -> dict[str, float]:
-        start = _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc)
+        start = _dt.datetime.fromtimestamp(self.clock(), _dt.UTC)
         try:
             pages = self.ec2.get_paginator("describe_spot_price_history").paginate(
-                InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=start)
+                InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=start
+            )
             history = [item for page in pages for item in page.get("SpotPriceHistory", [])]
         except (ClientError, BotoCoreError) as err:
             raise CloudError(f"describe_spot_price_history failed: {err}") from None
@@ -138,9 +146,17 @@ class PriceSource:
         location = REGION_NAMES.get(self.region, self.region)
         out: dict[str, float] = {}
         for itype in types:
-            filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in (
-                ("instanceType", itype), ("location", location), ("operatingSystem", "Linux"),
-                ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]
+            filters = [
+                {"Type": "TERM_MATCH", "Field": f, "Value": v}
+                for f, v in (
+                    ("instanceType", itype),
+                    ("location", location),
+                    ("operatingSystem", "Linux"),
+                    ("tenancy", "Shared"),
+                    ("preInstalledSw", "NA"),
+                    ("capacitystatus", "Used"),
+                )
+            ]
             try:
                 response = self.pricing.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)
             except (ClientError, BotoCoreError) as err:
@@ -170,8 +186,12 @@ class PriceSource:
     def _write_cache(self, catalog: Catalog, wanted: list[str]) -> None:
         if self.cache_path is None:
             return
-        body = {"fetched_at": self.clock(), "region": self.region, "wanted": wanted,
-                "catalog": catalog_to_dict(catalog)}
+        body = {
+            "fetched_at": self.clock(),
+            "region": self.region,
+            "wanted": wanted,
+            "catalog": catalog_to_dict(catalog),
+        }
         atomic_write_text(self.cache_path, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
@@ -189,11 +209,12 @@ def parse_on_demand(price_list: list[Any]) -> float | None:
 
 # --------------------------------------------------------------------------- launcher
 
+
 @dataclass(frozen=True)
 class CloudInstance:
     id: str
     type: str
-    role: str          # "worker" or "ps"
+    role: str  # "worker" or "ps"
     state: str
     revoked: bool
     launch_time: float
@@ -212,8 +233,15 @@ class LaunchReport:
 class SpotLauncher:
     """Makes the tagged cluster `cluster` match a plan; safe to repeat."""
 
-    def __init__(self, ec2: Any, cluster: str, *, image_id: str = DEFAULT_IMAGE, subnet_id: str | None = None,
-                 key_name: str | None = None):
+    def __init__(
+        self,
+        ec2: Any,
+        cluster: str,
+        *,
+        image_id: str = DEFAULT_IMAGE,
+        subnet_id: str | None = None,
+        key_name: str | None = None,
+    ):
         self.ec2 = ec2
         self.cluster = cluster
         self.image_id = image_id
@@ -222,9 +250,14 @@ class SpotLauncher:
 
     def instances(self, *, include_revoked: bool = False) -> list[CloudInstance]:
         """The cluster's pending/running instances (revoked ones only when asked)."""
-        filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [self.cluster]},
-                   {"Name": "instance-state-name", "Values": list(LIVE_STATES) + (
-                       ["shutting-down", "terminated", "stopping", "stopped"] if include_revoked else [])}]
+        filters = [
+            {"Name": f"tag:{CLUSTER_TAG}", "Values": [self.cluster]},
+            {
+                "Name": "instance-state-name",
+                "Values": list(LIVE_STATES)
+                + (["shutting-down", "terminated", "stopping", "stopped"] if include_revoked else []),
+            },
+        ]
         try:
             pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
             found = []
@@ -236,10 +269,16 @@ class SpotLauncher:
                         if revoked and not include_revoked:
                             continue
                         launched = inst.get("LaunchTime")
-                        found.append(CloudInstance(
-                            id=inst["InstanceId"], type=inst["InstanceType"], role=tags.get(ROLE_TAG, "worker"),
-                            state=inst["State"]["Name"], revoked=revoked,
-                            launch_time=launched.timestamp() if hasattr(launched, "timestamp") else 0.0))
+                        found.append(
+                            CloudInstance(
+                                id=inst["InstanceId"],
+                                type=inst["InstanceType"],
+                                role=tags.get(ROLE_TAG, "worker"),
+                                state=inst["State"]["Name"],
+                                revoked=revoked,
+                                launch_time=launched.timestamp() if hasattr(launched, "timestamp") else 0.0,
+                            )
+                        )
         except (ClientError, BotoCoreError) as err:
             raise CloudError(f"describe_instances failed: {err}") from None
         return sorted(found, key=lambda i: i.id)
@@ -276,16 +315,28 @@ class SpotLauncher:
         return LaunchReport(created=tuple(created), reused=tuple(reused))
 
     def _launch(self, itype: str, role: str, count: int, job: str, history: list[str]) -> list[str]:
-        token = hashlib.sha256(f"{self.cluster}|{itype}|{role}|{count}|{','.join(sorted(history))}".encode()
-                               ).hexdigest()[:32]
-        tags = [{"Key": CLUSTER_TAG, "Value": self.cluster}, {"Key": ROLE_TAG, "Value": role},
-                {"Key": JOB_TAG, "Value": job}, {"Key": STATE_TAG, "Value": "active"}]
-        kwargs: dict[str, Any] = dict(ImageId=self.image_id, InstanceType=itype, MinCount=count, MaxCount=count,
-                                      ClientToken=token,
-                                      TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
+        token = hashlib.sha256(
+            f"{self.cluster}|{itype}|{role}|{count}|{','.join(sorted(history))}".encode()
+        ).hexdigest()[:32]
+        tags = [
+            {"Key": CLUSTER_TAG, "Value": self.cluster},
+            {"Key": ROLE_TAG, "Value": role},
+            {"Key": JOB_TAG, "Value": job},
+            {"Key": STATE_TAG, "Value": "active"},
+        ]
+        kwargs: dict[str, Any] = dict(
+            ImageId=self.image_id,
+            InstanceType=itype,
+            MinCount=count,
+            MaxCount=count,
+            ClientToken=token,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )
         if role == "worker":
-            kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            kwargs["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
         if self.subnet_id:
             kwargs["SubnetId"] = self.subnet_id
         if self.key_name:
@@ -322,11 +373,13 @@ class SpotLauncher:
 
 # --------------------------------------------------------------------------- revocations
 
+
 class MetadataClient:
     """IMDSv2: PUT /latest/api/token, then GET metadata with the token (refreshed on 401 or expiry)."""
 
-    def __init__(self, base_url: str, *, ttl_s: int = 21600, timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, base_url: str, *, ttl_s: int = 21600, timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ):
         self.base_url = base_url.rstrip("/")
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
@@ -335,8 +388,11 @@ class MetadataClient:
         self._expires = 0.0
 
     def _fetch_token(self) -> str:
-        req = urllib.request.Request(f"{self.base_url}/latest/api/token", method="PUT",
-                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.ttl_s)})
+        req = urllib.request.Request(
+            f"{self.base_url}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.ttl_s)},
+        )
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             token = resp.read().decode()
         self._token, self._expires = token, self.clock() + self.ttl_s - 60
@@ -347,8 +403,9 @@ class MetadataClient:
         for attempt in range(2):
             if self._token is None or self.clock() >= self._expires:
                 self._fetch_token()
-            req = urllib.request.Request(f"{self.base_url}/latest/meta-data/{path}",
-                                         headers={"X-aws-ec2-metadata-token": self._token or ""})
+            req = urllib.request.Request(
+                f"{self.base_url}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": self._token or ""}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     return resp.read().decode()
@@ -387,9 +444,17 @@ class RevocationWatcher:
     job is now minus the earliest launch time of the cluster.
     """
 
-    def __init__(self, launcher: SpotLauncher, spec: TrainingSpec, plan: TrainingPlan, metadata_url: str, *,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 interval_s: float = 10.0):
+    def __init__(
+        self,
+        launcher: SpotLauncher,
+        spec: TrainingSpec,
+        plan: TrainingPlan,
+        metadata_url: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        interval_s: float = 10.0,
+    ):
         self.launcher = launcher
         self.spec = spec
         self.plan = plan

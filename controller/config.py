@@ -18,6 +18,7 @@ rewrites it; a test fails when it is stale). An example::
     profiles:
       - cpu-profile.json                             # or {path: ..., gpu_type: ...}
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ class GpuTypeConfig:
 
     name: str = check.setting(rule=check.TEXT, doc="GPU type name, as profiles and workloads name it")
     price_per_hour: float = check.setting(0.0, check.NON_NEGATIVE, "price of one device of this type per hour")
-    match: tuple[str, ...] = check.setting((), check.STRINGS, "case-insensitive substrings of a device name "
-                                                             "that mean this type")
+    match: tuple[str, ...] = check.setting(
+        (), check.STRINGS, "case-insensitive substrings of a device name that mean this type"
+    )
 
 
 @dataclass(frozen=True)
@@ -57,20 +59,25 @@ class ServiceConfig:
     """How the control-plane service plans and watches the nodes."""
 
     heartbeat_interval_s: float = check.setting(2.0, check.POSITIVE_SECONDS, "heartbeat interval told to agents")
-    heartbeat_timeout_s: float = check.setting(10.0, check.POSITIVE_SECONDS,
-                                               "a node silent this long is lost and its workloads re-planned")
+    heartbeat_timeout_s: float = check.setting(
+        10.0, check.POSITIVE_SECONDS, "a node silent this long is lost and its workloads re-planned"
+    )
     strategy: str = check.setting("stoke", check.choice(tuple(STRATEGIES)), "solver strategy")
     gpu_types: tuple[GpuTypeConfig, ...] = check.setting(
-        (GpuTypeConfig("CPU", 0.10, ("cpu",)),), doc="prices, and how device names map to GPU types")
+        (GpuTypeConfig("CPU", 0.10, ("cpu",)),), doc="prices, and how device names map to GPU types"
+    )
     cpu_gpu_type: str = check.setting("CPU", check.TEXT, "GPU type of CPU devices no `match` claims")
     failed_device_block_s: float = check.setting(
-        120.0, check.POSITIVE_SECONDS, "a device where every assignment failed to start leaves the inventory "
-                                       "this long")
+        120.0, check.POSITIVE_SECONDS, "a device where every assignment failed to start leaves the inventory this long"
+    )
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ConfigError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must be larger than "
-                              f"heartbeat_interval_s ({self.heartbeat_interval_s:g})", "heartbeat_timeout_s")
+            raise ConfigError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must be larger than "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s:g})",
+                "heartbeat_timeout_s",
+            )
 
     def gpu_type_for(self, device: NodeDevice) -> str:
         if device.gpu_type:
@@ -104,7 +111,7 @@ class TlsConfig:
 class ProfileSource:
     """A fitted profile uploaded when the controller starts."""
 
-    SHORTHAND = "path"     # a bare string is the path
+    SHORTHAND = "path"  # a bare string is the path
 
     path: str = check.setting(rule=check.PATH, doc="fitted profile JSON (`stoke profile fit`)")
     gpu_type: str = check.setting("", doc="store it under this GPU type (default: the profile's gpu.name)")
@@ -115,14 +122,17 @@ class ControllerConfig:
     """The controller process: where it listens, what it stores, and the service it runs."""
 
     listen: str = check.setting("127.0.0.1:50051", check.ADDRESS, "gRPC address (port 0 = any free port)")
-    metrics_listen: str = check.setting("127.0.0.1:9470", check.ADDRESS_OR_OFF,
-                                        'Prometheus /metrics address ("" = off)')
+    metrics_listen: str = check.setting(
+        "127.0.0.1:9470", check.ADDRESS_OR_OFF, 'Prometheus /metrics address ("" = off)'
+    )
     db: str = check.setting("stoke-controller.db", check.PATH, "SQLite file (WAL)")
-    token_file: str | None = check.setting(None, check.PATH, "bearer token file (first line); else $STOKE_TOKEN; "
-                                                             "else no auth (a warning)")
+    token_file: str | None = check.setting(
+        None, check.PATH, "bearer token file (first line); else $STOKE_TOKEN; else no auth (a warning)"
+    )
     tls: TlsConfig | None = check.setting(None, doc="serve TLS")
-    reconcile_interval_s: float = check.setting(1.0, check.POSITIVE_SECONDS,
-                                                "the reconcile loop's tick (it also wakes on every change)")
+    reconcile_interval_s: float = check.setting(
+        1.0, check.POSITIVE_SECONDS, "the reconcile loop's tick (it also wakes on every change)"
+    )
     profiles: tuple[ProfileSource, ...] = check.setting((), doc="fitted profiles uploaded at start")
     service: ServiceConfig = check.setting(ServiceConfig(), flatten=True)
 
@@ -168,7 +178,9 @@ def schema_text() -> str:
     return json.dumps(config_schema(), indent=2) + "\n"
 
 
-if __name__ == "__main__":     # `make schema`: rewrite the committed JSON Schema
+if __name__ == "__main__":  # `make schema`: rewrite the committed JSON Schema
     from stoke.files import atomic_write_text
-    print(f"{SCHEMA_FILE}: {'written' if atomic_write_text(SCHEMA_FILE, schema_text()) else 'unchanged'}",
-          file=sys.stderr)
+
+    print(
+        f"{SCHEMA_FILE}: {'written' if atomic_write_text(SCHEMA_FILE, schema_text()) else 'unchanged'}", file=sys.stderr
+    )

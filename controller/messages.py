@@ -14,6 +14,7 @@ import contract holds it). It depends on nothing heavy: dataclasses and
   `FailedPrecondition`) and the ones a client meets on the way
   (`Unavailable`, `Unauthenticated`), all under `ApiError`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -95,11 +96,11 @@ class Replica:
 class ModelAssignment:
     """One model to serve on one device of a node, with its share and batching."""
 
-    workload: str          # workload name; with `replica` the unique key of the assignment
-    model: str             # model name in the model repository
-    device: int            # GPU index on a GPU node; 0 on a CPU node
-    share_pct: float       # MPS active-thread % on a GPU node; % of the CPU cores on a CPU node
-    batch: int             # max_batch_size / preferred batch
+    workload: str  # workload name; with `replica` the unique key of the assignment
+    model: str  # model name in the model repository
+    device: int  # GPU index on a GPU node; 0 on a CPU node
+    share_pct: float  # MPS active-thread % on a GPU node; % of the CPU cores on a CPU node
+    batch: int  # max_batch_size / preferred batch
     queue_delay_ms: float  # dynamic batching max queue delay
     slo_ms: float
     rate_rps: float
@@ -117,10 +118,10 @@ class ModelAssignment:
 class NodeDevice:
     index: int
     name: str
-    kind: str                 # "gpu" | "cpu"
+    kind: str  # "gpu" | "cpu"
     memory_bytes: int = 0
     cores: int = 0
-    gpu_type: str = ""        # "" = resolved by the controller (ServiceConfig.gpu_type_for)
+    gpu_type: str = ""  # "" = resolved by the controller (ServiceConfig.gpu_type_for)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ class HeartbeatReport:
     events: tuple[str, ...] = ()
     errors: tuple[AssignmentError, ...] = ()
     applied_revision: int = 0
-    errors_revision: int = 0          # the plan revision whose apply produced `errors`
+    errors_revision: int = 0  # the plan revision whose apply produced `errors`
 
 
 @dataclass(frozen=True)

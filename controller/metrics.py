@@ -12,9 +12,10 @@ Durations and errors (fed by the service through the Observer protocol):
   stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
   (histogram), stoke_reconcile_errors_total (counter).
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -39,8 +40,9 @@ _WORKLOAD_GAUGES = {
 
 
 def _workload_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricFamily]:
-    fams = {k: GaugeMetricFamily(name, text, labels=["workload", "model"])
-            for k, (name, text) in _WORKLOAD_GAUGES.items()}
+    fams = {
+        k: GaugeMetricFamily(name, text, labels=["workload", "model"]) for k, (name, text) in _WORKLOAD_GAUGES.items()
+    }
     for w in workloads:
         lv = [w.workload.name, w.workload.model]
         fams["slo"].add_metric(lv, w.workload.slo_ms)
@@ -63,10 +65,12 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = self.service.status()
         yield from _workload_families(status.workloads)
-        yield GaugeMetricFamily("stoke_gpus_in_use", "GPUs (device slots) used by the applied plan",
-                                value=status.gpus_in_use)
-        yield GaugeMetricFamily("stoke_plan_cost_per_hour", "Hourly cost of the applied plan",
-                                value=status.cost_per_hour)
+        yield GaugeMetricFamily(
+            "stoke_gpus_in_use", "GPUs (device slots) used by the applied plan", value=status.gpus_in_use
+        )
+        yield GaugeMetricFamily(
+            "stoke_plan_cost_per_hour", "Hourly cost of the applied plan", value=status.cost_per_hour
+        )
         yield GaugeMetricFamily("stoke_plan_revision", "Revision of the applied plan", value=status.revision)
         nodes = GaugeMetricFamily("stoke_nodes", "Nodes by state", labels=["state"])
         nodes.add_metric(["ready"], status.nodes_ready)
@@ -79,12 +83,18 @@ class ControllerMetrics:
 
     def __init__(self, service: ControlService | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.solve_seconds = Histogram("stoke_plan_solve_seconds", "Wall time of one solver run",
-                                       buckets=_BUCKETS, registry=self.registry)
-        self.reconcile_seconds = Histogram("stoke_reconcile_duration_seconds", "Wall time of one reconcile pass",
-                                           buckets=_BUCKETS, registry=self.registry)
-        self.reconcile_errors = Counter("stoke_reconcile_errors", "Reconcile passes that failed",
-                                        registry=self.registry)
+        self.solve_seconds = Histogram(
+            "stoke_plan_solve_seconds", "Wall time of one solver run", buckets=_BUCKETS, registry=self.registry
+        )
+        self.reconcile_seconds = Histogram(
+            "stoke_reconcile_duration_seconds",
+            "Wall time of one reconcile pass",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.reconcile_errors = Counter(
+            "stoke_reconcile_errors", "Reconcile passes that failed", registry=self.registry
+        )
         if service is not None:
             self.attach(service)
 

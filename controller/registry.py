@@ -16,13 +16,14 @@ workloads elsewhere.
 
 Every change that needs a reconcile calls `on_change`. Thread-safe.
 """
+
 from __future__ import annotations
 
 import collections
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence
 
 from controller.config import ServiceConfig
 from controller.messages import AssignmentError, HeartbeatReport, ModelAssignment, NodeDevice, Observation
@@ -34,15 +35,15 @@ class NodeState:
     node_id: str
     devices: tuple[NodeDevice, ...]
     address: str = ""
-    state: str = "ready"               # ready | lost | waiting
+    state: str = "ready"  # ready | lost | waiting
     last_heartbeat: float = 0.0
     running: tuple[ModelAssignment, ...] = ()
     observed: dict[str, Observation] = field(default_factory=dict)
     events: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
     errors: tuple[AssignmentError, ...] = ()
     applied_revision: int = 0
-    blocked: dict[int, float] = field(default_factory=dict)   # device index -> blocked until (clock)
-    registered: bool = True            # False while its devices are only known from the stored plan
+    blocked: dict[int, float] = field(default_factory=dict)  # device index -> blocked until (clock)
+    registered: bool = True  # False while its devices are only known from the stored plan
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,18 @@ class NodeRegistry:
             for b in bindings:
                 if b is None:
                     continue
-                node = self._nodes.setdefault(b.node_id, NodeState(b.node_id, (), state="waiting",
-                                                                   last_heartbeat=now, registered=False))
+                node = self._nodes.setdefault(
+                    b.node_id, NodeState(b.node_id, (), state="waiting", last_heartbeat=now, registered=False)
+                )
                 if all(d.index != b.device for d in node.devices):
                     device = NodeDevice(b.device, b.gpu_type, "unknown", gpu_type=b.gpu_type)
                     node.devices = tuple(sorted(node.devices + (device,), key=lambda d: d.index))
 
     def register(self, node_id: str, devices: Sequence[NodeDevice], address: str = "") -> None:
         """A node (back) with its devices; each device's GPU type is resolved by the config."""
-        resolved = tuple(sorted((replace(d, gpu_type=self.config.gpu_type_for(d)) for d in devices),
-                                key=lambda d: d.index))
+        resolved = tuple(
+            sorted((replace(d, gpu_type=self.config.gpu_type_for(d)) for d in devices), key=lambda d: d.index)
+        )
         now = self.clock()
         with self._lock:
             node = self._nodes.get(node_id)
@@ -145,8 +148,10 @@ class NodeRegistry:
             if device in node.blocked or not all(k in failed and k not in running for k in keys):
                 continue
             node.blocked[device] = now + block_s
-            node.events.append(f"{stamp(now)} device {device} blocked for {block_s:g}s: all {len(keys)} "
-                               f"assignment(s) failed ({'; '.join(map(str, node.errors))[:300]})")
+            node.events.append(
+                f"{stamp(now)} device {device} blocked for {block_s:g}s: all {len(keys)} "
+                f"assignment(s) failed ({'; '.join(map(str, node.errors))[:300]})"
+            )
             self._on_change()
 
     def errors_of(self, node_id: str) -> dict[str, AssignmentError]:
@@ -175,13 +180,23 @@ class NodeRegistry:
         """Every node, sorted by id; `cut` is the applied plan per node (what each is assigned)."""
         now = self.clock()
         with self._lock:
-            return [NodeView(node_id=n.node_id, devices=n.devices, state=n.state,
-                             last_heartbeat_unix=n.last_heartbeat,
-                             seconds_since_heartbeat=max(0.0, now - n.last_heartbeat),
-                             assigned=cut.get(n.node_id, ()), running=n.running, events=tuple(n.events),
-                             address=n.address, applied_revision=n.applied_revision, errors=n.errors,
-                             observed=dict(n.observed))
-                    for n in sorted(self._nodes.values(), key=lambda n: n.node_id)]
+            return [
+                NodeView(
+                    node_id=n.node_id,
+                    devices=n.devices,
+                    state=n.state,
+                    last_heartbeat_unix=n.last_heartbeat,
+                    seconds_since_heartbeat=max(0.0, now - n.last_heartbeat),
+                    assigned=cut.get(n.node_id, ()),
+                    running=n.running,
+                    events=tuple(n.events),
+                    address=n.address,
+                    applied_revision=n.applied_revision,
+                    errors=n.errors,
+                    observed=dict(n.observed),
+                )
+                for n in sorted(self._nodes.values(), key=lambda n: n.node_id)
+            ]
 
     def healthy_slots(self) -> tuple[Binding, ...]:
         """The device slots of ready and waiting nodes that are not blocked, sorted (expired blocks lift)."""
@@ -192,7 +207,11 @@ class NodeRegistry:
                     if until <= now:
                         del n.blocked[device]
                         n.events.append(f"{stamp(now)} device {device} unblocked")
-            slots = [Binding(n.node_id, d.index, d.gpu_type or self.config.gpu_type_for(d))
-                     for n in self._nodes.values() if n.state in ("ready", "waiting") for d in n.devices
-                     if d.index not in n.blocked]
+            slots = [
+                Binding(n.node_id, d.index, d.gpu_type or self.config.gpu_type_for(d))
+                for n in self._nodes.values()
+                if n.state in ("ready", "waiting")
+                for d in n.devices
+                if d.index not in n.blocked
+            ]
         return tuple(sorted(slots, key=lambda s: (s.node_id, s.device)))

@@ -31,6 +31,7 @@ Fields a plan entry sets:
 Only `write_config` touches the file system (atomic, and only when the bytes
 change).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,8 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from controller.messages import ModelAssignment
-from stoke.files import atomic_write_text
 from stoke.errors import InputError
+from stoke.files import atomic_write_text
 
 CONFIG_NAME = "config.pbtxt"
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
@@ -61,16 +62,16 @@ def parse_config(text: str, source: str = "config.pbtxt") -> ModelConfig:
     try:
         return text_format.Parse(text, ModelConfig())
     except text_format.ParseError as err:
-        raise RenderError(f"{source}: not a valid Triton model config ({err}); "
-                          f"fix the protobuf text format") from None
+        raise RenderError(f"{source}: not a valid Triton model config ({err}); fix the protobuf text format") from None
 
 
 def read_config(path: str | os.PathLike[str]) -> ModelConfig:
     try:
         text = Path(path).read_text()
     except OSError as err:
-        raise RenderError(f"{path}: cannot read model config ({err.strerror}); "
-                          f"each model needs <repo>/<model>/{CONFIG_NAME}") from None
+        raise RenderError(
+            f"{path}: cannot read model config ({err.strerror}); each model needs <repo>/<model>/{CONFIG_NAME}"
+        ) from None
     return parse_config(text, str(path))
 
 
@@ -111,8 +112,14 @@ def _check(assignment: ModelAssignment, device_kind: str) -> None:
         raise RenderError(f"{where}: device must be >= 0, got {assignment.device!r}")
 
 
-def render_config(base: ModelConfig, assignment: ModelAssignment, *, device_kind: str,
-                  gpu_index: int | None = None, latency_histogram: bool = False) -> ModelConfig:
+def render_config(
+    base: ModelConfig,
+    assignment: ModelAssignment,
+    *,
+    device_kind: str,
+    gpu_index: int | None = None,
+    latency_histogram: bool = False,
+) -> ModelConfig:
     """The base config with the planned batch, batching, instance group (and histogram) set.
 
     `gpu_index` overrides the GPU index written on a GPU node (a Triton process

@@ -4,6 +4,7 @@ Apart from `controller.render` (one assignment -> one config), which the
 agents use, because a plan is the solver's type and the agents do not import
 the solver.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,18 +21,33 @@ def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignmen
     """One assignment per placement; the device is the GPU's position in the plan."""
     if not isinstance(plan, Plan):
         plan = plan_from_dict(plan)
-    return [ModelAssignment(workload=p.name, model=p.model, device=index, share_pct=p.share_pct,
-                            batch=p.batch, queue_delay_ms=p.queue_delay_ms, slo_ms=p.slo_ms,
-                            rate_rps=p.rate_rps, replica=p.replica)
-            for index, p in plan.placements()]
+    return [
+        ModelAssignment(
+            workload=p.name,
+            model=p.model,
+            device=index,
+            share_pct=p.share_pct,
+            batch=p.batch,
+            queue_delay_ms=p.queue_delay_ms,
+            slo_ms=p.slo_ms,
+            rate_rps=p.rate_rps,
+            replica=p.replica,
+        )
+        for index, p in plan.placements()
+    ]
 
 
 def _safe(key: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
 
 
-def render_plan(plan: Plan | Mapping[str, Any], repo_dir: str | os.PathLike[str], device_kind: str,
-                *, latency_histogram: bool = False) -> list[str]:
+def render_plan(
+    plan: Plan | Mapping[str, Any],
+    repo_dir: str | os.PathLike[str],
+    device_kind: str,
+    *,
+    latency_histogram: bool = False,
+) -> list[str]:
     """Write the configs of a plan into a local model repository; returns the changed paths.
 
     Each model's ``config.pbtxt`` gets the first placement of that model (in
@@ -47,11 +63,11 @@ def render_plan(plan: Plan | Mapping[str, Any], repo_dir: str | os.PathLike[str]
     for assignment in assignments_from_plan(plan):
         if assignment.model not in bases:
             bases[assignment.model] = read_config(repo / assignment.model / CONFIG_NAME)
-        config = render_config(bases[assignment.model], assignment, device_kind=device_kind,
-                               latency_histogram=latency_histogram)
+        config = render_config(
+            bases[assignment.model], assignment, device_kind=device_kind, latency_histogram=latency_histogram
+        )
         by_model.setdefault(assignment.model, []).append(config)
-        keyed.setdefault(assignment.model, []).append(
-            (f"{_safe(assignment.workload)}_{assignment.replica}", config))
+        keyed.setdefault(assignment.model, []).append((f"{_safe(assignment.workload)}_{assignment.replica}", config))
     changed: list[str] = []
     for model, configs in by_model.items():
         path = repo / model / CONFIG_NAME

@@ -3,14 +3,16 @@
 The configuration (`stoke controller --config FILE`) is declared in
 `controller.config`; its JSON Schema is `controller/data/controller-config.schema.json`.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,22 +35,31 @@ SERVICES = ("", "stoke.v1.StokeController", "stoke.v1.AgentGateway")
 class ControllerServer:
     """Everything of one controller process; `start()` then `stop()`."""
 
-    def __init__(self, config: ControllerConfig, *, clock: Callable[[], float] = time.time,
-                 solver: Callable[..., Any] = solve, max_workers: int = 16) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        solver: Callable[..., Any] = solve,
+        max_workers: int = 16,
+    ) -> None:
         self.config = config
         token = read_token(config.token_file)
         self.auth = token is not None
         if not self.auth:
-            log.warning("no token (token_file / $STOKE_TOKEN): the API is open to anyone who can reach %s",
-                        config.listen)
+            log.warning(
+                "no token (token_file / $STOKE_TOKEN): the API is open to anyone who can reach %s", config.listen
+            )
         self.store = Store(config.db)
         self.metrics = ControllerMetrics()
         self.service = ControlService(self.store, config.service, clock=clock, solver=solver, observer=self.metrics)
         self.metrics.attach(self.service)
         self._upload_profiles()
         interceptors = [BearerTokenInterceptor(token)] if token else []
-        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stoke-rpc"),
-                                interceptors=interceptors)
+        self.grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stoke-rpc"),
+            interceptors=interceptors,
+        )
         self.port = self._serve_grpc()
         self.address = f"{config.listen.rsplit(':', 1)[0]}:{self.port}"
         self.metrics_port = 0
@@ -61,8 +72,9 @@ class ControllerServer:
             try:
                 text = Path(source.path).read_text()
             except OSError as err:
-                raise ConfigError(f"{source.path}: cannot read the profile named in profiles ({err.strerror})",
-                                  "profiles") from None
+                raise ConfigError(
+                    f"{source.path}: cannot read the profile named in profiles ({err.strerror})", "profiles"
+                ) from None
             try:
                 self.service.upload_profile(text, source.gpu_type)
             except InvalidArgument as err:
@@ -73,9 +85,12 @@ class ControllerServer:
         stoke_pb2_grpc.add_AgentGatewayServicer_to_server(AgentHandlers(self.service), self.grpc)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        names = (stoke_pb2.DESCRIPTOR.services_by_name["StokeController"].full_name,
-                 stoke_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name,
-                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        names = (
+            stoke_pb2.DESCRIPTOR.services_by_name["StokeController"].full_name,
+            stoke_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
         reflection.enable_server_reflection(names, self.grpc)
         tls = self.config.tls
         if tls is not None:
@@ -83,11 +98,10 @@ class ControllerServer:
         else:
             port = self.grpc.add_insecure_port(self.config.listen)
         if not port:
-            raise ConfigError(f"cannot listen on {self.config.listen} (in use?); change listen in the config",
-                              "listen")
+            raise ConfigError(f"cannot listen on {self.config.listen} (in use?); change listen in the config", "listen")
         return port
 
-    def start(self) -> "ControllerServer":
+    def start(self) -> ControllerServer:
         self.grpc.start()
         if self.config.metrics_listen:
             host, port = self.config.metrics_listen.rsplit(":", 1)
@@ -95,14 +109,20 @@ class ControllerServer:
                 self._metrics_server, _ = self.metrics.serve(host, int(port))
             except OSError as err:
                 self.grpc.stop(0)
-                raise ConfigError(f"cannot serve metrics on {self.config.metrics_listen} ({err.strerror}); "
-                                  f"change metrics_listen") from None
+                raise ConfigError(
+                    f"cannot serve metrics on {self.config.metrics_listen} ({err.strerror}); change metrics_listen"
+                ) from None
             self.metrics_port = self._metrics_server.server_port
         for name in SERVICES:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._loop.start()
-        log.info("controller on %s (auth %s, tls %s), metrics on %s", self.address, "on" if self.auth else "off",
-                 "on" if self.config.tls else "off", self.metrics_port or "off")
+        log.info(
+            "controller on %s (auth %s, tls %s), metrics on %s",
+            self.address,
+            "on" if self.auth else "off",
+            "on" if self.config.tls else "off",
+            self.metrics_port or "off",
+        )
         return self
 
     def _reconcile_loop(self) -> None:
@@ -111,9 +131,15 @@ class ControllerServer:
             try:
                 outcome = self.service.reconcile()
                 if outcome is not None and outcome.changed:
-                    log.info("plan revision %d applied: %s", outcome.plan.revision,
-                             "; ".join(f"{c.node_id}: +{len(c.start)} ~{len(c.reload)} >{len(c.move)} "
-                                       f"-{len(c.stop)}" for c in outcome.changes) or "no node change")
+                    log.info(
+                        "plan revision %d applied: %s",
+                        outcome.plan.revision,
+                        "; ".join(
+                            f"{c.node_id}: +{len(c.start)} ~{len(c.reload)} >{len(c.move)} -{len(c.stop)}"
+                            for c in outcome.changes
+                        )
+                        or "no node change",
+                    )
             except Exception as err:  # noqa: BLE001 - recorded as last_error and a metric; the loop goes on
                 log.warning("reconcile failed: %s", err)
             self.service.wait_for_change(tick)

@@ -18,16 +18,26 @@ field; an unknown name `NotFound`), keeps the fitted profiles, and wakes the
 reconcile loop on every change. Nothing here knows about gRPC. Time comes
 from the injected `clock` (unix seconds).
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from controller.config import ServiceConfig
-from controller.messages import (AssignmentError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport,
-                                 InvalidArgument, NodeDevice, check_name, invalid)
+from controller.messages import (
+    AssignmentError,
+    FailedPrecondition,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    InvalidArgument,
+    NodeDevice,
+    check_name,
+    invalid,
+)
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView
@@ -46,11 +56,13 @@ def _unplannable(err: ProblemError) -> FailedPrecondition:
 def validate_workload(fields: Mapping[str, Any], where: str) -> Workload:
     """A Workload from plain fields; raises InvalidArgument naming e.g. ``workloads[0].rate_rps``."""
     gpu_type = fields.get("gpu_type") or None
-    return Workload(name=check_name(fields.get("name"), f"{where}.name"),
-                    model=check_name(fields.get("model"), f"{where}.model"),
-                    slo_ms=check.positive(fields.get("slo_ms"), f"{where}.slo_ms", error=InvalidArgument),
-                    rate_rps=check.positive(fields.get("rate_rps"), f"{where}.rate_rps", error=InvalidArgument),
-                    gpu_type=None if gpu_type is None else check_name(gpu_type, f"{where}.gpu_type"))
+    return Workload(
+        name=check_name(fields.get("name"), f"{where}.name"),
+        model=check_name(fields.get("model"), f"{where}.model"),
+        slo_ms=check.positive(fields.get("slo_ms"), f"{where}.slo_ms", error=InvalidArgument),
+        rate_rps=check.positive(fields.get("rate_rps"), f"{where}.rate_rps", error=InvalidArgument),
+        gpu_type=None if gpu_type is None else check_name(gpu_type, f"{where}.gpu_type"),
+    )
 
 
 class ProfileBook:
@@ -63,9 +75,14 @@ class ProfileBook:
         self._profiles = self._load()
 
     def _load(self) -> dict[str, DeviceProfile]:
-        return {gpu_type: profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"],
-                                             "models": data["models"]}, f"stored profile {gpu_type}")
-                for gpu_type, data in self.store.profile_dicts().items() if data["models"]}
+        return {
+            gpu_type: profile_from_dict(
+                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": data["models"]},
+                f"stored profile {gpu_type}",
+            )
+            for gpu_type, data in self.store.profile_dicts().items()
+            if data["models"]
+        }
 
     def snapshot(self) -> tuple[dict[str, DeviceProfile], int]:
         with self._lock:
@@ -80,19 +97,26 @@ class ProfileBook:
 
 
 class ControlService:
-    def __init__(self, store: Store, config: ServiceConfig | None = None, *,
-                 clock: Callable[[], float] = time.time, solver: Solver = solve,
-                 observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: ServiceConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        solver: Solver = solve,
+        observer: Observer | None = None,
+    ) -> None:
         self.store = store
         self.config = config or ServiceConfig()
         self.clock = clock
         self._changed = threading.Event()
         self.profiles = ProfileBook(store)
         self.nodes = NodeRegistry(self.config, clock, self.wake)
-        self.reconciler = Reconciler(store, self.nodes, self.profiles.snapshot, self.config, clock=clock,
-                                     solver=solver, observer=observer)
+        self.reconciler = Reconciler(
+            store, self.nodes, self.profiles.snapshot, self.config, clock=clock, solver=solver, observer=observer
+        )
         applied = self.reconciler.applied
-        if applied is not None:      # nodes of the applied plan: wait for them before re-planning
+        if applied is not None:  # nodes of the applied plan: wait for them before re-planning
             self.nodes.restore(applied.bindings)
         self._changed.set()
 
@@ -135,26 +159,41 @@ class ControlService:
         return result
 
     @staticmethod
-    def _checked_workload(item: Mapping[str, Any] | Workload, where: str,
-                          profiles: Mapping[str, DeviceProfile]) -> Workload:
+    def _checked_workload(
+        item: Mapping[str, Any] | Workload, where: str, profiles: Mapping[str, DeviceProfile]
+    ) -> Workload:
         """The workload, checked on its own and against the fitted profiles."""
         if isinstance(item, Workload):
-            item = {"name": item.name, "model": item.model, "slo_ms": item.slo_ms, "rate_rps": item.rate_rps,
-                    "gpu_type": item.gpu_type}
+            item = {
+                "name": item.name,
+                "model": item.model,
+                "slo_ms": item.slo_ms,
+                "rate_rps": item.rate_rps,
+                "gpu_type": item.gpu_type,
+            }
         w = validate_workload(item, where)
         known = sorted({m for p in profiles.values() for m in p.models})
         if w.model not in known:
-            raise invalid(f"{where}.model", f"{w.model!r} has no fitted profile on this controller (profiled: "
-                                            f"{', '.join(known) or 'none'}); upload one with "
-                                            f"`stoke profiles upload FILE` or use a profiled model")
+            raise invalid(
+                f"{where}.model",
+                f"{w.model!r} has no fitted profile on this controller (profiled: "
+                f"{', '.join(known) or 'none'}); upload one with "
+                f"`stoke profiles upload FILE` or use a profiled model",
+            )
         if w.gpu_type is not None and w.gpu_type not in profiles:
-            raise invalid(f"{where}.gpu_type", f"{w.gpu_type!r} has no profile (known: "
-                                               f"{', '.join(sorted(profiles)) or 'none'}); drop it or use a known "
-                                               f"GPU type")
+            raise invalid(
+                f"{where}.gpu_type",
+                f"{w.gpu_type!r} has no profile (known: "
+                f"{', '.join(sorted(profiles)) or 'none'}); drop it or use a known "
+                f"GPU type",
+            )
         if w.gpu_type is not None and w.model not in profiles[w.gpu_type].models:
-            raise invalid(f"{where}.gpu_type", f"{w.model!r} is not profiled on {w.gpu_type!r} (profiled there: "
-                                               f"{', '.join(sorted(profiles[w.gpu_type].models))}); upload its "
-                                               f"profile for that GPU type or drop gpu_type")
+            raise invalid(
+                f"{where}.gpu_type",
+                f"{w.model!r} is not profiled on {w.gpu_type!r} (profiled there: "
+                f"{', '.join(sorted(profiles[w.gpu_type].models))}); upload its "
+                f"profile for that GPU type or drop gpu_type",
+            )
         return w
 
     def delete_workload(self, name: str) -> bool:

@@ -19,12 +19,15 @@ batching model's table was simulated with.
 Seeded with numpy's PCG64: the same plan, profiles and seed give the same
 report. Pure: no I/O, no clock.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from controller.solver.problem import Placement, Plan
 from interference.batching import ServiceCurve, serve
@@ -40,13 +43,12 @@ class WorkloadReport:
     throughput_rps: float
     p50_ms: float
     p99_ms: float
-    over_slo: float          # fraction of requests slower than the SLO
+    over_slo: float  # fraction of requests slower than the SLO
     requests: int
 
     @property
     def meets_slo(self) -> bool:
         return self.p99_ms <= self.slo_ms
-
 
     @property
     def p99_slo_ratio(self) -> float:
@@ -82,7 +84,7 @@ def service_curve(profile: DeviceProfile, placements: tuple[Placement, ...], ind
     return ServiceCurve(*batch_curve(profile, me.model, me.share_pct, me.batch, others))
 
 
-def _arrivals(rng: np.random.Generator, rate_rps: float, seconds: float, poisson: bool) -> np.ndarray:
+def _arrivals(rng: np.random.Generator, rate_rps: float, seconds: float, poisson: bool) -> NDArray[Any]:
     rate_per_ms = rate_rps / 1000.0
     horizon = seconds * 1000.0
     if not poisson:
@@ -93,8 +95,15 @@ def _arrivals(rng: np.random.Generator, rate_rps: float, seconds: float, poisson
     return times[times < horizon]
 
 
-def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: float = 30.0, seed: int = 0,
-             arrivals: str | None = None, noise: float = 0.0) -> SimulationReport:
+def simulate(
+    plan: Plan,
+    profiles: Mapping[str, DeviceProfile],
+    *,
+    seconds: float = 30.0,
+    seed: int = 0,
+    arrivals: str | None = None,
+    noise: float = 0.0,
+) -> SimulationReport:
     """Replay `plan` for `seconds` and report per workload (replicas merged).
 
     `arrivals` ("poisson" or "constant") overrides every placement's own kind.
@@ -102,7 +111,7 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
     if arrivals not in (None, "poisson", "constant"):
         raise ValueError(f"arrivals must be 'poisson' or 'constant', got {arrivals!r}")
     rng = np.random.default_rng(seed)
-    per_workload: dict[str, list[np.ndarray]] = {}
+    per_workload: dict[str, list[NDArray[Any]]] = {}
     meta: dict[str, Placement] = {}
     offered: dict[str, float] = {}
     completed: dict[str, int] = {}
@@ -114,12 +123,18 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
             kind = arrivals or placement.arrivals
             times = _arrivals(rng, placement.rate_rps, seconds, kind == "poisson")
             factor = (lambda: float(rng.lognormal(0.0, noise))) if noise > 0 else None
-            latencies, _ = serve(times, placement.batch, placement.queue_delay_ms,
-                                 np.concatenate([[0.0], curve.latency_ms]),
-                                 np.concatenate([[0.0], curve.occupancy_ms]), factor)
+            latencies, _ = serve(
+                times,
+                placement.batch,
+                placement.queue_delay_ms,
+                np.concatenate([[0.0], curve.latency_ms]),
+                np.concatenate([[0.0], curve.occupancy_ms]),
+                factor,
+            )
             per_workload.setdefault(placement.name, []).append(latencies)
             completed[placement.name] = completed.get(placement.name, 0) + int(
-                np.sum(times + latencies <= seconds * 1000.0))
+                np.sum(times + latencies <= seconds * 1000.0)
+            )
             meta.setdefault(placement.name, placement)
             offered[placement.name] = offered.get(placement.name, 0.0) + placement.rate_rps
     reports = []
@@ -129,9 +144,16 @@ def simulate(plan: Plan, profiles: Mapping[str, DeviceProfile], *, seconds: floa
         if latencies.size == 0:
             reports.append(WorkloadReport(name, slo, offered[name], 0.0, 0.0, 0.0, 0.0, 0))
             continue
-        reports.append(WorkloadReport(
-            name=name, slo_ms=slo, offered_rps=offered[name], throughput_rps=completed[name] / seconds,
-            p50_ms=float(np.percentile(latencies, 50)), p99_ms=float(np.percentile(latencies, 99)),
-            over_slo=float(np.mean(latencies > slo)), requests=int(latencies.size)))
+        reports.append(
+            WorkloadReport(
+                name=name,
+                slo_ms=slo,
+                offered_rps=offered[name],
+                throughput_rps=completed[name] / seconds,
+                p50_ms=float(np.percentile(latencies, 50)),
+                p99_ms=float(np.percentile(latencies, 99)),
+                over_slo=float(np.mean(latencies > slo)),
+                requests=int(latencies.size),
+            )
+        )
     return SimulationReport(seconds=seconds, seed=seed, workloads=tuple(reports))
-

@@ -15,10 +15,11 @@ plan with the nodes' reports. A workload's state:
 Observed latency is the worst over replicas that saw requests in the last
 window; SLO attainment the share of those within the SLO.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from controller.messages import AssignmentError, Observation, Replica
 from controller.reconcile.planning import PlanView
@@ -41,7 +42,7 @@ class ReplicaStatus:
 @dataclass(frozen=True)
 class WorkloadStatus:
     workload: Workload
-    state: str                  # serving | starting | failing | pending | degraded
+    state: str  # serving | starting | failing | pending | degraded
     reason: str
     replicas: tuple[ReplicaStatus, ...]
     predicted_latency_ms: float
@@ -61,17 +62,23 @@ class ClusterStatus:
     last_error: str
 
 
-def cluster_status(applied: PlanView | None, workloads: Sequence[Workload], nodes: Sequence[NodeView],
-                   last_error: str) -> ClusterStatus:
+def cluster_status(
+    applied: PlanView | None, workloads: Sequence[Workload], nodes: Sequence[NodeView], last_error: str
+) -> ClusterStatus:
     by_id = {n.node_id: n for n in nodes}
     replicas = planned_replicas(applied, by_id) if applied else {}
     pending = dict(applied.pending) if applied else {}
     out = tuple(workload_status(w, replicas.get(w.name, ()), pending, by_id) for w in workloads)
     bound = [g for g, b in zip(applied.plan.gpus, applied.bindings) if b is not None] if applied else []
-    return ClusterStatus(revision=applied.revision if applied else 0, workloads=out, gpus_in_use=len(bound),
-                         cost_per_hour=sum(g.price_per_hour for g in bound),
-                         nodes_ready=sum(1 for n in nodes if n.state == "ready"),
-                         nodes_lost=sum(1 for n in nodes if n.state == "lost"), last_error=last_error)
+    return ClusterStatus(
+        revision=applied.revision if applied else 0,
+        workloads=out,
+        gpus_in_use=len(bound),
+        cost_per_hour=sum(g.price_per_hour for g in bound),
+        nodes_ready=sum(1 for n in nodes if n.state == "ready"),
+        nodes_lost=sum(1 for n in nodes if n.state == "lost"),
+        last_error=last_error,
+    )
 
 
 def planned_replicas(applied: PlanView, nodes: Mapping[str, NodeView]) -> dict[str, tuple[ReplicaStatus, ...]]:
@@ -85,36 +92,54 @@ def planned_replicas(applied: PlanView, nodes: Mapping[str, NodeView]) -> dict[s
         for p in gpu.placements:
             key = str(Replica(p.name, p.replica))
             have = running.get(key)
-            serving = have is not None and (have.device, have.share_pct, have.batch, have.queue_delay_ms) == \
-                (b.device, float(p.share_pct), int(p.batch), float(p.queue_delay_ms))
-            out.setdefault(p.name, []).append(ReplicaStatus(
-                replica=p.replica, node_id=b.node_id, device=b.device, share_pct=p.share_pct, batch=p.batch,
-                predicted_latency_ms=p.predicted_worst_ms, serving=serving,
-                observed=node.observed.get(key) if node else None))
+            serving = have is not None and (have.device, have.share_pct, have.batch, have.queue_delay_ms) == (
+                b.device,
+                float(p.share_pct),
+                int(p.batch),
+                float(p.queue_delay_ms),
+            )
+            out.setdefault(p.name, []).append(
+                ReplicaStatus(
+                    replica=p.replica,
+                    node_id=b.node_id,
+                    device=b.device,
+                    share_pct=p.share_pct,
+                    batch=p.batch,
+                    predicted_latency_ms=p.predicted_worst_ms,
+                    serving=serving,
+                    observed=node.observed.get(key) if node else None,
+                )
+            )
     return {name: tuple(sorted(reps, key=lambda r: r.replica)) for name, reps in out.items()}
 
 
-def workload_status(w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str],
-                    nodes: Mapping[str, NodeView]) -> WorkloadStatus:
+def workload_status(
+    w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str], nodes: Mapping[str, NodeView]
+) -> WorkloadStatus:
     state, reason = workload_state(w, replicas, pending, nodes)
     observed = [r.observed for r in replicas if r.observed is not None]
-    busy = [o for o in observed if o.success_in_window]     # latency is only known where requests came
+    busy = [o for o in observed if o.success_in_window]  # latency is only known where requests came
     return WorkloadStatus(
-        workload=w, state=state, reason=reason, replicas=replicas,
+        workload=w,
+        state=state,
+        reason=reason,
+        replicas=replicas,
         predicted_latency_ms=max((r.predicted_latency_ms for r in replicas), default=0.0),
         observed_latency_ms=max(o.latency_ms for o in busy) if busy else None,
         observed_rate_rps=sum(o.request_rate_rps for o in observed) if observed else None,
-        slo_attainment=sum(1 for o in busy if o.latency_ms <= w.slo_ms) / len(busy) if busy else None)
+        slo_attainment=sum(1 for o in busy if o.latency_ms <= w.slo_ms) / len(busy) if busy else None,
+    )
 
 
-def workload_state(w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str],
-                   nodes: Mapping[str, NodeView]) -> tuple[str, str]:
+def workload_state(
+    w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str], nodes: Mapping[str, NodeView]
+) -> tuple[str, str]:
     """(state, reason); see the module docstring."""
     if not replicas:
         return "pending", pending.get(w.name, "not planned yet")
     if any(r.node_id not in nodes or nodes[r.node_id].state != "ready" for r in replicas):
         return "degraded", "a node of this workload is not ready"
-    if w.name in pending:     # some replicas placed, the rest could not be
+    if w.name in pending:  # some replicas placed, the rest could not be
         return "degraded", pending[w.name]
     if all(r.serving for r in replicas):
         return "serving", ""

@@ -12,14 +12,16 @@ Actual state (nodes, what runs) is not stored: it is rebuilt from the agents'
 reports after a restart. Every multi-row change runs in one transaction, so a
 bad request stores nothing.
 """
+
 from __future__ import annotations
 
 import json
 import sqlite3
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from controller.reconcile.slots import Binding
 from controller.solver import Workload
@@ -52,7 +54,7 @@ class DatabaseError(StokeError, RuntimeError):
 @dataclass(frozen=True)
 class StoredPlan:
     revision: int
-    plan: dict[str, Any]                 # plan_to_dict shape
+    plan: dict[str, Any]  # plan_to_dict shape
     bindings: tuple[Binding | None, ...]  # one per plan GPU (None: no free slot was found)
     pending: tuple[tuple[str, str], ...]  # (workload, reason) not placed
     created_unix: float
@@ -81,8 +83,10 @@ class Store:
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) != SCHEMA_VERSION:
-                raise DatabaseError(f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
-                                 f"use a fresh db path or an older stoke")
+                raise DatabaseError(
+                    f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
+                    f"use a fresh db path or an older stoke"
+                )
         except sqlite3.Error as err:
             raise DatabaseError(f"{self.path}: cannot open the controller database ({err})") from None
         self._lock = threading.Lock()
@@ -104,8 +108,9 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for w in workloads:
-                    row = self._db.execute("SELECT model, slo_ms, rate_rps, gpu_type FROM workloads WHERE name=?",
-                                           (w.name,)).fetchone()
+                    row = self._db.execute(
+                        "SELECT model, slo_ms, rate_rps, gpu_type FROM workloads WHERE name=?", (w.name,)
+                    ).fetchone()
                     values = (w.model, float(w.slo_ms), float(w.rate_rps), w.gpu_type)
                     if row is None:
                         created.append(w.name)
@@ -114,8 +119,9 @@ class Store:
                         continue
                     else:
                         updated.append(w.name)
-                    self._db.execute("INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)",
-                                     (w.name, *values, now))
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)", (w.name, *values, now)
+                    )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -129,23 +135,27 @@ class Store:
 
     def workloads(self) -> tuple[Workload, ...]:
         with self._lock:
-            rows = self._db.execute("SELECT name, model, slo_ms, rate_rps, gpu_type FROM workloads "
-                                    "ORDER BY name").fetchall()
+            rows = self._db.execute(
+                "SELECT name, model, slo_ms, rate_rps, gpu_type FROM workloads ORDER BY name"
+            ).fetchall()
         return tuple(Workload(name=r[0], model=r[1], slo_ms=r[2], rate_rps=r[3], gpu_type=r[4]) for r in rows)
 
     # ------------------------------------------------------------ profiles
 
-    def put_profile(self, gpu_type: str, gpu: dict[str, Any], models: dict[str, dict[str, Any]],
-                    now: float) -> None:
+    def put_profile(self, gpu_type: str, gpu: dict[str, Any], models: dict[str, dict[str, Any]], now: float) -> None:
         """Store a GPU type's coefficients and upsert its models (one transaction)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("INSERT OR REPLACE INTO gpu_profiles VALUES (?, ?, ?)",
-                                 (gpu_type, json.dumps(gpu, sort_keys=True), now))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO gpu_profiles VALUES (?, ?, ?)",
+                    (gpu_type, json.dumps(gpu, sort_keys=True), now),
+                )
                 for model, data in models.items():
-                    self._db.execute("INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)",
-                                     (gpu_type, model, json.dumps(data, sort_keys=True), now))
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)",
+                        (gpu_type, model, json.dumps(data, sort_keys=True), now),
+                    )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -155,8 +165,9 @@ class Store:
         """{gpu_type: {"gpu": {...}, "models": {model: {...}}}}: the stored fitted profiles."""
         with self._lock:
             gpus = self._db.execute("SELECT gpu_type, gpu_json FROM gpu_profiles ORDER BY gpu_type").fetchall()
-            models = self._db.execute("SELECT gpu_type, model, model_json FROM model_profiles "
-                                      "ORDER BY gpu_type, model").fetchall()
+            models = self._db.execute(
+                "SELECT gpu_type, model, model_json FROM model_profiles ORDER BY gpu_type, model"
+            ).fetchall()
         out: dict[str, dict[str, Any]] = {g: {"gpu": json.loads(text), "models": {}} for g, text in gpus}
         for gpu_type, model, text in models:
             if gpu_type in out:
@@ -165,24 +176,31 @@ class Store:
 
     def profile_rows(self) -> list[ProfileRow]:
         with self._lock:
-            rows = self._db.execute("SELECT gpu_type, model, uploaded_unix FROM model_profiles "
-                                    "ORDER BY model, gpu_type").fetchall()
+            rows = self._db.execute(
+                "SELECT gpu_type, model, uploaded_unix FROM model_profiles ORDER BY model, gpu_type"
+            ).fetchall()
         return [ProfileRow(*r) for r in rows]
 
     # ------------------------------------------------------------ plans
 
-    def add_plan(self, plan: dict[str, Any], bindings: Iterable[Binding | None],
-                 pending: Iterable[tuple[str, str]], now: float, keep: int = KEEP_PLANS) -> int:
+    def add_plan(
+        self,
+        plan: dict[str, Any],
+        bindings: Iterable[Binding | None],
+        pending: Iterable[tuple[str, str]],
+        now: float,
+        keep: int = KEEP_PLANS,
+    ) -> int:
         """Store a new applied plan; returns its revision. Only the last `keep` revisions are kept."""
         bindings_json = json.dumps([None if b is None else [b.node_id, b.device, b.gpu_type] for b in bindings])
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                cur = self._db.execute("INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) "
-                                       "VALUES (?, ?, ?, ?)",
-                                       (json.dumps(plan, sort_keys=True), bindings_json,
-                                        json.dumps([list(p) for p in pending]), now))
-                revision = int(cur.lastrowid or 0)   # AUTOINCREMENT: always set after an INSERT
+                cur = self._db.execute(
+                    "INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) VALUES (?, ?, ?, ?)",
+                    (json.dumps(plan, sort_keys=True), bindings_json, json.dumps([list(p) for p in pending]), now),
+                )
+                revision = int(cur.lastrowid or 0)  # AUTOINCREMENT: always set after an INSERT
                 self._db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
                 self._db.execute("COMMIT")
             except BaseException:
@@ -192,15 +210,21 @@ class Store:
 
     def latest_plan(self) -> StoredPlan | None:
         with self._lock:
-            row = self._db.execute("SELECT revision, plan_json, bindings_json, pending_json, created_unix "
-                                   "FROM plans ORDER BY revision DESC LIMIT 1").fetchone()
+            row = self._db.execute(
+                "SELECT revision, plan_json, bindings_json, pending_json, created_unix "
+                "FROM plans ORDER BY revision DESC LIMIT 1"
+            ).fetchone()
         if row is None:
             return None
-        bindings = tuple(None if b is None else Binding(str(b[0]), int(b[1]), str(b[2]))
-                         for b in json.loads(row[2]))
+        bindings = tuple(None if b is None else Binding(str(b[0]), int(b[1]), str(b[2])) for b in json.loads(row[2]))
         pending = tuple((str(p[0]), str(p[1])) for p in json.loads(row[3]))
-        return StoredPlan(revision=int(row[0]), plan=json.loads(row[1]), bindings=bindings, pending=pending,
-                          created_unix=float(row[4]))
+        return StoredPlan(
+            revision=int(row[0]),
+            plan=json.loads(row[1]),
+            bindings=bindings,
+            pending=pending,
+            created_unix=float(row[4]),
+        )
 
     def plan_count(self) -> int:
         with self._lock:

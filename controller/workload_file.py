@@ -15,6 +15,7 @@
 
 Every error names the file, the field and the fix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
     """Workloads from parsed YAML: a mapping with `workloads:` or a bare list."""
     items = data.get("workloads") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
-        raise WorkloadFileError(f"{source}: field 'workloads' must be a non-empty list of "
-                                f"{{name, model, slo_ms, rate_rps}} entries")
+        raise WorkloadFileError(
+            f"{source}: field 'workloads' must be a non-empty list of {{name, model, slo_ms, rate_rps}} entries"
+        )
     workloads, seen = [], set()
     for i, item in enumerate(items):
         where = f"workloads[{i}]"
@@ -79,12 +81,16 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
             raise WorkloadFileError(f"{source}: {where} must be a mapping with name, model, slo_ms, rate_rps")
         unknown = sorted(set(item) - {"name", "model", "slo_ms", "rate_rps", "gpu_type", "arrivals"})
         if unknown:
-            raise WorkloadFileError(f"{source}: {where} has unknown field {unknown[0]!r}; "
-                                    f"allowed: name, model, slo_ms, rate_rps, gpu_type, arrivals")
+            raise WorkloadFileError(
+                f"{source}: {where} has unknown field {unknown[0]!r}; "
+                f"allowed: name, model, slo_ms, rate_rps, gpu_type, arrivals"
+            )
         arrivals = item.get("arrivals", "poisson")
         if arrivals not in ("poisson", "constant"):
-            raise WorkloadFileError(f"{source}: {where}.arrivals must be 'poisson' (independent users, the default) "
-                                    f"or 'constant' (paced clients), got {arrivals!r}")
+            raise WorkloadFileError(
+                f"{source}: {where}.arrivals must be 'poisson' (independent users, the default) "
+                f"or 'constant' (paced clients), got {arrivals!r}"
+            )
         name = _text(item, "name", where, source)
         if name in seen:
             raise WorkloadFileError(f"{source}: {where}.name {name!r} is repeated; workload names must be unique")
@@ -92,10 +98,16 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
         gpu_type = item.get("gpu_type")
         if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type):
             raise WorkloadFileError(f"{source}: {where}.gpu_type must be a GPU type name, got {gpu_type!r}")
-        workloads.append(Workload(name=name, model=_text(item, "model", where, source),
-                                  slo_ms=_number(item, "slo_ms", where, source),
-                                  rate_rps=_number(item, "rate_rps", where, source), gpu_type=gpu_type,
-                                  arrivals=arrivals))
+        workloads.append(
+            Workload(
+                name=name,
+                model=_text(item, "model", where, source),
+                slo_ms=_number(item, "slo_ms", where, source),
+                rate_rps=_number(item, "rate_rps", where, source),
+                gpu_type=gpu_type,
+                arrivals=arrivals,
+            )
+        )
     return tuple(workloads)
 
 
@@ -104,8 +116,9 @@ def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ..
     if items is None:
         return default_gpu_types()
     if not isinstance(items, list) or not items:
-        raise WorkloadFileError(f"{source}: field 'gpu_types' must be a non-empty list of "
-                                f"{{name, price_per_hour, profile?, max_count?}}")
+        raise WorkloadFileError(
+            f"{source}: field 'gpu_types' must be a non-empty list of {{name, price_per_hour, profile?, max_count?}}"
+        )
     types = []
     for i, item in enumerate(items):
         where = f"gpu_types[{i}]"
@@ -126,9 +139,11 @@ def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ..
             profile = bundled_profile()
             if name != profile.gpu.name:
                 # silently planning an A100 with V100 coefficients would be wrong by a wide margin
-                raise WorkloadFileError(f"{source}: {where} ({name!r}) has no profile; give `profile: FILE` "
-                                        f"(fit one with `stoke profile fit`) - only {profile.gpu.name!r} has a "
-                                        f"bundled profile")
+                raise WorkloadFileError(
+                    f"{source}: {where} ({name!r}) has no profile; give `profile: FILE` "
+                    f"(fit one with `stoke profile fit`) - only {profile.gpu.name!r} has a "
+                    f"bundled profile"
+                )
         types.append(GpuType(name=name, price_per_hour=price, profile=profile, max_count=max_count))
     return tuple(types)
 

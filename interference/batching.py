@@ -47,15 +47,18 @@ How the distribution is computed, and why:
 Outside the table (u > 0.953) the queue is treated as unstable: infinite
 latency. The module is pure: numpy only, the table read once from package data.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 ARRIVAL_KINDS = ("poisson", "constant")
 #: Highest full-batch utilisation the Poisson table covers; beyond it latency is infinite.
@@ -121,7 +124,7 @@ class LatencyDistribution:
             return 1.0
         q, p = np.asarray(self.quantiles_ms), np.asarray(self.probabilities)
         if slo_ms < q[0]:
-            return 1.0 - float(p[0]) * max(slo_ms, 0.0) / q[0]
+            return float(1.0 - p[0] * max(slo_ms, 0.0) / q[0])
         if slo_ms <= q[-1]:
             unique, first = np.unique(q, return_index=True)
             return float(1.0 - np.interp(slo_ms, unique, p[first]))
@@ -129,8 +132,9 @@ class LatencyDistribution:
         return float((1.0 - p[-1]) * math.exp(-(slo_ms - q[-1]) / max(decay, 1e-12)))
 
 
-def fill_time_ms(batch: int, rate_rps: float) -> float:
-    """Time for `batch` requests to arrive at `rate_rps`, counted from the first: (B - 1)/lambda."""
+def fill_time_ms(batch: Any, rate_rps: Any) -> Any:
+    """Time for `batch` requests to arrive at `rate_rps`, counted from the first: (B - 1)/lambda.
+    Floats or arrays."""
     return 1000.0 * (batch - 1) / rate_rps
 
 
@@ -148,14 +152,23 @@ def delay_mode(batch: int, rate_rps: float, queue_delay_ms: float) -> str:
         return "zero" if queue_delay_ms <= 1e-9 or batch == 1 else "fill"
     if abs(queue_delay_ms - fill) <= _FILL_TOLERANCE * fill:
         return "fill"
-    raise ValueError(f"the batching model covers a max queue delay of 0 or the fill time "
-                     f"{fill:.3f} ms at batch {batch} and {rate_rps:g} req/s, got {queue_delay_ms:g} ms")
+    raise ValueError(
+        f"the batching model covers a max queue delay of 0 or the fill time "
+        f"{fill:.3f} ms at batch {batch} and {rate_rps:g} req/s, got {queue_delay_ms:g} ms"
+    )
 
 
 # -- the server itself ---------------------------------------------------------------------------------
 
-def serve(arrivals_ms: np.ndarray, batch: int, queue_delay_ms: float, latency_ms: np.ndarray,
-          occupancy_ms: np.ndarray, factor: Callable[[], float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+
+def serve(
+    arrivals_ms: NDArray[Any],
+    batch: int,
+    queue_delay_ms: float,
+    latency_ms: NDArray[Any],
+    occupancy_ms: NDArray[Any],
+    factor: Callable[[], float] | None = None,
+) -> tuple[NDArray[Any], NDArray[Any]]:
     """Latency (ms) and batch size of every request of one instance (discrete-event, exact).
 
     `latency_ms[k]` / `occupancy_ms[k]` are L(k) / O(k) for k = 1..batch (index 0 unused);
@@ -171,14 +184,15 @@ def serve(arrivals_ms: np.ndarray, batch: int, queue_delay_ms: float, latency_ms
         start = max(free_at, arrivals_ms[i], min(full_at, arrivals_ms[i] + delay + 1e-9))  # a tie fills the batch
         k = b if start >= full_at else min(b, int(np.searchsorted(arrivals_ms, start, side="right")) - i)
         scale = factor() if factor is not None else 1.0
-        out[i:i + k] = start + latency_ms[k] * scale - arrivals_ms[i:i + k]
-        sizes[i:i + k] = k
+        out[i : i + k] = start + latency_ms[k] * scale - arrivals_ms[i : i + k]
+        sizes[i : i + k] = k
         free_at = start + occupancy_ms[k] * scale
         i += k
     return out, sizes
 
 
 # -- the Poisson table ---------------------------------------------------------------------------------
+
 
 class BatchingTable:
     """The interpolated dimensionless table (see the module docstring)."""
@@ -193,10 +207,12 @@ class BatchingTable:
         self.modes = tuple(str(m) for m in data["delay_modes"])
         self.logits = np.asarray(data["logits"], dtype=float)
         if not np.allclose(np.diff(self.logits), self.LOGIT_STEP) or self.logits[0] != self.LOGIT_START:
-            raise ValueError(f"{TABLE_FILE}: the utilisation grid must be logit {self.LOGIT_START} in steps of "
-                             f"{self.LOGIT_STEP}; rebuild it with python -m interference.batching_table")
-        self.log_ratio = np.log(np.asarray(data["quantiles"], dtype=float))    # (mode, B, s, v, p)
-        self.tail_batch = np.asarray(data["tail_batch"], dtype=float)          # (mode, B, s, v)
+            raise ValueError(
+                f"{TABLE_FILE}: the utilisation grid must be logit {self.LOGIT_START} in steps of "
+                f"{self.LOGIT_STEP}; rebuild it with python -m interference.batching_table"
+            )
+        self.log_ratio = np.log(np.asarray(data["quantiles"], dtype=float))  # (mode, B, s, v, p)
+        self.tail_batch = np.asarray(data["tail_batch"], dtype=float)  # (mode, B, s, v)
         self.mid_batch = np.asarray(data["mid_batch"], dtype=float)
         self.p99_index = int(np.argmin(np.abs(self.probs - 0.99)))
 
@@ -240,11 +256,11 @@ class BatchingTable:
         log_ratio, size = self.curves(mode, batch, shape, prob_index)
         return CurveSet(np.stack([np.asarray(log_ratio), np.asarray(size)], axis=-1))
 
-    def lookup(self, curves: np.ndarray, sizes: np.ndarray, position: Any) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(self, curves: NDArray[Any], sizes: NDArray[Any], position: Any) -> tuple[NDArray[Any], NDArray[Any]]:
         """(quantile / O(B), batch size) of candidates at fractional grid positions (see `CurveSet`)."""
         return CurveSet(np.stack([curves, sizes], axis=-1)).at_position(position)
 
-    def quantiles(self, mode: str, batch: int, utilisation: float, shape: float) -> tuple[np.ndarray, np.ndarray]:
+    def quantiles(self, mode: str, batch: int, utilisation: float, shape: float) -> tuple[NDArray[Any], NDArray[Any]]:
         """(latency / O(B), batch size) at every stored probability, for one queue."""
         pos = self.position(utilisation)
         ratios, sizes = np.empty(len(self.probs)), np.empty(len(self.probs))
@@ -259,7 +275,7 @@ class CurveSet:
     batch size at that quantile along the utilisation grid. Lookups are a handful of numpy
     operations whatever S is: a planner scans a workload's whole candidate table at once."""
 
-    def __init__(self, packed: np.ndarray):
+    def __init__(self, packed: NDArray[Any]):
         self.packed = np.ascontiguousarray(packed, dtype=float)
         self.grid = self.packed.shape[-2]
         # Flat value and slope arrays: 1-d gathers are several times faster than row gathers.
@@ -274,7 +290,7 @@ class CurveSet:
         """The curves of a sub-array of candidates (numpy indexing on S)."""
         return CurveSet(self.packed[index])
 
-    def at_position(self, position: Any) -> tuple[np.ndarray, np.ndarray]:
+    def at_position(self, position: Any) -> tuple[NDArray[Any], NDArray[Any]]:
         """(ratio, batch size) at fractional grid positions broadcasting against S; NaN -> inf ratio."""
         pos = np.asarray(position, dtype=float)
         bad = np.isnan(pos)
@@ -286,7 +302,7 @@ class CurveSet:
         size = self._size[index] + self._size_slope[index] * w
         return np.where(bad, np.inf, np.exp(log_ratio)), size
 
-    def at_utilisation(self, utilisation: Any) -> tuple[np.ndarray, np.ndarray]:
+    def at_utilisation(self, utilisation: Any) -> tuple[NDArray[Any], NDArray[Any]]:
         """(ratio, batch size) at full-batch utilisations; infinite ratio past the table's top."""
         u = np.minimum(np.maximum(utilisation, 1e-12), MAX_UTILISATION + 1e-9)
         pos = (np.log(u / (1.0 - u)) - BatchingTable.LOGIT_START) / BatchingTable.LOGIT_STEP
@@ -316,8 +332,10 @@ def input_copy_ms(curve: ServiceCurve, size: float) -> float:
 
 # -- the public entry point ----------------------------------------------------------------------------
 
-def latency_distribution(rate_rps: float, max_batch: int, queue_delay_ms: float, arrivals: str,
-                         curve: ServiceCurve) -> LatencyDistribution:
+
+def latency_distribution(
+    rate_rps: float, max_batch: int, queue_delay_ms: float, arrivals: str, curve: ServiceCurve
+) -> LatencyDistribution:
     """Latency distribution of one instance serving `rate_rps` with dynamic batching (see module doc)."""
     if arrivals not in ARRIVAL_KINDS:
         raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_KINDS)}, got {arrivals!r}")
@@ -353,8 +371,9 @@ def paced_p99_ms(latency_b_ms: Any, rate_rps: Any, batch: Any) -> Any:
     return latency_b_ms + 1000.0 * (np.asarray(batch) - 1.0) / rate_rps
 
 
-def _paced(rate_rps: float, batch: int, delay_ms: float, curve: ServiceCurve,
-           utilisation: float) -> LatencyDistribution:
+def _paced(
+    rate_rps: float, batch: int, delay_ms: float, curve: ServiceCurve, utilisation: float
+) -> LatencyDistribution:
     interval = 1000.0 / rate_rps
     if utilisation > 1.0 + 1e-9:
         return LatencyDistribution(PACED_PROBS, tuple([math.inf] * len(PACED_PROBS)), utilisation)
@@ -369,5 +388,5 @@ def _paced(rate_rps: float, batch: int, delay_ms: float, curve: ServiceCurve,
     lat = np.concatenate([[0.0], curve.latency_ms])
     occ = np.concatenate([[0.0], curve.occupancy_ms])
     latencies, _ = serve(arrivals, batch, delay_ms, lat, occ)
-    values = np.percentile(latencies[n // 2:], [100 * p for p in PACED_PROBS])
+    values = np.percentile(latencies[n // 2 :], [100 * p for p in PACED_PROBS])
     return LatencyDistribution(PACED_PROBS, tuple(float(v) for v in values), utilisation)

@@ -9,18 +9,20 @@ to run before ``fit``.
 Every fit is deterministic: closed-form least squares, or bounded
 trust-region least squares (scipy) from a closed-form initial value.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
-from interference.least_squares import bounded_least_squares
 from interference.latency import predict_gpu
+from interference.least_squares import bounded_least_squares
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
 from stoke import validate as check
 from stoke.errors import InputError
@@ -50,7 +52,8 @@ class RawProfileError(InputError):
 def _field(section: Mapping[str, Any], section_name: str, key: str) -> Any:
     if key not in section:
         raise RawProfileError(
-            f"section {section_name!r} lacks field {key!r}; add it (see inference-model.md for the layout)")
+            f"section {section_name!r} lacks field {key!r}; add it (see inference-model.md for the layout)"
+        )
     return section[key]
 
 
@@ -59,7 +62,8 @@ def _grid(section: Mapping[str, Any], name: str, key: str) -> np.ndarray:
     if grid.shape != (len(GRID_BATCHES), len(GRID_SHARES)) or not np.all(np.isfinite(grid)):
         raise RawProfileError(
             f"section {name!r} field {key!r} must be a 3x3 grid of numbers "
-            f"[batch {list(GRID_BATCHES)}][share {list(GRID_SHARES)}], got {grid.tolist()!r}")
+            f"[batch {list(GRID_BATCHES)}][share {list(GRID_SHARES)}], got {grid.tolist()!r}"
+        )
     return grid
 
 
@@ -67,7 +71,8 @@ def _series(section: Mapping[str, Any], name: str, key: str, length: int) -> np.
     values = np.asarray(_field(section, name, key), dtype=float)
     if values.shape != (length,) or not np.all(np.isfinite(values)):
         raise RawProfileError(
-            f"section {name!r} field {key!r} must be a list of {length} numbers, got {values.tolist()!r}")
+            f"section {name!r} field {key!r} must be a list of {length} numbers, got {values.tolist()!r}"
+        )
     return values
 
 
@@ -112,10 +117,16 @@ def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:
     else:
         freq_slope = 0.0  # never observed throttling: assume the clock holds
     return GpuProfile(
-        name=name, max_freq_mhz=max_freq, power_cap_w=power_cap, idle_power_w=idle_power,
-        pcie_bytes_per_ms=bandwidth, share_step_pct=step,
-        sched_slope_ms=float(sched_slope), sched_intercept_ms=float(sched_intercept),
-        freq_slope_mhz_per_w=min(0.0, freq_slope))
+        name=name,
+        max_freq_mhz=max_freq,
+        power_cap_w=power_cap,
+        idle_power_w=idle_power,
+        pcie_bytes_per_ms=bandwidth,
+        share_step_pct=step,
+        sched_slope_ms=float(sched_slope),
+        sched_intercept_ms=float(sched_intercept),
+        freq_slope_mhz_per_w=min(0.0, freq_slope),
+    )
 
 
 def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
@@ -125,8 +136,10 @@ def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np
 
 def active_time_bounds(share: np.ndarray, active_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bounds of (k1..k5): k4 > -min(r) keeps the denominator positive over the profiled range."""
-    return (np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0]),
-            np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()]))
+    return (
+        np.array([-np.inf, -np.inf, -np.inf, -0.9 * share.min(), 0.0]),
+        np.array([np.inf, np.inf, np.inf, 10 * share.max(), active_ms.min()]),
+    )
 
 
 def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> tuple[float, ...]:
@@ -136,7 +149,7 @@ def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray)
     relative error is what an SLO check feels). Initial value: k4 = k5 = 0
     and k1..k3 from the linear fit of active_ms * r.
     """
-    design = np.column_stack([batch ** 2, batch, np.ones_like(batch)])
+    design = np.column_stack([batch**2, batch, np.ones_like(batch)])
     k123, *_ = np.linalg.lstsq(design, active_ms * share, rcond=None)
     x0 = np.array([*k123, 0.0, 0.0])
     lower, upper = active_time_bounds(share, active_ms)
@@ -181,8 +194,9 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
         raise RawProfileError(f"section {name!r}: need at least two unthrottled grid points to fit power")
     power_slope, power_intercept = np.polyfit(ability[unthrottled], power.ravel()[unthrottled] - gpu.idle_power_w, 1)
 
-    point_ability = np.array([1000.0 * b / _active_time(np.asarray(k_act), np.float64(b), np.float64(r))
-                              for b, r in L2_POINTS])
+    point_ability = np.array(
+        [1000.0 * b / _active_time(np.asarray(k_act), np.float64(b), np.float64(r)) for b, r in L2_POINTS]
+    )
     l2_slope, l2_intercept = np.polyfit(point_ability, l2_points, 1)
 
     active_1 = _positive(section, name, "activetime_1")
@@ -192,11 +206,18 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
     alpha = ((active_2 * freq_2 / gpu.max_freq_mhz) / active_1 - 1.0) / l2_single
 
     return ModelProfile(
-        name=name, kernels=kernels, idle_time_ms=idle_solo, k_act=k_act,
-        power_slope_w=float(power_slope), power_intercept_w=float(power_intercept),
-        l2_slope=float(l2_slope), l2_intercept=float(l2_intercept),
+        name=name,
+        kernels=kernels,
+        idle_time_ms=idle_solo,
+        k_act=k_act,
+        power_slope_w=float(power_slope),
+        power_intercept_w=float(power_intercept),
+        l2_slope=float(l2_slope),
+        l2_intercept=float(l2_intercept),
         cache_sensitivity=max(0.0, float(alpha)),
-        bytes_in=int(bytes_in), bytes_out=int(bytes_out))
+        bytes_in=int(bytes_in),
+        bytes_out=int(bytes_out),
+    )
 
 
 @dataclass(frozen=True)
@@ -235,9 +256,16 @@ class FitReport:
         return not self.problems
 
 
-def active_time_report(model: str, k_act: Sequence[float], batch: np.ndarray, share: np.ndarray,
-                       measured_ms: np.ndarray, *, share_step_pct: float,
-                       max_batch: int = DOMAIN_MAX_BATCH) -> FitReport:
+def active_time_report(
+    model: str,
+    k_act: Sequence[float],
+    batch: np.ndarray,
+    share: np.ndarray,
+    measured_ms: np.ndarray,
+    *,
+    share_step_pct: float,
+    max_batch: int = DOMAIN_MAX_BATCH,
+) -> FitReport:
     """Per-point error, MAPE and R^2 of a fitted k_act, and its checks over the domain.
 
     Domain: every whole batch 1..max(max_batch, largest profiled) x every share
@@ -247,14 +275,19 @@ def active_time_report(model: str, k_act: Sequence[float], batch: np.ndarray, sh
     """
     params = np.asarray(k_act, dtype=float)
     fitted = _active_time(params, batch, share)
-    points = tuple(FitPoint(int(b), float(r), float(m), float(f)) for b, r, m, f in zip(batch, share, measured_ms, fitted))
+    points = tuple(
+        FitPoint(int(b), float(r), float(m), float(f)) for b, r, m, f in zip(batch, share, measured_ms, fitted)
+    )
     mape = float(np.mean(np.abs(fitted - measured_ms) / measured_ms) * 100.0)
     spread = float(np.sum((measured_ms - measured_ms.mean()) ** 2))
     r2 = 1.0 - float(np.sum((fitted - measured_ms) ** 2)) / spread if spread > 0 else float("nan")
     lower, upper = active_time_bounds(share, measured_ms)
-    at_bounds = tuple(f"{name} = {value:.6g} ({side} bound)" for name, value, lo, hi in zip(K_NAMES, params, lower, upper)
-                      for side, bound in (("lower", lo), ("upper", hi))
-                      if np.isfinite(bound) and abs(value - bound) <= 1e-6 * max(1.0, abs(bound)))
+    at_bounds = tuple(
+        f"{name} = {value:.6g} ({side} bound)"
+        for name, value, lo, hi in zip(K_NAMES, params, lower, upper)
+        for side, bound in (("lower", lo), ("upper", hi))
+        if np.isfinite(bound) and abs(value - bound) <= 1e-6 * max(1.0, abs(bound))
+    )
     top = max(max_batch, int(batch.max()))
     batches = np.arange(1, top + 1, dtype=float)[:, None]
     shares = np.arange(1, int(round(100.0 / share_step_pct)) + 1, dtype=float)[None, :] * share_step_pct
@@ -264,21 +297,26 @@ def active_time_report(model: str, k_act: Sequence[float], batch: np.ndarray, sh
     bad = np.argwhere(~(grid > 0))
     if bad.size:
         b, r = bad[0]
-        problems.append(f"k_act is not positive at batch {int(batches[b, 0])}, share {shares[0, r]:g}% "
-                        f"({grid[b, r]:.4g} ms)")
+        problems.append(
+            f"k_act is not positive at batch {int(batches[b, 0])}, share {shares[0, r]:g}% ({grid[b, r]:.4g} ms)"
+        )
     else:
         falls = np.argwhere(grid[1:] < grid[:-1] * (1.0 - MONOTONE_TOLERANCE))
         if falls.size:
             b, r = falls[0]
-            problems.append(f"k_act falls from {grid[b, r]:.4g} ms at batch {int(batches[b, 0])} to "
-                            f"{grid[b + 1, r]:.4g} ms at batch {int(batches[b + 1, 0])} (share {shares[0, r]:g}%): "
-                            f"a bigger batch must not be faster")
+            problems.append(
+                f"k_act falls from {grid[b, r]:.4g} ms at batch {int(batches[b, 0])} to "
+                f"{grid[b + 1, r]:.4g} ms at batch {int(batches[b + 1, 0])} (share {shares[0, r]:g}%): "
+                f"a bigger batch must not be faster"
+            )
         rises = np.argwhere(grid[:, 1:] > grid[:, :-1] * (1.0 + MONOTONE_TOLERANCE))
         if rises.size:
             b, r = rises[0]
-            problems.append(f"k_act rises from {grid[b, r]:.4g} ms at share {shares[0, r]:g}% to "
-                            f"{grid[b, r + 1]:.4g} ms at share {shares[0, r + 1]:g}% (batch {int(batches[b, 0])}): "
-                            f"a bigger share must not be slower")
+            problems.append(
+                f"k_act rises from {grid[b, r]:.4g} ms at share {shares[0, r]:g}% to "
+                f"{grid[b, r + 1]:.4g} ms at share {shares[0, r + 1]:g}% (batch {int(batches[b, 0])}): "
+                f"a bigger share must not be slower"
+            )
     return FitReport(model=model, points=points, mape_pct=mape, r2=r2, at_bounds=at_bounds, problems=tuple(problems))
 
 
@@ -296,22 +334,24 @@ class InterferenceModel(BaseEstimator):
     def __init__(self, gpu_name: str = "V100"):
         self.gpu_name = gpu_name
 
-    def fit(self, raw: Mapping[str, Mapping[str, Any]], y: None = None) -> "InterferenceModel":
+    def fit(self, raw: Mapping[str, Mapping[str, Any]], y: None = None) -> InterferenceModel:
         if "hardware" not in raw:
             raise RawProfileError("raw profile has no 'hardware' section; add the GPU measurements")
         gpu = fit_gpu(raw["hardware"], self.gpu_name)
-        models = {name: fit_model(section, name, gpu)
-                  for name, section in sorted(raw.items()) if name != "hardware"}
+        models = {name: fit_model(section, name, gpu) for name, section in sorted(raw.items()) if name != "hardware"}
         if not models:
             raise RawProfileError("raw profile holds no model section; profile at least one model")
         self.profile_ = DeviceProfile(gpu=gpu, models=models)
-        self.reports_ = {name: active_time_report(name, models[name].k_act, *active_points(raw[name], name, gpu),
-                                                  share_step_pct=gpu.share_step_pct)
-                         for name in models}
+        self.reports_ = {
+            name: active_time_report(
+                name, models[name].k_act, *active_points(raw[name], name, gpu), share_step_pct=gpu.share_step_pct
+            )
+            for name in models
+        }
         return self
 
     @classmethod
-    def from_profile(cls, profile: DeviceProfile) -> "InterferenceModel":
+    def from_profile(cls, profile: DeviceProfile) -> InterferenceModel:
         model = cls(gpu_name=profile.gpu.name)
         model.profile_ = profile
         return model
@@ -328,12 +368,12 @@ class InterferenceModel(BaseEstimator):
         return out
 
 
-def fit_measured_profile(session: "ProfileSession") -> DeviceProfile:
+def fit_measured_profile(session: ProfileSession) -> DeviceProfile:
     """A device profile from `stoke profile run` measurements (see `fit_measured`)."""
     return fit_measured(session)[0]
 
 
-def fit_measured(session: "ProfileSession") -> tuple[DeviceProfile, dict[str, FitReport]]:
+def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitReport]]:
     """A device profile from `stoke profile run` measurements (a CPU node, typically), and its fit reports.
 
     Same model form as a GPU, with what a CPU node lacks switched off: the
@@ -350,9 +390,17 @@ def fit_measured(session: "ProfileSession") -> tuple[DeviceProfile, dict[str, Fi
     if not session.done:
         done, total = session.progress()
         raise RawProfileError(f"measurements are incomplete ({done}/{total} points); resume `stoke profile run`")
-    gpu = GpuProfile(name=session.device, max_freq_mhz=1.0, power_cap_w=1e9, idle_power_w=0.0,
-                     pcie_bytes_per_ms=1e12, share_step_pct=round(100.0 / session.cores, 6),
-                     sched_slope_ms=0.0, sched_intercept_ms=0.0, freq_slope_mhz_per_w=0.0)
+    gpu = GpuProfile(
+        name=session.device,
+        max_freq_mhz=1.0,
+        power_cap_w=1e9,
+        idle_power_w=0.0,
+        pcie_bytes_per_ms=1e12,
+        share_step_pct=round(100.0 / session.cores, 6),
+        sched_slope_ms=0.0,
+        sched_intercept_ms=0.0,
+        freq_slope_mhz_per_w=0.0,
+    )
     models, reports = {}, {}
     for model in session.models:
         points = [p for p in session.points() if p.model == model and p.neighbours == 0]
@@ -368,7 +416,17 @@ def fit_measured(session: "ProfileSession") -> tuple[DeviceProfile, dict[str, Fi
             solo = session.results.get(MeasurePoint(model, s, b).key) or float(_active_time(np.asarray(k_act), b, s))
             alpha = max(0.0, pair / solo - 1.0)
         bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
-        models[model] = ModelProfile(name=model, kernels=1, idle_time_ms=0.0, k_act=k_act, power_slope_w=0.0,
-                                     power_intercept_w=0.0, l2_slope=0.0, l2_intercept=1.0, cache_sensitivity=alpha,
-                                     bytes_in=bytes_in, bytes_out=bytes_out)
+        models[model] = ModelProfile(
+            name=model,
+            kernels=1,
+            idle_time_ms=0.0,
+            k_act=k_act,
+            power_slope_w=0.0,
+            power_intercept_w=0.0,
+            l2_slope=0.0,
+            l2_intercept=1.0,
+            cache_sensitivity=alpha,
+            bytes_in=bytes_in,
+            bytes_out=bytes_out,
+        )
     return DeviceProfile(gpu=gpu, models=models), reports

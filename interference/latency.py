@@ -15,13 +15,16 @@ solver can cache it per (model, batch, share) and re-evaluate a GPU cheaply
 with `predict_points`. `VectorPredictor` is the vectorised path: many GPU
 configurations in one call.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
 
@@ -37,10 +40,10 @@ class SoloPoint:
     model: str
     batch: int
     share_pct: float
-    active_ms: float          # k_act(b, r)
-    ability_rps: float        # a = 1000*b/k_act
-    l2_pct: float             # c
-    power_w: float            # p (above idle)
+    active_ms: float  # k_act(b, r)
+    ability_rps: float  # a = 1000*b/k_act
+    l2_pct: float  # c
+    power_w: float  # p (above idle)
     idle_ms: float
     kernels: int
     cache_sensitivity: float
@@ -51,10 +54,10 @@ class SoloPoint:
 class Prediction(NamedTuple):
     """One workload's prediction on its GPU (a tuple: solvers build millions of them)."""
 
-    latency_ms: float         # t_inf: one batch, from input transfer to output transfer
-    throughput_rps: float     # h
-    gpu_ms: float             # t_gpu
-    clock_mhz: float          # f on this GPU
+    latency_ms: float  # t_inf: one batch, from input transfer to output transfer
+    throughput_rps: float  # h
+    gpu_ms: float  # t_gpu
+    clock_mhz: float  # f on this GPU
 
 
 def solo_point(profile: DeviceProfile, model: str, batch: int, share_pct: float) -> SoloPoint:
@@ -69,16 +72,25 @@ def _solo_point(gpu: GpuProfile, m: ModelProfile, batch: int, share_pct: float) 
         raise ValueError(f"share must be in (0, 100] percent, got {share_pct}")
     active = m.active_time_ms(batch, share_pct)
     if active <= 0:
-        raise ValueError(f"model {m.name!r}: fitted active time is not positive at batch {batch}, "
-                         f"share {share_pct}%; refit the profile")
+        raise ValueError(
+            f"model {m.name!r}: fitted active time is not positive at batch {batch}, "
+            f"share {share_pct}%; refit the profile"
+        )
     ability = 1000.0 * batch / active
     return SoloPoint(
-        model=m.name, batch=batch, share_pct=share_pct, active_ms=active, ability_rps=ability,
+        model=m.name,
+        batch=batch,
+        share_pct=share_pct,
+        active_ms=active,
+        ability_rps=ability,
         l2_pct=max(0.0, m.l2_slope * ability + m.l2_intercept),
         power_w=max(0.0, m.power_slope_w * ability + m.power_intercept_w),
-        idle_ms=m.idle_time_ms, kernels=m.kernels, cache_sensitivity=m.cache_sensitivity,
+        idle_ms=m.idle_time_ms,
+        kernels=m.kernels,
+        cache_sensitivity=m.cache_sensitivity,
         load_ms=m.bytes_in * batch / gpu.pcie_bytes_per_ms,
-        feedback_ms=m.bytes_out * batch / gpu.pcie_bytes_per_ms)
+        feedback_ms=m.bytes_out * batch / gpu.pcie_bytes_per_ms,
+    )
 
 
 def clock_mhz(gpu: GpuProfile, total_power_w: float) -> float:
@@ -110,8 +122,9 @@ def predict_points(gpu: GpuProfile, points: Sequence[SoloPoint]) -> list[Predict
     return out
 
 
-def batch_curve(profile: DeviceProfile, model: str, share_pct: float, max_batch: int,
-                neighbours: Sequence[SoloPoint] = ()) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def batch_curve(
+    profile: DeviceProfile, model: str, share_pct: float, max_batch: int, neighbours: Sequence[SoloPoint] = ()
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """L(k) = t_inf and server occupancy O(k) = t_gpu + t_feedback for k = 1..max_batch (ms),
     beside `neighbours` (solo points at their own batch and share): the batching model's input."""
     latency, occupancy = [], []
@@ -144,12 +157,23 @@ class VectorPredictor:
         self.model_names = tuple(sorted(profile.models))
         self.index = {name: i for i, name in enumerate(self.model_names)}
         ms = [profile.models[n] for n in self.model_names]
-        self._k = np.array([m.k_act for m in ms], dtype=float)                   # (M, 5)
-        self._col = {name: np.array([getattr(m, name) for m in ms], dtype=float) for name in (
-            "power_slope_w", "power_intercept_w", "l2_slope", "l2_intercept",
-            "cache_sensitivity", "idle_time_ms", "kernels", "bytes_in", "bytes_out")}
+        self._k = np.array([m.k_act for m in ms], dtype=float)  # (M, 5)
+        self._col = {
+            name: np.array([getattr(m, name) for m in ms], dtype=float)
+            for name in (
+                "power_slope_w",
+                "power_intercept_w",
+                "l2_slope",
+                "l2_intercept",
+                "cache_sensitivity",
+                "idle_time_ms",
+                "kernels",
+                "bytes_in",
+                "bytes_out",
+            )
+        }
 
-    def encode(self, configs: Sequence[Sequence[tuple[str, int, float]]]) -> tuple[np.ndarray, ...]:
+    def encode(self, configs: Sequence[Sequence[tuple[str, int, float]]]) -> tuple[NDArray[Any], ...]:
         """Pad a list of configurations into (model, batch, share, mask) arrays."""
         width = max((len(c) for c in configs), default=0) or 1
         model = np.zeros((len(configs), width), dtype=np.intp)
@@ -163,24 +187,31 @@ class VectorPredictor:
                 model[i, j], batch[i, j], share[i, j], mask[i, j] = self.index[name], b, r, True
         return model, batch, share, mask
 
-    def predict(self, model: np.ndarray, batch: np.ndarray, share: np.ndarray,
-                mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(
+        self, model: NDArray[Any], batch: NDArray[Any], share: NDArray[Any], mask: NDArray[Any]
+    ) -> tuple[NDArray[Any], NDArray[Any]]:
         """Latency (ms) and throughput (req/s), shape (N, K); NaN where mask is False."""
         gpu, c = self.profile.gpu, self._col
-        k = self._k[model]                                                        # (N, K, 5)
+        k = self._k[model]  # (N, K, 5)
         active = (k[..., 0] * batch * batch + k[..., 1] * batch + k[..., 2]) / (share + k[..., 3]) + k[..., 4]
         ability = 1000.0 * batch / active
         l2 = np.maximum(0.0, c["l2_slope"][model] * ability + c["l2_intercept"][model]) * mask
         power = np.maximum(0.0, c["power_slope_w"][model] * ability + c["power_intercept_w"][model]) * mask
         total_power = gpu.idle_power_w + power.sum(axis=1)
-        clock = np.where(total_power <= gpu.power_cap_w, gpu.max_freq_mhz,
-                         np.maximum(gpu.max_freq_mhz + gpu.freq_slope_mhz_per_w * (total_power - gpu.power_cap_w),
-                                    MIN_CLOCK_FRACTION * gpu.max_freq_mhz))
+        clock = np.where(
+            total_power <= gpu.power_cap_w,
+            gpu.max_freq_mhz,
+            np.maximum(
+                gpu.max_freq_mhz + gpu.freq_slope_mhz_per_w * (total_power - gpu.power_cap_w),
+                MIN_CLOCK_FRACTION * gpu.max_freq_mhz,
+            ),
+        )
         count = mask.sum(axis=1)
         delay = np.where(count >= 2, np.maximum(0.0, gpu.sched_slope_ms * count + gpu.sched_intercept_ms), 0.0)
         t_act = active * (1.0 + c["cache_sensitivity"][model] * (l2.sum(axis=1, keepdims=True) - l2))
-        t_gpu = (c["idle_time_ms"][model] + c["kernels"][model] * delay[:, None] + t_act) * (
-            gpu.max_freq_mhz / clock)[:, None]
+        t_gpu = (c["idle_time_ms"][model] + c["kernels"][model] * delay[:, None] + t_act) * (gpu.max_freq_mhz / clock)[
+            :, None
+        ]
         load = c["bytes_in"][model] * batch / gpu.pcie_bytes_per_ms
         feedback = c["bytes_out"][model] * batch / gpu.pcie_bytes_per_ms
         latency = np.where(mask, load + t_gpu + feedback, np.nan)
@@ -188,7 +219,7 @@ class VectorPredictor:
         return latency, throughput
 
 
-def share_steps(gpu: GpuProfile) -> np.ndarray:
+def share_steps(gpu: GpuProfile) -> NDArray[Any]:
     """All shares a workload may get on this GPU type: multiples of the step up to 100%."""
     steps = int(math.floor(100.0 / gpu.share_step_pct + 1e-9))
     return np.round(np.arange(1, steps + 1) * gpu.share_step_pct, 6)

@@ -4,11 +4,13 @@ A `DeviceProfile` is what the solver and the predictor consume. It is plain,
 frozen data; reading and writing it (JSON with a format version) lives in
 `interference.profile_io`, the only module here that touches files.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+
 from stoke.errors import StokeError
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
@@ -20,13 +22,13 @@ class GpuProfile:
     """Coefficients of one GPU type (reference: inference-model.md)."""
 
     name: str
-    max_freq_mhz: float          # F
-    power_cap_w: float           # P_max
-    idle_power_w: float          # P_idle
-    pcie_bytes_per_ms: float     # B
-    share_step_pct: float        # smallest MPS share increment (100 / (SMs/2))
-    sched_slope_ms: float        # a_sch: per-kernel scheduling delay growth per co-located workload
-    sched_intercept_ms: float    # b_sch
+    max_freq_mhz: float  # F
+    power_cap_w: float  # P_max
+    idle_power_w: float  # P_idle
+    pcie_bytes_per_ms: float  # B
+    share_step_pct: float  # smallest MPS share increment (100 / (SMs/2))
+    sched_slope_ms: float  # a_sch: per-kernel scheduling delay growth per co-located workload
+    sched_intercept_ms: float  # b_sch
     freq_slope_mhz_per_w: float  # a_f (< 0): SM clock lost per watt above the cap
 
     def scheduling_delay_ms(self, colocated: int) -> float:
@@ -48,16 +50,16 @@ class ModelProfile:
     """
 
     name: str
-    kernels: int                 # n_k
-    idle_time_ms: float          # solo scheduling idle time of one inference
+    kernels: int  # n_k
+    idle_time_ms: float  # solo scheduling idle time of one inference
     k_act: tuple[float, float, float, float, float]
-    power_slope_w: float         # kp
-    power_intercept_w: float     # bp
-    l2_slope: float              # kc
-    l2_intercept: float          # bc
-    cache_sensitivity: float     # alpha_cache
-    bytes_in: int                # d_in per request
-    bytes_out: int               # d_out per request
+    power_slope_w: float  # kp
+    power_intercept_w: float  # bp
+    l2_slope: float  # kc
+    l2_intercept: float  # bc
+    cache_sensitivity: float  # alpha_cache
+    bytes_in: int  # d_in per request
+    bytes_out: int  # d_out per request
 
     def active_time_ms(self, batch: float, share_pct: float) -> float:
         k1, k2, k3, k4, k5 = self.k_act

@@ -4,6 +4,7 @@ The one module of `interference` that touches files. Fitted profiles are JSON
 with a ``format_version``; writes go through `stoke.files.atomic_write_text`
 (a temporary file and a rename) so a reader never sees half a profile.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,12 +13,12 @@ import math
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
-from stoke.files import atomic_write_text
 from stoke import validate as check
 from stoke.errors import InputError
+from stoke.files import atomic_write_text
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
@@ -44,10 +45,11 @@ def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ProfileFileError(f"{path}:{number}: not valid JSON ({err.msg}); "
-                                   f"each line must be {{\"section\": {{\"key\": value}}}}") from None
+            raise ProfileFileError(
+                f'{path}:{number}: not valid JSON ({err.msg}); each line must be {{"section": {{"key": value}}}}'
+            ) from None
         if not isinstance(record, dict) or not all(isinstance(v, dict) for v in record.values()):
-            raise ProfileFileError(f"{path}:{number}: each line must be {{\"section\": {{\"key\": value}}}}")
+            raise ProfileFileError(f'{path}:{number}: each line must be {{"section": {{"key": value}}}}')
         for section, values in record.items():
             sections.setdefault(section, {}).update(values)
     if not sections:
@@ -111,14 +113,17 @@ def profile_from_dict(data: Any, source: str = "profile") -> DeviceProfile:
         raise ProfileFileError(f"{source}: a fitted profile must be a JSON object")
     version = data.get("format_version")
     if version != PROFILE_FORMAT_VERSION:
-        raise ProfileFileError(f"{source}: format_version {version!r} is not supported (this stoke reads "
-                               f"{PROFILE_FORMAT_VERSION}); refit it with `stoke profile fit RAW.jsonl -o FILE`")
+        raise ProfileFileError(
+            f"{source}: format_version {version!r} is not supported (this stoke reads "
+            f"{PROFILE_FORMAT_VERSION}); refit it with `stoke profile fit RAW.jsonl -o FILE`"
+        )
     gpu = _build(GpuProfile, data.get("gpu"), f"{source}: gpu")
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise ProfileFileError(f"{source}: 'models' must be a non-empty object of fitted models")
-    return DeviceProfile(gpu=gpu, models={n: _build(ModelProfile, m, f"{source}: models.{n}")
-                                          for n, m in models.items()})
+    return DeviceProfile(
+        gpu=gpu, models={n: _build(ModelProfile, m, f"{source}: models.{n}") for n, m in models.items()}
+    )
 
 
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:

@@ -14,12 +14,14 @@ A point is measured in windows until it is stable (`Stability`, the rule
 perf_analyzer uses): a noisy point is measured again rather than recorded
 with whatever the first window happened to see.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from stoke.errors import InputError
 
@@ -32,7 +34,7 @@ class MeasurePoint:
     model: str
     share_pct: float
     batch: int
-    neighbours: int = 0      # copies of the same model loaded beside it, kept busy
+    neighbours: int = 0  # copies of the same model loaded beside it, kept busy
 
     @property
     def key(self) -> str:
@@ -55,12 +57,14 @@ class Stability:
 
     def __post_init__(self) -> None:
         if not (self.tolerance_pct > 0 and self.windows >= 2 and self.max_windows >= self.windows):
-            raise ValueError(f"stability needs tolerance > 0 %, windows >= 2 and max_windows >= windows, got "
-                             f"{self.tolerance_pct:g} %, {self.windows}, {self.max_windows}")
+            raise ValueError(
+                f"stability needs tolerance > 0 %, windows >= 2 and max_windows >= windows, got "
+                f"{self.tolerance_pct:g} %, {self.windows}, {self.max_windows}"
+            )
 
     def spread_pct(self, medians: Sequence[float]) -> float:
         """Largest distance of the last `windows` medians from their mean, in percent of the mean."""
-        last = list(medians)[-self.windows:]
+        last = list(medians)[-self.windows :]
         mean = statistics.fmean(last)
         return 100.0 * max(abs(m - mean) for m in last) / mean if mean > 0 else math.inf
 
@@ -89,9 +93,13 @@ def measure_until_stable(window: Callable[[int], float], stability: Stability = 
         medians.append(float(window(len(medians))))
         if stability.is_stable(medians):
             break
-    last = medians[-stability.windows:]
-    return Measurement(latency_ms=statistics.median(last), windows=len(medians),
-                       stable=stability.is_stable(medians), spread_pct=stability.spread_pct(medians))
+    last = medians[-stability.windows :]
+    return Measurement(
+        latency_ms=statistics.median(last),
+        windows=len(medians),
+        stable=stability.is_stable(medians),
+        spread_pct=stability.spread_pct(medians),
+    )
 
 
 def eta_seconds(elapsed_s: float, measured: int, remaining: int) -> float | None:
@@ -108,9 +116,9 @@ class ProfileSession:
     models: Sequence[str]
     batches: Sequence[int] = (1, 8, 16, 32)
     colocation_batch: int = 8
-    model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)   # model -> (bytes_in, bytes_out)
-    results: dict[str, float] = field(default_factory=dict)               # point key -> median latency (ms)
-    spreads: dict[str, float] = field(default_factory=dict)               # point key -> spread of its windows (%)
+    model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (bytes_in, bytes_out)
+    results: dict[str, float] = field(default_factory=dict)  # point key -> median latency (ms)
+    spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
 
     @property
     def shares(self) -> list[float]:
@@ -142,35 +150,57 @@ class ProfileSession:
         return sum(p.key in self.results for p in points), len(points)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": MEASUREMENTS_FORMAT, "version": MEASUREMENTS_VERSION, "device": self.device,
-                "cores": self.cores, "models": list(self.models), "batches": list(self.batches),
-                "colocation_batch": self.colocation_batch,
-                "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
-                "points": [dict(asdict(p), latency_ms=self.results.get(p.key),
-                                **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}))
-                           for p in self.points()]}
+        return {
+            "format": MEASUREMENTS_FORMAT,
+            "version": MEASUREMENTS_VERSION,
+            "device": self.device,
+            "cores": self.cores,
+            "models": list(self.models),
+            "batches": list(self.batches),
+            "colocation_batch": self.colocation_batch,
+            "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
+            "points": [
+                dict(
+                    asdict(p),
+                    latency_ms=self.results.get(p.key),
+                    **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}),
+                )
+                for p in self.points()
+            ],
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "measurements") -> "ProfileSession":
+    def from_dict(cls, data: dict[str, Any], source: str = "measurements") -> ProfileSession:
         if not isinstance(data, dict) or data.get("format") != MEASUREMENTS_FORMAT:
-            raise InputError(f"{source}: not a stoke measurements file (field 'format' must be "
-                             f"{MEASUREMENTS_FORMAT!r}); write one with `stoke profile run`")
+            raise InputError(
+                f"{source}: not a stoke measurements file (field 'format' must be "
+                f"{MEASUREMENTS_FORMAT!r}); write one with `stoke profile run`"
+            )
         if data.get("version") != MEASUREMENTS_VERSION:
-            raise InputError(f"{source}: measurements version {data.get('version')!r} is not supported "
-                             f"(this stoke reads {MEASUREMENTS_VERSION})")
+            raise InputError(
+                f"{source}: measurements version {data.get('version')!r} is not supported "
+                f"(this stoke reads {MEASUREMENTS_VERSION})"
+            )
         cores, models, batches = data.get("cores"), data.get("models"), data.get("batches")
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise InputError(f"{source}: field 'cores' must be a whole number >= 1, got {cores!r}")
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
             raise InputError(f"{source}: field 'models' must be a non-empty list of model names")
-        if not isinstance(batches, list) or not batches or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches):
+        if (
+            not isinstance(batches, list)
+            or not batches
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches)
+        ):
             raise InputError(f"{source}: field 'batches' must be a non-empty list of whole numbers >= 1")
         try:
-            session = cls(device=str(data["device"]), cores=int(data["cores"]), models=list(data["models"]),
-                          batches=[int(b) for b in data["batches"]],
-                          colocation_batch=int(data.get("colocation_batch", 8)),
-                          model_bytes={m: (int(b[0]), int(b[1])) for m, b in data.get("model_bytes", {}).items()})
+            session = cls(
+                device=str(data["device"]),
+                cores=int(data["cores"]),
+                models=list(data["models"]),
+                batches=[int(b) for b in data["batches"]],
+                colocation_batch=int(data.get("colocation_batch", 8)),
+                model_bytes={m: (int(b[0]), int(b[1])) for m, b in data.get("model_bytes", {}).items()},
+            )
             for p in data.get("points", []):
                 if p.get("latency_ms") is not None:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))

@@ -5,12 +5,13 @@ Each command group lives in `stoke.commands.<group>` and exposes
 `fn(args) -> int` returns the exit code. A `stoke.errors.StokeError` raised
 anywhere below is printed here as one line (exit code 2).
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from stoke import __version__
 from stoke.errors import StokeError
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stoke",
         description="Interference-aware provisioning of GPU inference (NVIDIA Triton) and distributed training.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"stoke {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
@@ -47,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except StokeError as err:      # the one place stoke's errors become a message and an exit code
+    except StokeError as err:  # the one place stoke's errors become a message and an exit code
         print(f"stoke: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

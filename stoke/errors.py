@@ -14,6 +14,7 @@ Two kinds below the root:
   controller's API) derive from `StokeError` and ``RuntimeError``, each in
   the one module that wraps that system.
 """
+
 from __future__ import annotations
 
 

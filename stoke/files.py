@@ -4,6 +4,7 @@ Below every layer (like `stoke.errors`), so the profile files of
 `interference`, the model configs of `controller.render`, the checkpoints of
 `agents.profiler` and the CLI's outputs are all written the same way.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,12 +1,13 @@
 """Plots for people who would rather look than read (matplotlib, no display needed)."""
+
 from __future__ import annotations
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from controller.solver import Plan  # noqa: E402
+from controller.solver import Plan
 
 
 def plot_plan(plan: Plan, path: str) -> None:
@@ -20,8 +21,9 @@ def plot_plan(plan: Plan, path: str) -> None:
         for p in gpu.placements:
             left.bar(index, p.share_pct, bottom=bottom, color=colour[p.name], edgecolor="white")
             if p.share_pct >= 8:
-                left.text(index, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center",
-                          fontsize=7)
+                left.text(
+                    index, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center", fontsize=7
+                )
             bottom += p.share_pct
     left.axhline(100, color="black", linewidth=0.8)
     left.set_xticks(range(plan.gpu_count), [f"{i}\n{g.gpu_type}" for i, g in enumerate(plan.gpus)], fontsize=7)
@@ -33,8 +35,13 @@ def plot_plan(plan: Plan, path: str) -> None:
     rows.sort(key=lambda r: r[0])
     y = range(len(rows))
     right.barh(y, [p.queue_delay_ms for _, p in rows], color="#c6dbef", label="batch fill (queue delay)")
-    right.barh(y, [p.predicted_latency_ms for _, p in rows], left=[p.queue_delay_ms for _, p in rows],
-               color=["#3182bd" if p.meets_slo else "#de2d26" for _, p in rows], label="co-located inference")
+    right.barh(
+        y,
+        [p.predicted_latency_ms for _, p in rows],
+        left=[p.queue_delay_ms for _, p in rows],
+        color=["#3182bd" if p.meets_slo else "#de2d26" for _, p in rows],
+        label="co-located inference",
+    )
     right.scatter([p.slo_ms for _, p in rows], list(y), marker="|", s=200, color="black", label="SLO", zorder=3)
     right.set_yticks(list(y), [r[0] for r in rows], fontsize=7)
     right.set_xlabel("ms")

@@ -28,15 +28,17 @@ dataclasses (the solver's types are dataclasses too), one set of checks
 serves the core, the files and the config, and the error wording is stoke's
 by construction rather than translated from a library's.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from stoke.errors import InputError
 
@@ -47,8 +49,9 @@ E = type[InputError]
 # ---------------------------------------------------------------- checks of one value
 
 
-def fail(field: str, requirement: str, value: Any, *, where: str = "", error: E = InputError,
-         fix: str = "") -> InputError:
+def fail(
+    field: str, requirement: str, value: Any, *, where: str = "", error: E = InputError, fix: str = ""
+) -> InputError:
     """The error for `value` of `field` not meeting `requirement` (raise it)."""
     head = f"{where}: " if where else ""
     tail = f"; {fix}" if fix else ""
@@ -65,12 +68,10 @@ def number(value: Any, field: str, *, where: str = "", error: E = InputError, fi
     return float(value)
 
 
-def positive(value: Any, field: str, *, where: str = "", error: E = InputError, unit: str = "",
-             fix: str = "") -> float:
+def positive(value: Any, field: str, *, where: str = "", error: E = InputError, unit: str = "", fix: str = "") -> float:
     """A finite number > 0 (`unit`, e.g. "seconds", completes "a positive number of ...")."""
     if not _real(value) or value <= 0:
-        raise fail(field, f"a positive number{' of ' + unit if unit else ''}", value, where=where, error=error,
-                   fix=fix)
+        raise fail(field, f"a positive number{' of ' + unit if unit else ''}", value, where=where, error=error, fix=fix)
     return float(value)
 
 
@@ -80,8 +81,7 @@ def non_negative(value: Any, field: str, *, where: str = "", error: E = InputErr
     return float(value)
 
 
-def whole(value: Any, field: str, *, minimum: int = 0, where: str = "", error: E = InputError,
-          fix: str = "") -> int:
+def whole(value: Any, field: str, *, minimum: int = 0, where: str = "", error: E = InputError, fix: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise fail(field, f"a whole number >= {minimum}", value, where=where, error=error, fix=fix)
     return value
@@ -113,14 +113,15 @@ def require(data: Mapping[str, Any], key: str, *, where: str, error: E = InputEr
 class Rule:
     """How a settings field checks and converts its value, and its JSON Schema."""
 
-    check: Callable[[Any, str, str, E], Any]       # (value, field, where, error) -> converted value
+    check: Callable[[Any, str, str, E], Any]  # (value, field, where, error) -> converted value
     schema: Mapping[str, Any]
-    is_path: bool = False                          # resolved against `load`'s base_dir
+    is_path: bool = False  # resolved against `load`'s base_dir
 
 
 POSITIVE = Rule(lambda v, f, w, e: positive(v, f, where=w, error=e), {"type": "number", "exclusiveMinimum": 0})
-POSITIVE_SECONDS = Rule(lambda v, f, w, e: positive(v, f, where=w, error=e, unit="seconds"),
-                        {"type": "number", "exclusiveMinimum": 0})
+POSITIVE_SECONDS = Rule(
+    lambda v, f, w, e: positive(v, f, where=w, error=e, unit="seconds"), {"type": "number", "exclusiveMinimum": 0}
+)
 NON_NEGATIVE = Rule(lambda v, f, w, e: non_negative(v, f, where=w, error=e), {"type": "number", "minimum": 0})
 TEXT = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1})
 PATH = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1}, is_path=True)
@@ -134,8 +135,10 @@ def _strings(value: Any, field: str, where: str, error: E) -> tuple[str, ...]:
 
 
 #: A list of non-empty strings; a single string stands for a list of one.
-STRINGS = Rule(_strings, {"anyOf": [{"type": "string", "minLength": 1},
-                                    {"type": "array", "items": {"type": "string", "minLength": 1}}]})
+STRINGS = Rule(
+    _strings,
+    {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}}]},
+)
 
 
 def _address(value: Any, field: str, where: str, error: E, allow_empty: bool) -> str:
@@ -147,16 +150,16 @@ def _address(value: Any, field: str, where: str, error: E, allow_empty: bool) ->
 
 
 ADDRESS = Rule(lambda v, f, w, e: _address(v, f, w, e, False), {"type": "string", "pattern": r"^.+:[0-9]+$"})
-ADDRESS_OR_OFF = Rule(lambda v, f, w, e: _address(v, f, w, e, True),
-                      {"type": "string", "pattern": r"^(.+:[0-9]+)?$"})
+ADDRESS_OR_OFF = Rule(lambda v, f, w, e: _address(v, f, w, e, True), {"type": "string", "pattern": r"^(.+:[0-9]+)?$"})
 
 
 def choice(options: Sequence[str]) -> Rule:
     return Rule(lambda v, f, w, e: one_of(v, f, options, where=w, error=e), {"enum": list(options)})
 
 
-def setting(default: Any = dataclasses.MISSING, rule: Rule | None = None, doc: str = "", *,
-            flatten: bool = False) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING, rule: Rule | None = None, doc: str = "", *, flatten: bool = False
+) -> Any:
     """A settings field: its default, its rule and one line saying what it means."""
     metadata = {"rule": rule, "doc": doc, "flatten": flatten}
     if isinstance(default, (list, dict, set)):
@@ -213,20 +216,21 @@ class _Context:
     base_dir: Path | None
 
 
-def load(cls: type[T], data: Any, *, where: str, error: E = InputError, base_dir: Path | None = None,
-         prefix: str = "") -> T:
+def load(
+    cls: type[T], data: Any, *, where: str, error: E = InputError, base_dir: Path | None = None, prefix: str = ""
+) -> T:
     """A `cls` from a parsed mapping (None: every default); see the module docstring."""
     ctx = _Context(where, error, base_dir)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})",
-                    prefix)
+        raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})", prefix)
     known = keys(cls)
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise error(f"{where}: unknown key {prefix + unknown[0]!r}; known keys: {', '.join(sorted(known))}",
-                    prefix + unknown[0])
+        raise error(
+            f"{where}: unknown key {prefix + unknown[0]!r}; known keys: {', '.join(sorted(known))}", prefix + unknown[0]
+        )
     return _build(cls, data, prefix, ctx)
 
 
@@ -241,16 +245,18 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) ->
         # not given, given empty, or "" for an optional field: the default
         if value is None or value == [] or (value == "" and f.default is None):
             if f.default is dataclasses.MISSING:
-                raise ctx.error(f"{ctx.where}: {prefix.rstrip('.') or 'the settings'} lacks field {f.name!r}; "
-                                f"add it", prefix + f.name)
+                raise ctx.error(
+                    f"{ctx.where}: {prefix.rstrip('.') or 'the settings'} lacks field {f.name!r}; add it",
+                    prefix + f.name,
+                )
             rule: Rule | None = f.metadata.get("rule")
             if rule is not None and rule.is_path and isinstance(f.default, str):
-                values[f.name] = _resolve(f.default, ctx)     # a default path is relative to the file too
+                values[f.name] = _resolve(f.default, ctx)  # a default path is relative to the file too
             continue
         values[f.name] = _value(value, hints[f.name], f, prefix + f.name, ctx)
     try:
         return cls(**values)
-    except InputError as err:              # a check across fields (__post_init__), without the place
+    except InputError as err:  # a check across fields (__post_init__), without the place
         raise ctx.error(f"{ctx.where}: {err}", err.field) from None
 
 
@@ -261,14 +267,24 @@ def _value(value: Any, tp: Any, f: dataclasses.Field[Any], path: str, ctx: _Cont
         return _resolve(out, ctx) if rule.is_path else out
     inner = _optional(tp) or tp
     if _is_settings(inner):
-        return load(inner, _shorthand(inner, value), where=ctx.where, error=ctx.error, base_dir=ctx.base_dir,
-                    prefix=path + ".")
+        return load(
+            inner, _shorthand(inner, value), where=ctx.where, error=ctx.error, base_dir=ctx.base_dir, prefix=path + "."
+        )
     item = _tuple_item(inner)
     if item is not None and _is_settings(item):
         if not isinstance(value, list):
             raise fail(path, "a list", value, where=ctx.where, error=ctx.error)
-        return tuple(load(item, _shorthand(item, v), where=ctx.where, error=ctx.error, base_dir=ctx.base_dir,
-                          prefix=f"{path}[{i}].") for i, v in enumerate(value))
+        return tuple(
+            load(
+                item,
+                _shorthand(item, v),
+                where=ctx.where,
+                error=ctx.error,
+                base_dir=ctx.base_dir,
+                prefix=f"{path}[{i}].",
+            )
+            for i, v in enumerate(value)
+        )
     return _plain(value, inner, path, ctx)
 
 
@@ -330,7 +346,7 @@ def _object_schema(cls: type) -> dict[str, Any]:
             prop["default"] = _jsonable(f.default)
         properties[f.name] = prop
     out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-    if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):   # not the dataclass's generated doc
+    if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):  # not the dataclass's generated doc
         out["description"] = " ".join(cls.__doc__.split())
     if required:
         out["required"] = required
@@ -347,8 +363,9 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Any]:
     item = _tuple_item(inner)
     if item is not None and _is_settings(item):
         return {"type": "array", "items": _with_shorthand(item, _object_schema(item))}
-    return {float: {"type": "number"}, int: {"type": "integer"}, bool: {"type": "boolean"},
-            str: {"type": "string"}}[inner]
+    return {float: {"type": "number"}, int: {"type": "integer"}, bool: {"type": "boolean"}, str: {"type": "string"}}[
+        inner
+    ]
 
 
 def _with_shorthand(cls: type, schema: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ The test folders mirror the source tree (tests/agents, tests/controller, tests/i
 the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
 of them, since pytest puts this folder on sys.path for its conftest.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from triton_helpers import DEMO_REPO, free_port
 
 

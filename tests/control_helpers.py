@@ -1,4 +1,5 @@
 """Shared helpers of the control-plane tests: a CPU profile of the demo models."""
+
 from __future__ import annotations
 
 import json

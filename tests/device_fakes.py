@@ -1,4 +1,5 @@
 """A small hand-written stand-in for the pynvml module, with state setters (no GPU needed)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ class FakeGpu:
     mem_total: int = 141 * 2**30
     temp: int | None = 51
     throttle: int = 0
-    compute: list[tuple[int, int | None]] = field(default_factory=list)   # (pid, used bytes)
+    compute: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes)
     mps: list[tuple[int, int | None]] = field(default_factory=list)
 
 
@@ -70,7 +71,7 @@ class FakeNvml:
         return self.gpus[i]
 
     def nvmlDeviceGetName(self, h: FakeGpu) -> bytes:
-        return h.name.encode()          # older pynvml returns bytes
+        return h.name.encode()  # older pynvml returns bytes
 
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return h.uuid

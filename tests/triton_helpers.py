@@ -1,4 +1,5 @@
 """Shared constants and helpers of the tests that run Triton: the demo repository, ports, inference."""
+
 from __future__ import annotations
 
 import socket
@@ -21,6 +22,7 @@ def free_port() -> int:
 
 def infer(url: str, model: str, batch: int = 2, seed: int = 0) -> np.ndarray:
     import tritonclient.grpc as grpcclient
+
     data = np.random.default_rng(seed).random((batch, *INPUT_SHAPES[model])).astype(np.float32)
     tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)

@@ -5,20 +5,24 @@ The token comes from a file (first line) or an environment variable
 gRPC health checking and server reflection stay open (probes and grpcurl
 discovery). A missing or wrong token is refused with UNAUTHENTICATED.
 """
+
 from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
 from controller.config import ConfigError
 
 TOKEN_ENV = "STOKE_TOKEN"
-OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                 "/grpc.reflection.v1.ServerReflection/")
+OPEN_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
 
 
 def read_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | None:
@@ -27,8 +31,10 @@ def read_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | Non
         try:
             text = Path(token_file).read_text().strip()
         except OSError as err:
-            raise ConfigError(f"{token_file}: cannot read the token file ({err.strerror}); "
-                                  f"check the path given as token_file / --token-file") from None
+            raise ConfigError(
+                f"{token_file}: cannot read the token file ({err.strerror}); "
+                f"check the path given as token_file / --token-file"
+            ) from None
         token = text.splitlines()[0].strip() if text else ""
         if not token:
             raise ConfigError(f"{token_file}: the token file is empty; write the token on its first line")
@@ -40,6 +46,7 @@ def read_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | Non
 def _abort(message: str) -> grpc.RpcMethodHandler:
     def deny(request, context):  # type: ignore[no-untyped-def]
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
@@ -54,8 +61,9 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = metadata.get("authorization", "")
         if not given:
-            return _abort("missing bearer token: send metadata 'authorization: Bearer <token>' "
-                          "(--token-file or $STOKE_TOKEN)")
+            return _abort(
+                "missing bearer token: send metadata 'authorization: Bearer <token>' (--token-file or $STOKE_TOKEN)"
+            )
         if not hmac.compare_digest(given.encode(), self._expected):
             return _abort("invalid bearer token")
         return continuation(handler_call_details)
@@ -65,8 +73,10 @@ def server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
     try:
         cert, key = Path(cert_path).read_bytes(), Path(key_path).read_bytes()
     except OSError as err:
-        raise ConfigError(f"{err.filename}: cannot read TLS material ({err.strerror}); "
-                              f"check tls.cert / tls.key in the controller config") from None
+        raise ConfigError(
+            f"{err.filename}: cannot read TLS material ({err.strerror}); "
+            f"check tls.cert / tls.key in the controller config"
+        ) from None
     return grpc.ssl_server_credentials([(key, cert)])
 
 
@@ -76,6 +86,5 @@ def channel_credentials(ca_path: str | None) -> grpc.ChannelCredentials:
         try:
             root = Path(ca_path).read_bytes()
         except OSError as err:
-            raise ConfigError(f"{ca_path}: cannot read the CA certificate ({err.strerror}); "
-                                  f"check --tls-ca") from None
+            raise ConfigError(f"{ca_path}: cannot read the CA certificate ({err.strerror}); check --tls-ca") from None
     return grpc.ssl_channel_credentials(root_certificates=root)

@@ -6,9 +6,11 @@ raised (`controller.messages`: `InvalidArgument`, `NotFound`,
 `FailedPrecondition`; `Unavailable` and `Unauthenticated` on the way), each
 with one readable line.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -16,19 +18,40 @@ from controller.api import convert
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
 from controller.api.auth import channel_credentials
-from controller.messages import (ApiError, FailedPrecondition, HeartbeatAnswer, HeartbeatReport, InvalidArgument,
-                                 ModelAssignment, NodeDevice, NotFound, Unauthenticated, Unavailable)
+from controller.messages import (
+    ApiError,
+    FailedPrecondition,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    InvalidArgument,
+    ModelAssignment,
+    NodeDevice,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
 from controller.solver import Workload
 
 _ERRORS: dict[Any, type[ApiError]] = {
-    grpc.StatusCode.UNAVAILABLE: Unavailable, grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated, grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound, grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition}
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+}
 
 
 class ControllerClient:
-    def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None, tls: bool = False,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls: bool = False,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         if tls or tls_ca:
@@ -42,7 +65,7 @@ class ControllerClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "ControllerClient":
+    def __enter__(self) -> ControllerClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -62,8 +85,9 @@ class ControllerClient:
     # ------------------------------------------------------------ users
 
     def apply_workloads(self, workloads: Sequence[Workload]) -> pb.ApplyWorkloadsResponse:
-        return self._call(self._ctl.ApplyWorkloads,
-                          pb.ApplyWorkloadsRequest(workloads=[convert.workload_to_pb(w) for w in workloads]))
+        return self._call(
+            self._ctl.ApplyWorkloads, pb.ApplyWorkloadsRequest(workloads=[convert.workload_to_pb(w) for w in workloads])
+        )
 
     def apply_raw(self, request: pb.ApplyWorkloadsRequest) -> pb.ApplyWorkloadsResponse:
         return self._call(self._ctl.ApplyWorkloads, request)
@@ -91,8 +115,9 @@ class ControllerClient:
         return self._call(self._ctl.GetStatus, pb.GetStatusRequest())
 
     def upload_profile(self, profile_json: str, gpu_type: str = "") -> pb.UploadProfileResponse:
-        return self._call(self._ctl.UploadProfile, pb.UploadProfileRequest(profile_json=profile_json,
-                                                                           gpu_type=gpu_type))
+        return self._call(
+            self._ctl.UploadProfile, pb.UploadProfileRequest(profile_json=profile_json, gpu_type=gpu_type)
+        )
 
     def list_profiles(self) -> pb.ListProfilesResponse:
         return self._call(self._ctl.ListProfiles, pb.ListProfilesRequest())
@@ -100,8 +125,10 @@ class ControllerClient:
     # ------------------------------------------------------------ agents
 
     def register(self, node_id: str, devices: Sequence[NodeDevice], address: str = "") -> float:
-        reply = self._call(self._agent.Register, pb.RegisterRequest(
-            node_id=node_id, devices=[convert.device_to_pb(d) for d in devices], address=address))
+        reply = self._call(
+            self._agent.Register,
+            pb.RegisterRequest(node_id=node_id, devices=[convert.device_to_pb(d) for d in devices], address=address),
+        )
         return reply.heartbeat_interval_s
 
     def heartbeat(self, report: HeartbeatReport) -> HeartbeatAnswer:

@@ -3,13 +3,20 @@
 Both the client (`controller.api.client`) and the handlers use these; the
 service's views (plans, nodes, status) go out through `controller.api.views`.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 from controller.api import stoke_pb2 as pb
-from controller.messages import (AssignmentError, HeartbeatAnswer, HeartbeatReport, ModelAssignment, NodeDevice,
-                                 Observation)
+from controller.messages import (
+    AssignmentError,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    ModelAssignment,
+    NodeDevice,
+    Observation,
+)
 from controller.solver import Workload
 
 
@@ -18,8 +25,13 @@ def workload_to_pb(w: Workload) -> pb.Workload:
 
 
 def workload_fields(m: pb.Workload) -> dict[str, Any]:
-    return {"name": m.name, "model": m.model, "slo_ms": m.slo_ms, "rate_rps": m.rate_rps,
-            "gpu_type": m.gpu_type or None}
+    return {
+        "name": m.name,
+        "model": m.model,
+        "slo_ms": m.slo_ms,
+        "rate_rps": m.rate_rps,
+        "gpu_type": m.gpu_type or None,
+    }
 
 
 def workload_from_pb(m: pb.Workload) -> Workload:
@@ -27,59 +39,110 @@ def workload_from_pb(m: pb.Workload) -> Workload:
 
 
 def assignment_to_pb(a: ModelAssignment) -> pb.Assignment:
-    return pb.Assignment(workload=a.workload, model=a.model, device=a.device, share_pct=a.share_pct, batch=a.batch,
-                         queue_delay_ms=a.queue_delay_ms, slo_ms=a.slo_ms, rate_rps=a.rate_rps, replica=a.replica)
+    return pb.Assignment(
+        workload=a.workload,
+        model=a.model,
+        device=a.device,
+        share_pct=a.share_pct,
+        batch=a.batch,
+        queue_delay_ms=a.queue_delay_ms,
+        slo_ms=a.slo_ms,
+        rate_rps=a.rate_rps,
+        replica=a.replica,
+    )
 
 
 def assignment_from_pb(m: pb.Assignment) -> ModelAssignment:
-    return ModelAssignment(workload=m.workload, model=m.model, device=m.device, share_pct=m.share_pct,
-                           batch=m.batch, queue_delay_ms=m.queue_delay_ms, slo_ms=m.slo_ms, rate_rps=m.rate_rps,
-                           replica=m.replica)
+    return ModelAssignment(
+        workload=m.workload,
+        model=m.model,
+        device=m.device,
+        share_pct=m.share_pct,
+        batch=m.batch,
+        queue_delay_ms=m.queue_delay_ms,
+        slo_ms=m.slo_ms,
+        rate_rps=m.rate_rps,
+        replica=m.replica,
+    )
 
 
 def device_to_pb(d: NodeDevice) -> pb.Device:
-    return pb.Device(index=d.index, name=d.name, kind=d.kind, memory_bytes=d.memory_bytes, cores=d.cores,
-                     gpu_type=d.gpu_type)
+    return pb.Device(
+        index=d.index, name=d.name, kind=d.kind, memory_bytes=d.memory_bytes, cores=d.cores, gpu_type=d.gpu_type
+    )
 
 
 def device_from_pb(m: pb.Device) -> NodeDevice:
-    return NodeDevice(index=m.index, name=m.name, kind=m.kind, memory_bytes=m.memory_bytes, cores=m.cores,
-                      gpu_type=m.gpu_type)
+    return NodeDevice(
+        index=m.index, name=m.name, kind=m.kind, memory_bytes=m.memory_bytes, cores=m.cores, gpu_type=m.gpu_type
+    )
 
 
 def observation_to_pb(o: Observation) -> pb.Observed:
-    return pb.Observed(key=o.key, model=o.model, request_rate_rps=o.request_rate_rps, mean_batch=o.mean_batch,
-                       mean_queue_ms=o.mean_queue_ms, mean_compute_ms=o.mean_compute_ms, failures=o.failures,
-                       success=o.success, endpoint=o.endpoint)
+    return pb.Observed(
+        key=o.key,
+        model=o.model,
+        request_rate_rps=o.request_rate_rps,
+        mean_batch=o.mean_batch,
+        mean_queue_ms=o.mean_queue_ms,
+        mean_compute_ms=o.mean_compute_ms,
+        failures=o.failures,
+        success=o.success,
+        endpoint=o.endpoint,
+    )
 
 
 def observation_from_pb(m: pb.Observed) -> Observation:
-    return Observation(key=m.key, model=m.model, request_rate_rps=m.request_rate_rps, mean_batch=m.mean_batch,
-                       mean_queue_ms=m.mean_queue_ms, mean_compute_ms=m.mean_compute_ms, failures=m.failures,
-                       success=m.success, endpoint=m.endpoint)
+    return Observation(
+        key=m.key,
+        model=m.model,
+        request_rate_rps=m.request_rate_rps,
+        mean_batch=m.mean_batch,
+        mean_queue_ms=m.mean_queue_ms,
+        mean_compute_ms=m.mean_compute_ms,
+        failures=m.failures,
+        success=m.success,
+        endpoint=m.endpoint,
+    )
 
 
 def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
-    return pb.HeartbeatRequest(node_id=r.node_id, running=[assignment_to_pb(a) for a in r.running],
-                               observed=[observation_to_pb(o) for o in r.observed], events=list(r.events),
-                               errors=[pb.AssignmentError(key=e.key, message=e.message) for e in r.errors],
-                               applied_revision=r.applied_revision, errors_revision=r.errors_revision)
+    return pb.HeartbeatRequest(
+        node_id=r.node_id,
+        running=[assignment_to_pb(a) for a in r.running],
+        observed=[observation_to_pb(o) for o in r.observed],
+        events=list(r.events),
+        errors=[pb.AssignmentError(key=e.key, message=e.message) for e in r.errors],
+        applied_revision=r.applied_revision,
+        errors_revision=r.errors_revision,
+    )
 
 
 def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
-    return HeartbeatReport(node_id=m.node_id, running=tuple(assignment_from_pb(a) for a in m.running),
-                           observed=tuple(observation_from_pb(o) for o in m.observed), events=tuple(m.events),
-                           errors=tuple(AssignmentError(e.key, e.message) for e in m.errors),
-                           applied_revision=m.applied_revision, errors_revision=m.errors_revision)
+    return HeartbeatReport(
+        node_id=m.node_id,
+        running=tuple(assignment_from_pb(a) for a in m.running),
+        observed=tuple(observation_from_pb(o) for o in m.observed),
+        events=tuple(m.events),
+        errors=tuple(AssignmentError(e.key, e.message) for e in m.errors),
+        applied_revision=m.applied_revision,
+        errors_revision=m.errors_revision,
+    )
 
 
 def answer_to_pb(a: HeartbeatAnswer) -> pb.HeartbeatResponse:
-    return pb.HeartbeatResponse(registered=a.registered, revision=a.revision,
-                                assignments=[assignment_to_pb(x) for x in a.assignments],
-                                heartbeat_interval_s=a.heartbeat_interval_s)
+    return pb.HeartbeatResponse(
+        registered=a.registered,
+        revision=a.revision,
+        assignments=[assignment_to_pb(x) for x in a.assignments],
+        heartbeat_interval_s=a.heartbeat_interval_s,
+    )
 
 
 def answer_from_pb(m: pb.HeartbeatResponse) -> HeartbeatAnswer:
-    return HeartbeatAnswer(registered=m.registered, revision=m.revision,
-                           assignments=tuple(assignment_from_pb(x) for x in m.assignments),
-                           heartbeat_interval_s=m.heartbeat_interval_s)
+    return HeartbeatAnswer(
+        registered=m.registered,
+        revision=m.revision,
+        assignments=tuple(assignment_from_pb(x) for x in m.assignments),
+        heartbeat_interval_s=m.heartbeat_interval_s,
+    )

@@ -6,6 +6,7 @@
 The stubs are generated with grpcio-tools with the repository root as the
 proto path, so the generated code imports `controller.api.stoke_pb2`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,22 @@ OUTPUTS = ("stoke_pb2.py", "stoke_pb2_grpc.py", "stoke_pb2.pyi")
 
 def generate_into(out_dir: Path) -> dict[str, str]:
     """Run protoc into `out_dir`; return {file name: text} of the stubs."""
-    from grpc_tools import protoc  # build-time tool, imported only here
     from importlib import resources
 
+    from grpc_tools import protoc  # build-time tool, imported only here
+
     include = str(resources.files("grpc_tools") / "_proto")
-    code = protoc.main(["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}",
-                        f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", str(ROOT / PROTO)])
+    code = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"-I{ROOT}",
+            f"-I{include}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(ROOT / PROTO),
+        ]
+    )
     if code != 0:
         raise RuntimeError(f"protoc failed on {PROTO} (exit {code})")
     return {name: (out_dir / "controller" / "api" / name).read_text() for name in OUTPUTS}

@@ -1,9 +1,11 @@
 """Thin gRPC handlers: convert wire types, call `ControlService`, map its errors to status codes."""
+
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -30,6 +32,7 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as err:  # reported to the caller, logged here with its traceback
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+
     return wrapper
 
 
@@ -40,7 +43,8 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
     @_rpc
     def ApplyWorkloads(self, request, context):  # noqa: N802
         created, updated, unchanged = self.service.apply_workloads(
-            [convert.workload_fields(w) for w in request.workloads])
+            [convert.workload_fields(w) for w in request.workloads]
+        )
         return pb.ApplyWorkloadsResponse(created=created, updated=updated, unchanged=unchanged)
 
     @_rpc
@@ -65,8 +69,11 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
     @_rpc
     def ApplyPlan(self, request, context):  # noqa: N802
         outcome = self.service.apply_plan()
-        return pb.PlanResponse(plan=views.plan_to_pb(outcome.plan), changed=outcome.changed,
-                               changes=[views.change_to_pb(c) for c in outcome.changes])
+        return pb.PlanResponse(
+            plan=views.plan_to_pb(outcome.plan),
+            changed=outcome.changed,
+            changes=[views.change_to_pb(c) for c in outcome.changes],
+        )
 
     @_rpc
     def ListNodes(self, request, context):  # noqa: N802
@@ -92,8 +99,9 @@ class AgentHandlers(pb_grpc.AgentGatewayServicer):
 
     @_rpc
     def Register(self, request, context):  # noqa: N802
-        interval = self.service.register(request.node_id, [convert.device_from_pb(d) for d in request.devices],
-                                         request.address)
+        interval = self.service.register(
+            request.node_id, [convert.device_from_pb(d) for d in request.devices], request.address
+        )
         return pb.RegisterResponse(heartbeat_interval_s=interval)
 
     @_rpc

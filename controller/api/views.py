@@ -1,4 +1,5 @@
 """The service's views (plans, node changes, nodes, status, profiles) as response messages. No I/O."""
+
 from __future__ import annotations
 
 from controller.api import stoke_pb2 as pb
@@ -13,18 +14,39 @@ from controller.store import ProfileRow
 def plan_to_pb(view: PlanView) -> pb.Plan:
     gpus = []
     for g, b in zip(view.plan.gpus, view.bindings):
-        gpus.append(pb.PlanGpu(gpu_type=g.gpu_type, price_per_hour=g.price_per_hour,
-                               node_id=b.node_id if b else "", device=b.device if b else -1,
-                               placements=[pb.Placement(
-                                   workload=p.name, model=p.model, slo_ms=p.slo_ms, rate_rps=p.rate_rps,
-                                   share_pct=p.share_pct, batch=p.batch, queue_delay_ms=p.queue_delay_ms,
-                                   predicted_latency_ms=p.predicted_latency_ms,
-                                   predicted_throughput_rps=p.predicted_throughput_rps, replica=p.replica,
-                                   replicas=p.replicas) for p in g.placements]))
-    return pb.Plan(revision=view.revision, strategy=view.plan.strategy, gpus=gpus, notes=list(view.plan.notes),
-                   cost_per_hour=view.plan.cost_per_hour,
-                   pending=[pb.Pending(workload=w, reason=r) for w, r in view.pending],
-                   created_unix=view.created_unix)
+        gpus.append(
+            pb.PlanGpu(
+                gpu_type=g.gpu_type,
+                price_per_hour=g.price_per_hour,
+                node_id=b.node_id if b else "",
+                device=b.device if b else -1,
+                placements=[
+                    pb.Placement(
+                        workload=p.name,
+                        model=p.model,
+                        slo_ms=p.slo_ms,
+                        rate_rps=p.rate_rps,
+                        share_pct=p.share_pct,
+                        batch=p.batch,
+                        queue_delay_ms=p.queue_delay_ms,
+                        predicted_latency_ms=p.predicted_latency_ms,
+                        predicted_throughput_rps=p.predicted_throughput_rps,
+                        replica=p.replica,
+                        replicas=p.replicas,
+                    )
+                    for p in g.placements
+                ],
+            )
+        )
+    return pb.Plan(
+        revision=view.revision,
+        strategy=view.plan.strategy,
+        gpus=gpus,
+        notes=list(view.plan.notes),
+        cost_per_hour=view.plan.cost_per_hour,
+        pending=[pb.Pending(workload=w, reason=r) for w, r in view.pending],
+        created_unix=view.created_unix,
+    )
 
 
 def change_to_pb(c: NodeChange) -> pb.NodeChange:
@@ -32,11 +54,18 @@ def change_to_pb(c: NodeChange) -> pb.NodeChange:
 
 
 def node_to_pb(n: NodeView) -> pb.Node:
-    return pb.Node(node_id=n.node_id, devices=[device_to_pb(d) for d in n.devices], state=n.state,
-                   last_heartbeat_unix=n.last_heartbeat_unix, seconds_since_heartbeat=n.seconds_since_heartbeat,
-                   assigned=[assignment_to_pb(a) for a in n.assigned],
-                   running=[assignment_to_pb(a) for a in n.running], events=list(n.events), address=n.address,
-                   applied_revision=n.applied_revision)
+    return pb.Node(
+        node_id=n.node_id,
+        devices=[device_to_pb(d) for d in n.devices],
+        state=n.state,
+        last_heartbeat_unix=n.last_heartbeat_unix,
+        seconds_since_heartbeat=n.seconds_since_heartbeat,
+        assigned=[assignment_to_pb(a) for a in n.assigned],
+        running=[assignment_to_pb(a) for a in n.running],
+        events=list(n.events),
+        address=n.address,
+        applied_revision=n.applied_revision,
+    )
 
 
 def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
@@ -45,20 +74,46 @@ def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
         reps = []
         for r in w.replicas:
             o = r.observed
-            reps.append(pb.ReplicaStatus(
-                replica=r.replica, node_id=r.node_id, device=r.device, share_pct=r.share_pct, batch=r.batch,
-                predicted_latency_ms=r.predicted_latency_ms, serving=r.serving, observed=o is not None,
-                observed_latency_ms=o.latency_ms if o else 0.0, observed_rate_rps=o.request_rate_rps if o else 0.0,
-                endpoint=o.endpoint if o else ""))
-        out.append(pb.WorkloadStatus(
-            name=w.workload.name, model=w.workload.model, slo_ms=w.workload.slo_ms, rate_rps=w.workload.rate_rps,
-            state=w.state, reason=w.reason, replicas=reps, predicted_latency_ms=w.predicted_latency_ms,
-            observed=w.observed_latency_ms is not None, observed_latency_ms=w.observed_latency_ms or 0.0,
-            observed_rate_rps=w.observed_rate_rps or 0.0,
-            slo_attainment=w.slo_attainment if w.slo_attainment is not None else 0.0))
-    return pb.StatusResponse(revision=s.revision, workloads=out, gpus_in_use=s.gpus_in_use,
-                             cost_per_hour=s.cost_per_hour, nodes_ready=s.nodes_ready, nodes_lost=s.nodes_lost,
-                             last_error=s.last_error)
+            reps.append(
+                pb.ReplicaStatus(
+                    replica=r.replica,
+                    node_id=r.node_id,
+                    device=r.device,
+                    share_pct=r.share_pct,
+                    batch=r.batch,
+                    predicted_latency_ms=r.predicted_latency_ms,
+                    serving=r.serving,
+                    observed=o is not None,
+                    observed_latency_ms=o.latency_ms if o else 0.0,
+                    observed_rate_rps=o.request_rate_rps if o else 0.0,
+                    endpoint=o.endpoint if o else "",
+                )
+            )
+        out.append(
+            pb.WorkloadStatus(
+                name=w.workload.name,
+                model=w.workload.model,
+                slo_ms=w.workload.slo_ms,
+                rate_rps=w.workload.rate_rps,
+                state=w.state,
+                reason=w.reason,
+                replicas=reps,
+                predicted_latency_ms=w.predicted_latency_ms,
+                observed=w.observed_latency_ms is not None,
+                observed_latency_ms=w.observed_latency_ms or 0.0,
+                observed_rate_rps=w.observed_rate_rps or 0.0,
+                slo_attainment=w.slo_attainment if w.slo_attainment is not None else 0.0,
+            )
+        )
+    return pb.StatusResponse(
+        revision=s.revision,
+        workloads=out,
+        gpus_in_use=s.gpus_in_use,
+        cost_per_hour=s.cost_per_hour,
+        nodes_ready=s.nodes_ready,
+        nodes_lost=s.nodes_lost,
+        last_error=s.last_error,
+    )
 
 
 def profile_row_to_pb(r: ProfileRow) -> pb.ProfileInfo:

@@ -5,10 +5,11 @@ agent's Triton fleet acts on it: new key -> start; same device, share and
 model but another batch or queue delay -> reload; another device, share or
 model -> move (new Triton process); key gone -> stop; else unchanged.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from controller.messages import ModelAssignment
 
@@ -42,8 +43,9 @@ def classify(old: ModelAssignment | None, new: ModelAssignment | None) -> str:
     return "unchanged"
 
 
-def diff_assignments(old: Mapping[str, Sequence[ModelAssignment]],
-                     new: Mapping[str, Sequence[ModelAssignment]]) -> list[NodeChange]:
+def diff_assignments(
+    old: Mapping[str, Sequence[ModelAssignment]], new: Mapping[str, Sequence[ModelAssignment]]
+) -> list[NodeChange]:
     """Per node, what moves from `old` to `new` (nodes with no change included only if they run something)."""
     changes = []
     for node in sorted(set(old) | set(new)):
@@ -52,6 +54,5 @@ def diff_assignments(old: Mapping[str, Sequence[ModelAssignment]],
         buckets: dict[str, list[str]] = {"start": [], "reload": [], "move": [], "stop": [], "unchanged": []}
         for key in sorted(set(before) | set(after)):
             buckets[classify(before.get(key), after.get(key))].append(key)
-        changes.append(NodeChange(node, *(tuple(buckets[k]) for k in ("start", "reload", "move", "stop",
-                                                                        "unchanged"))))
+        changes.append(NodeChange(node, *(tuple(buckets[k]) for k in ("start", "reload", "move", "stop", "unchanged"))))
     return changes

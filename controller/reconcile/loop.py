@@ -17,12 +17,14 @@ A failed solve is recorded as `last_error` and raised; the next pass solves
 again only when an input changes. Each pass reports its duration to the
 `Observer` (the Prometheus metrics).
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from controller.config import ServiceConfig
 from controller.messages import ModelAssignment
@@ -35,7 +37,7 @@ from controller.store import Store, StoredPlan
 from interference.profile import DeviceProfile
 
 Solver = Callable[..., Plan]
-Profiles = Callable[[], tuple[Mapping[str, DeviceProfile], int]]     # () -> (profiles by GPU type, version)
+Profiles = Callable[[], tuple[Mapping[str, DeviceProfile], int]]  # () -> (profiles by GPU type, version)
 
 
 class Observer(Protocol):
@@ -66,8 +68,17 @@ def view_of(stored: StoredPlan) -> PlanView:
 
 
 class Reconciler:
-    def __init__(self, store: Store, registry: NodeRegistry, profiles: Profiles, config: ServiceConfig, *,
-                 clock: Callable[[], float], solver: Solver, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: NodeRegistry,
+        profiles: Profiles,
+        config: ServiceConfig,
+        *,
+        clock: Callable[[], float],
+        solver: Solver,
+        observer: Observer | None = None,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.profiles = profiles
@@ -75,8 +86,8 @@ class Reconciler:
         self.clock = clock
         self.solver = solver
         self.observer: Observer = observer or NullObserver()
-        self._lock = threading.Lock()            # guards the applied plan and its cut
-        self._pass_lock = threading.Lock()       # one pass at a time
+        self._lock = threading.Lock()  # guards the applied plan and its cut
+        self._pass_lock = threading.Lock()  # one pass at a time
         stored = store.latest_plan()
         self._applied: PlanView | None = view_of(stored) if stored else None
         self._cut = node_assignments(self._applied.plan, self._applied.bindings) if self._applied else {}
@@ -104,8 +115,13 @@ class Reconciler:
 
     def observe(self) -> Observed:
         profiles, version = self.profiles()
-        return Observed(workloads=self.store.workloads(), profiles=profiles, profiles_version=version,
-                        slots=self.registry.healthy_slots(), applied=self.applied)
+        return Observed(
+            workloads=self.store.workloads(),
+            profiles=profiles,
+            profiles_version=version,
+            slots=self.registry.healthy_slots(),
+            applied=self.applied,
+        )
 
     def solve(self, observed: Observed | None = None) -> PlanView:
         """The plan for the observed state, not applied (revision 0)."""
@@ -139,22 +155,22 @@ class Reconciler:
             except ProblemError as err:
                 error = True
                 self.last_error = f"solve failed: {err}"
-                self._last_inputs = fingerprint      # re-solve on the next change, not every tick
+                self._last_inputs = fingerprint  # re-solve on the next change, not every tick
                 raise
             except Exception as err:
                 error = True
                 self.last_error = f"reconcile failed: {type(err).__name__}: {err}"
                 raise
             finally:
-                if not skipped:      # passes with nothing to do are not timed
+                if not skipped:  # passes with nothing to do are not timed
                     self.observer.reconciled(time.perf_counter() - started, error)
 
     def _act(self, view: PlanView) -> ApplyOutcome:
         applied = self.applied
         if applied is None and not view.plan.gpus and not view.pending:
-            return ApplyOutcome(plan=view, changed=False, changes=())   # nothing to run, nothing to record
+            return ApplyOutcome(plan=view, changed=False, changes=())  # nothing to run, nothing to record
         if applied is not None and applied.signature() == view.signature():
-            return ApplyOutcome(plan=applied, changed=False, changes=())   # same placements, bindings, pending
+            return ApplyOutcome(plan=applied, changed=False, changes=())  # same placements, bindings, pending
         cut = node_assignments(view.plan, view.bindings)
         changes = tuple(c for c in diff_assignments(self._cut, cut) if not c.empty)
         now = self.clock()

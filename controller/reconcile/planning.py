@@ -15,11 +15,13 @@
 
 `run_solver(problem, current)` is the only way out (the loop times it).
 """
+
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from controller.config import ServiceConfig
 from controller.reconcile.slots import Binding, bind_gpus, slot_key, slot_keys, without_slots
@@ -27,7 +29,7 @@ from controller.solver import GpuType, Plan, Problem, ProblemError, Workload, pl
 from interference.profile import DeviceProfile
 
 RunSolver = Callable[[Problem, "Plan | None"], Plan]
-Pending = list[tuple[str, str]]       # (workload, reason)
+Pending = list[tuple[str, str]]  # (workload, reason)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Observed:
     workloads: tuple[Workload, ...]
     profiles: Mapping[str, DeviceProfile]
     profiles_version: int
-    slots: tuple[Binding, ...]            # healthy device slots, sorted
+    slots: tuple[Binding, ...]  # healthy device slots, sorted
     applied: PlanView | None
 
     def fingerprint(self) -> tuple[Any, ...]:
@@ -78,27 +80,38 @@ def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolv
     schedulable, pending = split_schedulable(observed.workloads, observed.profiles, usable)
     plan = Plan(strategy=config.strategy, gpus=())
     if schedulable:
-        inventory = tuple(GpuType(name=t, price_per_hour=config.price(t), profile=p, max_count=counts[t])
-                          for t, p in sorted(usable.items()))
-        solved, schedulable, infeasible = solve_with_fallback(schedulable, inventory, _kept(observed, usable),
-                                                              run_solver)
+        inventory = tuple(
+            GpuType(name=t, price_per_hour=config.price(t), profile=p, max_count=counts[t])
+            for t, p in sorted(usable.items())
+        )
+        solved, schedulable, infeasible = solve_with_fallback(
+            schedulable, inventory, _kept(observed, usable), run_solver
+        )
         plan = solved or plan
         pending += infeasible
     return bind_plan(plan, observed, schedulable, pending, now)
 
 
-def split_schedulable(workloads: Sequence[Workload], profiles: Mapping[str, DeviceProfile],
-                      usable: Mapping[str, DeviceProfile]) -> tuple[list[Workload], Pending]:
+def split_schedulable(
+    workloads: Sequence[Workload], profiles: Mapping[str, DeviceProfile], usable: Mapping[str, DeviceProfile]
+) -> tuple[list[Workload], Pending]:
     """(workloads a ready device can serve, [(workload, why not)] for the rest)."""
     schedulable, pending = [], []
     for w in workloads:
         allowed = [w.gpu_type] if w.gpu_type else sorted(usable)
         if w.gpu_type and w.gpu_type not in usable:
-            pending.append((w.name, f"no ready node has GPU type {w.gpu_type}" if w.gpu_type in profiles
-                            else f"GPU type {w.gpu_type} has no profile"))
+            pending.append(
+                (
+                    w.name,
+                    f"no ready node has GPU type {w.gpu_type}"
+                    if w.gpu_type in profiles
+                    else f"GPU type {w.gpu_type} has no profile",
+                )
+            )
         elif not any(w.model in usable[t].models for t in allowed if t in usable):
-            pending.append((w.name, f"no ready node has a GPU type profiled for model {w.model}"
-                            if usable else "no ready node"))
+            pending.append(
+                (w.name, f"no ready node has a GPU type profiled for model {w.model}" if usable else "no ready node")
+            )
         else:
             schedulable.append(w)
     return schedulable, pending
@@ -121,11 +134,13 @@ def _current(kept: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
     return Plan(strategy=kept.strategy, gpus=tuple(g for g in gpus if g.placements), notes=kept.notes)
 
 
-def solve_with_fallback(workloads: list[Workload], inventory: tuple[GpuType, ...], kept: Plan | None,
-                        run_solver: RunSolver) -> tuple[Plan | None, list[Workload], Pending]:
+def solve_with_fallback(
+    workloads: list[Workload], inventory: tuple[GpuType, ...], kept: Plan | None, run_solver: RunSolver
+) -> tuple[Plan | None, list[Workload], Pending]:
     """(plan or None, the workloads it was solved for, [(workload, reason)] infeasible on their own).
 
     Raises the solver's ProblemError when the workloads are feasible one by one but not together."""
+
     def run(ws: Sequence[Workload], types: tuple[GpuType, ...]) -> Plan:
         return run_solver(Problem(tuple(ws), types), _current(kept, ws))
 
@@ -150,8 +165,9 @@ def solve_with_fallback(workloads: list[Workload], inventory: tuple[GpuType, ...
     return (run(feasible, unbounded) if feasible else None), feasible, infeasible
 
 
-def bind_plan(plan: Plan, observed: Observed, schedulable: Sequence[Workload], pending: Pending,
-              now: float) -> PlanView:
+def bind_plan(
+    plan: Plan, observed: Observed, schedulable: Sequence[Workload], pending: Pending, now: float
+) -> PlanView:
     """Bind the plan's GPUs to slots (stable), key each GPU by its slot, and name every unplaced workload."""
     applied = observed.applied
     previous = slot_keys(applied.plan, applied.bindings) if applied else {}

@@ -22,10 +22,11 @@ Together with the solver's `current=` argument (the `stoke` strategy keeps the
 current placements that stay feasible) this keeps a GPU on the node it was on,
 so an unrelated change does not reshuffle placements.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
 
 from controller.messages import ModelAssignment, Replica
 from controller.solver import GpuPlan, Plan
@@ -52,8 +53,9 @@ def slot_order(slot: Binding) -> tuple[str, int, str]:
     return (slot.node_id, slot.device, slot.gpu_type)
 
 
-def bind_gpus(plan: Plan, slots: Iterable[Binding],
-              previous: Mapping[Binding, frozenset[str]] | None = None) -> tuple[Binding | None, ...]:
+def bind_gpus(
+    plan: Plan, slots: Iterable[Binding], previous: Mapping[Binding, frozenset[str]] | None = None
+) -> tuple[Binding | None, ...]:
     """One slot (or None) per plan GPU; `previous` maps slots to the keys they ran before."""
     free = sorted(set(slots), key=slot_order)
     previous = previous or {}
@@ -103,17 +105,27 @@ def node_assignments(plan: Plan, bindings: Sequence[Binding | None]) -> dict[str
         if slot is None:
             continue
         for p in gpu.placements:
-            out.setdefault(slot.node_id, []).append(ModelAssignment(
-                workload=p.name, model=p.model, device=slot.device, share_pct=float(p.share_pct),
-                batch=int(p.batch), queue_delay_ms=float(p.queue_delay_ms), slo_ms=float(p.slo_ms),
-                rate_rps=float(p.rate_rps), replica=int(p.replica)))
+            out.setdefault(slot.node_id, []).append(
+                ModelAssignment(
+                    workload=p.name,
+                    model=p.model,
+                    device=slot.device,
+                    share_pct=float(p.share_pct),
+                    batch=int(p.batch),
+                    queue_delay_ms=float(p.queue_delay_ms),
+                    slo_ms=float(p.slo_ms),
+                    rate_rps=float(p.rate_rps),
+                    replica=int(p.replica),
+                )
+            )
     return {node: tuple(sorted(items, key=lambda a: a.key)) for node, items in sorted(out.items())}
 
 
-def without_slots(plan: Plan, bindings: Sequence[Binding | None], keep: Iterable[Binding]) -> tuple[Plan, tuple[Binding, ...]]:
+def without_slots(
+    plan: Plan, bindings: Sequence[Binding | None], keep: Iterable[Binding]
+) -> tuple[Plan, tuple[Binding, ...]]:
     """The plan restricted to GPUs bound to a slot in `keep` (e.g. the slots of healthy nodes),
     each GPU keyed by its slot ("node/device"): the `current` plan handed to the solver."""
     keep = set(keep)
     pairs = [(replace(g, key=slot_key(b)), b) for g, b in zip(plan.gpus, bindings) if b is not None and b in keep]
-    return (Plan(strategy=plan.strategy, gpus=tuple(g for g, _ in pairs), notes=plan.notes),
-            tuple(b for _, b in pairs))
+    return (Plan(strategy=plan.strategy, gpus=tuple(g for g, _ in pairs), notes=plan.notes), tuple(b for _, b in pairs))

@@ -1,7 +1,28 @@
 """Provisioning decisions as pure functions: `solve(problem, ...) -> Plan`."""
-from controller.solver.problem import (GpuPlan, GpuType, Placement, Plan, Problem, ProblemError, Workload,
-                                       plan_from_dict, plan_to_dict)
+
+from controller.solver.problem import (
+    GpuPlan,
+    GpuType,
+    Placement,
+    Plan,
+    Problem,
+    ProblemError,
+    Workload,
+    plan_from_dict,
+    plan_to_dict,
+)
 from controller.solver.solve import STRATEGIES, solve
 
-__all__ = ["GpuPlan", "GpuType", "Placement", "Plan", "Problem", "ProblemError", "Workload", "STRATEGIES",
-           "solve", "plan_from_dict", "plan_to_dict"]
+__all__ = [
+    "GpuPlan",
+    "GpuType",
+    "Placement",
+    "Plan",
+    "Problem",
+    "ProblemError",
+    "Workload",
+    "STRATEGIES",
+    "solve",
+    "plan_from_dict",
+    "plan_to_dict",
+]

@@ -6,13 +6,16 @@ candidate (batch, minimum share) from the solo model, and then asks
 each workload that misses its target one step at a time (the published
 iGniter rule) until all meet it or the GPU's shares pass 100%.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from controller.solver.problem import GpuType, Placement, ProblemError, Workload
 from interference.batching import MAX_UTILISATION, BatchingTable, CurveSet, batching_shape, delay_mode
@@ -32,8 +35,9 @@ class Target:
     rate_rps: float
 
     def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
-        return (prediction.latency_ms <= self.latency_budget_ms + EPS
-                and prediction.throughput_rps >= self.rate_rps - EPS)
+        return (
+            prediction.latency_ms <= self.latency_budget_ms + EPS and prediction.throughput_rps >= self.rate_rps - EPS
+        )
 
     def met_by_arrays(self, latency_ms: Any, throughput_rps: Any) -> Any:
         """Vectorised check over arrays of predicted latency and throughput."""
@@ -61,7 +65,7 @@ class P99Target:
     model: str
     paced: bool = False
     max_utilisation: float = MAX_UTILISATION
-    mode: str = field(init=False)   # the batching table's delay mode, fixed by the fields above
+    mode: str = field(init=False)  # the batching table's delay mode, fixed by the fields above
     #: share -> this queue's table curves at that share (filled on use: the hot path of `colocate`)
     _curves: dict[float, tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
 
@@ -84,7 +88,7 @@ class P99Target:
         curve, sizes = found
         u = utilisation if utilisation > 1e-12 else 1e-12
         pos = (math.log(u / (1.0 - u)) - LOGIT_START) / LOGIT_STEP
-        low = min(int(pos), len(curve) - 2) if pos >= 0 else 0      # below the grid: extrapolate
+        low = min(int(pos), len(curve) - 2) if pos >= 0 else 0  # below the grid: extrapolate
         w = pos - low
         ratio = math.exp(curve[low] + (curve[low + 1] - curve[low]) * w)
         size = sizes[low] + (sizes[low + 1] - sizes[low]) * w
@@ -105,7 +109,7 @@ class Item:
     batch: int
     min_share: float
     target: Target | P99Target
-    queue_delay_ms: float = 0.0     # dynamic batching: longest wait for a batch to fill
+    queue_delay_ms: float = 0.0  # dynamic batching: longest wait for a batch to fill
     replica: int = 0
     replicas: int = 1
 
@@ -122,12 +126,12 @@ class PointCache:
         self.profile = gpu_type.profile
         self.step = gpu_type.profile.gpu.share_step_pct
         self._points: dict[tuple[str, int, float], SoloPoint] = {}
-        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._tables: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
         self._curves: dict[tuple[str, str], CurveSet] = {}
         self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
         self.shares = share_steps(self.profile.gpu)
 
-    def solo_table(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+    def solo_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """Solo latency and throughput of `model`, shape (MAX_BATCH, shares): batch 1.. x share step.."""
         table = self._tables.get(model)
         if table is None:
@@ -135,15 +139,16 @@ class PointCache:
             predictor = VectorPredictor(self.profile)
             batches, shares = np.meshgrid(np.arange(1, MAX_BATCH + 1, dtype=float), self.shares, indexing="ij")
             index = np.full((batches.size, 1), predictor.index[model], dtype=np.intp)
-            latency, throughput = predictor.predict(index, batches.reshape(-1, 1), shares.reshape(-1, 1),
-                                                    np.ones((batches.size, 1), dtype=bool))
+            latency, throughput = predictor.predict(
+                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool)
+            )
             table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
         return table
 
-    def occupancy_table(self, model: str) -> np.ndarray:
+    def occupancy_table(self, model: str) -> NDArray[Any]:
         """Solo server occupancy O(b) = t_gpu + t_feedback (ms), shape (MAX_BATCH, shares)."""
         _, throughput = self.solo_table(model)
-        return 1000.0 * np.arange(1, MAX_BATCH + 1)[:, None] / throughput
+        return np.asarray(1000.0 * np.arange(1, MAX_BATCH + 1)[:, None] / throughput, dtype=float)
 
     def p99_curves(self, model: str, modes: tuple[str, ...]) -> CurveSet:
         """Batching-table p99 curves of every (delay mode, batch, share) candidate of `model`,
@@ -154,8 +159,9 @@ class PointCache:
             occupancy = self.occupancy_table(model)
             batches = (np.arange(1, MAX_BATCH + 1)[:, None] * np.ones_like(occupancy)).astype(np.intp)
             shape = batching_shape(occupancy[0][None, :], occupancy, batches)
-            found = self._curves[key] = CurveSet(np.stack(
-                [batching_table().curve_set(mode, batches, shape).packed for mode in modes]))
+            found = self._curves[key] = CurveSet(
+                np.stack([batching_table().curve_set(mode, batches, shape).packed for mode in modes])
+            )
         return found
 
     def rated_curves(self, model: str, modes: tuple[str, ...], whole_gpu: bool = False) -> CurveSet:
@@ -175,8 +181,10 @@ class PointCache:
         if found is None:
             packed = self.p99_curves(model, (mode,)).packed
             column = int(round(share / self.step)) - 1
-            found = self._curve[key] = (packed[0, batch - 1, column, :, 0].tolist(),
-                                        packed[0, batch - 1, column, :, 1].tolist())
+            found = self._curve[key] = (
+                packed[0, batch - 1, column, :, 0].tolist(),
+                packed[0, batch - 1, column, :, 1].tolist(),
+            )
         return found
 
     def point(self, model: str, batch: int, share: float) -> SoloPoint:
@@ -187,8 +195,9 @@ class PointCache:
         return found
 
     def predict(self, items: Sequence[Item], shares: Sequence[float]) -> list[Prediction]:
-        return predict_points(self.profile.gpu, [self.point(i.workload.model, i.batch, s)
-                                                 for i, s in zip(items, shares)])
+        return predict_points(
+            self.profile.gpu, [self.point(i.workload.model, i.batch, s) for i, s in zip(items, shares)]
+        )
 
     def round_up(self, share: float) -> float:
         """Round a share up to the GPU's step, at least one step."""
@@ -196,8 +205,9 @@ class PointCache:
         return round(steps * self.step, 6)
 
 
-def colocate(cache: PointCache, items: Sequence[Item], shares: Sequence[float] | None = None,
-             max_added: float = math.inf) -> tuple[list[float], list[Prediction]] | None:
+def colocate(
+    cache: PointCache, items: Sequence[Item], shares: Sequence[float] | None = None, max_added: float = math.inf
+) -> tuple[list[float], list[Prediction]] | None:
     """Shares (from `shares`, default each item's minimum) at which every target is met.
 
     iGniter's greedy rule, not a global minimum: each round predicts the GPU
@@ -212,8 +222,11 @@ def colocate(cache: PointCache, items: Sequence[Item], shares: Sequence[float] |
         if total > 100.0 + EPS or total - start > max_added + EPS:
             return None
         predictions = cache.predict(items, current)
-        missing = [k for k, (item, p, share) in enumerate(zip(items, predictions, current))
-                   if not item.target.met_by(cache, p, share)]
+        missing = [
+            k
+            for k, (item, p, share) in enumerate(zip(items, predictions, current))
+            if not item.target.met_by(cache, p, share)
+        ]
         if not missing:
             return current, predictions
         for k in missing:
@@ -241,15 +254,22 @@ def reject(workload: Workload, cache: PointCache, budget_ms: float, rule: str) -
         f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms even alone on a whole "
         f"{cache.gpu_type.name}: model {workload.model!r} needs at least "
         f"{smallest_latency_ms(cache, workload.model):.2f} ms per inference (batch 1, 100%) but {rule} leaves "
-        f"{budget_ms:.2f} ms; relax the SLO or use a faster GPU type")
+        f"{budget_ms:.2f} ms; relax the SLO or use a faster GPU type"
+    )
 
 
 def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
     """The batching model's p99 for a placed replica, whatever target placed it."""
     target = item.target
     if not isinstance(target, P99Target):
-        target = P99Target(math.inf, item.rate_rps, item.batch, item.queue_delay_ms, item.workload.model,
-                           paced=item.workload.arrivals == "constant")
+        target = P99Target(
+            math.inf,
+            item.rate_rps,
+            item.batch,
+            item.queue_delay_ms,
+            item.workload.model,
+            paced=item.workload.arrivals == "constant",
+        )
     return target.p99_ms(cache, prediction, share)
 
 
@@ -274,11 +294,21 @@ def binding_constraint(cache: PointCache, item: Item, share: float) -> str:
 
 def to_placement(cache: PointCache, item: Item, share: float, prediction: Prediction) -> Placement:
     return Placement(
-        name=item.workload.name, model=item.workload.model, slo_ms=item.workload.slo_ms,
-        rate_rps=item.rate_rps, share_pct=share, batch=item.batch, queue_delay_ms=item.queue_delay_ms,
-        predicted_latency_ms=prediction.latency_ms, predicted_throughput_rps=prediction.throughput_rps,
+        name=item.workload.name,
+        model=item.workload.model,
+        slo_ms=item.workload.slo_ms,
+        rate_rps=item.rate_rps,
+        share_pct=share,
+        batch=item.batch,
+        queue_delay_ms=item.queue_delay_ms,
+        predicted_latency_ms=prediction.latency_ms,
+        predicted_throughput_rps=prediction.throughput_rps,
         predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
-        binding=binding_constraint(cache, item, share), replica=item.replica, replicas=item.replicas, arrivals=item.workload.arrivals)
+        binding=binding_constraint(cache, item, share),
+        replica=item.replica,
+        replicas=item.replicas,
+        arrivals=item.workload.arrivals,
+    )
 
 
 def with_replicas(items: list[Item]) -> list[Item]:
@@ -296,6 +326,4 @@ def with_replicas(items: list[Item]) -> list[Item]:
 
 
 def allowed_types(workload: Workload, inventory: Sequence[GpuType]) -> list[GpuType]:
-    return [g for g in inventory
-            if workload.gpu_type in (None, g.name) and workload.model in g.profile.models]
-
+    return [g for g in inventory if workload.gpu_type in (None, g.name) and workload.model in g.profile.models]

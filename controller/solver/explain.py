@@ -4,6 +4,7 @@ Pure: rebuilds the candidate grid of the workload's replicas (`stoke.candidate_g
 rate each replica serves, and says for each neighbour of the chosen (share, batch, delay) why
 it was not taken.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ from dataclasses import dataclass
 
 from controller.solver.candidates import EPS, PointCache
 from controller.solver.problem import Placement, Plan, Problem, ProblemError
-from controller.solver.stoke import (DEFAULT_OPTIONS, CandidateGrid, StokeOptions, budget_ms, candidate_grid,
-                                     full_gpu_capacity)
+from controller.solver.stoke import (
+    DEFAULT_OPTIONS,
+    CandidateGrid,
+    StokeOptions,
+    budget_ms,
+    candidate_grid,
+    full_gpu_capacity,
+)
 
 DELAY_NAMES = {"zero": "0 (greedy)", "fill": "fill time", "paced": "fill + 1/2 interval"}
 
@@ -42,8 +49,14 @@ class Explanation:
     replicas: tuple[ReplicaExplanation, ...]
 
 
-def explain(problem: Problem, plan: Plan, name: str, options: StokeOptions = DEFAULT_OPTIONS,
-            shares_around: int = 2, batches_around: int = 2) -> Explanation:
+def explain(
+    problem: Problem,
+    plan: Plan,
+    name: str,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    shares_around: int = 2,
+    batches_around: int = 2,
+) -> Explanation:
     workload = next((w for w in problem.workloads if w.name == name), None)
     if workload is None:
         known = ", ".join(sorted(w.name for w in problem.workloads)[:10])
@@ -51,32 +64,44 @@ def explain(problem: Problem, plan: Plan, name: str, options: StokeOptions = DEF
     placed = [(i, p) for i, p in plan.placements() if p.name == name]
     types = {g.name: g for g in problem.inventory}
     budget = budget_ms(workload, options)
-    summary = [f"{name}: model {workload.model}, SLO {workload.slo_ms:g} ms, {workload.rate_rps:g} req/s, "
-               f"{workload.arrivals} arrivals; p99 budget {budget:.2f} ms (SLO less the "
-               f"{options.safety_margin:.0%} safety margin), utilisation cap {options.max_utilisation:g}"]
+    summary = [
+        f"{name}: model {workload.model}, SLO {workload.slo_ms:g} ms, {workload.rate_rps:g} req/s, "
+        f"{workload.arrivals} arrivals; p99 budget {budget:.2f} ms (SLO less the "
+        f"{options.safety_margin:.0%} safety margin), utilisation cap {options.max_utilisation:g}"
+    ]
     replicas = []
     for gpu_index, placement in placed:
         gpu_type = plan.gpus[gpu_index].gpu_type
         cache = PointCache(types[gpu_type])
         grid = candidate_grid(workload, cache, placement.rate_rps, options)
-        replicas.append(ReplicaExplanation(placement, gpu_index, tuple(
-            _rows(grid, cache, placement, shares_around, batches_around))))
+        replicas.append(
+            ReplicaExplanation(
+                placement, gpu_index, tuple(_rows(grid, cache, placement, shares_around, batches_around))
+            )
+        )
     if len(placed) > 1:
         cache = PointCache(types[plan.gpus[placed[0][0]].gpu_type])
         capacity = full_gpu_capacity(workload, cache, options)
         if capacity is not None:
-            summary.append(f"{len(placed)} replicas: one whole {cache.gpu_type.name} holds the budget up to "
-                           f"{capacity:,.1f} req/s, so {workload.rate_rps:g} req/s needs "
-                           f"{math.ceil(workload.rate_rps / capacity - 1e-9)}; the rate is split "
-                           + ("evenly" if len({round(p.rate_rps, 6) for _, p in placed}) == 1
-                              else "as whole GPUs plus a remainder") + ", whichever needs less GPU in total")
+            summary.append(
+                f"{len(placed)} replicas: one whole {cache.gpu_type.name} holds the budget up to "
+                f"{capacity:,.1f} req/s, so {workload.rate_rps:g} req/s needs "
+                f"{math.ceil(workload.rate_rps / capacity - 1e-9)}; the rate is split "
+                + (
+                    "evenly"
+                    if len({round(p.rate_rps, 6) for _, p in placed}) == 1
+                    else "as whole GPUs plus a remainder"
+                )
+                + ", whichever needs less GPU in total"
+            )
     else:
         summary.append("one replica: a single GPU share holds the budget")
     return Explanation(name, tuple(summary), tuple(replicas))
 
 
-def _rows(grid: CandidateGrid, cache: PointCache, placement: Placement, shares_around: int,
-          batches_around: int) -> list[CandidateRow]:
+def _rows(
+    grid: CandidateGrid, cache: PointCache, placement: Placement, shares_around: int, batches_around: int
+) -> list[CandidateRow]:
     column = int(round(placement.share_pct / cache.step)) - 1
     feasible = grid.feasible
     first_ok = int(feasible.any(axis=(0, 1)).argmax()) if feasible.any() else None
@@ -87,10 +112,20 @@ def _rows(grid: CandidateGrid, cache: PointCache, placement: Placement, shares_a
                 p99 = float(grid.p99_ms[m, b - 1, c])
                 util = float(grid.utilisation[b - 1, c])
                 delay = float(grid.queue_delay_ms[m, b - 1])
-                chosen = (b == placement.batch and abs(delay - placement.queue_delay_ms) <= 1e-6 * (1 + delay)
-                          and c == column)
-                rows.append(CandidateRow(float(cache.shares[c]), b, DELAY_NAMES.get(mode, mode), delay, p99, util,
-                                         _verdict(grid, m, b, c, chosen, first_ok, column)))
+                chosen = (
+                    b == placement.batch and abs(delay - placement.queue_delay_ms) <= 1e-6 * (1 + delay) and c == column
+                )
+                rows.append(
+                    CandidateRow(
+                        float(cache.shares[c]),
+                        b,
+                        DELAY_NAMES.get(mode, mode),
+                        delay,
+                        p99,
+                        util,
+                        _verdict(grid, m, b, c, chosen, first_ok, column),
+                    )
+                )
     return rows
 
 

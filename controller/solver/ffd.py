@@ -6,6 +6,7 @@ inference target), packed first-fit in decreasing share order with only
 then predicts the co-located latencies and lists in `slo_misses` every
 workload that the interference model says will miss its SLO or rate.
 """
+
 from __future__ import annotations
 
 from controller.solver.candidates import EPS, Item, PointCache, allowed_types, with_replicas
@@ -32,12 +33,21 @@ def solve_ffd(problem: Problem) -> Plan:
         else:
             limit = limits[gpu_type]
             if limit is not None and sum(1 for b in bins if b[0] == gpu_type) >= limit:
-                raise ProblemError(f"the inventory has only {limit} GPUs of type {gpu_type!r}; "
-                                   f"workload {item.workload.name!r} needs another; raise max_count")
+                raise ProblemError(
+                    f"the inventory has only {limit} GPUs of type {gpu_type!r}; "
+                    f"workload {item.workload.name!r} needs another; raise max_count"
+                )
             bins.append((gpu_type, [item], [item.min_share]))
     plan = _plan("ffd", problem, caches, bins)
     if plan.slo_misses:
-        plan = _plan("ffd", problem, caches, bins, notes=(
-            f"no interference check: {len(plan.slo_misses)} workload(s) predicted to miss their SLO: "
-            + ", ".join(plan.slo_misses),))
+        plan = _plan(
+            "ffd",
+            problem,
+            caches,
+            bins,
+            notes=(
+                f"no interference check: {len(plan.slo_misses)} workload(s) predicted to miss their SLO: "
+                + ", ".join(plan.slo_misses),
+            ),
+        )
     return plan

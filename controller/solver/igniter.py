@@ -15,12 +15,24 @@ new GPU is checked (and raised) too; throughput >= rate is part of every
 check; nothing is ever placed above 100% (too-big workloads are split, and
 a workload whose model cannot reach T/2 even alone is rejected).
 """
+
 from __future__ import annotations
 
 import math
 
-from controller.solver.candidates import (MAX_BATCH, EPS, Item, PointCache, Target, allowed_types, colocate,
-                                          min_share_solo, reject, to_placement, with_replicas)
+from controller.solver.candidates import (
+    EPS,
+    MAX_BATCH,
+    Item,
+    PointCache,
+    Target,
+    allowed_types,
+    colocate,
+    min_share_solo,
+    reject,
+    to_placement,
+    with_replicas,
+)
 from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
 
@@ -64,8 +76,10 @@ def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
             batch = igniter_batch(cache, workload.model, half, residual)
             share = min_share_solo(cache, workload.model, batch, Target(half, residual))
     if residual > EPS:
-        assert share is not None      # the loop above ends with a share or with nothing left to place
-        items.append(Item(workload, residual, batch, share, Target(half, residual), batch_queue_delay_ms(batch, residual)))
+        assert share is not None  # the loop above ends with a share or with nothing left to place
+        items.append(
+            Item(workload, residual, batch, share, Target(half, residual), batch_queue_delay_ms(batch, residual))
+        )
     return items
 
 
@@ -97,23 +111,38 @@ def solve_igniter(problem: Problem) -> Plan:
             packing.update(b, b.items + [item], shares)
             continue
         if not packing.can_open(gpu_type):
-            raise ProblemError(f"the inventory has only {packing.limits[gpu_type]} GPUs of type {gpu_type!r}; "
-                               f"workload {item.workload.name!r} needs another; raise max_count")
+            raise ProblemError(
+                f"the inventory has only {packing.limits[gpu_type]} GPUs of type {gpu_type!r}; "
+                f"workload {item.workload.name!r} needs another; raise max_count"
+            )
         fitted = colocate(cache, [item])
         if fitted is None:
-            raise reject(item.workload, cache, item.target.latency_budget_ms,
-                         "half the SLO (iGniter's inference target)")
+            raise reject(
+                item.workload, cache, item.target.latency_budget_ms, "half the SLO (iGniter's inference target)"
+            )
         packing.open_bin(gpu_type, [item], fitted[0])
     bins = [(b.gpu_type, b.items, b.shares) for b in packing.bins.values()]
     return _plan("igniter", problem, caches, bins)
 
 
-def _plan(strategy: str, problem: Problem, caches: dict[str, PointCache],
-          bins: list[tuple[str, list[Item], list[float]]], notes: tuple[str, ...] = ()) -> Plan:
+def _plan(
+    strategy: str,
+    problem: Problem,
+    caches: dict[str, PointCache],
+    bins: list[tuple[str, list[Item], list[float]]],
+    notes: tuple[str, ...] = (),
+) -> Plan:
     prices = {g.name: g.price_per_hour for g in problem.inventory}
     gpus = []
     for gpu_type, members, shares in bins:
         predictions = caches[gpu_type].predict(members, shares)
-        gpus.append(GpuPlan(gpu_type=gpu_type, price_per_hour=prices[gpu_type], placements=tuple(
-            to_placement(caches[gpu_type], i, s, p) for i, s, p in zip(members, shares, predictions))))
+        gpus.append(
+            GpuPlan(
+                gpu_type=gpu_type,
+                price_per_hour=prices[gpu_type],
+                placements=tuple(
+                    to_placement(caches[gpu_type], i, s, p) for i, s, p in zip(members, shares, predictions)
+                ),
+            )
+        )
     return Plan(strategy=strategy, gpus=tuple(gpus), notes=notes)

@@ -6,12 +6,13 @@ a workload of minimum share s are the bins with load <= 100 - s, fullest
 first, found by bisection. Local search needs to try a move and take it
 back: every change is logged, and `rollback` replays the log backwards.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from itertools import islice
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from itertools import islice
 
 from controller.solver.candidates import EPS, Item, PointCache, colocate
 
@@ -45,8 +46,12 @@ class Packing:
     def _remember(self, bin_id: int) -> None:
         if self._log is not None:
             old = self.bins.get(bin_id)
-            self._log.append((bin_id, None if old is None else
-                              Bin(old.id, old.gpu_type, old.items[:], old.shares[:], old.key, old.load)))
+            self._log.append(
+                (
+                    bin_id,
+                    None if old is None else Bin(old.id, old.gpu_type, old.items[:], old.shares[:], old.key, old.load),
+                )
+            )
 
     def _unindex(self, b: Bin) -> None:
         keys = self._index[b.gpu_type]
@@ -106,7 +111,7 @@ class Packing:
         """Bins of `gpu_type` that have room for `size` by shares alone, fullest first."""
         keys = self._index.get(gpu_type, [])
         end = bisect_right(keys, (100.0 - size + EPS, float("inf")))
-        for load, bin_id in list(reversed(keys[:end])):
+        for _load, bin_id in list(reversed(keys[:end])):
             if bin_id not in exclude:
                 yield self.bins[bin_id]
 

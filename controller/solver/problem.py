@@ -3,11 +3,13 @@
 `plan_to_dict` / `plan_from_dict` convert a plan to and from its JSON shape
 (the `stoke plan --json` output); they do no I/O.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from interference.profile import DeviceProfile
 from stoke import validate as check
@@ -26,13 +28,14 @@ class Workload:
     model: str
     slo_ms: float
     rate_rps: float
-    gpu_type: str | None = None     # optional preference: only GPUs of this type
-    arrivals: str = "poisson"       # "poisson" (independent users) or "constant" (paced clients)
+    gpu_type: str | None = None  # optional preference: only GPUs of this type
+    arrivals: str = "poisson"  # "poisson" (independent users) or "constant" (paced clients)
 
     def __post_init__(self) -> None:
         if self.arrivals not in ("poisson", "constant"):
-            raise ProblemError(f"workload {self.name!r}: arrivals must be 'poisson' or 'constant', "
-                               f"got {self.arrivals!r}")
+            raise ProblemError(
+                f"workload {self.name!r}: arrivals must be 'poisson' or 'constant', got {self.arrivals!r}"
+            )
         if not self.name or not isinstance(self.name, str):
             raise ProblemError("workload name must be a non-empty string")
         if not self.model or not isinstance(self.model, str):
@@ -75,31 +78,34 @@ class Problem:
             raise ProblemError("GPU type names in the inventory must be unique")
         for w in self.workloads:
             if w.gpu_type is not None and w.gpu_type not in types:
-                raise ProblemError(f"workload {w.name!r}: gpu_type {w.gpu_type!r} is not in the inventory "
-                                   f"({', '.join(sorted(types))})")
+                raise ProblemError(
+                    f"workload {w.name!r}: gpu_type {w.gpu_type!r} is not in the inventory ({', '.join(sorted(types))})"
+                )
             allowed = [g for g in self.inventory if w.gpu_type in (None, g.name)]
             if not any(w.model in g.profile.models for g in allowed):
-                raise ProblemError(f"workload {w.name!r}: model {w.model!r} is not profiled on "
-                                   f"{'/'.join(g.name for g in allowed)}; profiled models: "
-                                   f"{', '.join(sorted({m for g in allowed for m in g.profile.models}))}")
+                raise ProblemError(
+                    f"workload {w.name!r}: model {w.model!r} is not profiled on "
+                    f"{'/'.join(g.name for g in allowed)}; profiled models: "
+                    f"{', '.join(sorted({m for g in allowed for m in g.profile.models}))}"
+                )
 
 
 @dataclass(frozen=True)
 class Placement:
     """One workload (or one replica of it) on one GPU."""
 
-    name: str                     # workload name
+    name: str  # workload name
     model: str
-    slo_ms: float                 # the real SLO
-    rate_rps: float               # rate this replica serves
+    slo_ms: float  # the real SLO
+    rate_rps: float  # rate this replica serves
     share_pct: float
     batch: int
-    queue_delay_ms: float         # dynamic batching: longest wait for the batch to fill
-    predicted_latency_ms: float   # inference of one batch, co-located (t_inf)
+    queue_delay_ms: float  # dynamic batching: longest wait for the batch to fill
+    predicted_latency_ms: float  # inference of one batch, co-located (t_inf)
     predicted_throughput_rps: float
     replica: int = 0
     replicas: int = 1
-    arrivals: str = "poisson"     # the workload's arrival kind (what the plan was sized for)
+    arrivals: str = "poisson"  # the workload's arrival kind (what the plan was sized for)
     #: p99 request latency of this replica (batching model: queueing + batch fill + inference);
     #: NaN in plans written before it existed.
     predicted_p99_ms: float = math.nan
@@ -191,22 +197,36 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "cost_per_hour": round(plan.cost_per_hour, 6),
         "slo_misses": list(plan.slo_misses),
         "notes": list(plan.notes),
-        "gpus": [{
-            "gpu_type": g.gpu_type,
-            "key": g.key,
-            "price_per_hour": g.price_per_hour,
-            "share_pct": round(g.share_pct, 6),
-            "workloads": [{
-                "name": p.name, "model": p.model, "slo_ms": p.slo_ms, "rate_rps": round(p.rate_rps, 6),
-                "share_pct": p.share_pct, "batch": p.batch, "queue_delay_ms": round(p.queue_delay_ms, 6),
-                "predicted_latency_ms": round(p.predicted_latency_ms, 6),
-                "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
-                # from the rounded p99, so that a plan read back writes the same figures
-                "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms), "binding": p.binding,
-                "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
-                "replica": p.replica, "replicas": p.replicas, "arrivals": p.arrivals,
-            } for p in g.placements],
-        } for g in plan.gpus],
+        "gpus": [
+            {
+                "gpu_type": g.gpu_type,
+                "key": g.key,
+                "price_per_hour": g.price_per_hour,
+                "share_pct": round(g.share_pct, 6),
+                "workloads": [
+                    {
+                        "name": p.name,
+                        "model": p.model,
+                        "slo_ms": p.slo_ms,
+                        "rate_rps": round(p.rate_rps, 6),
+                        "share_pct": p.share_pct,
+                        "batch": p.batch,
+                        "queue_delay_ms": round(p.queue_delay_ms, 6),
+                        "predicted_latency_ms": round(p.predicted_latency_ms, 6),
+                        "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
+                        # from the rounded p99, so that a plan read back writes the same figures
+                        "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
+                        "binding": p.binding,
+                        "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
+                        "replica": p.replica,
+                        "replicas": p.replicas,
+                        "arrivals": p.arrivals,
+                    }
+                    for p in g.placements
+                ],
+            }
+            for g in plan.gpus
+        ],
     }
 
 
@@ -240,20 +260,37 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
             where = f"gpus[{gi}].workloads[{wi}]"
             rate = num(w, "rate_rps", where)
             batch = whole(w, "batch", where)
-            placements.append(Placement(
-                name=str(need(w, "name", where)), model=str(need(w, "model", where)),
-                slo_ms=num(w, "slo_ms", where), rate_rps=rate,
-                share_pct=num(w, "share_pct", where), batch=batch,
-                queue_delay_ms=num(w, "queue_delay_ms", where, batch_queue_delay_ms(batch, rate)),
-                predicted_latency_ms=num(w, "predicted_latency_ms", where),
-                predicted_throughput_rps=num(w, "predicted_throughput_rps", where),
-                replica=whole(w, "replica", where, 0), replicas=whole(w, "replicas", where, 1),
-                arrivals=str(w.get("arrivals", "poisson")), binding=str(w.get("binding", "")),
-                # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
-                predicted_p99_ms=(math.inf if w.get("predicted_p99_ms", math.nan) is None else
-                                  math.nan if "predicted_p99_ms" not in w else num(w, "predicted_p99_ms", where))))
-        gpus.append(GpuPlan(gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
-                            price_per_hour=num(g, "price_per_hour", f"gpus[{gi}]", 0.0), placements=tuple(placements),
-                            key=g.get("key")))
-    return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus),
-                notes=tuple(data.get("notes", ())))
+            placements.append(
+                Placement(
+                    name=str(need(w, "name", where)),
+                    model=str(need(w, "model", where)),
+                    slo_ms=num(w, "slo_ms", where),
+                    rate_rps=rate,
+                    share_pct=num(w, "share_pct", where),
+                    batch=batch,
+                    queue_delay_ms=num(w, "queue_delay_ms", where, batch_queue_delay_ms(batch, rate)),
+                    predicted_latency_ms=num(w, "predicted_latency_ms", where),
+                    predicted_throughput_rps=num(w, "predicted_throughput_rps", where),
+                    replica=whole(w, "replica", where, 0),
+                    replicas=whole(w, "replicas", where, 1),
+                    arrivals=str(w.get("arrivals", "poisson")),
+                    binding=str(w.get("binding", "")),
+                    # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
+                    predicted_p99_ms=(
+                        math.inf
+                        if w.get("predicted_p99_ms", math.nan) is None
+                        else math.nan
+                        if "predicted_p99_ms" not in w
+                        else num(w, "predicted_p99_ms", where)
+                    ),
+                )
+            )
+        gpus.append(
+            GpuPlan(
+                gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
+                price_per_hour=num(g, "price_per_hour", f"gpus[{gi}]", 0.0),
+                placements=tuple(placements),
+                key=g.get("key"),
+            )
+        )
+    return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus), notes=tuple(data.get("notes", ())))

@@ -1,4 +1,5 @@
 """Entry point of the solver: pick a strategy and run it."""
+
 from __future__ import annotations
 
 from controller.solver.ffd import solve_ffd
@@ -9,8 +10,9 @@ from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions, solve_stoke
 STRATEGIES = ("stoke", "igniter", "ffd")
 
 
-def solve(problem: Problem, strategy: str = "stoke", *, current: Plan | None = None,
-          options: StokeOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, strategy: str = "stoke", *, current: Plan | None = None, options: StokeOptions | None = None
+) -> Plan:
     """Solve `problem` with `strategy`.
 
     `current` (optional) is the plan that runs now; the `stoke` strategy keeps
@@ -21,8 +23,9 @@ def solve(problem: Problem, strategy: str = "stoke", *, current: Plan | None = N
     if strategy not in STRATEGIES:
         raise ProblemError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if options is not None and strategy != "stoke":
-        raise ProblemError(f"strategy {strategy!r} takes no options (safety margin, utilisation cap); "
-                           f"they tune the stoke strategy")
+        raise ProblemError(
+            f"strategy {strategy!r} takes no options (safety margin, utilisation cap); they tune the stoke strategy"
+        )
     if strategy == "igniter":
         return solve_igniter(problem)
     if strategy == "ffd":

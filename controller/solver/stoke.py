@@ -38,16 +38,29 @@ Stability: with `current` (the plan that runs), its GPUs are re-used first,
 in order and with their keys, holding the workloads they held where those
 still fit; only what no longer fits, and new workloads, are placed again.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from controller.solver.candidates import (MAX_BATCH, EPS, Item, P99Target, PointCache, allowed_types, colocate,
-                                          smallest_latency_ms, to_placement, with_replicas)
+from controller.solver.candidates import (
+    EPS,
+    MAX_BATCH,
+    Item,
+    P99Target,
+    PointCache,
+    allowed_types,
+    colocate,
+    smallest_latency_ms,
+    to_placement,
+    with_replicas,
+)
 from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload
 from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
@@ -87,14 +100,14 @@ class CandidateGrid:
     """Every candidate of one replica at one rate: axes (delay mode, batch 1..32, share step)."""
 
     modes: tuple[str, ...]
-    p99_ms: np.ndarray            # (modes, batches, shares); inf where unstable
-    utilisation: np.ndarray       # (batches, shares)
-    queue_delay_ms: np.ndarray    # (modes, batches)
+    p99_ms: NDArray[Any]  # (modes, batches, shares); inf where unstable
+    utilisation: NDArray[Any]  # (batches, shares)
+    queue_delay_ms: NDArray[Any]  # (modes, batches)
     budget_ms: float
     max_utilisation: float
 
     @property
-    def feasible(self) -> np.ndarray:
+    def feasible(self) -> NDArray[Any]:
         return (self.p99_ms <= self.budget_ms + EPS) & (self.utilisation <= self.max_utilisation + EPS)
 
 
@@ -102,8 +115,9 @@ def budget_ms(workload: Workload, options: StokeOptions) -> float:
     return (1.0 - options.safety_margin) * workload.slo_ms
 
 
-def _p99(cache: PointCache, model: str, arrivals: str, rate: Any, last_share_only: bool = False) -> tuple[
-        tuple[str, ...], np.ndarray, np.ndarray, np.ndarray]:
+def _p99(
+    cache: PointCache, model: str, arrivals: str, rate: Any, last_share_only: bool = False
+) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """(modes, p99 (modes, ..., batches, shares), utilisation, delays (modes, ..., batches, 1)).
 
     `rate` is a scalar, or an array of shape (R, 1, 1): then the results have a rate axis
@@ -123,26 +137,34 @@ def _p99(cache: PointCache, model: str, arrivals: str, rate: Any, last_share_onl
     curves = cache.rated_curves(model, modes, last_share_only) if rate.ndim else cache.p99_curves(model, modes)
     ratio, size = curves.at_utilisation(utilisation)
     p99 = ratio * occupancy + (latency - occupancy) * size / batch
-    delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate)
-                       for mode in modes])
+    delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
     return modes, p99, utilisation, delays
 
 
-def candidate_grid(workload: Workload, cache: PointCache, rate_rps: float,
-                   options: StokeOptions = DEFAULT_OPTIONS) -> CandidateGrid:
+def candidate_grid(
+    workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> CandidateGrid:
     modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps)
-    return CandidateGrid(modes, p99, utilisation, delays[..., 0], budget_ms(workload, options),
-                         options.max_utilisation)
+    return CandidateGrid(modes, p99, utilisation, delays[..., 0], budget_ms(workload, options), options.max_utilisation)
 
 
-def stoke_target(workload: Workload, rate_rps: float, batch: int, queue_delay_ms: float,
-                 options: StokeOptions = DEFAULT_OPTIONS) -> P99Target:
-    return P99Target(budget_ms(workload, options), rate_rps, batch, queue_delay_ms, workload.model,
-                     paced=workload.arrivals == "constant", max_utilisation=options.max_utilisation)
+def stoke_target(
+    workload: Workload, rate_rps: float, batch: int, queue_delay_ms: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> P99Target:
+    return P99Target(
+        budget_ms(workload, options),
+        rate_rps,
+        batch,
+        queue_delay_ms,
+        workload.model,
+        paced=workload.arrivals == "constant",
+        max_utilisation=options.max_utilisation,
+    )
 
 
-def best_candidate(workload: Workload, cache: PointCache, rate_rps: float,
-                   options: StokeOptions = DEFAULT_OPTIONS) -> Item | None:
+def best_candidate(
+    workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> Item | None:
     """The (delay, batch, share) with the smallest share meeting the budget alone, or None.
 
     Ties on the share go to the smallest batch whose predicted p99 is within 0.5% of the lowest
@@ -157,8 +179,12 @@ NEAR_BEST_P99 = 0.005
 CANDIDATE_CHUNK = 96
 
 
-def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS,
-                    rates: Sequence[float] | None = None) -> list[Item | None]:
+def best_candidates(
+    workloads: Sequence[Workload],
+    cache: PointCache,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    rates: Sequence[float] | None = None,
+) -> list[Item | None]:
     """`best_candidate` for many workloads at once (each at its own rate, default its whole rate).
 
     Workloads of one model and arrival kind share their candidate curves, so their tables are
@@ -173,14 +199,13 @@ def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: S
     batch = np.arange(1, MAX_BATCH + 1, dtype=float)
     for (model, arrivals), members in groups.items():
         for lo in range(0, len(members), CANDIDATE_CHUNK):
-            chunk = members[lo:lo + CANDIDATE_CHUNK]
+            chunk = members[lo : lo + CANDIDATE_CHUNK]
             rate = np.array([rates[k] for k in chunk])
             budget = np.array([budget_ms(workloads[k], options) for k in chunk])
             modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None])
-            p99 = np.moveaxis(p99, 0, 1)                                   # (N, modes, batches, shares)
-            ok = (p99 <= budget[:, None, None, None] + EPS) & (
-                utilisation[:, None] <= options.max_utilisation + EPS)
-            columns = ok.any(axis=(1, 2))                                  # (N, shares)
+            p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
+            ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.max_utilisation + EPS)
+            columns = ok.any(axis=(1, 2))  # (N, shares)
             found = columns.any(axis=1)
             first = np.argmax(columns, axis=1)
             at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
@@ -188,7 +213,7 @@ def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: S
             # (a larger max batch that buys nothing only makes the config look odd).
             best = at.reshape(len(chunk), -1).min(axis=1)
             near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
-            pick = np.argmax(near.any(axis=1), axis=1)                    # smallest such batch
+            pick = np.argmax(near.any(axis=1), axis=1)  # smallest such batch
             modes_at = np.argmax(np.where(near, -at, -np.inf)[np.arange(len(chunk)), :, pick], axis=1)
             for n, k in enumerate(chunk):
                 if not found[n]:
@@ -196,8 +221,14 @@ def best_candidates(workloads: Sequence[Workload], cache: PointCache, options: S
                 mode, row = int(modes_at[n]), int(pick[n])
                 b, r = int(batch[row]), rates[k]
                 delay = _delay_ms(modes[mode], b, r)
-                out[k] = Item(workloads[k], r, b, float(cache.shares[first[n]]),
-                              stoke_target(workloads[k], r, b, delay, options), delay)
+                out[k] = Item(
+                    workloads[k],
+                    r,
+                    b,
+                    float(cache.shares[first[n]]),
+                    stoke_target(workloads[k], r, b, delay, options),
+                    delay,
+                )
     return out
 
 
@@ -216,10 +247,10 @@ def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptio
     top = float(throughput[:, -1].max()) * options.max_utilisation
     budget = budget_ms(workload, options)
 
-    def feasible(rates: np.ndarray) -> np.ndarray:
+    def feasible(rates: NDArray[Any]) -> NDArray[Any]:
         _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], True)
         ok = (p99 <= budget + EPS) & (utilisation <= options.max_utilisation + EPS)
-        return ok.any(axis=(0, 2, 3))
+        return np.asarray(ok.any(axis=(0, 2, 3)), dtype=bool)
 
     rates = top * np.geomspace(1e-4, 1.0, 48)
     ok = feasible(rates)
@@ -241,19 +272,26 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
     floor = smallest_latency_ms(cache, workload.model)
     where = f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms on a {cache.gpu_type.name}"
     if floor > workload.slo_ms:
-        return ProblemError(f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
-                            f"alone (batch 1, 100%); relax the SLO or use a faster GPU type")
+        return ProblemError(
+            f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
+            f"alone (batch 1, 100%); relax the SLO or use a faster GPU type"
+        )
     if floor > budget:
-        return ProblemError(f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), more than the "
-                            f"{budget:.2f} ms left after stoke's {options.safety_margin:.0%} safety margin; "
-                            f"relax the SLO, lower --safety-margin, or use a faster GPU type")
-    return ProblemError(f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), but with queueing at "
-                        f"any useful rate the p99 exceeds the {budget:.2f} ms budget; relax the SLO or use a "
-                        f"faster GPU type")
+        return ProblemError(
+            f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), more than the "
+            f"{budget:.2f} ms left after stoke's {options.safety_margin:.0%} safety margin; "
+            f"relax the SLO, lower --safety-margin, or use a faster GPU type"
+        )
+    return ProblemError(
+        f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), but with queueing at "
+        f"any useful rate the p99 exceeds the {budget:.2f} ms budget; relax the SLO or use a "
+        f"faster GPU type"
+    )
 
 
-def stoke_items(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS,
-                single: Item | None | bool = False) -> list[Item]:
+def stoke_items(
+    workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS, single: Item | None | bool = False
+) -> list[Item]:
     """Replicas of one workload on one GPU type: one when a GPU can hold it, else the fewest that can.
 
     `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known.
@@ -279,15 +317,31 @@ def stoke_items(workload: Workload, cache: PointCache, options: StokeOptions = D
         choices.append([full] * (count - 1) + [rest])
     if not choices:  # a remainder no candidate serves alone rides on a whole GPU like the others
         delay = paced_delay_ms(full.batch, remainder) if workload.arrivals == "constant" else 0.0
-        choices.append([full] * (count - 1) + [Item(workload, remainder, full.batch, 100.0, stoke_target(
-            workload, remainder, full.batch, delay, options), delay)])
+        choices.append(
+            [full] * (count - 1)
+            + [
+                Item(
+                    workload,
+                    remainder,
+                    full.batch,
+                    100.0,
+                    stoke_target(workload, remainder, full.batch, delay, options),
+                    delay,
+                )
+            ]
+        )
     # Least GPU in total; on a tie the uneven split (whole GPUs pack perfectly).
     return min(reversed(choices), key=lambda items: round(sum(i.min_share for i in items), 6))
 
 
-def _choose_type(workload: Workload, problem: Problem, packing: Packing, options: StokeOptions,
-                 exclude: Sequence[str] = (), singles: dict[tuple[str, str], Item | None] | None = None
-                 ) -> tuple[str, list[Item]]:
+def _choose_type(
+    workload: Workload,
+    problem: Problem,
+    packing: Packing,
+    options: StokeOptions,
+    exclude: Sequence[str] = (),
+    singles: dict[tuple[str, str], Item | None] | None = None,
+) -> tuple[str, list[Item]]:
     """The allowed GPU type where the workload costs least (price x total share).
 
     `singles` holds precomputed single-replica candidates per (GPU type, workload name).
@@ -303,8 +357,10 @@ def _choose_type(workload: Workload, problem: Problem, packing: Packing, options
         costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
     if not costs:
         if not allowed:
-            raise ProblemError(f"workload {workload.name!r} needs another GPU but every allowed GPU type is at its "
-                               f"max_count; raise max_count or add a GPU type")
+            raise ProblemError(
+                f"workload {workload.name!r} needs another GPU but every allowed GPU type is at its "
+                f"max_count; raise max_count or add a GPU type"
+            )
         stoke_items(workload, packing.caches[allowed[0].name], options)  # raises the descriptive rejection
     costs.sort(key=lambda o: (o[0], o[1]))
     return costs[0][1], costs[0][2]
@@ -352,7 +408,7 @@ def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float
         for k, other in enumerate(b.items):
             if other.min_share >= item.min_share or b.load - b.shares[k] + item.min_share > 100.0 + EPS:
                 continue
-            rest = b.items[:k] + b.items[k + 1:]
+            rest = b.items[:k] + b.items[k + 1 :]
             packing.evaluations += 1
             fitted = colocate(cache, rest + [item], [i.min_share for i in rest] + [item.min_share])
             if fitted is None:
@@ -379,7 +435,7 @@ def _local_search(packing: Packing, budget: int) -> None:
         for victim_id in [b.id for b in sorted(packing.bins.values(), key=lambda b: (b.load, b.id))]:
             if packing.evaluations >= stop:
                 return
-            victim = packing.bins.get(victim_id)       # earlier moves may have emptied or changed it
+            victim = packing.bins.get(victim_id)  # earlier moves may have emptied or changed it
             if victim is not None and _try_empty(packing, victim):
                 improved = True
 
@@ -436,8 +492,9 @@ def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], t
 
 
 def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
-    packing = Packing({g.name: PointCache(g) for g in problem.inventory},
-                      {g.name: g.max_count for g in problem.inventory})
+    packing = Packing(
+        {g.name: PointCache(g) for g in problem.inventory}, {g.name: g.max_count for g in problem.inventory}
+    )
     singles: dict[tuple[str, str], Item | None] = {}
     for g in problem.inventory:
         allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
@@ -477,11 +534,17 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
         exact = _exact(packing.caches[gpu_type], all_items)
         if exact is not None and len(exact) < len(bins):
             cache = packing.caches[gpu_type]
-            bins = [Bin(k, gpu_type, group, colocate(cache, group)[0]) for k, group in enumerate(exact)]
+            bins = [Bin(k, gpu_type, group, _fitted_shares(cache, group)) for k, group in enumerate(exact)]
             notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
         elif exact is not None:
             notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
     return _to_plan(problem, packing.caches, bins, tuple(notes))
+
+
+def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
+    fitted = colocate(cache, group)
+    assert fitted is not None, "the exact search only returns groups that fit"
+    return fitted[0]
 
 
 def _renumber(bins: list[Bin]) -> list[Bin]:
@@ -505,6 +568,14 @@ def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], n
     for b in bins:
         predictions = caches[b.gpu_type].predict(b.items, b.shares)
         order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
-        gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=tuple(
-            to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order)))
+        gpus.append(
+            GpuPlan(
+                gpu_type=b.gpu_type,
+                price_per_hour=prices[b.gpu_type],
+                key=b.key,
+                placements=tuple(
+                    to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order
+                ),
+            )
+        )
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)

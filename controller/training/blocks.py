@@ -19,11 +19,13 @@ stays busy through the gap and a lower-priority partition never delays a
 higher-priority one once both are pending. After the last step, what remains
 goes in priority order, `credit_bytes` per message.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from controller.training.models import TrainingError
 from stoke import validate as check
@@ -32,22 +34,22 @@ from stoke import validate as check
 @dataclass(frozen=True)
 class Gradient:
     name: str
-    priority: int          # distance from the input layer (0 first)
+    priority: int  # distance from the input layer (0 first)
     bytes: int
-    ready_ms: float        # from the start of backward
-    forward_ms: float      # forward compute of this layer in the next iteration
+    ready_ms: float  # from the start of backward
+    forward_ms: float  # forward compute of this layer in the next iteration
 
 
 @dataclass(frozen=True)
 class GradientProfile:
     name: str
-    bandwidth_mb_s: float   # measured link bandwidth (each direction)
-    latency_ms: float       # per-message overhead (RPC round trip) on each direction
+    bandwidth_mb_s: float  # measured link bandwidth (each direction)
+    latency_ms: float  # per-message overhead (RPC round trip) on each direction
     partition_bytes: int
     credit_bytes: int
     backward_ms: float
     gradients: tuple[Gradient, ...]
-    min_piece_bytes: int = 65536   # smallest cut the block planner makes to fill a budget
+    min_piece_bytes: int = 65536  # smallest cut the block planner makes to fill a budget
 
     @property
     def bytes_per_ms(self) -> float:
@@ -60,21 +62,21 @@ class GradientProfile:
 
 @dataclass(frozen=True)
 class Partition:
-    gradient: int          # index (= priority) of its gradient
-    index: int             # piece number within the gradient
+    gradient: int  # index (= priority) of its gradient
+    index: int  # piece number within the gradient
     bytes: int
 
 
 @dataclass(frozen=True)
 class Step:
-    end_ms: float          # last arrival of the step
-    gap_ms: float          # compute gap to the next step (0 for the last)
+    end_ms: float  # last arrival of the step
+    gap_ms: float  # compute gap to the next step (0 for the last)
     gradients: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Block:
-    send_ms: float         # planned send time (end of its step)
+    send_ms: float  # planned send time (end of its step)
     budget_bytes: float
     partitions: tuple[Partition, ...]
 
@@ -98,25 +100,35 @@ def gradient_profile_from_dict(data: Any, source: str = "PROFILE.yaml") -> Gradi
 
     layers = data.get("layers")
     if not isinstance(layers, list) or not layers:
-        raise TrainingError(f"{source}: 'layers' must list the layers from the input layer "
-                                f"(name, bytes, forward_ms, ready_ms)")
+        raise TrainingError(
+            f"{source}: 'layers' must list the layers from the input layer (name, bytes, forward_ms, ready_ms)"
+        )
     gradients = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, Mapping):
             raise TrainingError(f"{source}: layers[{i}] must be a mapping")
-        gradients.append(Gradient(name=str(layer.get("name", f"layer{i}")), priority=i,
-                                  bytes=int(num(layer, "bytes", f"layers[{i}]")),
-                                  ready_ms=num(layer, "ready_ms", f"layers[{i}]", allow_zero=True),
-                                  forward_ms=num(layer, "forward_ms", f"layers[{i}]", allow_zero=True)))
+        gradients.append(
+            Gradient(
+                name=str(layer.get("name", f"layer{i}")),
+                priority=i,
+                bytes=int(num(layer, "bytes", f"layers[{i}]")),
+                ready_ms=num(layer, "ready_ms", f"layers[{i}]", allow_zero=True),
+                forward_ms=num(layer, "forward_ms", f"layers[{i}]", allow_zero=True),
+            )
+        )
     backward = num(data, "backward_ms", "profile", default=max(g.ready_ms for g in gradients))
     if backward < max(g.ready_ms for g in gradients) - 1e-9:
         raise TrainingError(f"{source}: backward_ms {backward} is before the last gradient is ready; raise it")
-    return GradientProfile(name=str(data.get("name", source)), bandwidth_mb_s=num(data, "bandwidth_mb_s", "profile"),
-                           latency_ms=num(data, "latency_ms", "profile", default=0.0, allow_zero=True),
-                           partition_bytes=int(num(data, "partition_bytes", "profile", default=4096000)),
-                           credit_bytes=int(num(data, "credit_bytes", "profile", default=4 * 4096000)),
-                           backward_ms=backward, gradients=tuple(gradients),
-                           min_piece_bytes=int(num(data, "min_piece_bytes", "profile", default=65536, allow_zero=True)))
+    return GradientProfile(
+        name=str(data.get("name", source)),
+        bandwidth_mb_s=num(data, "bandwidth_mb_s", "profile"),
+        latency_ms=num(data, "latency_ms", "profile", default=0.0, allow_zero=True),
+        partition_bytes=int(num(data, "partition_bytes", "profile", default=4096000)),
+        credit_bytes=int(num(data, "credit_bytes", "profile", default=4 * 4096000)),
+        backward_ms=backward,
+        gradients=tuple(gradients),
+        min_piece_bytes=int(num(data, "min_piece_bytes", "profile", default=65536, allow_zero=True)),
+    )
 
 
 def partitions_of(profile: GradientProfile, gradient: int) -> list[Partition]:
@@ -186,9 +198,19 @@ def plan_blocks(profile: GradientProfile, gap_factor: float = 2.0) -> list[Block
         pending.sort(key=lambda p: (p.gradient, p.index))
         if k < len(steps) - 1:
             budget = step.gap_ms * profile.bytes_per_ms
-            blocks.append(Block(send_ms=step.end_ms, budget_bytes=budget,
-                                partitions=tuple(take_block(pending, budget, profile.min_piece_bytes))))
+            blocks.append(
+                Block(
+                    send_ms=step.end_ms,
+                    budget_bytes=budget,
+                    partitions=tuple(take_block(pending, budget, profile.min_piece_bytes)),
+                )
+            )
     while pending:
-        blocks.append(Block(send_ms=steps[-1].end_ms, budget_bytes=profile.credit_bytes,
-                            partitions=tuple(take_block(pending, profile.credit_bytes))))
+        blocks.append(
+            Block(
+                send_ms=steps[-1].end_ms,
+                budget_bytes=profile.credit_bytes,
+                partitions=tuple(take_block(pending, profile.credit_bytes)),
+            )
+        )
     return blocks

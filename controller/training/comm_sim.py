@@ -26,6 +26,7 @@ Reports per scheduler: iteration time, GPU idle time (waiting for
 parameters), uplink utilisation (payload time / iteration time) and the
 number of messages.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,7 @@ SCHEDULERS = ("fifo", "priority", "blocks")
 class SimResult:
     scheduler: str
     iteration_ms: float
-    compute_ms: float        # forward + backward with no waiting
+    compute_ms: float  # forward + backward with no waiting
     gpu_idle_ms: float
     link_utilisation: float  # uplink payload time / iteration time
     messages: int
@@ -93,7 +94,7 @@ class _Blocks(_Priority):
     def __init__(self, profile: GradientProfile):
         super().__init__(profile)
         self.steps = find_steps([g.ready_ms for g in profile.gradients])
-        self.used = 0                         # steps whose block has been sent
+        self.used = 0  # steps whose block has been sent
 
     def next(self, now: float) -> tuple[list[Partition], float]:
         last = len(self.steps) - 1
@@ -162,8 +163,14 @@ def simulate(profile: GradientProfile, scheduler: str) -> SimResult:
         idle += start - clock
         clock = start + g.forward_ms
     compute = profile.backward_ms + profile.forward_ms
-    return SimResult(scheduler=scheduler, iteration_ms=clock, compute_ms=compute, gpu_idle_ms=idle,
-                     link_utilisation=payload_ms / clock if clock > 0 else 0.0, messages=messages)
+    return SimResult(
+        scheduler=scheduler,
+        iteration_ms=clock,
+        compute_ms=compute,
+        gpu_idle_ms=idle,
+        link_utilisation=payload_ms / clock if clock > 0 else 0.0,
+        messages=messages,
+    )
 
 
 def compare(profile: GradientProfile, schedulers: tuple[str, ...] = SCHEDULERS) -> list[SimResult]:

@@ -14,6 +14,7 @@ trust-region least squares through `interference.least_squares`).
 - `fit_batch_memory`: a2, b2 of eq (10) from (GPU memory, largest batch).
 - `speed_from_iterations`: samples/s of a worker from measured iteration times.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,7 +60,7 @@ class LossCurveEstimator(BaseEstimator):  # type: ignore[misc]  # scikit-learn s
         if np.any(x < 0) or np.any(y <= 0):
             raise TrainingError("samples must be >= 0 and loss > 0")
         scale = max(float(x.max()), 1.0)
-        xs = x / scale                                   # fit on [0, 1] for conditioning
+        xs = x / scale  # fit on [0, 1] for conditioning
         floor0 = self.floor_fraction * float(y.min())
         slope, intercept = np.polyfit(xs, 1.0 / (y - floor0), 1)
         x0 = np.array([max(slope, 1e-6), max(intercept, 1e-6), floor0])
@@ -125,8 +126,9 @@ class SpotLossEstimator(BaseEstimator):  # type: ignore[misc]  # scikit-learn sh
         upper = [np.inf, np.inf, np.inf, float(y.min()) * (1 - 1e-6)] + ([np.inf] if fit_g4 else [])
         params = bounded_least_squares(residual, np.array(x0), np.array(lower), np.array(upper), max_nfev=20000)
         g1, g2, g3, g4, g5 = unpack(params)
-        self.loss_ = SpotLoss(g1=float(g1), g2=float(g2), g3=float(g3), g4=float(g4), g5=float(g5),
-                              r_weight=float(self.r_weight))
+        self.loss_ = SpotLoss(
+            g1=float(g1), g2=float(g2), g3=float(g3), g4=float(g4), g5=float(g5), r_weight=float(self.r_weight)
+        )
         self.rmse_ = float(np.sqrt(np.mean((self.predict(X) - y) ** 2)))
         return self
 
@@ -136,8 +138,9 @@ class SpotLossEstimator(BaseEstimator):  # type: ignore[misc]  # scikit-learn sh
         return np.asarray(self.loss_.loss(X[:, 0], X[:, 1], X[:, 2], X[:, 3]))
 
 
-def fit_contention(n: ArrayLike, measured_bw_mb_s: ArrayLike, ps_bw_mb_s: float,
-                   required_bw_mb_s: float) -> tuple[float, float]:
+def fit_contention(
+    n: ArrayLike, measured_bw_mb_s: ArrayLike, ps_bw_mb_s: float, required_bw_mb_s: float
+) -> tuple[float, float]:
     """(a1, b1) of P(n) = a1*sqrt(n) + b1 from worker bandwidths measured at cluster sizes n.
 
     Eq (8) inverted: P = (B_req - B_wk) / (B_req - B_ps/n), kept where the
@@ -152,8 +155,9 @@ def fit_contention(n: ArrayLike, measured_bw_mb_s: ArrayLike, ps_bw_mb_s: float,
     p[use] = (required_bw_mb_s - bw[use]) / (required_bw_mb_s - fair[use])
     keep = use & (p > 0) & (p < 1)
     if keep.sum() < 2:
-        raise TrainingError("need bandwidths at >= 2 contended cluster sizes (B_ps/n < B_req) "
-                                 "to fit the contention P(n)")
+        raise TrainingError(
+            "need bandwidths at >= 2 contended cluster sizes (B_ps/n < B_req) to fit the contention P(n)"
+        )
     a1, b1 = np.polyfit(np.sqrt(sizes[keep]), p[keep], 1)
     if a1 <= 0:
         raise TrainingError("fitted contention does not grow with n (a1 <= 0); measure more sizes")

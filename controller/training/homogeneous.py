@@ -18,6 +18,7 @@ prune, because under BSP more workers still shorten a PS-bound iteration's
 compute share. The table inside the bounds is evaluated in one vectorised
 call and the cheapest feasible row kept (ties: fewer machines, then faster).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,9 +48,11 @@ def compute_speed(spec: TrainingSpec, worker: WorkerOption, ps_bw: float) -> flo
     single = 2.0 * spec.model_mb / min(worker_bandwidth(spec, worker), ps_bw)
     t_comp = worker.batch / worker.speed - single
     if t_comp <= 0:
-        raise TrainingError(f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
-                                f"{spec.model_mb} at {min(worker_bandwidth(spec, worker), ps_bw)} MB/s: "
-                                f"batch/speed must exceed the push+pull time")
+        raise TrainingError(
+            f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
+            f"{spec.model_mb} at {min(worker_bandwidth(spec, worker), ps_bw)} MB/s: "
+            f"batch/speed must exceed the push+pull time"
+        )
     return worker.batch / t_comp
 
 
@@ -74,13 +77,15 @@ def candidate_table(spec: TrainingSpec) -> tuple[dict[str, Array], dict[str, int
         else:
             n_lo = 1
         n_lower_by_type[w.type] = n_lo
-        n_grid, m_grid = np.meshgrid(np.arange(max(n_lo, 1), w.quota + 1), np.arange(1, spec.ps.max_count + 1),
-                                     indexing="ij")
+        n_grid, m_grid = np.meshgrid(
+            np.arange(max(n_lo, 1), w.quota + 1), np.arange(1, spec.ps.max_count + 1), indexing="ij"
+        )
         n_flat, m_flat = n_grid.ravel(), m_grid.ravel()
         if not len(n_flat):
             continue
-        out = predict_ps(job, speed, worker_bandwidth(spec, w), ps_bw, ps_cpus, w.price_per_hour, ps_price,
-                         n_flat, m_flat)
+        out = predict_ps(
+            job, speed, worker_bandwidth(spec, w), ps_bw, ps_cpus, w.price_per_hour, ps_price, n_flat, m_flat
+        )
         out["type_index"] = np.full(len(n_flat), index)
         out["n"], out["m"] = n_flat, m_flat
         for k, v in out.items():
@@ -111,8 +116,15 @@ def provision_homogeneous(spec: TrainingSpec) -> TrainingPlan:
     table, n_lower = candidate_table(spec)
     names = [w.type for w in spec.workers]
     total = len(table.get("n", ()))
-    plan = partial(TrainingPlan, strategy="homogeneous", job=spec.name, deadline_s=spec.deadline_s,
-                   target_loss=spec.target_loss, candidates=total, search="exact")
+    plan = partial(
+        TrainingPlan,
+        strategy="homogeneous",
+        job=spec.name,
+        deadline_s=spec.deadline_s,
+        target_loss=spec.target_loss,
+        candidates=total,
+        search="exact",
+    )
     details: dict[str, Any] = {"n_lower": n_lower, "sync": spec.sync}
     meets = (table["time"] <= spec.deadline_s + 1e-9) if total else np.zeros(0, dtype=bool)
     if meets.any():
@@ -121,24 +133,46 @@ def provision_homogeneous(spec: TrainingSpec) -> TrainingPlan:
         w = spec.workers[int(table["type_index"][best])]
         n, m = int(table["n"][best]), int(table["m"][best])
         code = BOTTLENECKS[int(table["bottleneck"][best])]
-        details.update({
-            "iterations": int(table["iterations"][best]), "t_iter_s": round(float(table["t_iter"][best]), 6),
-            "t_comp_s": round(float(table["t_comp"][best]), 6), "t_comm_s": round(float(table["t_comm"][best]), 6),
-            "t_ps_cpu_s": round(float(table["t_cpu"][best]), 6),
-            "ps_saturation_workers": ps_saturation(spec, w.type, m), "explanation": BOTTLENECK_TEXT[code]})
-        return plan(feasible=True, counts=tuple((t, n if t == w.type else 0) for t in names),
-                    ps_type=w.type if spec.ps.type == "same" else spec.ps.type, ps_count=m,
-                    predicted_time_s=float(table["time"][best]), predicted_cost=float(table["cost"][best]),
-                    bottleneck=code, details=details)
+        details.update(
+            {
+                "iterations": int(table["iterations"][best]),
+                "t_iter_s": round(float(table["t_iter"][best]), 6),
+                "t_comp_s": round(float(table["t_comp"][best]), 6),
+                "t_comm_s": round(float(table["t_comm"][best]), 6),
+                "t_ps_cpu_s": round(float(table["t_cpu"][best]), 6),
+                "ps_saturation_workers": ps_saturation(spec, w.type, m),
+                "explanation": BOTTLENECK_TEXT[code],
+            }
+        )
+        return plan(
+            feasible=True,
+            counts=tuple((t, n if t == w.type else 0) for t in names),
+            ps_type=w.type if spec.ps.type == "same" else spec.ps.type,
+            ps_count=m,
+            predicted_time_s=float(table["time"][best]),
+            predicted_cost=float(table["cost"][best]),
+            bottleneck=code,
+            details=details,
+        )
     reason = _infeasible_reason(spec)
-    return plan(feasible=False, counts=tuple((t, 0) for t in names), ps_type=spec.ps.type, ps_count=0,
-                predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details)
+    return plan(
+        feasible=False,
+        counts=tuple((t, 0) for t in names),
+        ps_type=spec.ps.type,
+        ps_count=0,
+        predicted_time_s=math.inf,
+        predicted_cost=math.inf,
+        reason=reason,
+        details=details,
+    )
 
 
 def _infeasible_reason(spec: TrainingSpec) -> str:
     if spec.curve is not None and spec.target_loss <= spec.curve.beta2:
-        return (f"target loss {spec.target_loss} is below the loss floor {spec.curve.beta2:.4g} of the fitted "
-                f"curve; raise job.target_loss")
+        return (
+            f"target loss {spec.target_loss} is below the loss floor {spec.curve.beta2:.4g} of the fitted "
+            f"curve; raise job.target_loss"
+        )
     best_time, best_desc = math.inf, ""
     for w in spec.workers:
         if w.quota < 1:
@@ -147,14 +181,17 @@ def _infeasible_reason(spec: TrainingSpec) -> str:
         ps_bw, ps_cpus, ps_price = _ps_figures(spec, w)
         speed = compute_speed(spec, w, ps_bw)
         n, m = np.meshgrid(np.arange(1, w.quota + 1), np.arange(1, spec.ps.max_count + 1), indexing="ij")
-        out = predict_ps(job, speed, worker_bandwidth(spec, w), ps_bw, ps_cpus, w.price_per_hour, ps_price,
-                         n.ravel(), m.ravel())
+        out = predict_ps(
+            job, speed, worker_bandwidth(spec, w), ps_bw, ps_cpus, w.price_per_hour, ps_price, n.ravel(), m.ravel()
+        )
         i = int(np.argmin(out["time"]))
         if out["time"][i] < best_time:
             best_time = float(out["time"][i])
             best_desc = f"{int(n.ravel()[i])} x {w.type} with {int(m.ravel()[i])} PS"
     if not math.isfinite(best_time):
         return "no cluster within the quota reaches the target loss; raise job.target_loss"
-    return (f"deadline {spec.deadline_s:.0f} s is {best_time - spec.deadline_s:.0f} s below what the quota can "
-            f"reach (fastest: {best_time:.0f} s with {best_desc}); raise job.deadline_s to at least "
-            f"{math.ceil(best_time)} or the quotas")
+    return (
+        f"deadline {spec.deadline_s:.0f} s is {best_time - spec.deadline_s:.0f} s below what the quota can "
+        f"reach (fastest: {best_time:.0f} s with {best_desc}); raise job.deadline_s to at least "
+        f"{math.ceil(best_time)} or the quotas"
+    )

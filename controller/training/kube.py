@@ -27,6 +27,7 @@ StatefulSet, and the workers one per instance type, each pod:
 `validate_manifests` checks what `stoke train render` relies on; the tests also
 load every object into the official ``kubernetes`` client models.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,15 +43,19 @@ DEFAULT_WORKER_COMMAND = ("python", "train.py")
 DEFAULT_MEMORY = "8Gi"
 DEFAULT_SPOT_LABEL = ("karpenter.sh/capacity-type", "spot")
 #: A parameter server: serve the variables of the cluster described by TF_CONFIG until killed.
-PS_PROGRAM = ("import tensorflow as tf\n"
-              "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
-              "tf.distribute.Server(r.cluster_spec(), job_name=r.task_type, task_index=r.task_id,\n"
-              "                     protocol=r.rpc_layer or 'grpc', start=True).join()\n")
+PS_PROGRAM = (
+    "import tensorflow as tf\n"
+    "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+    "tf.distribute.Server(r.cluster_spec(), job_name=r.task_type, task_index=r.task_id,\n"
+    "                     protocol=r.rpc_layer or 'grpc', start=True).join()\n"
+)
 #: Exports this pod's TF_CONFIG (its ordinal is the suffix of the StatefulSet pod name), then runs "$@".
-TASK_PRELUDE = ('ordinal="${POD_NAME##*-}"\n'
-                'export TF_CONFIG="{\\"cluster\\": $STOKE_CLUSTER, \\"task\\": {\\"type\\": \\"$STOKE_ROLE\\", '
-                '\\"index\\": $((STOKE_TASK_OFFSET + ordinal))}}"\n'
-                'exec "$@"\n')
+TASK_PRELUDE = (
+    'ordinal="${POD_NAME##*-}"\n'
+    'export TF_CONFIG="{\\"cluster\\": $STOKE_CLUSTER, \\"task\\": {\\"type\\": \\"$STOKE_ROLE\\", '
+    '\\"index\\": $((STOKE_TASK_OFFSET + ordinal))}}"\n'
+    'exec "$@"\n'
+)
 
 
 def _dns(name: str) -> str:
@@ -63,11 +68,17 @@ def _hosts(job: str, group: str, count: int, namespace: str) -> list[str]:
     return [f"{svc}-{i}.{svc}.{namespace}.svc:{PS_PORT}" for i in range(count)]
 
 
-def render_manifests(plan: TrainingPlan, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
-                     command: list[str] | tuple[str, ...] | None = None,
-                     gpus_per_type: dict[str, int] | None = None, vcpus_per_type: dict[str, int] | None = None,
-                     memory: str = DEFAULT_MEMORY,
-                     spot_label: tuple[str, str] | None = DEFAULT_SPOT_LABEL) -> list[dict[str, Any]]:
+def render_manifests(
+    plan: TrainingPlan,
+    *,
+    image: str = DEFAULT_IMAGE,
+    namespace: str = "default",
+    command: list[str] | tuple[str, ...] | None = None,
+    gpus_per_type: dict[str, int] | None = None,
+    vcpus_per_type: dict[str, int] | None = None,
+    memory: str = DEFAULT_MEMORY,
+    spot_label: tuple[str, str] | None = DEFAULT_SPOT_LABEL,
+) -> list[dict[str, Any]]:
     """Services + StatefulSets for the plan's PS and workers, in apply order.
 
     `command` is the training program every worker runs (default ``python
@@ -88,33 +99,46 @@ def render_manifests(plan: TrainingPlan, *, image: str = DEFAULT_IMAGE, namespac
         if count > 0:
             groups.append((f"worker-{_dns(itype)}", "worker", count, gpus_per_type.get(itype, 1), itype, offset))
             offset += count
-    cluster = {"ps": _hosts(job, "ps", ps_count, namespace),
-               "worker": [h for g, role, n, *_ in groups if role == "worker" for h in _hosts(job, g, n, namespace)]}
+    cluster = {
+        "ps": _hosts(job, "ps", ps_count, namespace),
+        "worker": [h for g, role, n, *_ in groups if role == "worker" for h in _hosts(job, g, n, namespace)],
+    }
     spot = plan.strategy == "spot" and spot_label is not None
     objects: list[dict[str, Any]] = []
     for group, role, replicas, gpus, node_type, task_offset in groups:
         name = f"{job}-{group}"
         labels = {"app.kubernetes.io/name": job, "app.kubernetes.io/component": role, "stoke/group": group}
-        objects.append({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-            "spec": {"clusterIP": "None", "selector": dict(labels), "publishNotReadyAddresses": True,
-                     "ports": [{"name": "grpc", "port": PS_PORT, "targetPort": PS_PORT}]},
-        })
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": dict(labels),
+                    "publishNotReadyAddresses": True,
+                    "ports": [{"name": "grpc", "port": PS_PORT, "targetPort": PS_PORT}],
+                },
+            }
+        )
         cpus = max(1, (vcpus_per_type.get(node_type, 0) if node_type else 0) - 1)
         requests = {"cpu": str(cpus), "memory": memory}
         limits = {"memory": memory}
         if gpus:
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(gpus)
         container: dict[str, Any] = {
-            "name": role, "image": image,
+            "name": role,
+            "image": image,
             "command": ["/bin/sh", "-c", TASK_PRELUDE, "stoke-task"],
             "args": ["python", "-c", PS_PROGRAM] if role == "ps" else list(worker_args),
             "ports": [{"name": "grpc", "containerPort": PS_PORT}],
-            "env": [{"name": "STOKE_ROLE", "value": role}, {"name": "STOKE_GROUP", "value": group},
-                    {"name": "STOKE_TASK_OFFSET", "value": str(task_offset)},
-                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    {"name": "STOKE_CLUSTER", "value": json.dumps(cluster, sort_keys=True)}],
+            "env": [
+                {"name": "STOKE_ROLE", "value": role},
+                {"name": "STOKE_GROUP", "value": group},
+                {"name": "STOKE_TASK_OFFSET", "value": str(task_offset)},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "STOKE_CLUSTER", "value": json.dumps(cluster, sort_keys=True)},
+            ],
             "resources": {"requests": requests, "limits": limits},
         }
         pod_spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Always"}
@@ -123,7 +147,7 @@ def render_manifests(plan: TrainingPlan, *, image: str = DEFAULT_IMAGE, namespac
         if node_type:
             selector["node.kubernetes.io/instance-type"] = node_type
         if role == "worker" and spot:
-            key, value = spot_label                                  # type: ignore[misc]
+            key, value = spot_label  # type: ignore[misc]
             selector[key] = value
             tolerations.append({"key": key, "operator": "Exists", "effect": "NoSchedule"})
         if gpus:
@@ -133,15 +157,27 @@ def render_manifests(plan: TrainingPlan, *, image: str = DEFAULT_IMAGE, namespac
         if tolerations:
             pod_spec["tolerations"] = tolerations
         if role == "ps":
-            pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": "kubernetes.io/hostname"}]}}
-        objects.append({
-            "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-            "spec": {"serviceName": name, "replicas": replicas, "podManagementPolicy": "Parallel",
-                     "selector": {"matchLabels": dict(labels)},
-                     "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
-        })
+            pod_spec["affinity"] = {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": "kubernetes.io/hostname"}
+                    ]
+                }
+            }
+        objects.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+                "spec": {
+                    "serviceName": name,
+                    "replicas": replicas,
+                    "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": dict(labels)},
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+                },
+            }
+        )
     return objects
 
 
@@ -162,7 +198,11 @@ def validate_manifests(objects: list[dict[str, Any]]) -> list[str]:
         if not NAME_RE.match(name) or len(name) > 63:
             problems.append(f"{where}: name is not a DNS-1123 label")
         if kind == "Service":
-            if obj.get("apiVersion") != "v1" or obj["spec"].get("clusterIP") != "None" or not obj["spec"].get("selector"):
+            if (
+                obj.get("apiVersion") != "v1"
+                or obj["spec"].get("clusterIP") != "None"
+                or not obj["spec"].get("selector")
+            ):
                 problems.append(f"{where}: must be a headless v1 Service with a selector")
             continue
         spec = obj.get("spec", {})
@@ -188,6 +228,7 @@ def validate_manifests(objects: list[dict[str, Any]]) -> list[str]:
             for part in ("requests", "limits"):
                 for resource, value in resources.get(part, {}).items():
                     if not isinstance(value, str) or not _QUANTITY.match(value):
-                        problems.append(f"{where}: {part}.{resource} must be a quoted quantity such as '2' or "
-                                        f"'8Gi', got {value!r}")
+                        problems.append(
+                            f"{where}: {part}.{resource} must be a quoted quantity such as '2' or '8Gi', got {value!r}"
+                        )
     return problems

@@ -36,6 +36,7 @@ the PCIe staging term is added on top, as the published predictor does (this
 convention reproduces the published ResNet-110 figures: 1884 s, $1.68).
 Units: sizes in MB, bandwidths in MB/s, times in seconds, prices in $/hour.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,8 @@ import numpy.typing as npt
 from stoke import validate as check
 from stoke.errors import InputError
 
-Array = npt.NDArray[np.float64]       # vectorised results (int codes are cast when read)
-ArrayLike = npt.ArrayLike             # a scalar or anything numpy broadcasts
+Array = npt.NDArray[np.float64]  # vectorised results (int codes are cast when read)
+ArrayLike = npt.ArrayLike  # a scalar or anything numpy broadcasts
 
 #: Bottleneck labels, in the order of the integer codes the vectorised paths return.
 BOTTLENECKS = ("worker_compute", "worker_network", "ps_network", "ps_cpu")
@@ -71,6 +72,7 @@ def _positive(name: str, value: float) -> float:
 
 
 # --------------------------------------------------------------------------- loss curves
+
 
 @dataclass(frozen=True)
 class LossCurve:
@@ -112,8 +114,9 @@ class SpotLoss:
 
     def loss(self, b_w: ArrayLike, r: ArrayLike, n: ArrayLike, j: ArrayLike) -> Array:
         bw_, r_, n_, j_ = (np.asarray(v, dtype=float) for v in (b_w, r, n, j))
-        return np.asarray((self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_) / (j_ + self.g1)
-                          + self.g5)
+        return np.asarray(
+            (self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_) / (j_ + self.g1) + self.g5
+        )
 
     def iterations(self, b_w: ArrayLike, r: ArrayLike, n: ArrayLike, target_loss: float) -> Array:
         """Normalised iterations j to reach `target_loss` (real-valued; may be <= 0 or nan)."""
@@ -121,24 +124,27 @@ class SpotLoss:
         if target_loss <= self.g5:
             return np.full(np.broadcast(bw_, r_, n_).shape, np.inf)
         with np.errstate(invalid="ignore"):
-            return np.asarray((self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_)
-                              / (target_loss - self.g5) - self.g1)
+            return np.asarray(
+                (self.g2 * bw_ + self.g3) * np.sqrt((self.r_weight * r_ + self.g4) * n_) / (target_loss - self.g5)
+                - self.g1
+            )
 
 
 # --------------------------------------------------------------------------- homogeneous PS model
+
 
 @dataclass(frozen=True)
 class PsJob:
     """What the homogeneous model needs to know about the training job."""
 
-    model_mb: float                  # S: gradient (= parameter) bytes exchanged per push/pull
-    batch_per_worker: int            # b
+    model_mb: float  # S: gradient (= parameter) bytes exchanged per push/pull
+    batch_per_worker: int  # b
     curve: LossCurve
     target_loss: float
-    sync: str = "bsp"                # "bsp" or "asp"
+    sync: str = "bsp"  # "bsp" or "asp"
     update_cpu_s_per_mb: float = 0.0  # c_upd: PS CPU-seconds to apply one MB of gradient
-    batch_penalty: float = 0.0       # kappa: extra samples needed per unit of global batch above b_ref
-    reference_batch: int = 0         # b_ref: global batch of the profiling run (0 = b)
+    batch_penalty: float = 0.0  # kappa: extra samples needed per unit of global batch above b_ref
+    reference_batch: int = 0  # b_ref: global batch of the profiling run (0 = b)
 
     def __post_init__(self) -> None:
         _positive("model_mb", self.model_mb)
@@ -169,9 +175,17 @@ class PsPrediction:
         return BOTTLENECK_TEXT[self.bottleneck]
 
 
-def predict_ps(job: PsJob, worker_speed: ArrayLike, worker_bw_mb_s: ArrayLike, ps_bw_mb_s: ArrayLike,
-               ps_cpus: ArrayLike, worker_price: ArrayLike, ps_price: ArrayLike, n: ArrayLike,
-               m: ArrayLike) -> dict[str, Array]:
+def predict_ps(
+    job: PsJob,
+    worker_speed: ArrayLike,
+    worker_bw_mb_s: ArrayLike,
+    ps_bw_mb_s: ArrayLike,
+    ps_cpus: ArrayLike,
+    worker_price: ArrayLike,
+    ps_price: ArrayLike,
+    n: ArrayLike,
+    m: ArrayLike,
+) -> dict[str, Array]:
     """Vectorised homogeneous prediction; every argument broadcasts.
 
     `worker_speed` is R_worker (samples/s of one worker's computation).
@@ -179,13 +193,18 @@ def predict_ps(job: PsJob, worker_speed: ArrayLike, worker_bw_mb_s: ArrayLike, p
     bottleneck (codes into BOTTLENECKS). Unreachable targets give time = inf.
     """
     speed, bw_w, bw_ps, cpus, p_w, p_ps, n_, m_ = np.broadcast_arrays(
-        *(np.asarray(v, dtype=float) for v in (worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus,
-                                                worker_price, ps_price, n, m)))
+        *(
+            np.asarray(v, dtype=float)
+            for v in (worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus, worker_price, ps_price, n, m)
+        )
+    )
     b = float(job.batch_per_worker)
     s_model = job.model_mb
     global_batch = n_ * b
     b_ref = float(job.reference_batch or job.batch_per_worker)
-    samples = job.curve.samples_for(job.target_loss) * (1.0 + job.batch_penalty * np.maximum(0.0, global_batch / b_ref - 1.0))
+    samples = job.curve.samples_for(job.target_loss) * (
+        1.0 + job.batch_penalty * np.maximum(0.0, global_batch / b_ref - 1.0)
+    )
     with np.errstate(invalid="ignore"):
         iterations = np.ceil(samples / global_batch)
     t_comp = b / speed
@@ -209,31 +228,57 @@ def predict_ps(job: PsJob, worker_speed: ArrayLike, worker_bw_mb_s: ArrayLike, p
         t_comm = np.maximum(t_comm, t_psnet - t_comp)  # the wait a worker sees for its push/pull
     time = iterations * t_iter
     cost = (n_ * p_w + m_ * p_ps) * time / 3600.0
-    return {"iterations": iterations, "t_comp": t_comp, "t_comm": t_comm, "t_cpu": t_cpu,
-            "t_iter": t_iter, "time": time, "cost": cost, "bottleneck": code.astype(int)}
+    return {
+        "iterations": iterations,
+        "t_comp": t_comp,
+        "t_comm": t_comm,
+        "t_cpu": t_cpu,
+        "t_iter": t_iter,
+        "time": time,
+        "cost": cost,
+        "bottleneck": code.astype(int),
+    }
 
 
-def predict_ps_one(job: PsJob, worker_speed: float, worker_bw_mb_s: float, ps_bw_mb_s: float, ps_cpus: float,
-                   worker_price: float, ps_price: float, n: int, m: int) -> PsPrediction:
+def predict_ps_one(
+    job: PsJob,
+    worker_speed: float,
+    worker_bw_mb_s: float,
+    ps_bw_mb_s: float,
+    ps_cpus: float,
+    worker_price: float,
+    ps_price: float,
+    n: int,
+    m: int,
+) -> PsPrediction:
     """Scalar form of `predict_ps`."""
     out = predict_ps(job, worker_speed, worker_bw_mb_s, ps_bw_mb_s, ps_cpus, worker_price, ps_price, n, m)
-    return PsPrediction(workers=int(n), ps=int(m), iterations=int(out["iterations"]) if np.isfinite(out["iterations"]) else -1,
-                        t_comp_s=float(out["t_comp"]), t_comm_s=float(out["t_comm"]), t_ps_cpu_s=float(out["t_cpu"]),
-                        t_iter_s=float(out["t_iter"]), time_s=float(out["time"]), cost=float(out["cost"]),
-                        bottleneck=BOTTLENECKS[int(out["bottleneck"])])
+    return PsPrediction(
+        workers=int(n),
+        ps=int(m),
+        iterations=int(out["iterations"]) if np.isfinite(out["iterations"]) else -1,
+        t_comp_s=float(out["t_comp"]),
+        t_comm_s=float(out["t_comm"]),
+        t_ps_cpu_s=float(out["t_cpu"]),
+        t_iter_s=float(out["t_iter"]),
+        time_s=float(out["time"]),
+        cost=float(out["cost"]),
+        bottleneck=BOTTLENECKS[int(out["bottleneck"])],
+    )
 
 
 # --------------------------------------------------------------------------- heterogeneous ASP model
+
 
 @dataclass(frozen=True)
 class SpotJob:
     """The job as the heterogeneous model sees it (all bandwidths MB/s, sizes MB)."""
 
-    model_mb: float          # S
-    ps_bw_mb_s: float        # B_ps
+    model_mb: float  # S
+    ps_bw_mb_s: float  # B_ps
     required_bw_mb_s: float  # B_req: what one worker uses alone
-    pcie_bw_mb_s: float      # B_pcie
-    a1: float                # P(n) = min(a1*sqrt(n) + b1, 1)
+    pcie_bw_mb_s: float  # B_pcie
+    a1: float  # P(n) = min(a1*sqrt(n) + b1, 1)
     b1: float
     loss: SpotLoss
     target_loss: float
@@ -242,8 +287,10 @@ class SpotJob:
         for name in ("model_mb", "ps_bw_mb_s", "required_bw_mb_s", "pcie_bw_mb_s", "a1"):
             _positive(name, getattr(self, name))
         if self.a1 + self.b1 >= 1.0:
-            raise TrainingError(f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
-                                     f"(a1 + b1 = {self.a1 + self.b1:g}); refit it so that a1 + b1 < 1")
+            raise TrainingError(
+                f"contention fit P(n) = min(a1*sqrt(n) + b1, 1) is already 1 at n = 1 "
+                f"(a1 + b1 = {self.a1 + self.b1:g}); refit it so that a1 + b1 < 1"
+            )
 
     def contention(self, n: ArrayLike) -> Array:
         """P(n), the share of the PS bandwidth contention that bites (clipped to [0, 1])."""
@@ -258,23 +305,30 @@ class SpotJob:
         workers = np.asarray(n, dtype=float)
         fair = self.ps_bw_mb_s / workers
         p = self.contention(workers)
-        return np.where(self.required_bw_mb_s > fair, p * fair + (1.0 - p) * self.required_bw_mb_s,
-                        self.required_bw_mb_s)
+        return np.where(
+            self.required_bw_mb_s > fair, p * fair + (1.0 - p) * self.required_bw_mb_s, self.required_bw_mb_s
+        )
 
     def compute_time(self, batch: ArrayLike, speed: ArrayLike) -> Array:
         """t_comp from the profiled speed (see module doc for the convention)."""
-        t: Array = np.asarray(batch, dtype=float) / np.asarray(speed, dtype=float) \
+        t: Array = (
+            np.asarray(batch, dtype=float) / np.asarray(speed, dtype=float)
             - 2.0 * self.model_mb / self.required_bw_mb_s
+        )
         if np.any(t <= 0):
-            raise TrainingError("profiled speed too high for the model size and B_req: batch/speed must exceed "
-                                "2*S/B_req")
+            raise TrainingError(
+                "profiled speed too high for the model size and B_req: batch/speed must exceed 2*S/B_req"
+            )
         return t
 
     def iteration_times(self, compute_s: ArrayLike, gpus: ArrayLike, n: ArrayLike) -> Array:
         """T_i for each worker type when the cluster has n workers: shape broadcast(n[:, None], types)."""
         b_wk = self.worker_bandwidth(n)[..., None]
-        return np.asarray(np.asarray(compute_s, float) + 2.0 * self.model_mb / b_wk
-                          + 2.0 * np.asarray(gpus, float) * self.model_mb / self.pcie_bw_mb_s)
+        return np.asarray(
+            np.asarray(compute_s, float)
+            + 2.0 * self.model_mb / b_wk
+            + 2.0 * np.asarray(gpus, float) * self.model_mb / self.pcie_bw_mb_s
+        )
 
 
 def per_gpu_batch(memory_gb: ArrayLike, a2: float, b2: float) -> npt.NDArray[np.int_]:
@@ -286,9 +340,18 @@ def per_gpu_batch(memory_gb: ArrayLike, a2: float, b2: float) -> npt.NDArray[np.
     return batch
 
 
-def evaluate_spot(job: SpotJob, batch: ArrayLike, compute_s: ArrayLike, gpus: ArrayLike, price: ArrayLike,
-                  counts: ArrayLike, *, overhead_s: float = 0.0, remaining: float = 1.0,
-                  by_type: bool = False) -> dict[str, Array]:
+def evaluate_spot(
+    job: SpotJob,
+    batch: ArrayLike,
+    compute_s: ArrayLike,
+    gpus: ArrayLike,
+    price: ArrayLike,
+    counts: ArrayLike,
+    *,
+    overhead_s: float = 0.0,
+    remaining: float = 1.0,
+    by_type: bool = False,
+) -> dict[str, Array]:
     """Evaluate many heterogeneous clusters at once.
 
     `batch`, `compute_s`, `gpus`, `price` are per worker type (length T);
@@ -302,7 +365,7 @@ def evaluate_spot(job: SpotJob, batch: ArrayLike, compute_s: ArrayLike, gpus: Ar
     # group's sums are BLAS matrix-vector products over the transposed
     # (types x candidates) table: 10^5 candidates in a few milliseconds.
     table = np.asarray(counts, dtype=float)
-    counts_t = table if by_type else np.atleast_2d(table).T                          # (T, K)
+    counts_t = table if by_type else np.atleast_2d(table).T  # (T, K)
     batch_, compute_, gpus_, price_ = (np.asarray(v, dtype=float) for v in (batch, compute_s, gpus, price))
     n_raw = counts_t.sum(axis=0)
     order = np.argsort(n_raw, kind="stable")
@@ -311,8 +374,11 @@ def evaluate_spot(job: SpotJob, batch: ArrayLike, compute_s: ArrayLike, gpus: Ar
     cuts = np.flatnonzero(np.diff(n_sorted)) + 1
     starts = np.concatenate([[0], cuts]).astype(int)
     ends = np.concatenate([cuts, [len(n_sorted)]]).astype(int)
-    t_tab = job.iteration_times(compute_, gpus_, np.maximum(n_sorted[starts], 1.0)) if len(starts) and len(n_sorted) \
+    t_tab = (
+        job.iteration_times(compute_, gpus_, np.maximum(n_sorted[starts], 1.0))
+        if len(starts) and len(n_sorted)
         else np.zeros((0, len(batch_)))
+    )
     size = len(n_sorted)
     rate_s, speed_s, sq_s, vmax_s = (np.zeros(size) for _ in range(4))
     for g, (lo, hi) in enumerate(zip(starts, ends)):
@@ -347,5 +413,13 @@ def evaluate_spot(job: SpotJob, batch: ArrayLike, compute_s: ArrayLike, gpus: Ar
     comp_mean = (compute_ @ counts_t) / safe_n
     contended = job.required_bw_mb_s > job.ps_bw_mb_s / safe_n
     code = np.where(comp_mean >= comm, WORKER_COMPUTE, np.where(contended, PS_NETWORK, WORKER_NETWORK))
-    return {"n": n, "b_w": b_w, "R": r, "j": j, "t_exp": t_exp, "time": time, "cost": cost,
-            "bottleneck": code.astype(int)}
+    return {
+        "n": n,
+        "b_w": b_w,
+        "R": r,
+        "j": j,
+        "t_exp": t_exp,
+        "time": time,
+        "cost": cost,
+        "bottleneck": code.astype(int),
+    }

@@ -5,6 +5,7 @@ the ResNet-110 fixture spec (the default SPEC.yaml), an example CURVE.csv
 and gradient profiles (ResNet-50-like, VGG-19-like). Errors are
 `TrainingError` naming the file, the field and the fix.
 """
+
 from __future__ import annotations
 
 import csv
@@ -65,18 +66,31 @@ def catalog_from_dict(data: Any, source: str, *, live: bool = False) -> Catalog:
         missing = [f for f in INSTANCE_FIELDS if not isinstance(t, dict) or f not in t]
         if missing:
             raise TrainingError(f"{source}: types.{name} lacks field {missing[0]!r}")
-        out[name] = InstanceType(name=name, gpus=int(t["gpus"]), vcpus=int(t["vcpus"]),
-                                 gpu_memory_gb=float(t["gpu_memory_gb"]), network_mb_s=float(t["network_mb_s"]),
-                                 on_demand_per_hour=float(t["on_demand_per_hour"]),
-                                 spot_per_hour=float(t["spot_per_hour"]))
-    return Catalog(types=out, source="live" if live else "offline", prices_as_of=str(data.get("prices_as_of", "")),
-                   region=str(data.get("region", "us-east-1")))
+        out[name] = InstanceType(
+            name=name,
+            gpus=int(t["gpus"]),
+            vcpus=int(t["vcpus"]),
+            gpu_memory_gb=float(t["gpu_memory_gb"]),
+            network_mb_s=float(t["network_mb_s"]),
+            on_demand_per_hour=float(t["on_demand_per_hour"]),
+            spot_per_hour=float(t["spot_per_hour"]),
+        )
+    return Catalog(
+        types=out,
+        source="live" if live else "offline",
+        prices_as_of=str(data.get("prices_as_of", "")),
+        region=str(data.get("region", "us-east-1")),
+    )
 
 
 def catalog_to_dict(catalog: Catalog) -> dict[str, Any]:
-    return {"format_version": CATALOG_FORMAT_VERSION, "region": catalog.region, "prices_as_of": catalog.prices_as_of,
-            "source": catalog.source,
-            "types": {n: {f: getattr(t, f) for f in INSTANCE_FIELDS} for n, t in sorted(catalog.types.items())}}
+    return {
+        "format_version": CATALOG_FORMAT_VERSION,
+        "region": catalog.region,
+        "prices_as_of": catalog.prices_as_of,
+        "source": catalog.source,
+        "types": {n: {f: getattr(t, f) for f in INSTANCE_FIELDS} for n, t in sorted(catalog.types.items())},
+    }
 
 
 def offline_catalog() -> Catalog:
@@ -128,8 +142,7 @@ def read_curve_csv(path: str | os.PathLike[str] | None, batch: int | None = None
         elif batch:
             out["samples"] = out["iteration"] * batch
         else:
-            raise TrainingError(f"{target}: 'iteration' needs the global batch: add a 'batch' column "
-                                    f"or pass --batch")
+            raise TrainingError(f"{target}: 'iteration' needs the global batch: add a 'batch' column or pass --batch")
     return out
 
 
@@ -140,7 +153,8 @@ def read_gradient_profile(path: str | os.PathLike[str] | None, name: str | None 
         if not chosen.endswith(".yaml"):
             chosen += ".yaml"
         if chosen not in BUNDLED_PROFILES:
-            raise TrainingError(f"no bundled gradient profile {name!r}; choose one of "
-                                    f"{', '.join(p[:-5] for p in BUNDLED_PROFILES)}")
+            raise TrainingError(
+                f"no bundled gradient profile {name!r}; choose one of {', '.join(p[:-5] for p in BUNDLED_PROFILES)}"
+            )
         return read_yaml(data_path(chosen), "gradient profile"), f"bundled {chosen}"
     return read_yaml(path, "gradient profile"), str(path)

@@ -5,11 +5,13 @@
 and from its JSON shape (the `stoke train plan --json` output, the input of
 `stoke train launch`). Errors name the field and the fix.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from controller.training.models import LossCurve, PsJob, SpotJob, SpotLoss, TrainingError
 from stoke import validate as check
@@ -35,14 +37,16 @@ class Catalog:
     """Instance types with prices, and where the prices come from."""
 
     types: Mapping[str, InstanceType]
-    source: str = "offline"          # "offline" or "live"
-    prices_as_of: str = ""           # ISO-8601 timestamp of the prices
+    source: str = "offline"  # "offline" or "live"
+    prices_as_of: str = ""  # ISO-8601 timestamp of the prices
     region: str = "us-east-1"
 
     def get(self, name: str, where: str = "spec") -> InstanceType:
         if name not in self.types:
-            raise TrainingError(f"{where}: instance type {name!r} is not in the catalog; "
-                                    f"use one of {', '.join(sorted(self.types))} or add it to the catalog")
+            raise TrainingError(
+                f"{where}: instance type {name!r} is not in the catalog; "
+                f"use one of {', '.join(sorted(self.types))} or add it to the catalog"
+            )
         return self.types[name]
 
 
@@ -52,18 +56,18 @@ class WorkerOption:
 
     type: str
     quota: int
-    speed: float            # profiled samples/s of one worker (alone, one PS)
-    batch: int              # samples per iteration of one worker (per-GPU batch x GPUs)
+    speed: float  # profiled samples/s of one worker (alone, one PS)
+    batch: int  # samples per iteration of one worker (per-GPU batch x GPUs)
     gpus: int
     network_mb_s: float
-    price_per_hour: float   # the price the plan pays (spot or on-demand, see the strategy)
+    price_per_hour: float  # the price the plan pays (spot or on-demand, see the strategy)
     on_demand_per_hour: float
     vcpus: int = 8
 
 
 @dataclass(frozen=True)
 class PsOption:
-    type: str               # "same" = PS on the worker type (homogeneous strategy)
+    type: str  # "same" = PS on the worker type (homogeneous strategy)
     max_count: int
     network_mb_s: float
     vcpus: int
@@ -93,26 +97,36 @@ class TrainingSpec:
         for w in self.workers:
             if w.type == name:
                 return w
-        raise TrainingError(f"instance type {name!r} is not among the spec's workers "
-                                f"({', '.join(w.type for w in self.workers)})")
+        raise TrainingError(
+            f"instance type {name!r} is not among the spec's workers ({', '.join(w.type for w in self.workers)})"
+        )
 
     def ps_job(self, batch: int) -> PsJob:
         if self.curve is None:
-            raise TrainingError("spec lacks 'homogeneous.curve' (beta0, beta1, beta2); "
-                                    "fit it with `stoke train fit-loss CURVE.csv` and paste the result")
-        return PsJob(model_mb=self.model_mb, batch_per_worker=batch, curve=self.curve,
-                     target_loss=self.target_loss, sync=self.sync, update_cpu_s_per_mb=self.update_cpu_s_per_mb,
-                     batch_penalty=self.batch_penalty, reference_batch=self.reference_batch)
+            raise TrainingError(
+                "spec lacks 'homogeneous.curve' (beta0, beta1, beta2); "
+                "fit it with `stoke train fit-loss CURVE.csv` and paste the result"
+            )
+        return PsJob(
+            model_mb=self.model_mb,
+            batch_per_worker=batch,
+            curve=self.curve,
+            target_loss=self.target_loss,
+            sync=self.sync,
+            update_cpu_s_per_mb=self.update_cpu_s_per_mb,
+            batch_penalty=self.batch_penalty,
+            reference_batch=self.reference_batch,
+        )
 
 
 @dataclass(frozen=True)
 class TrainingPlan:
     """A provisioning decision with its prediction, or the reason it is infeasible."""
 
-    strategy: str                               # "homogeneous" or "spot"
+    strategy: str  # "homogeneous" or "spot"
     job: str
     feasible: bool
-    counts: tuple[tuple[str, int], ...]         # workers per instance type, in spec order
+    counts: tuple[tuple[str, int], ...]  # workers per instance type, in spec order
     ps_type: str
     ps_count: int
     predicted_time_s: float
@@ -142,15 +156,25 @@ class TrainingPlan:
 
 # --------------------------------------------------------------------------- spec parsing
 
+
 def _need(obj: Any, key: str, where: str, source: str) -> Any:
     if not isinstance(obj, Mapping) or key not in obj:
-        raise TrainingError(f"{source}: {where} lacks field {key!r}; see the bundled example "
-                                f"(`stoke train plan` with no file uses it)")
+        raise TrainingError(
+            f"{source}: {where} lacks field {key!r}; see the bundled example (`stoke train plan` with no file uses it)"
+        )
     return obj[key]
 
 
-def _num(obj: Mapping[str, Any], key: str, where: str, source: str, *, default: Any = None,
-         positive: bool = True, allow_zero: bool = False) -> float:
+def _num(
+    obj: Mapping[str, Any],
+    key: str,
+    where: str,
+    source: str,
+    *,
+    default: Any = None,
+    positive: bool = True,
+    allow_zero: bool = False,
+) -> float:
     value = obj.get(key, default) if isinstance(obj, Mapping) else default
     if value is None:
         value = _need(obj, key, where, source)
@@ -181,21 +205,29 @@ def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, ma
     workers = _workers(_need(data, "workers", "spec", source), catalog, source, market)
     for section in ("ps", "homogeneous", "spot"):
         if data.get(section) is not None and not isinstance(data[section], Mapping):
-            raise TrainingError(f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), "
-                                f"got {data[section]!r}")
+            raise TrainingError(
+                f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), got {data[section]!r}"
+            )
     ps = _ps(data.get("ps", {}) or {}, catalog, source)
     homo = data.get("homogeneous", {}) or {}
     spot_raw = data.get("spot")
     cap = homo.get("worker_bandwidth_mb_s")
     return TrainingSpec(
-        name=name, target_loss=target, deadline_s=deadline, model_mb=model_mb, workers=workers, ps=ps,
-        sync=sync, curve=_curve(homo["curve"], source) if "curve" in homo else None,
+        name=name,
+        target_loss=target,
+        deadline_s=deadline,
+        model_mb=model_mb,
+        workers=workers,
+        ps=ps,
+        sync=sync,
+        curve=_curve(homo["curve"], source) if "curve" in homo else None,
         update_cpu_s_per_mb=_num(homo, "update_cpu_s_per_mb", "homogeneous", source, default=0.0, allow_zero=True),
         batch_penalty=_num(homo, "batch_penalty", "homogeneous", source, default=0.0, allow_zero=True),
         reference_batch=int(_num(homo, "reference_batch", "homogeneous", source, default=0, allow_zero=True)),
         worker_bandwidth_cap_mb_s=None if cap is None else _num(homo, "worker_bandwidth_mb_s", "homogeneous", source),
         spot=None if spot_raw is None else _spot(spot_raw, model_mb, target, ps, source),
-        recovery_overhead_s=_num(spot_raw or {}, "recovery_overhead_s", "spot", source, default=30.0, allow_zero=True))
+        recovery_overhead_s=_num(spot_raw or {}, "recovery_overhead_s", "spot", source, default=30.0, allow_zero=True),
+    )
 
 
 def _workers(raw: Any, catalog: Catalog, source: str, market: str) -> tuple[WorkerOption, ...]:
@@ -211,12 +243,19 @@ def _workers(raw: Any, catalog: Catalog, source: str, market: str) -> tuple[Work
             raise TrainingError(f"{source}: {where}.quota must be a whole number, got {quota!r}")
         gpu_batch = _num(w, "gpu_batch", where, source)
         default_price = inst.spot_per_hour if market == "spot" else inst.on_demand_per_hour
-        workers.append(WorkerOption(
-            type=str(type_name), quota=int(quota), speed=_num(w, "speed", where, source),
-            batch=int(gpu_batch) * inst.gpus, gpus=inst.gpus,
-            network_mb_s=_num(w, "network_mb_s", where, source, default=inst.network_mb_s),
-            price_per_hour=_num(w, "price_per_hour", where, source, default=default_price, allow_zero=True),
-            on_demand_per_hour=inst.on_demand_per_hour, vcpus=inst.vcpus))
+        workers.append(
+            WorkerOption(
+                type=str(type_name),
+                quota=int(quota),
+                speed=_num(w, "speed", where, source),
+                batch=int(gpu_batch) * inst.gpus,
+                gpus=inst.gpus,
+                network_mb_s=_num(w, "network_mb_s", where, source, default=inst.network_mb_s),
+                price_per_hour=_num(w, "price_per_hour", where, source, default=default_price, allow_zero=True),
+                on_demand_per_hour=inst.on_demand_per_hour,
+                vcpus=inst.vcpus,
+            )
+        )
     return tuple(workers)
 
 
@@ -227,11 +266,13 @@ def _ps(raw: Mapping[str, Any], catalog: Catalog, source: str) -> PsOption:
     if ps_type == "same":
         return PsOption(type="same", max_count=max_count, network_mb_s=0.0, vcpus=0, price_per_hour=0.0)
     inst = catalog.get(ps_type, f"{source}: ps.type")
-    return PsOption(type=ps_type, max_count=max_count,
-                    network_mb_s=_num(raw, "network_mb_s", "ps", source, default=inst.network_mb_s),
-                    vcpus=int(_num(raw, "vcpus", "ps", source, default=inst.vcpus)),
-                    price_per_hour=_num(raw, "price_per_hour", "ps", source, default=inst.on_demand_per_hour,
-                                        allow_zero=True))
+    return PsOption(
+        type=ps_type,
+        max_count=max_count,
+        network_mb_s=_num(raw, "network_mb_s", "ps", source, default=inst.network_mb_s),
+        vcpus=int(_num(raw, "vcpus", "ps", source, default=inst.vcpus)),
+        price_per_hour=_num(raw, "price_per_hour", "ps", source, default=inst.on_demand_per_hour, allow_zero=True),
+    )
 
 
 def _curve(raw: Any, source: str) -> LossCurve:
@@ -239,7 +280,7 @@ def _curve(raw: Any, source: str) -> LossCurve:
     beta0 = _num(raw, "beta0", "homogeneous.curve", source)
     beta1 = _num(raw, "beta1", "homogeneous.curve", source, positive=False)
     beta2 = _num(raw, "beta2", "homogeneous.curve", source, positive=False)
-    try:                      # the model's own checks do not know the file
+    try:  # the model's own checks do not know the file
         return LossCurve(beta0=beta0, beta1=beta1, beta2=beta2)
     except TrainingError as err:
         raise TrainingError(f"{source}: homogeneous.curve: {err}") from None
@@ -250,31 +291,38 @@ def _spot(raw: Any, model_mb: float, target: float, ps: PsOption, source: str) -
     loss = _need(raw, "loss", "spot", source)
     contention = _need(raw, "contention", "spot", source)
     numbers = dict(
-        ps_bw_mb_s=_num(raw, "ps_bandwidth_mb_s", "spot", source,
-                        default=ps.network_mb_s if ps.network_mb_s > 0 else None),
+        ps_bw_mb_s=_num(
+            raw, "ps_bandwidth_mb_s", "spot", source, default=ps.network_mb_s if ps.network_mb_s > 0 else None
+        ),
         required_bw_mb_s=_num(raw, "required_bandwidth_mb_s", "spot", source),
         pcie_bw_mb_s=_num(raw, "pcie_mb_s", "spot", source, default=10000.0),
         a1=_num(contention, "a1", "spot.contention", source),
-        b1=_num(contention, "b1", "spot.contention", source, positive=False))
+        b1=_num(contention, "b1", "spot.contention", source, positive=False),
+    )
     g = {k: _num(loss, k, "spot.loss", source, positive=False) for k in ("g1", "g2", "g3", "g4", "g5")}
     r_weight = _num(loss, "r_weight", "spot.loss", source, default=1.0, allow_zero=True)
-    try:                      # the model's own checks do not know the file
+    try:  # the model's own checks do not know the file
         return SpotJob(model_mb=model_mb, loss=SpotLoss(**g, r_weight=r_weight), target_loss=target, **numbers)
     except TrainingError as err:
         raise TrainingError(f"{source}: spot: {err}") from None
 
 
-def with_overrides(spec: TrainingSpec, *, deadline_s: float | None = None,
-                   target_loss: float | None = None) -> TrainingSpec:
+def with_overrides(
+    spec: TrainingSpec, *, deadline_s: float | None = None, target_loss: float | None = None
+) -> TrainingSpec:
     """The same spec with a new deadline and/or target loss."""
-    spec = replace(spec, deadline_s=spec.deadline_s if deadline_s is None else deadline_s,
-                   target_loss=spec.target_loss if target_loss is None else target_loss)
+    spec = replace(
+        spec,
+        deadline_s=spec.deadline_s if deadline_s is None else deadline_s,
+        target_loss=spec.target_loss if target_loss is None else target_loss,
+    )
     if spec.spot is not None:
         spec = replace(spec, spot=replace(spec.spot, target_loss=spec.target_loss))
     return spec
 
 
 # --------------------------------------------------------------------------- plan JSON
+
 
 def training_plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
     return {
@@ -304,18 +352,27 @@ def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPla
     if not isinstance(data, Mapping):
         raise TrainingError(f"{source}: a plan must be a JSON object (write it with `stoke train plan --json`)")
     if data.get("format_version") != PLAN_FORMAT_VERSION:
-        raise TrainingError(f"{source}: format_version {data.get('format_version')!r} is not supported "
-                            f"(expected {PLAN_FORMAT_VERSION}); {fix}")
+        raise TrainingError(
+            f"{source}: format_version {data.get('format_version')!r} is not supported "
+            f"(expected {PLAN_FORMAT_VERSION}); {fix}"
+        )
 
     def counts(key: str, value: Any) -> tuple[tuple[str, int], ...]:
         if not isinstance(value, Mapping):
-            raise check.fail(key, "a mapping of instance type -> whole number of workers", value, where=source,
-                             error=TrainingError, fix=fix)
-        return tuple((str(t), check.whole(c, f"{key}.{t}", where=source, error=TrainingError, fix=fix))
-                     for t, c in value.items())
+            raise check.fail(
+                key,
+                "a mapping of instance type -> whole number of workers",
+                value,
+                where=source,
+                error=TrainingError,
+                fix=fix,
+            )
+        return tuple(
+            (str(t), check.whole(c, f"{key}.{t}", where=source, error=TrainingError, fix=fix)) for t, c in value.items()
+        )
 
     def num(key: str, default: float = math.inf) -> float:
-        value = data.get(key)     # null: inf (an infeasible plan's prediction); Infinity: an open deadline
+        value = data.get(key)  # null: inf (an infeasible plan's prediction); Infinity: an open deadline
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -329,12 +386,20 @@ def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPla
     if not isinstance(details, Mapping):
         raise check.fail("details", "a mapping", details, where=source, error=TrainingError, fix=fix)
     return TrainingPlan(
-        strategy=str(data.get("strategy", "spot")), job=str(data.get("job", "training-job")),
+        strategy=str(data.get("strategy", "spot")),
+        job=str(data.get("job", "training-job")),
         feasible=bool(_need(data, "feasible", "plan", source)),
         counts=counts("counts", _need(data, "counts", "plan", source)),
-        ps_type=str(data.get("ps_type", "")), ps_count=whole("ps_count"),
-        predicted_time_s=num("predicted_time_s"), predicted_cost=num("predicted_cost"),
-        deadline_s=num("deadline_s"), target_loss=num("target_loss", 0.0),
-        bottleneck=str(data.get("bottleneck", "")), reason=str(data.get("reason", "")), details=dict(details),
-        existing=counts("existing", data.get("existing") or {}), candidates=whole("candidates"),
-        search=str(data.get("search", "")))
+        ps_type=str(data.get("ps_type", "")),
+        ps_count=whole("ps_count"),
+        predicted_time_s=num("predicted_time_s"),
+        predicted_cost=num("predicted_cost"),
+        deadline_s=num("deadline_s"),
+        target_loss=num("target_loss", 0.0),
+        bottleneck=str(data.get("bottleneck", "")),
+        reason=str(data.get("reason", "")),
+        details=dict(details),
+        existing=counts("existing", data.get("existing") or {}),
+        candidates=whole("candidates"),
+        search=str(data.get("search", "")),
+    )

@@ -24,12 +24,14 @@ of n - |survivors| slid over the list, survivors added to each window. Both
 keep the cheapest candidate that meets the deadline; with none, the plan is
 infeasible and says by how much the fastest candidate misses the deadline.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +40,7 @@ from controller.training.models import BOTTLENECK_TEXT, BOTTLENECKS, Array, Spot
 from controller.training.spec import TrainingPlan, TrainingSpec
 
 DEFAULT_EXACT_LIMIT = 300_000
-Counts = npt.NDArray[np.int64]       # instance counts per worker type (vectors, or a table of them)
+Counts = npt.NDArray[np.int64]  # instance counts per worker type (vectors, or a table of them)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,8 @@ class SpotState:
 
     existing: Mapping[str, int] = field(default_factory=dict)
     revoked: Mapping[str, int] = field(default_factory=dict)
-    remaining: float = 1.0        # fraction of the training still to do
-    replan: bool = False          # add the recovery overhead
+    remaining: float = 1.0  # fraction of the training still to do
+    replan: bool = False  # add the recovery overhead
 
 
 def _arrays(spec: TrainingSpec, job: SpotJob) -> tuple[Array, Array, Array, Array]:
@@ -70,13 +72,14 @@ def count_vectors(lower: Counts, upper: Counts, max_total: int) -> int:
         width = int(hi - lo)
         new = np.zeros_like(ways)
         for extra in range(min(width, max_total) + 1):
-            new[extra:] += ways[:len(ways) - extra]
+            new[extra:] += ways[: len(ways) - extra]
         ways = new
     return int(ways.sum())
 
 
-def enumerate_vectors(lower: npt.ArrayLike, upper: npt.ArrayLike, min_total: int, max_total: int,
-                      *, by_type: bool = False) -> Counts:
+def enumerate_vectors(
+    lower: npt.ArrayLike, upper: npt.ArrayLike, min_total: int, max_total: int, *, by_type: bool = False
+) -> Counts:
     """All integer vectors lower <= c <= upper with min_total <= sum(c) <= max_total.
 
     Rows (K, T), or with `by_type` the transposed (T, K) table the
@@ -110,8 +113,11 @@ def window_vectors(order_times: Array, lower: Counts, upper: Counts, n_values: l
     """The published sliding-window candidates: windows over the extra instances sorted by iteration time."""
     order = np.argsort(order_times, kind="stable")
     extra = upper - lower
-    pool = np.concatenate([np.full(int(extra[t]), t, dtype=np.int64) for t in order]) if extra.sum() else \
-        np.zeros(0, dtype=np.int64)
+    pool = (
+        np.concatenate([np.full(int(extra[t]), t, dtype=np.int64) for t in order])
+        if extra.sum()
+        else np.zeros(0, dtype=np.int64)
+    )
     rows = []
     base = int(lower.sum())
     for n in n_values:
@@ -131,16 +137,19 @@ def window_vectors(order_times: Array, lower: Counts, upper: Counts, n_values: l
     return np.unique(np.asarray(rows, dtype=np.int64), axis=0)
 
 
-def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search: str = "auto",
-                   exact_limit: int = DEFAULT_EXACT_LIMIT) -> TrainingPlan:
+def provision_spot(
+    spec: TrainingSpec, state: SpotState | None = None, *, search: str = "auto", exact_limit: int = DEFAULT_EXACT_LIMIT
+) -> TrainingPlan:
     """Cheapest heterogeneous spot cluster that reaches the target loss by the deadline (see module doc)."""
     if spec.spot is None:
         raise TrainingError("spec lacks the 'spot' section (bandwidths, contention, loss coefficients)")
     if search not in ("auto", "exact", "window"):
         raise TrainingError(f"unknown search {search!r}; use auto, exact or window")
     if spec.ps.type == "same":
-        raise TrainingError("the spot strategy runs one on-demand parameter server beside spot workers of "
-                                "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'")
+        raise TrainingError(
+            "the spot strategy runs one on-demand parameter server beside spot workers of "
+            "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'"
+        )
     state = state or SpotState()
     job = spec.spot
     names = [w.type for w in spec.workers]
@@ -159,7 +168,7 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
     n_min = max(1, int(lower.sum()))
     # Deadline bound per size n: j_min(n) * min_t T_t(n) / n + overhead.
     sizes = np.arange(1, max(n_cap, 1) + 1)
-    t_types = job.iteration_times(comp, gpus, sizes)                      # (n, T)
+    t_types = job.iteration_times(comp, gpus, sizes)  # (n, T)
     b_range = (batch.min(), batch.max())
     j_min = np.min([job.loss.iterations(b, r, sizes, job.target_loss) for b in b_range for r in (0.0, 1.0)], axis=0)
     t_bound = np.maximum(j_min, 0.0) * remaining * t_types.min(axis=1) / sizes + overhead
@@ -168,7 +177,7 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
 
     details: dict[str, Any] = {"n_lower": n_lower, "n_upper": n_cap, "recovery_overhead_s": overhead}
     mode = search
-    table = np.zeros((len(names), 0), dtype=np.int64)          # candidates, one column each
+    table = np.zeros((len(names), 0), dtype=np.int64)  # candidates, one column each
     if feasible_sizes:
         table_size = count_vectors(lower, upper, feasible_sizes[-1])
         if mode == "auto":
@@ -184,11 +193,23 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
         mode = "exact"
 
     existing = tuple((t, int(c)) for t, c in zip(names, lower) if c)
-    plan = partial(TrainingPlan, strategy="spot", job=spec.name, ps_type=spec.ps.type, ps_count=1,
-                   deadline_s=spec.deadline_s, target_loss=spec.target_loss, existing=existing,
-                   candidates=int(table.shape[1]), search=mode)
-    out = evaluate_spot(job, batch, comp, gpus, price, table, overhead_s=overhead, remaining=remaining,
-                        by_type=True) if table.shape[1] else {}
+    plan = partial(
+        TrainingPlan,
+        strategy="spot",
+        job=spec.name,
+        ps_type=spec.ps.type,
+        ps_count=1,
+        deadline_s=spec.deadline_s,
+        target_loss=spec.target_loss,
+        existing=existing,
+        candidates=int(table.shape[1]),
+        search=mode,
+    )
+    out = (
+        evaluate_spot(job, batch, comp, gpus, price, table, overhead_s=overhead, remaining=remaining, by_type=True)
+        if table.shape[1]
+        else {}
+    )
     meets = out["time"] <= spec.deadline_s + 1e-9 if out else np.zeros(0, dtype=bool)
     if meets.any():
         cost = np.where(meets, out["cost"], np.inf)
@@ -196,29 +217,58 @@ def provision_spot(spec: TrainingSpec, state: SpotState | None = None, *, search
         tied = np.flatnonzero(cost <= cost.min() * (1 + 1e-12))
         best = int(tied[np.lexsort((out["time"][tied], out["n"][tied]))[0]])
         code = BOTTLENECKS[int(out["bottleneck"][best])]
-        details.update({"iterations": int(out["j"][best]), "t_exp_s": round(float(out["t_exp"][best]), 6),
-                        "b_w": round(float(out["b_w"][best]), 3), "R": round(float(out["R"][best]), 6),
-                        "explanation": BOTTLENECK_TEXT[code]})
-        return plan(feasible=True, counts=tuple((t, int(c)) for t, c in zip(names, table[:, best])),
-                    predicted_time_s=float(out["time"][best]), predicted_cost=float(out["cost"][best]),
-                    bottleneck=code, details=details)
+        details.update(
+            {
+                "iterations": int(out["j"][best]),
+                "t_exp_s": round(float(out["t_exp"][best]), 6),
+                "b_w": round(float(out["b_w"][best]), 3),
+                "R": round(float(out["R"][best]), 6),
+                "explanation": BOTTLENECK_TEXT[code],
+            }
+        )
+        return plan(
+            feasible=True,
+            counts=tuple((t, int(c)) for t, c in zip(names, table[:, best])),
+            predicted_time_s=float(out["time"][best]),
+            predicted_cost=float(out["cost"][best]),
+            bottleneck=code,
+            details=details,
+        )
 
-    reason = _infeasible_reason(spec, job, (batch, comp, gpus, price), lower, upper, n_min, n_cap, overhead,
-                                remaining)
-    return plan(feasible=False, counts=tuple((t, int(c)) for t, c in zip(names, lower)),
-                predicted_time_s=math.inf, predicted_cost=math.inf, reason=reason, details=details)
+    reason = _infeasible_reason(spec, job, (batch, comp, gpus, price), lower, upper, n_min, n_cap, overhead, remaining)
+    return plan(
+        feasible=False,
+        counts=tuple((t, int(c)) for t, c in zip(names, lower)),
+        predicted_time_s=math.inf,
+        predicted_cost=math.inf,
+        reason=reason,
+        details=details,
+    )
 
 
-def _infeasible_reason(spec: TrainingSpec, job: SpotJob, per_type: tuple[Array, Array, Array, Array], lower: Counts,
-                       upper: Counts, n_min: int, n_cap: int, overhead: float, remaining: float) -> str:
+def _infeasible_reason(
+    spec: TrainingSpec,
+    job: SpotJob,
+    per_type: tuple[Array, Array, Array, Array],
+    lower: Counts,
+    upper: Counts,
+    n_min: int,
+    n_cap: int,
+    overhead: float,
+    remaining: float,
+) -> str:
     """Say by how much the fastest cluster within the quota misses the deadline."""
     batch, comp, gpus, price = per_type
     if n_min > n_cap:
-        return (f"the {n_min} instances already running exceed the {n_cap} workers the contention model "
-                f"covers (P(n) < 1); add a parameter server or lower the worker count")
+        return (
+            f"the {n_min} instances already running exceed the {n_cap} workers the contention model "
+            f"covers (P(n) < 1); add a parameter server or lower the worker count"
+        )
     if spec.target_loss <= job.loss.g5:
-        return (f"target loss {spec.target_loss} is below the loss floor {job.loss.g5:.4g} of the fitted "
-                f"curve; raise job.target_loss")
+        return (
+            f"target loss {spec.target_loss} is below the loss floor {job.loss.g5:.4g} of the fitted "
+            f"curve; raise job.target_loss"
+        )
     # Fastest cluster: the exact table when small, else windows (the quota's fastest instances first).
     if count_vectors(lower, upper, n_cap) <= DEFAULT_EXACT_LIMIT:
         rows = enumerate_vectors(lower, upper, n_min, n_cap)
@@ -232,6 +282,8 @@ def _infeasible_reason(spec: TrainingSpec, job: SpotJob, per_type: tuple[Array, 
     if not math.isfinite(fastest):
         return "no cluster within the quota reaches the target loss; raise job.target_loss"
     mix = ", ".join(f"{c} x {w.type}" for w, c in zip(spec.workers, rows[best]) if c)
-    return (f"deadline {spec.deadline_s:.0f} s is {fastest - spec.deadline_s:.0f} s below what the quota can "
-            f"reach (fastest: {fastest:.0f} s with {mix}); raise job.deadline_s to at least {math.ceil(fastest)} "
-            f"or the quotas")
+    return (
+        f"deadline {spec.deadline_s:.0f} s is {fastest - spec.deadline_s:.0f} s below what the quota can "
+        f"reach (fastest: {fastest:.0f} s with {mix}); raise job.deadline_s to at least {math.ceil(fastest)} "
+        f"or the quotas"
+    )

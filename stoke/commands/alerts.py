@@ -1,4 +1,5 @@
 """`stoke alerts`: SLO alert rules, their unit tests and Grafana dashboards from the workloads."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,53 +9,103 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from controller.alerts import (DASHBOARD_FILE, DEFAULT_HISTOGRAM, DEFAULT_OBJECTIVE, DEFAULT_PERIOD_DAYS,
-                               GRAFANA_ALERTS_FILE, RULES_FILE, RULES_TEST_FILE, AlertConfigError, SloOptions,
-                               render_all, shared_selectors, summary_rows)
+from controller.alerts import (
+    DASHBOARD_FILE,
+    DEFAULT_HISTOGRAM,
+    DEFAULT_OBJECTIVE,
+    DEFAULT_PERIOD_DAYS,
+    GRAFANA_ALERTS_FILE,
+    RULES_FILE,
+    RULES_TEST_FILE,
+    AlertConfigError,
+    SloOptions,
+    render_all,
+    shared_selectors,
+    summary_rows,
+)
 from controller.workload_file import load_workloads_file
 from stoke.commands.inputs import read_plan
-from stoke.files import atomic_write_text
 from stoke.errors import UserError
+from stoke.files import atomic_write_text
 from stoke.table import render_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("alerts", help="SLO alert rules and Grafana dashboards for the workloads",
-                              description="Generate Prometheus SLO rules (multi-window multi-burn-rate), their "
-                                          "promtool unit tests, a Grafana dashboard and Grafana alert provisioning.")
+    p = subparsers.add_parser(
+        "alerts",
+        help="SLO alert rules and Grafana dashboards for the workloads",
+        description="Generate Prometheus SLO rules (multi-window multi-burn-rate), their "
+        "promtool unit tests, a Grafana dashboard and Grafana alert provisioning.",
+    )
     sub = p.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
 
-    r = sub.add_parser("render", help="write rules, rule tests, dashboard and Grafana alerts into a folder",
-                       description="Write prometheus-rules.yml, prometheus-rules.test.yml (promtool test rules), "
-                                   "grafana-dashboard.json and grafana-alerts.yml for the workloads in "
-                                   "WORKLOADS.yaml (default: the bundled example). Files are written only when "
-                                   "their bytes change.")
+    r = sub.add_parser(
+        "render",
+        help="write rules, rule tests, dashboard and Grafana alerts into a folder",
+        description="Write prometheus-rules.yml, prometheus-rules.test.yml (promtool test rules), "
+        "grafana-dashboard.json and grafana-alerts.yml for the workloads in "
+        "WORKLOADS.yaml (default: the bundled example). Files are written only when "
+        "their bytes change.",
+    )
     r.add_argument("workloads", nargs="?", metavar="WORKLOADS.yaml", help="workload file; default: bundled example")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the generated files (created)")
-    r.add_argument("--objective", type=float, default=DEFAULT_OBJECTIVE * 100, metavar="PCT",
-                   help=f"share of requests that must meet the SLO, in percent (default {DEFAULT_OBJECTIVE * 100:g})")
-    r.add_argument("--period-days", type=int, default=DEFAULT_PERIOD_DAYS, metavar="DAYS",
-                   help=f"SLO period in days (default {DEFAULT_PERIOD_DAYS})")
-    r.add_argument("--histogram", default=DEFAULT_HISTOGRAM, metavar="METRIC",
-                   help=f"latency histogram family in ms, with a bucket at each SLO (default {DEFAULT_HISTOGRAM})")
-    r.add_argument("--selector", default=SloOptions().selector, metavar="MATCHERS",
-                   help="label matchers of a workload's series; {model} and {name} are replaced "
-                        f"(default: '{SloOptions().selector}')")
-    r.add_argument("--triton-selector", default=SloOptions().triton_selector, metavar="MATCHERS",
-                   help="label matchers of a workload's Triton series; Triton labels them by model only, so give "
-                        "each Triton scrape target a workload label "
-                        f"(default: '{SloOptions().triton_selector}')")
-    r.add_argument("--dashboard-uid", default=SloOptions().dashboard_uid, metavar="UID",
-                   help="Grafana dashboard uid; it does not change with the workloads (default %(default)s)")
+    r.add_argument(
+        "--objective",
+        type=float,
+        default=DEFAULT_OBJECTIVE * 100,
+        metavar="PCT",
+        help=f"share of requests that must meet the SLO, in percent (default {DEFAULT_OBJECTIVE * 100:g})",
+    )
+    r.add_argument(
+        "--period-days",
+        type=int,
+        default=DEFAULT_PERIOD_DAYS,
+        metavar="DAYS",
+        help=f"SLO period in days (default {DEFAULT_PERIOD_DAYS})",
+    )
+    r.add_argument(
+        "--histogram",
+        default=DEFAULT_HISTOGRAM,
+        metavar="METRIC",
+        help=f"latency histogram family in ms, with a bucket at each SLO (default {DEFAULT_HISTOGRAM})",
+    )
+    r.add_argument(
+        "--selector",
+        default=SloOptions().selector,
+        metavar="MATCHERS",
+        help="label matchers of a workload's series; {model} and {name} are replaced "
+        f"(default: '{SloOptions().selector}')",
+    )
+    r.add_argument(
+        "--triton-selector",
+        default=SloOptions().triton_selector,
+        metavar="MATCHERS",
+        help="label matchers of a workload's Triton series; Triton labels them by model only, so give "
+        "each Triton scrape target a workload label "
+        f"(default: '{SloOptions().triton_selector}')",
+    )
+    r.add_argument(
+        "--dashboard-uid",
+        default=SloOptions().dashboard_uid,
+        metavar="UID",
+        help="Grafana dashboard uid; it does not change with the workloads (default %(default)s)",
+    )
     r.add_argument("--plan", metavar="PLAN.json", help="plan (`stoke plan --json`): adds a placement table panel")
-    r.add_argument("--datasource-uid", default=SloOptions().datasource_uid, metavar="UID",
-                   help="Grafana Prometheus data source uid (default prometheus)")
+    r.add_argument(
+        "--datasource-uid",
+        default=SloOptions().datasource_uid,
+        metavar="UID",
+        help="Grafana Prometheus data source uid (default prometheus)",
+    )
     r.add_argument("--json", action="store_true", help="print what was written as JSON")
     r.set_defaults(run=run_render)
 
-    c = sub.add_parser("check", help="check rendered rules with promtool (check rules + test rules)",
-                       description="Run `promtool check rules` and `promtool test rules` on a folder written by "
-                                   "`stoke alerts render`. Needs promtool (`make tools`).")
+    c = sub.add_parser(
+        "check",
+        help="check rendered rules with promtool (check rules + test rules)",
+        description="Run `promtool check rules` and `promtool test rules` on a folder written by "
+        "`stoke alerts render`. Needs promtool (`make tools`).",
+    )
     c.add_argument("dir", metavar="DIR")
     c.set_defaults(run=run_check)
 
@@ -63,9 +114,15 @@ def _options(args: argparse.Namespace) -> SloOptions:
     if not 0 < args.objective < 100:
         raise UserError(f"--objective must be a percentage between 0 and 100 (e.g. 99.9), got {args.objective:g}")
     try:
-        return SloOptions(objective=args.objective / 100.0, period_days=args.period_days, histogram=args.histogram,
-                          selector=args.selector, triton_selector=args.triton_selector,
-                          dashboard_uid=args.dashboard_uid, datasource_uid=args.datasource_uid)
+        return SloOptions(
+            objective=args.objective / 100.0,
+            period_days=args.period_days,
+            histogram=args.histogram,
+            selector=args.selector,
+            triton_selector=args.triton_selector,
+            dashboard_uid=args.dashboard_uid,
+            datasource_uid=args.datasource_uid,
+        )
     except AlertConfigError as err:
         raise UserError(f"alerts options: {err}") from None
 
@@ -77,8 +134,10 @@ def run_render(args: argparse.Namespace) -> int:
     if plan is not None:
         unknown = sorted({p.name for _, p in plan.placements()} - {w.name for w in workloads})
         if unknown:
-            raise UserError(f"{args.plan}: plan places workloads not in the workload file ({', '.join(unknown)}); "
-                            f"render with the workload file the plan was made from")
+            raise UserError(
+                f"{args.plan}: plan places workloads not in the workload file ({', '.join(unknown)}); "
+                f"render with the workload file the plan was made from"
+            )
     try:
         files = render_all(workloads, options, plan)
     except AlertConfigError as err:
@@ -93,21 +152,45 @@ def run_render(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserError(f"--out {out}: cannot write {name} ({err.strerror})") from None
     if args.json:
-        print(json.dumps({"out": str(out), "files": {n: ("written" if w else "unchanged") for n, w in written.items()},
-                          "workloads": summary_rows(workloads, options),
-                          "shared_selectors": shared_selectors(workloads, options)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "files": {n: ("written" if w else "unchanged") for n, w in written.items()},
+                    "workloads": summary_rows(workloads, options),
+                    "shared_selectors": shared_selectors(workloads, options),
+                },
+                indent=2,
+            )
+        )
         return 0
-    rows = [[r["workload"], r["model"], r["slo_ms"], f"{r['objective_pct']:g}%", f"{r['page_error_ratio']:.4g}",
-             f"{r['ticket_error_ratio']:.4g}", r["selector"]] for r in summary_rows(workloads, options)]
-    print(render_table(["workload", "model", "SLO ms", "objective", "page if error >", "ticket if error >",
-                        "series"], rows))
+    rows = [
+        [
+            r["workload"],
+            r["model"],
+            r["slo_ms"],
+            f"{r['objective_pct']:g}%",
+            f"{r['page_error_ratio']:.4g}",
+            f"{r['ticket_error_ratio']:.4g}",
+            r["selector"],
+        ]
+        for r in summary_rows(workloads, options)
+    ]
+    print(
+        render_table(
+            ["workload", "model", "SLO ms", "objective", "page if error >", "ticket if error >", "series"], rows
+        )
+    )
     print()
-    print(render_table(["file", "status"], [[str(out / n), "written" if w else "unchanged"] for n, w in written.items()]))
+    print(
+        render_table(["file", "status"], [[str(out / n), "written" if w else "unchanged"] for n, w in written.items()])
+    )
     for sel, names in shared_selectors(workloads, options).items():
-        print(f"note: {', '.join(names)} share the series {{{sel}}}: their SLIs measure the same traffic "
-              f"(give each its own with --selector, e.g. 'model=\"{{name}}\"')")
-    print(f"\nhistogram: {options.histogram} (needs a bucket at each SLO); "
-          f"check with: stoke alerts check {out}")
+        print(
+            f"note: {', '.join(names)} share the series {{{sel}}}: their SLIs measure the same traffic "
+            f"(give each its own with --selector, e.g. 'model=\"{{name}}\"')"
+        )
+    print(f"\nhistogram: {options.histogram} (needs a bucket at each SLO); check with: stoke alerts check {out}")
     return 0
 
 

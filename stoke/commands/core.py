@@ -1,24 +1,26 @@
 """Core commands: plan, predict, simulate, profile fit."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from controller.simulate import SimulationReport, simulate
-from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 from controller.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
+from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
-from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, read_raw, save_profile
+from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from stoke.commands.inputs import read_plan
 from stoke.errors import UserError
 from stoke.table import render_table
@@ -26,24 +28,44 @@ from stoke.table import render_table
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "plan", help="place workloads on GPUs: shares, batches, predicted latency, cost",
+        "plan",
+        help="place workloads on GPUs: shares, batches, predicted latency, cost",
         description="Plan GPU shares and batch sizes for the workloads in WORKLOADS.yaml (default: a bundled "
-                    "example of eight services on V100s) and print the plan.")
-    p.add_argument("workloads", nargs="?", metavar="WORKLOADS.yaml",
-                   help="workload file (see controller/workload_file.py for the format); default: bundled example")
-    p.add_argument("--strategy", choices=STRATEGIES, default="stoke",
-                   help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (naive baseline)")
+        "example of eight services on V100s) and print the plan.",
+    )
+    p.add_argument(
+        "workloads",
+        nargs="?",
+        metavar="WORKLOADS.yaml",
+        help="workload file (see controller/workload_file.py for the format); default: bundled example",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="stoke",
+        help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (naive baseline)",
+    )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON to use for every GPU type")
-    p.add_argument("--safety-margin", type=float, metavar="M",
-                   help=f"stoke: share of each SLO kept free for model error and jitter "
-                        f"(default {DEFAULT_OPTIONS.safety_margin:g})")
-    p.add_argument("--max-utilisation", type=float, metavar="U",
-                   help=f"stoke: highest planned utilisation of a replica, rate/throughput "
-                        f"(default {DEFAULT_OPTIONS.max_utilisation:g})")
+    p.add_argument(
+        "--safety-margin",
+        type=float,
+        metavar="M",
+        help=f"stoke: share of each SLO kept free for model error and jitter "
+        f"(default {DEFAULT_OPTIONS.safety_margin:g})",
+    )
+    p.add_argument(
+        "--max-utilisation",
+        type=float,
+        metavar="U",
+        help=f"stoke: highest planned utilisation of a replica, rate/throughput "
+        f"(default {DEFAULT_OPTIONS.max_utilisation:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--explain", metavar="WORKLOAD",
-                   help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was "
-                        "not taken")
+    p.add_argument(
+        "--explain",
+        metavar="WORKLOAD",
+        help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was not taken",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     p.add_argument("--controller", metavar="HOST:PORT", default="127.0.0.1:50051", help="controller address (--remote)")
@@ -51,70 +73,102 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_plan)
 
     p = subparsers.add_parser(
-        "predict", help="predict latency/throughput of co-located models on one GPU",
-        description="Each line of CASES.jsonl is one GPU: a JSON list of {\"model\", \"batch\", \"share_pct\"}. "
-                    "Each output line is the same list with predicted_latency_ms and predicted_throughput_rps.")
+        "predict",
+        help="predict latency/throughput of co-located models on one GPU",
+        description='Each line of CASES.jsonl is one GPU: a JSON list of {"model", "batch", "share_pct"}. '
+        "Each output line is the same list with predicted_latency_ms and predicted_throughput_rps.",
+    )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON (default: bundled V100)")
     p.add_argument("--cases", metavar="CASES.jsonl", required=True, help="one GPU configuration per line")
     p.add_argument("--json", action="store_true", help="JSON lines out (default: a table)")
     p.set_defaults(run=run_predict)
 
     p = subparsers.add_parser(
-        "simulate", help="replay a plan in a discrete-event simulator",
+        "simulate",
+        help="replay a plan in a discrete-event simulator",
         description="Replay PLAN.json (from `stoke plan --json`) with Poisson (or constant) arrivals and "
-                    "Triton-style dynamic batching; report p50/p99 latency, share over SLO, throughput.")
+        "Triton-style dynamic batching; report p50/p99 latency, share over SLO, throughput.",
+    )
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds (default 30)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--arrivals", choices=("poisson", "constant"), default=None,
-                   help="override every workload's arrival kind (default: each workload's own, from the plan)")
-    p.add_argument("--noise", type=float, default=0.0,
-                   help="log-normal sigma of multiplicative service-time noise (default 0)")
+    p.add_argument(
+        "--arrivals",
+        choices=("poisson", "constant"),
+        default=None,
+        help="override every workload's arrival kind (default: each workload's own, from the plan)",
+    )
+    p.add_argument(
+        "--noise", type=float, default=0.0, help="log-normal sigma of multiplicative service-time noise (default 0)"
+    )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_simulate)
 
     p = subparsers.add_parser("profile", help="fit profiles from raw measurements")
     profile = p.add_subparsers(dest="profile_command", metavar="COMMAND", required=True)
-    f = profile.add_parser("fit", help="fit a GPU-type profile from raw measurements (JSON lines)",
-                           description="Fit the interference model from raw profile measurements (the published "
-                                       "iGniter JSON-lines layout, or `stoke profile run` output), report how well it "
-                                       "fits (per-point error, MAPE, R^2) and write the fitted profile (JSON, "
-                                       "versioned) only when every model is positive and monotone over batch "
-                                       f"1..{DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
-                                       "exit 1 with the reason, or write it anyway with --force.")
+    f = profile.add_parser(
+        "fit",
+        help="fit a GPU-type profile from raw measurements (JSON lines)",
+        description="Fit the interference model from raw profile measurements (the published "
+        "iGniter JSON-lines layout, or `stoke profile run` output), report how well it "
+        "fits (per-point error, MAPE, R^2) and write the fitted profile (JSON, "
+        "versioned) only when every model is positive and monotone over batch "
+        f"1..{DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
+        "exit 1 with the reason, or write it anyway with --force.",
+    )
     f.add_argument("raw", metavar="RAW.jsonl")
     f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
-    f.add_argument("--max-mape", type=float, default=DEFAULT_MAX_MAPE, metavar="PCT",
-                   help="refuse a model whose fit misses its points by more than this on average "
-                        "(default %(default)g%%)")
+    f.add_argument(
+        "--max-mape",
+        type=float,
+        default=DEFAULT_MAX_MAPE,
+        metavar="PCT",
+        help="refuse a model whose fit misses its points by more than this on average (default %(default)g%%)",
+    )
     f.add_argument("--force", action="store_true", help="write the profile even when a check fails")
     f.add_argument("--json", action="store_true", help="print the fit report as JSON")
     f.set_defaults(run=run_profile_fit)
     r = profile.add_parser(
-        "run", help="measure models on this node's Triton (CPU) and write measurements for `profile fit`",
+        "run",
+        help="measure models on this node's Triton (CPU) and write measurements for `profile fit`",
         description="Profile models served by real Triton processes on this machine: latency at every batch in "
-                    "--batches and every whole-core share, plus one co-location point per model. Each point is "
-                    "measured in windows of --requests requests until the last 3 window medians lie within "
-                    "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
-                    "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
-                    "resume.")
+        "--batches and every whole-core share, plus one co-location point per model. Each point is "
+        "measured in windows of --requests requests until the last 3 window medians lie within "
+        "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
+        "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
+        "resume.",
+    )
     r.add_argument("--repo", default="triton_repo", help="model repository (default: triton_repo)")
-    r.add_argument("--models", default="mlp_small,conv_medium,embed_large",
-                   help="comma-separated models (default: the three demo models)")
+    r.add_argument(
+        "--models",
+        default="mlp_small,conv_medium,embed_large",
+        help="comma-separated models (default: the three demo models)",
+    )
     r.add_argument("--batches", default="1,8,16,32", help="batch sizes (default 1,8,16,32)")
     r.add_argument("--requests", type=int, default=20, help="requests per window (its median is taken; default 20)")
-    r.add_argument("--stability-percentage", type=float, default=Stability().tolerance_pct, metavar="PCT",
-                   help="the last 3 window medians must lie within this of their mean (default %(default)g)")
-    r.add_argument("--max-windows", type=int, default=Stability().max_windows, metavar="N",
-                   help="windows per point before it is recorded as unstable (default %(default)s)")
+    r.add_argument(
+        "--stability-percentage",
+        type=float,
+        default=Stability().tolerance_pct,
+        metavar="PCT",
+        help="the last 3 window medians must lie within this of their mean (default %(default)g)",
+    )
+    r.add_argument(
+        "--max-windows",
+        type=int,
+        default=Stability().max_windows,
+        metavar="N",
+        help="windows per point before it is recorded as unstable (default %(default)s)",
+    )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
     r.set_defaults(run=run_profile_run)
 
 
 # -- plan ------------------------------------------------------------------------------------------
+
 
 def _load_profile_arg(path: str | None) -> DeviceProfile | None:
     if path is None:
@@ -132,8 +186,9 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
         raise UserError(str(err)) from None
     profile = _load_profile_arg(profile_path)
     if profile is not None:
-        workloads_file = WorkloadsFile(workloads_file.workloads, tuple(
-            replace(g, profile=profile) for g in workloads_file.gpu_types))
+        workloads_file = WorkloadsFile(
+            workloads_file.workloads, tuple(replace(g, profile=profile) for g in workloads_file.gpu_types)
+        )
         try:
             workloads_file.problem()
         except ProblemError as err:
@@ -144,17 +199,24 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
 def run_plan(args: argparse.Namespace) -> int:
     if args.remote:
         from stoke.commands.control import remote_plan
+
         return remote_plan(args)
     source = args.workloads or "the bundled example workloads"
     workloads_file = load_problem(args.workloads, args.profile)
     options = None
     if args.safety_margin is not None or args.max_utilisation is not None:
         if args.strategy != "stoke":
-            raise UserError("--safety-margin and --max-utilisation tune the stoke strategy; drop them or use "
-                            "--strategy stoke")
+            raise UserError(
+                "--safety-margin and --max-utilisation tune the stoke strategy; drop them or use --strategy stoke"
+            )
         try:
-            options = StokeOptions(**{k: v for k, v in (("safety_margin", args.safety_margin),
-                                                        ("max_utilisation", args.max_utilisation)) if v is not None})
+            options = StokeOptions(
+                **{
+                    k: v
+                    for k, v in (("safety_margin", args.safety_margin), ("max_utilisation", args.max_utilisation))
+                    if v is not None
+                }
+            )
         except ProblemError as err:
             raise UserError(f"--safety-margin/--max-utilisation: {err}") from None
     try:
@@ -169,6 +231,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print(format_plan(plan))
     if args.explain:
         from controller.solver.explain import explain
+
         try:
             explanation = explain(workloads_file.problem(), plan, args.explain, options or DEFAULT_OPTIONS)
         except ProblemError as err:
@@ -176,6 +239,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print("\n" + format_explanation(explanation), file=sys.stderr if args.json else sys.stdout)
     if args.plot:
         from stoke.plots import plot_plan
+
         plot_plan(plan, args.plot)
         if not args.json:
             print(f"\nplot written to {args.plot}")
@@ -184,29 +248,65 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def format_plan(plan: Plan) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
-    head = (f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), "
-            f"${plan.cost_per_hour:,.2f}/hour")
+    head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
     rows = []
     for index, gpu in enumerate(plan.gpus):
         for p in gpu.placements:
             replica = f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else ""
-            rows.append([index, gpu.gpu_type, p.name, replica, p.model, p.slo_ms, p.rate_rps, p.share_pct, p.batch,
-                         p.queue_delay_ms, p.predicted_latency_ms, _p99_cell(p.predicted_p99_ms),
-                         _p99_cell(p.p99_slo_ratio), p.binding, "ok" if p.meets_slo else "MISS"])
-    table = render_table(["gpu", "type", "workload", "replica", "model", "slo_ms", "rate_rps", "share_%", "batch",
-                          "delay_ms", "infer_ms", "p99_ms", "p99/slo", "binding", "slo"], rows)
+            rows.append(
+                [
+                    index,
+                    gpu.gpu_type,
+                    p.name,
+                    replica,
+                    p.model,
+                    p.slo_ms,
+                    p.rate_rps,
+                    p.share_pct,
+                    p.batch,
+                    p.queue_delay_ms,
+                    p.predicted_latency_ms,
+                    _p99_cell(p.predicted_p99_ms),
+                    _p99_cell(p.p99_slo_ratio),
+                    p.binding,
+                    "ok" if p.meets_slo else "MISS",
+                ]
+            )
+    table = render_table(
+        [
+            "gpu",
+            "type",
+            "workload",
+            "replica",
+            "model",
+            "slo_ms",
+            "rate_rps",
+            "share_%",
+            "batch",
+            "delay_ms",
+            "infer_ms",
+            "p99_ms",
+            "p99/slo",
+            "binding",
+            "slo",
+        ],
+        rows,
+    )
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
     ratios = sorted(p.p99_slo_ratio for _, p in plan.placements() if math.isfinite(p.p99_slo_ratio))
     if ratios:
-        lines.append(f"predicted p99/SLO: min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, "
-                     f"max {ratios[-1]:.2f}")
+        lines.append(
+            f"predicted p99/SLO: min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, max {ratios[-1]:.2f}"
+        )
     if plan.slo_misses:
         lines.append(f"predicted to miss their SLO: {', '.join(plan.slo_misses)}")
     lines += [f"note: {n}" for n in plan.notes]
-    lines.append("p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
-                 "infer_ms: one batch's inference; delay_ms: Triton's max queue delay.")
+    lines.append(
+        "p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
+        "infer_ms: one batch's inference; delay_ms: Triton's max queue delay."
+    )
     return "\n".join(lines)
 
 
@@ -215,13 +315,17 @@ def format_explanation(explanation: Any) -> str:
     for replica in explanation.replicas:
         p = replica.placement
         label = f"replica {p.replica + 1}/{p.replicas}" if p.replicas > 1 else "placement"
-        lines += ["", f"{label}: GPU {replica.gpu_index}, {p.rate_rps:g} req/s, share {p.share_pct:g}%, batch {p.batch}, "
-                      f"delay {p.queue_delay_ms:.2f} ms; predicted p99 {p.predicted_p99_ms:.2f} ms "
-                      f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}"]
-        rows = [[r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
-                for r in replica.rows]
-        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"],
-                                  rows))
+        lines += [
+            "",
+            f"{label}: GPU {replica.gpu_index}, {p.rate_rps:g} req/s, share {p.share_pct:g}%, batch {p.batch}, "
+            f"delay {p.queue_delay_ms:.2f} ms; predicted p99 {p.predicted_p99_ms:.2f} ms "
+            f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}",
+        ]
+        rows = [
+            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
+            for r in replica.rows
+        ]
+        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"], rows))
     return "\n".join(lines)
 
 
@@ -231,14 +335,16 @@ def _p99_cell(value: float) -> float | str:
 
 # -- predict ---------------------------------------------------------------------------------------
 
+
 def _case_list(line: str, where: str) -> list[dict[str, Any]]:
     try:
         items = json.loads(line)
     except json.JSONDecodeError as err:
-        raise UserError(f"{where}: not valid JSON ({err.msg}); each line must be a JSON list of "
-                        f"{{\"model\", \"batch\", \"share_pct\"}}") from None
+        raise UserError(
+            f'{where}: not valid JSON ({err.msg}); each line must be a JSON list of {{"model", "batch", "share_pct"}}'
+        ) from None
     if not isinstance(items, list) or not items:
-        raise UserError(f"{where}: each line must be a non-empty JSON list of {{\"model\", \"batch\", \"share_pct\"}}")
+        raise UserError(f'{where}: each line must be a non-empty JSON list of {{"model", "batch", "share_pct"}}')
     for k, item in enumerate(items):
         if not isinstance(item, dict):
             raise UserError(f"{where}: entry {k} must be an object with model, batch, share_pct")
@@ -272,11 +378,22 @@ def run_predict(args: argparse.Namespace) -> int:
             predictions = predict_gpu(profile, [(i["model"], int(i["batch"]), float(i["share_pct"])) for i in items])
         except (UnknownModelError, ValueError) as err:
             raise UserError(f"{where}: {err}") from None
-        result = [dict(i, predicted_latency_ms=round(p.latency_ms, 6),
-                       predicted_throughput_rps=round(p.throughput_rps, 6)) for i, p in zip(items, predictions)]
+        result = [
+            dict(i, predicted_latency_ms=round(p.latency_ms, 6), predicted_throughput_rps=round(p.throughput_rps, 6))
+            for i, p in zip(items, predictions)
+        ]
         out.append(result)
-        rows += [[number, r["model"], r["batch"], float(r["share_pct"]), r["predicted_latency_ms"],
-                  r["predicted_throughput_rps"]] for r in result]
+        rows += [
+            [
+                number,
+                r["model"],
+                r["batch"],
+                float(r["share_pct"]),
+                r["predicted_latency_ms"],
+                r["predicted_throughput_rps"],
+            ]
+            for r in result
+        ]
     if args.json:
         for result in out:
             print(json.dumps(result))
@@ -287,6 +404,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 # -- simulate --------------------------------------------------------------------------------------
 
+
 def run_simulate(args: argparse.Namespace) -> int:
     plan = read_plan(args.plan)
     if args.seconds <= 0:
@@ -296,8 +414,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if profile is not None:
         profiles = {g.gpu_type: profile for g in plan.gpus}
     try:
-        report = simulate(plan, profiles, seconds=args.seconds, seed=args.seed,
-                          arrivals=args.arrivals, noise=args.noise)
+        report = simulate(
+            plan, profiles, seconds=args.seconds, seed=args.seed, arrivals=args.arrivals, noise=args.noise
+        )
     except (ValueError, UnknownModelError) as err:
         raise UserError(f"{args.plan}: {err}") from None
     if args.json:
@@ -309,25 +428,54 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def report_to_dict(report: SimulationReport) -> dict[str, Any]:
     p10, p50, p90 = report.slack_quantiles()
-    return {"seconds": report.seconds, "seed": report.seed, "attainment": report.attainment,
-            "p99_slo_ratio": {"p10": round(p10, 4), "median": round(p50, 4), "p90": round(p90, 4)},
-            "workloads": [{"name": w.name, "slo_ms": w.slo_ms, "offered_rps": round(w.offered_rps, 3),
-                           "throughput_rps": round(w.throughput_rps, 3), "p50_ms": round(w.p50_ms, 3),
-                           "p99_ms": round(w.p99_ms, 3), "p99_slo_ratio": round(w.p99_slo_ratio, 4),
-                           "over_slo": round(w.over_slo, 6), "requests": w.requests, "meets_slo": w.meets_slo}
-                          for w in report.workloads]}
+    return {
+        "seconds": report.seconds,
+        "seed": report.seed,
+        "attainment": report.attainment,
+        "p99_slo_ratio": {"p10": round(p10, 4), "median": round(p50, 4), "p90": round(p90, 4)},
+        "workloads": [
+            {
+                "name": w.name,
+                "slo_ms": w.slo_ms,
+                "offered_rps": round(w.offered_rps, 3),
+                "throughput_rps": round(w.throughput_rps, 3),
+                "p50_ms": round(w.p50_ms, 3),
+                "p99_ms": round(w.p99_ms, 3),
+                "p99_slo_ratio": round(w.p99_slo_ratio, 4),
+                "over_slo": round(w.over_slo, 6),
+                "requests": w.requests,
+                "meets_slo": w.meets_slo,
+            }
+            for w in report.workloads
+        ],
+    }
 
 
 def format_report(report: SimulationReport) -> str:
-    rows = [[w.name, w.slo_ms, w.offered_rps, w.throughput_rps, w.p50_ms, w.p99_ms, f"{w.p99_slo_ratio:.2f}",
-             f"{100 * w.over_slo:.2f}%", "ok" if w.meets_slo else "MISS"] for w in report.workloads]
-    table = render_table(["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "p99/slo",
-                          "over_slo", "p99<=slo"], rows)
+    rows = [
+        [
+            w.name,
+            w.slo_ms,
+            w.offered_rps,
+            w.throughput_rps,
+            w.p50_ms,
+            w.p99_ms,
+            f"{w.p99_slo_ratio:.2f}",
+            f"{100 * w.over_slo:.2f}%",
+            "ok" if w.meets_slo else "MISS",
+        ]
+        for w in report.workloads
+    ]
+    table = render_table(
+        ["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "p99/slo", "over_slo", "p99<=slo"], rows
+    )
     p10, p50, p90 = report.slack_quantiles()
-    return (f"simulated {report.seconds:g} s, seed {report.seed}: {100 * report.attainment:.1f}% of workloads "
-            f"keep p99 within SLO\n"
-            f"simulated p99/SLO across workloads: p10 {p10:.2f}, median {p50:.2f}, p90 {p90:.2f} "
-            f"(near 1 is a tight plan; far below 1 is a padded one)\n\n{table}")
+    return (
+        f"simulated {report.seconds:g} s, seed {report.seed}: {100 * report.attainment:.1f}% of workloads "
+        f"keep p99 within SLO\n"
+        f"simulated p99/SLO across workloads: p10 {p10:.2f}, median {p50:.2f}, p90 {p90:.2f} "
+        f"(near 1 is a tight plan; far below 1 is a padded one)\n\n{table}"
+    )
 
 
 def _is_measurements(path: str) -> bool:
@@ -343,6 +491,7 @@ def run_profile_run(args: argparse.Namespace) -> int:
     import os
 
     from agents.profiler import ProfilingError, run_session
+
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -350,8 +499,9 @@ def run_profile_run(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = [m for m in models if not (Path(args.repo) / m / "config.pbtxt").is_file()]
     if missing:
-        raise UserError(f"{args.repo}: no model {missing[0]!r} (no {missing[0]}/config.pbtxt); "
-                        f"pick models from the repository")
+        raise UserError(
+            f"{args.repo}: no model {missing[0]!r} (no {missing[0]}/config.pbtxt); pick models from the repository"
+        )
     cores = len(os.sched_getaffinity(0))
     output = Path(args.output)
     if output.exists():
@@ -361,8 +511,9 @@ def run_profile_run(args: argparse.Namespace) -> int:
             raise UserError(f"{err}; remove the file to start afresh") from None
         print(f"resuming {output}: {session.progress()[0]}/{session.progress()[1]} points measured")
     else:
-        session = ProfileSession(device=args.device_name or f"cpu-{cores}core", cores=cores, models=models,
-                                 batches=batches)
+        session = ProfileSession(
+            device=args.device_name or f"cpu-{cores}core", cores=cores, models=models, batches=batches
+        )
     if args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     try:
@@ -371,19 +522,25 @@ def run_profile_run(args: argparse.Namespace) -> int:
         raise UserError(f"--stability-percentage/--max-windows: {err}") from None
     unstable: list[str] = []
     with _progress_display(session) as show:
+
         def progress(event: Any) -> None:
             if not event.measurement.stable:
                 unstable.append(f"{event.point.key} (spread {event.measurement.spread_pct:.1f}%)")
             show(event)
+
         try:
             run_session(session, args.repo, output, requests=args.requests, stability=stability, progress=progress)
         except ProfilingError as err:
             done, total = session.progress()
-            raise UserError(f"{output}: profiling stopped at {done}/{total} points: {err}; "
-                            f"fix it and run the same command again to resume") from None
+            raise UserError(
+                f"{output}: profiling stopped at {done}/{total} points: {err}; "
+                f"fix it and run the same command again to resume"
+            ) from None
     if unstable:
-        print(f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
-              f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy")
+        print(
+            f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
+            f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy"
+        )
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 
@@ -393,18 +550,27 @@ def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]
     """A rich progress bar with the ETA on a terminal; one plain line per point (with the ETA) otherwise."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     console = Console()
     if not console.is_terminal:
         yield lambda event: print(event.line(), flush=True)
         return
     done, total = session.progress()
-    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
-                  TimeRemainingColumn(), console=console, transient=False) as bar:
+    with Progress(
+        TextColumn("profiling"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
         task = bar.add_task("profile", total=total, completed=done)
 
         def show(event: Any) -> None:
             bar.console.print(event.line().split(", ETA")[0], highlight=False)
             bar.update(task, completed=event.done)
+
         yield show
 
 
@@ -416,16 +582,31 @@ DEFAULT_MAX_MAPE = 25.0
 def fit_failures(reports: dict[str, FitReport], max_mape: float) -> list[str]:
     """Why the fitted profile is not usable, one reason per line (empty when it is)."""
     out = [f"{name}: {problem}" for name, r in sorted(reports.items()) for problem in r.problems]
-    out += [f"{name}: the fit misses its points by {r.mape_pct:.1f}% on average (MAPE), more than --max-mape "
-            f"{max_mape:g}%" for name, r in sorted(reports.items()) if r.mape_pct > max_mape]
+    out += [
+        f"{name}: the fit misses its points by {r.mape_pct:.1f}% on average (MAPE), more than --max-mape {max_mape:g}%"
+        for name, r in sorted(reports.items())
+        if r.mape_pct > max_mape
+    ]
     return out
 
 
 def _report_dict(r: FitReport) -> dict[str, Any]:
-    return {"mape_pct": round(r.mape_pct, 3), "r2": None if r.r2 != r.r2 else round(r.r2, 5),
-            "at_bounds": list(r.at_bounds), "problems": list(r.problems),
-            "points": [{"batch": p.batch, "share_pct": p.share_pct, "measured_ms": round(p.measured_ms, 5),
-                        "fitted_ms": round(p.fitted_ms, 5), "error_pct": round(p.error_pct, 3)} for p in r.points]}
+    return {
+        "mape_pct": round(r.mape_pct, 3),
+        "r2": None if r.r2 != r.r2 else round(r.r2, 5),
+        "at_bounds": list(r.at_bounds),
+        "problems": list(r.problems),
+        "points": [
+            {
+                "batch": p.batch,
+                "share_pct": p.share_pct,
+                "measured_ms": round(p.measured_ms, 5),
+                "fitted_ms": round(p.fitted_ms, 5),
+                "error_pct": round(p.error_pct, 3),
+            }
+            for p in r.points
+        ],
+    }
 
 
 def run_profile_fit(args: argparse.Namespace) -> int:
@@ -445,31 +626,72 @@ def run_profile_fit(args: argparse.Namespace) -> int:
     if written:
         save_profile(profile, args.output)
     if args.json:
-        print(json.dumps({"output": args.output, "written": written, "failures": failures,
-                          "models": {n: _report_dict(r) for n, r in sorted(reports.items())}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "output": args.output,
+                    "written": written,
+                    "failures": failures,
+                    "models": {n: _report_dict(r) for n, r in sorted(reports.items())},
+                },
+                indent=2,
+            )
+        )
     else:
-        rows = [[name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
-                for name, m in sorted(profile.models.items())]
+        rows = [
+            [name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
+            for name, m in sorted(profile.models.items())
+        ]
         print(render_table(["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"], rows))
         print()
-        print(render_table(["model", "batch", "share_%", "measured_ms", "fitted_ms", "error_%"],
-                           [[name, p.batch, f"{p.share_pct:g}", f"{p.measured_ms:.4g}", f"{p.fitted_ms:.4g}",
-                             f"{p.error_pct:+.1f}"] for name, r in sorted(reports.items()) for p in r.points]))
+        print(
+            render_table(
+                ["model", "batch", "share_%", "measured_ms", "fitted_ms", "error_%"],
+                [
+                    [
+                        name,
+                        p.batch,
+                        f"{p.share_pct:g}",
+                        f"{p.measured_ms:.4g}",
+                        f"{p.fitted_ms:.4g}",
+                        f"{p.error_pct:+.1f}",
+                    ]
+                    for name, r in sorted(reports.items())
+                    for p in r.points
+                ],
+            )
+        )
         print()
-        print(render_table(["model", "points", "MAPE_%", "R2", "worst_%", "check"],
-                           [[name, len(r.points), f"{r.mape_pct:.2f}", "-" if r.r2 != r.r2 else f"{r.r2:.4f}",
-                             f"{max(abs(p.error_pct) for p in r.points):.1f}",
-                             "ok" if r.ok and r.mape_pct <= args.max_mape else "FAILED"]
-                            for name, r in sorted(reports.items())]))
+        print(
+            render_table(
+                ["model", "points", "MAPE_%", "R2", "worst_%", "check"],
+                [
+                    [
+                        name,
+                        len(r.points),
+                        f"{r.mape_pct:.2f}",
+                        "-" if r.r2 != r.r2 else f"{r.r2:.4f}",
+                        f"{max(abs(p.error_pct) for p in r.points):.1f}",
+                        "ok" if r.ok and r.mape_pct <= args.max_mape else "FAILED",
+                    ]
+                    for name, r in sorted(reports.items())
+                ],
+            )
+        )
         for name, r in sorted(reports.items()):
             for bound in r.at_bounds:
                 print(f"note: {name}: {bound}: the measurements do not pin it down (more batches or shares would)")
         if written:
-            print(f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
-                  f"-> {args.output}" + (" (written despite failed checks: --force)" if failures else ""))
+            print(
+                f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
+                f"-> {args.output}" + (" (written despite failed checks: --force)" if failures else "")
+            )
     if failures and not args.force:
-        print(f"stoke: error: {args.raw}: the fitted profile is not usable, {args.output} not written: "
-              f"{'; '.join(failures)}; re-measure (e.g. `stoke profile run` with more --requests or batches) "
-              f"or write it anyway with --force", file=sys.stderr)
+        print(
+            f"stoke: error: {args.raw}: the fitted profile is not usable, {args.output} not written: "
+            f"{'; '.join(failures)}; re-measure (e.g. `stoke profile run` with more --requests or batches) "
+            f"or write it anyway with --force",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -1,4 +1,5 @@
 """The long-running processes: `stoke controller` and `stoke agent`."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,11 +15,14 @@ from stoke.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("controller", help="run the control-plane controller (gRPC API, reconcile loop)",
-                              description="Run the controller until Ctrl-C. The YAML config (listen, db, "
-                                          "token_file, tls, heartbeat timeout, gpu_types, profiles) is declared in "
-                                          "controller/config.py; its JSON Schema is "
-                                          "controller/data/controller-config.schema.json.")
+    p = subparsers.add_parser(
+        "controller",
+        help="run the control-plane controller (gRPC API, reconcile loop)",
+        description="Run the controller until Ctrl-C. The YAML config (listen, db, "
+        "token_file, tls, heartbeat timeout, gpu_types, profiles) is declared in "
+        "controller/config.py; its JSON Schema is "
+        "controller/data/controller-config.schema.json.",
+    )
     p.add_argument("--config", metavar="FILE", help="controller YAML config")
     p.add_argument("--listen", metavar="HOST:PORT", help="override `listen`")
     p.add_argument("--db", metavar="FILE", help="override `db`")
@@ -29,22 +33,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_controller)
 
-    p = subparsers.add_parser("agent", help="run the node agent (registers, heartbeats, runs Triton)",
-                              description="Register this node with the controller and serve its assignments "
-                                          "with Triton until Ctrl-C.")
+    p = subparsers.add_parser(
+        "agent",
+        help="run the node agent (registers, heartbeats, runs Triton)",
+        description="Register this node with the controller and serve its assignments with Triton until Ctrl-C.",
+    )
     client_args(p)
     p.add_argument("--device", choices=("auto", "cpu", "nvml"), default="auto", help="device backend")
     p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: host name)")
     p.add_argument("--repository", default="triton_repo", help="Triton model repository (path or s3://)")
     p.add_argument("--workdir", help="where Triton processes keep their files (default: a temp dir)")
-    p.add_argument("--gpu-type", default="", help="GPU type of this node's devices (default: decided by the "
-                                                   "controller's gpu_types)")
+    p.add_argument(
+        "--gpu-type",
+        default="",
+        help="GPU type of this node's devices (default: decided by the controller's gpu_types)",
+    )
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
-    p.add_argument("--latency-histogram", action="store_true",
-                   help="configure Triton's per-model latency histogram with a bucket at each SLO (used by the "
-                        "SLO alert rules of `stoke alerts`; needs Triton >= 2.52, the bundled 2.51 refuses it)")
-    p.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
-                   help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)")
+    p.add_argument(
+        "--latency-histogram",
+        action="store_true",
+        help="configure Triton's per-model latency histogram with a bucket at each SLO (used by the "
+        "SLO alert rules of `stoke alerts`; needs Triton >= 2.52, the bundled 2.51 refuses it)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=-1,
+        metavar="PORT",
+        help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_agent)
 
@@ -55,11 +72,12 @@ def until_signal(seconds: float = 0.0) -> threading.Event:
 
     def handler(signum: int, frame: object) -> None:
         stop.set()
+
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     if seconds > 0:
         timer = threading.Timer(seconds, stop.set)
-        timer.daemon = True          # Ctrl-C before the deadline must not wait for it
+        timer.daemon = True  # Ctrl-C before the deadline must not wait for it
         timer.start()
     return stop
 
@@ -67,13 +85,21 @@ def until_signal(seconds: float = 0.0) -> threading.Event:
 def run_controller(args: argparse.Namespace) -> int:
     from controller.config import load_config
     from controller.server import ControllerServer
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config(args.config, listen=args.listen, db=args.db, token_file=args.token_file,
-                         metrics_listen=args.metrics_listen, heartbeat_timeout_s=args.heartbeat_timeout,
-                         heartbeat_interval_s=args.heartbeat_interval)
+    config = load_config(
+        args.config,
+        listen=args.listen,
+        db=args.db,
+        token_file=args.token_file,
+        metrics_listen=args.metrics_listen,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_interval_s=args.heartbeat_interval,
+    )
     server = ControllerServer(config).start()
-    print(f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})",
-          flush=True)
+    print(
+        f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})", flush=True
+    )
     stop = until_signal()
     stop.wait()
     server.stop()
@@ -86,21 +112,29 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.agent import Agent, local_devices
     from agents.triton import TritonFleet
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     devices = local_devices(args.device)
     if args.gpu_type:
         devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
     kind = "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
     if "://" not in args.repository and not Path(args.repository).is_dir():
-        raise UserError(f"--repository {args.repository}: no such model repository; pass the path of "
-                        f"triton_repo/ (or an s3:// URL)")
+        raise UserError(
+            f"--repository {args.repository}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
+        )
     client = connect(args)
-    fleet = TritonFleet(args.repository, device_kind=kind, workdir=args.workdir,
-                        ready_timeout_s=args.ready_timeout, latency_histogram=args.latency_histogram)
+    fleet = TritonFleet(
+        args.repository,
+        device_kind=kind,
+        workdir=args.workdir,
+        ready_timeout_s=args.ready_timeout,
+        latency_histogram=args.latency_histogram,
+    )
     exporter = None
     if args.metrics_port >= 0:
         from agents.device import DeviceError, open_device
         from agents.device_exporter import serve_device_metrics
+
         try:
             exporter = serve_device_metrics(open_device(args.device), args.metrics_port)
         except (DeviceError, OSError) as err:
@@ -108,8 +142,11 @@ def run_agent(args: argparse.Namespace) -> int:
             raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
     agent = Agent(client, fleet, args.node_id, devices)
     agent.start()
-    print(f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}"
-          + (f", device metrics {exporter.url}" if exporter else ""), flush=True)
+    print(
+        f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}"
+        + (f", device metrics {exporter.url}" if exporter else ""),
+        flush=True,
+    )
     stop = until_signal()
     stop.wait()
     agent.stop()

@@ -1,4 +1,5 @@
 """`stoke up`: a complete local demo stack (controller, agent, real Triton on the demo models, load)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,6 @@ from stoke.commands.control import format_status, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
 from stoke.errors import UserError
 
-
 #: The bundled example workloads' models mapped to the demo models of triton_repo/.
 DEMO_MODEL_FOR = {"alexnet": "mlp_small", "resnet50": "conv_medium", "vgg19": "conv_medium", "ssd": "embed_large"}
 #: CPU scaling of the examples: rates divided, SLOs multiplied.
@@ -24,21 +24,28 @@ DEMO_RATE_DIVISOR = 25.0
 DEMO_SLO_FACTOR = 4.0
 #: Hourly price of the local CPU node in the demo (about a 2-vCPU cloud instance).
 DEMO_CPU_PRICE = 0.08
-DEMO_COUNT = 2     # a 2-core node holds two demo workloads at the fitted CPU profile's 50% share step
+DEMO_COUNT = 2  # a 2-core node holds two demo workloads at the fitted CPU profile's 50% share step
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="run a complete local demo stack: controller, agent, Triton, load",
-                              description="Start a controller, one agent with Triton on the demo models, apply "
-                                          "demo workloads (the bundled examples scaled to CPU), send load, and "
-                                          "print the status table until Ctrl-C or --seconds.")
+    p = subparsers.add_parser(
+        "up",
+        help="run a complete local demo stack: controller, agent, Triton, load",
+        description="Start a controller, one agent with Triton on the demo models, apply "
+        "demo workloads (the bundled examples scaled to CPU), send load, and "
+        "print the status table until Ctrl-C or --seconds.",
+    )
     p.add_argument("--seconds", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--repository", default="triton_repo", help="model repository (default %(default)s)")
     p.add_argument("--workloads", metavar="FILE", help="workloads YAML instead of the demo set")
     p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: the bundled 2-core CPU profile)")
-    p.add_argument("--count", type=int, default=DEMO_COUNT, choices=(1, 2, 3),
-                   help="demo workloads to run (default %(default)s; a third one exceeds one 2-core node and "
-                        "shows as pending)")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=DEMO_COUNT,
+        choices=(1, 2, 3),
+        help="demo workloads to run (default %(default)s; a third one exceeds one 2-core node and shows as pending)",
+    )
     p.add_argument("--no-load", action="store_true", help="do not generate load")
     p.add_argument("--interval", type=float, default=3.0, help="status refresh seconds (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")
@@ -49,6 +56,7 @@ def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]
     """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
     from controller.solver import Workload
     from controller.workload_file import example_workloads_path, load_workloads_file, read_workloads
+
     if path:
         return read_workloads(path)
     examples = load_workloads_file(example_workloads_path()).workloads
@@ -58,8 +66,14 @@ def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]
         if model is None or model in used:
             continue
         used.add(model)
-        out.append(Workload(name=w.name, model=model, slo_ms=w.slo_ms * DEMO_SLO_FACTOR,
-                            rate_rps=round(w.rate_rps / DEMO_RATE_DIVISOR, 1)))
+        out.append(
+            Workload(
+                name=w.name,
+                model=model,
+                slo_ms=w.slo_ms * DEMO_SLO_FACTOR,
+                rate_rps=round(w.rate_rps / DEMO_RATE_DIVISOR, 1),
+            )
+        )
         if len(out) == count:
             break
     return tuple(out)
@@ -72,18 +86,43 @@ def demo_cpu_profile(name: str = "CPU") -> Any:
     profile is bundled in interference/data/ (and says so).
     """
     from interference.profile import DeviceProfile, GpuProfile, ModelProfile
-    gpu = GpuProfile(name=name, max_freq_mhz=3000.0, power_cap_w=1000.0, idle_power_w=10.0, pcie_bytes_per_ms=1e9,
-                     share_step_pct=5.0, sched_slope_ms=0.001, sched_intercept_ms=0.0, freq_slope_mhz_per_w=-1.0)
+
+    gpu = GpuProfile(
+        name=name,
+        max_freq_mhz=3000.0,
+        power_cap_w=1000.0,
+        idle_power_w=10.0,
+        pcie_bytes_per_ms=1e9,
+        share_step_pct=5.0,
+        sched_slope_ms=0.001,
+        sched_intercept_ms=0.0,
+        freq_slope_mhz_per_w=-1.0,
+    )
 
     def model(n: str, k2: float, k3: float, k5: float) -> ModelProfile:
-        return ModelProfile(name=n, kernels=4, idle_time_ms=0.05, k_act=(0.0, k2, k3, 0.0, k5),
-                            power_slope_w=0.001, power_intercept_w=1.0, l2_slope=0.001, l2_intercept=1.0,
-                            cache_sensitivity=0.001, bytes_in=256, bytes_out=64)
+        return ModelProfile(
+            name=n,
+            kernels=4,
+            idle_time_ms=0.05,
+            k_act=(0.0, k2, k3, 0.0, k5),
+            power_slope_w=0.001,
+            power_intercept_w=1.0,
+            l2_slope=0.001,
+            l2_intercept=1.0,
+            cache_sensitivity=0.001,
+            bytes_in=256,
+            bytes_out=64,
+        )
 
-    return DeviceProfile(gpu=gpu, models={"tiny_echo": model("tiny_echo", 2.0, 20.0, 0.2),
-                                          "mlp_small": model("mlp_small", 5.0, 30.0, 0.3),
-                                          "conv_medium": model("conv_medium", 60.0, 40.0, 0.5),
-                                          "embed_large": model("embed_large", 10.0, 40.0, 0.5)})
+    return DeviceProfile(
+        gpu=gpu,
+        models={
+            "tiny_echo": model("tiny_echo", 2.0, 20.0, 0.2),
+            "mlp_small": model("mlp_small", 5.0, 30.0, 0.3),
+            "conv_medium": model("conv_medium", 60.0, 40.0, 0.5),
+            "embed_large": model("embed_large", 10.0, 40.0, 0.5),
+        },
+    )
 
 
 def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
@@ -91,29 +130,40 @@ def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
     if given:
         return given
     from interference.profile_io import ProfileFileError, bundled_data_dir, load_profile, save_profile
+
     folder = bundled_data_dir()
     candidates = sorted(folder.glob("*cpu*profile*.json")) + sorted(folder.glob("*cpu*.json"))
     for candidate in candidates:
         try:
-            load_profile(candidate)       # skip raw measurement files beside the fitted profile
+            load_profile(candidate)  # skip raw measurement files beside the fitted profile
             return str(candidate)
         except ProfileFileError:
             continue
     path = workdir / "demo-cpu-profile.json"
     save_profile(demo_cpu_profile(), path)
-    print(f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients "
-          f"({path})", flush=True)
+    print(f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients ({path})", flush=True)
     return str(path)
 
 
 def demo_config(tmp: Path, profile_path: str, gpu_type: str) -> Any:
     """A loopback controller for the demo: any free ports, a token in `tmp`, fast heartbeats, the CPU as `gpu_type`."""
     from controller.config import ControllerConfig, GpuTypeConfig, ProfileSource, ServiceConfig
-    service = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, cpu_gpu_type=gpu_type,
-                            gpu_types=(GpuTypeConfig(gpu_type, DEMO_CPU_PRICE, ("cpu",)),))
-    return ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "controller.db"),
-                            token_file=str(tmp / "token"), reconcile_interval_s=0.5,
-                            profiles=(ProfileSource(profile_path, gpu_type),), service=service)
+
+    service = ServiceConfig(
+        heartbeat_interval_s=1.0,
+        heartbeat_timeout_s=10.0,
+        cpu_gpu_type=gpu_type,
+        gpu_types=(GpuTypeConfig(gpu_type, DEMO_CPU_PRICE, ("cpu",)),),
+    )
+    return ControllerConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        db=str(tmp / "controller.db"),
+        token_file=str(tmp / "token"),
+        reconcile_interval_s=0.5,
+        profiles=(ProfileSource(profile_path, gpu_type),),
+        service=service,
+    )
 
 
 def _wait_for_agent(client: Any, stop: threading.Event, timeout_s: float = 30.0) -> None:
@@ -138,10 +188,13 @@ def run_up(args: argparse.Namespace) -> int:
     from controller.api.client import ControllerClient
     from controller.server import ControllerServer
     from interference.profile_io import load_profile
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not Path(args.repository).is_dir():
-        raise UserError(f"--repository {args.repository}: no such model repository; run from the stoke checkout "
-                        f"or pass --repository PATH")
+        raise UserError(
+            f"--repository {args.repository}: no such model repository; run from the stoke checkout "
+            f"or pass --repository PATH"
+        )
     tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
     profile_path = find_cpu_profile(args.repository, args.profile, tmp)
     profile = load_profile(profile_path)
@@ -163,9 +216,12 @@ def run_up(args: argparse.Namespace) -> int:
         _wait_for_agent(client, stop)
         client.apply_workloads(workloads)
         latency_url = latency.serve(0)
-        print(f"controller {server.address} (token in {tmp / 'token'}), metrics "
-              f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
-              f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}", flush=True)
+        print(
+            f"controller {server.address} (token in {tmp / 'token'}), metrics "
+            f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
+            f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}",
+            flush=True,
+        )
         ready_at = None
         next_print = 0.0
         while not stop.is_set():
@@ -173,12 +229,16 @@ def run_up(args: argparse.Namespace) -> int:
             if ready_at is None and _settled(status):
                 ready_at = time.monotonic() - started
                 served = {w.name for w in status.workloads if w.state == "serving"}
-                print(f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
-                      f"{ready_at:.1f}s", flush=True)
+                print(
+                    f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
+                    f"{ready_at:.1f}s",
+                    flush=True,
+                )
                 if not args.no_load:
                     for w in (w for w in workloads if w.name in served):
-                        t = threading.Thread(target=_drive_load, args=(fleet, w, stop, latency.recorder(w.name, w.model)),
-                                             daemon=True)
+                        t = threading.Thread(
+                            target=_drive_load, args=(fleet, w, stop, latency.recorder(w.name, w.model)), daemon=True
+                        )
                         t.start()
                         loaders.append(t)
             if time.monotonic() >= next_print and not args.json:
@@ -206,6 +266,7 @@ def _drive_load(fleet: Any, workload: Any, stop: threading.Event, on_latency: An
     """Open-loop load at the workload's rate, in 2-second windows, following the model across moves."""
     from agents.loadgen import LoadError, LoadGenerator
     from controller.messages import Replica
+
     key = str(Replica(workload.name, 0))
     gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model, on_latency=on_latency)
     try:

@@ -1,4 +1,5 @@
 """`stoke device`: what this node's devices are and read now; serve them to Prometheus."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,22 +16,40 @@ from stoke.table import render_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("device", help="this node's GPUs (NVML) or CPU: readings and a metrics endpoint",
-                              description="Read this node's devices through NVML (GPUs) or /proc (CPU).")
+    p = subparsers.add_parser(
+        "device",
+        help="this node's GPUs (NVML) or CPU: readings and a metrics endpoint",
+        description="Read this node's devices through NVML (GPUs) or /proc (CPU).",
+    )
     sub = p.add_subparsers(dest="device_command", metavar="COMMAND", required=True)
 
-    s = sub.add_parser("show", help="describe the devices and take one sample",
-                       description="Print each device (name, memory, cores, limits) and one reading: utilisation, "
-                                   "memory, SM clock, power, temperature, throttle reasons, GPU/MPS processes.")
-    s.add_argument("--device", choices=DEVICE_KINDS, default="auto",
-                   help="auto (NVML when it starts, else CPU; default), cpu, or nvml (fails without a GPU)")
-    s.add_argument("--interval", type=float, default=0.5, metavar="S",
-                   help="seconds between opening and sampling, the CPU utilisation window (default 0.5)")
+    s = sub.add_parser(
+        "show",
+        help="describe the devices and take one sample",
+        description="Print each device (name, memory, cores, limits) and one reading: utilisation, "
+        "memory, SM clock, power, temperature, throttle reasons, GPU/MPS processes.",
+    )
+    s.add_argument(
+        "--device",
+        choices=DEVICE_KINDS,
+        default="auto",
+        help="auto (NVML when it starts, else CPU; default), cpu, or nvml (fails without a GPU)",
+    )
+    s.add_argument(
+        "--interval",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="seconds between opening and sampling, the CPU utilisation window (default 0.5)",
+    )
     s.add_argument("--json", action="store_true", help="print devices and samples as JSON")
     s.set_defaults(run=run_show)
 
-    v = sub.add_parser("serve", help="serve device metrics for Prometheus on /metrics",
-                       description="Serve the device readings in the Prometheus text format; every scrape samples.")
+    v = sub.add_parser(
+        "serve",
+        help="serve device metrics for Prometheus on /metrics",
+        description="Serve the device readings in the Prometheus text format; every scrape samples.",
+    )
     v.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, printed)")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     v.add_argument("--device", choices=DEVICE_KINDS, default="auto")
@@ -60,20 +79,60 @@ def run_show(args: argparse.Namespace) -> int:
     finally:
         device.close()
     if args.json:
-        print(json.dumps({"kind": device.kind, "devices": [info_to_dict(d) for d in infos],
-                          "samples": [sample_to_dict(s) for s in samples]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "kind": device.kind,
+                    "devices": [info_to_dict(d) for d in infos],
+                    "samples": [sample_to_dict(s) for s in samples],
+                },
+                indent=2,
+            )
+        )
         return 0
     by_index = {d.index: d for d in infos}
     rows = []
     for s in samples:
         d = by_index.get(s.index)
-        rows.append([s.index, s.kind, d.name if d else "", d.cores if d and d.cores else None, s.utilization_pct,
-                     _mib(s.memory_used_bytes), _mib(s.memory_total_bytes), s.sm_clock_mhz, s.sm_clock_max_mhz,
-                     s.power_w, s.power_limit_w, s.temperature_c,
-                     ",".join(s.throttle_reasons) or ("none" if s.throttle_mask is not None else None),
-                     (f"{len(s.processes)} ({len(s.mps_processes)} MPS)" if s.kind == "gpu" else None)])
-    print(render_table(["dev", "kind", "name", "cores", "util %", "mem used MiB", "mem total MiB", "SM MHz",
-                        "SM max MHz", "power W", "limit W", "temp C", "throttle", "processes"], rows))
+        rows.append(
+            [
+                s.index,
+                s.kind,
+                d.name if d else "",
+                d.cores if d and d.cores else None,
+                s.utilization_pct,
+                _mib(s.memory_used_bytes),
+                _mib(s.memory_total_bytes),
+                s.sm_clock_mhz,
+                s.sm_clock_max_mhz,
+                s.power_w,
+                s.power_limit_w,
+                s.temperature_c,
+                ",".join(s.throttle_reasons) or ("none" if s.throttle_mask is not None else None),
+                (f"{len(s.processes)} ({len(s.mps_processes)} MPS)" if s.kind == "gpu" else None),
+            ]
+        )
+    print(
+        render_table(
+            [
+                "dev",
+                "kind",
+                "name",
+                "cores",
+                "util %",
+                "mem used MiB",
+                "mem total MiB",
+                "SM MHz",
+                "SM max MHz",
+                "power W",
+                "limit W",
+                "temp C",
+                "throttle",
+                "processes",
+            ],
+            rows,
+        )
+    )
     for s in samples:
         if s.per_core_utilization_pct:
             print("per-core util %: " + "  ".join(f"cpu{i} {u:.1f}" for i, u in enumerate(s.per_core_utilization_pct)))
@@ -96,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())   # stop cleanly on SIGTERM too
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop cleanly on SIGTERM too
     try:
         stop.wait(args.duration)
     except KeyboardInterrupt:

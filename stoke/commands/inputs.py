@@ -1,4 +1,5 @@
 """Files the commands read that `stoke plan --json` wrote: one reader, one wording."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,16 @@ if TYPE_CHECKING:
 
 def read_plan(path: str) -> Plan:
     """The plan in a JSON file; a missing, malformed or incomplete file raises a one-line error."""
-    from controller.solver.problem import plan_from_dict   # the solver loads only for commands that need it
+    from controller.solver.problem import plan_from_dict  # the solver loads only for commands that need it
+
     try:
         data = json.loads(Path(path).read_text())
     except OSError as err:
-        raise UserError(f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`",
-                        "plan") from None
+        raise UserError(
+            f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`", "plan"
+        ) from None
     except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON (line {err.lineno}: {err.msg}); write the plan with "
-                        f"`stoke plan --json`", "plan") from None
+        raise UserError(
+            f"{path}: not valid JSON (line {err.lineno}: {err.msg}); write the plan with `stoke plan --json`", "plan"
+        ) from None
     return plan_from_dict(data, source=path)

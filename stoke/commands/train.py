@@ -11,6 +11,7 @@
 With no file, each command uses the bundled examples (the ResNet-110 spot
 fixture, an example loss curve, the ResNet-50-like gradient profile).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,14 +29,25 @@ from controller.training.blocks import gradient_profile_from_dict, plan_blocks
 from controller.training.comm_sim import SCHEDULERS, compare
 from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
 from controller.training.homogeneous import provision_homogeneous
-from controller.training.kube import (DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND,
-                                      render_manifests, validate_manifests)
-from controller.training.spec import (TrainingPlan, spec_from_dict, training_plan_from_dict, training_plan_to_dict,
-                                      with_overrides)
+from controller.training.kube import (
+    DEFAULT_IMAGE,
+    DEFAULT_MEMORY,
+    DEFAULT_SPOT_LABEL,
+    DEFAULT_WORKER_COMMAND,
+    render_manifests,
+    validate_manifests,
+)
+from controller.training.spec import (
+    TrainingPlan,
+    spec_from_dict,
+    training_plan_from_dict,
+    training_plan_to_dict,
+    with_overrides,
+)
 from controller.training.spot import provision_spot
 from stoke import validate as check
-from stoke.files import atomic_write_text
 from stoke.errors import UserError
+from stoke.files import atomic_write_text
 
 FIT_FORMAT_VERSION = 1
 
@@ -58,17 +70,29 @@ def _add_cloud_options(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    train = subparsers.add_parser("train", help="plan, launch and watch distributed training clusters",
-                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = subparsers.add_parser(
+        "train",
+        help="plan, launch and watch distributed training clusters",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = train.add_subparsers(dest="train_command", metavar="SUBCOMMAND", required=True)
 
     p = sub.add_parser("plan", help="cheapest cluster that reaches the target loss by the deadline")
     p.add_argument("spec", nargs="?", help="SPEC.yaml (default: the bundled ResNet-110 fixture)")
     p.add_argument("--strategy", choices=("spot", "homogeneous"), default="spot")
-    p.add_argument("--prices", choices=("offline", "live"), default="offline",
-                   help="offline: bundled catalog; live: EC2 spot history + pricing API (cached)")
-    p.add_argument("--search", choices=("auto", "exact", "window"), default="auto",
-                   help="spot search: exact table, published sliding window, or auto (exact when small)")
+    p.add_argument(
+        "--prices",
+        choices=("offline", "live"),
+        default="offline",
+        help="offline: bundled catalog; live: EC2 spot history + pricing API (cached)",
+    )
+    p.add_argument(
+        "--search",
+        choices=("auto", "exact", "window"),
+        default="auto",
+        help="spot search: exact table, published sliding window, or auto (exact when small)",
+    )
     p.add_argument("--deadline", type=float, help="override job.deadline_s")
     p.add_argument("--loss", type=float, help="override job.target_loss")
     p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
@@ -96,8 +120,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("watch", help="poll spot interruption notices; re-plan and replace on a notice")
     p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
     p.add_argument("--spec", help="SPEC.yaml the plan came from (default: the bundled one)")
-    p.add_argument("--metadata-url", default="http://169.254.169.254",
-                   help="instance metadata base URL, or a template with {instance_id}")
+    p.add_argument(
+        "--metadata-url",
+        default="http://169.254.169.254",
+        help="instance metadata base URL, or a template with {instance_id}",
+    )
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
     p.add_argument("--max-polls", type=int, default=None, help="stop after this many polls (default: forever)")
     _add_cloud_options(p)
@@ -111,14 +138,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render the plan as Kubernetes Services + StatefulSets (YAML)")
     p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="container image of every task (default %(default)s)")
-    p.add_argument("--command", default=" ".join(DEFAULT_WORKER_COMMAND), metavar="CMD",
-                   help="training program each worker runs, in the image; it reads TF_CONFIG "
-                        "(default '%(default)s'); parameter servers run a tf.distribute.Server")
-    p.add_argument("--memory", default=DEFAULT_MEMORY, metavar="QUANTITY",
-                   help="memory request and limit of each task (default %(default)s)")
-    p.add_argument("--spot-label", default="=".join(DEFAULT_SPOT_LABEL), metavar="KEY=VALUE",
-                   help="node label of spot capacity, selected (and its taint tolerated) by a spot plan's workers "
-                        "(default %(default)s; 'none' to leave it out)")
+    p.add_argument(
+        "--command",
+        default=" ".join(DEFAULT_WORKER_COMMAND),
+        metavar="CMD",
+        help="training program each worker runs, in the image; it reads TF_CONFIG "
+        "(default '%(default)s'); parameter servers run a tf.distribute.Server",
+    )
+    p.add_argument(
+        "--memory",
+        default=DEFAULT_MEMORY,
+        metavar="QUANTITY",
+        help="memory request and limit of each task (default %(default)s)",
+    )
+    p.add_argument(
+        "--spot-label",
+        default="=".join(DEFAULT_SPOT_LABEL),
+        metavar="KEY=VALUE",
+        help="node label of spot capacity, selected (and its taint tolerated) by a spot plan's workers "
+        "(default %(default)s; 'none' to leave it out)",
+    )
     p.add_argument("--namespace", default="default")
     p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
     p.set_defaults(run=run_render)
@@ -134,11 +173,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
-def _load_spec(path: str | None, strategy: str = "spot", prices: str = "offline", *, endpoint_url=None,
-               region="us-east-1", cache=None):
+
+def _load_spec(
+    path: str | None,
+    strategy: str = "spot",
+    prices: str = "offline",
+    *,
+    endpoint_url=None,
+    region="us-east-1",
+    cache=None,
+):
     data, source = readers.read_spec(path)
     if prices == "live":
         from controller.cloud import CloudError, PriceSource, make_clients
+
         ec2, pricing = make_clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
         types = None
@@ -172,8 +220,10 @@ def _load_plan(path: str | None) -> TrainingPlan:
 
 
 def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None:
-    print(f"job {plan.job}: {plan.strategy} plan, target loss {plan.target_loss}, deadline {plan.deadline_s:.0f} s "
-          f"({catalog_line})")
+    print(
+        f"job {plan.job}: {plan.strategy} plan, target loss {plan.target_loss}, deadline {plan.deadline_s:.0f} s "
+        f"({catalog_line})"
+    )
     if not plan.feasible:
         print(f"INFEASIBLE: {plan.reason}")
         return
@@ -181,8 +231,10 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
     rows = [[t, c, have.get(t, 0), c - have.get(t, 0)] for t, c in plan.counts]
     print(_table(["instance type", "workers", "kept", "new"], rows))
     print(f"parameter servers: {plan.ps_count} x {plan.ps_type}")
-    print(f"predicted time {_fmt(plan.predicted_time_s)} s, cost ${_fmt(plan.predicted_cost, 2)}, "
-          f"bottleneck: {plan.bottleneck} ({plan.details.get('explanation', '')})")
+    print(
+        f"predicted time {_fmt(plan.predicted_time_s)} s, cost ${_fmt(plan.predicted_cost, 2)}, "
+        f"bottleneck: {plan.bottleneck} ({plan.details.get('explanation', '')})"
+    )
     print(f"searched {plan.candidates} candidates ({plan.search})")
     for note in notes:
         print(f"note: {note}")
@@ -190,9 +242,16 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
 
 # --------------------------------------------------------------------------- commands
 
+
 def run_plan(args: argparse.Namespace) -> int:
-    spec, catalog, notes = _load_spec(args.spec, args.strategy, args.prices, endpoint_url=args.endpoint_url,
-                                      region=args.region, cache=args.price_cache)
+    spec, catalog, notes = _load_spec(
+        args.spec,
+        args.strategy,
+        args.prices,
+        endpoint_url=args.endpoint_url,
+        region=args.region,
+        cache=args.price_cache,
+    )
     if args.deadline is not None or args.loss is not None:
         for flag, value in (("--deadline", args.deadline), ("--loss", args.loss)):
             if value is not None:
@@ -214,11 +273,17 @@ def run_fit_loss(args: argparse.Namespace) -> int:
     cols = readers.read_curve_csv(args.curve, args.batch)
     if {"b_w", "R", "n", "j"} <= set(cols):
         import numpy as np
+
         X = np.column_stack([cols["b_w"], cols["R"], cols["n"], cols["j"]])
         est = SpotLossEstimator(r_weight=args.r_weight).fit(X, cols["loss"])
         coeffs = {k: round(getattr(est.loss_, k), 6) for k in ("g1", "g2", "g3", "g4", "g5", "r_weight")}
-        body = {"format_version": FIT_FORMAT_VERSION, "kind": "spot_loss", "loss": coeffs,
-                "rmse": round(est.rmse_, 6), "points": len(cols["loss"])}
+        body = {
+            "format_version": FIT_FORMAT_VERSION,
+            "kind": "spot_loss",
+            "loss": coeffs,
+            "rmse": round(est.rmse_, 6),
+            "points": len(cols["loss"]),
+        }
         rows = [[k, v] for k, v in coeffs.items()]
     else:
         t0 = time.perf_counter()
@@ -226,8 +291,14 @@ def run_fit_loss(args: argparse.Namespace) -> int:
         fit_ms = (time.perf_counter() - t0) * 1000
         c = est.curve_
         coeffs = {"beta0": float(f"{c.beta0:.6g}"), "beta1": float(f"{c.beta1:.6g}"), "beta2": float(f"{c.beta2:.6g}")}
-        body = {"format_version": FIT_FORMAT_VERSION, "kind": "loss_curve", "curve": coeffs,
-                "rmse": round(est.rmse_, 6), "points": est.n_points_, "fit_ms": round(fit_ms, 3)}
+        body = {
+            "format_version": FIT_FORMAT_VERSION,
+            "kind": "loss_curve",
+            "curve": coeffs,
+            "rmse": round(est.rmse_, 6),
+            "points": est.n_points_,
+            "fit_ms": round(fit_ms, 3),
+        }
         rows = [[k, v] for k, v in coeffs.items()]
         if args.target is not None:
             samples = est.samples_for(args.target)
@@ -246,18 +317,22 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
     from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
 
 
 def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
     if plan.strategy != "spot":
-        raise UserError(f"{path or 'bundled plan'}: `stoke train {command}` handles spot plans; this one is "
-                        f"{plan.strategy!r} (priced on demand, no revocations): plan with --strategy spot")
+        raise UserError(
+            f"{path or 'bundled plan'}: `stoke train {command}` handles spot plans; this one is "
+            f"{plan.strategy!r} (priced on demand, no revocations): plan with --strategy spot"
+        )
 
 
 def run_launch(args: argparse.Namespace) -> int:
     from controller.cloud import CloudError
+
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
     if not plan.feasible:
@@ -276,12 +351,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
 def run_terminate(args: argparse.Namespace) -> int:
     from controller.cloud import CloudError
+
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
         from controller.cloud import SpotLauncher, make_clients
+
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
     try:
@@ -295,17 +372,22 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 def run_watch(args: argparse.Namespace) -> int:
     from controller.cloud import CloudError, RevocationWatcher
+
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")
     if args.plan is not None and args.spec is None:
-        raise UserError(f"{args.plan}: give --spec SPEC.yaml, the spec this plan came from: a revocation re-plans "
-                        f"with it")
+        raise UserError(
+            f"{args.plan}: give --spec SPEC.yaml, the spec this plan came from: a revocation re-plans with it"
+        )
     spec, _, _ = _load_spec(args.spec)
     unknown = sorted({t for t, c in plan.counts if c} - {w.type for w in spec.workers})
     if spec.name != plan.job or unknown:
-        raise UserError(f"{args.spec or 'bundled spec'}: spec {spec.name!r} does not match the plan of job "
-                        f"{plan.job!r}" + (f" (types {', '.join(unknown)} not in the spec)" if unknown else "")
-                        + "; give the spec the plan came from")
+        raise UserError(
+            f"{args.spec or 'bundled spec'}: spec {spec.name!r} does not match the plan of job "
+            f"{plan.job!r}"
+            + (f" (types {', '.join(unknown)} not in the spec)" if unknown else "")
+            + "; give the spec the plan came from"
+        )
     check.positive(args.interval, "--interval", error=UserError, unit="seconds")
     watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
 
@@ -314,8 +396,10 @@ def run_watch(args: argparse.Namespace) -> int:
         if result.plan is not None and result.plan.feasible:
             adds = ", ".join(f"{c} x {t}" for t, c in result.plan.additions) or "nothing"
             launched = result.launch.summary() if result.launch else "-"
-            print(f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} "
-                  f"s, ${_fmt(result.plan.predicted_cost, 2)}; launch: {launched}")
+            print(
+                f"re-plan: keep {result.plan.existing}, add {adds}; predicted {_fmt(result.plan.predicted_time_s)} "
+                f"s, ${_fmt(result.plan.predicted_cost, 2)}; launch: {launched}"
+            )
         elif result.plan is not None:
             print(f"re-plan infeasible: {result.plan.reason}")
         sys.stdout.flush()
@@ -333,8 +417,10 @@ class _BlockDumper(yaml.SafeDumper):
     """Safe YAML that prints multi-line strings (the task prelude, the PS program) as literal blocks."""
 
 
-_BlockDumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None),
+)
 
 
 def run_render(args: argparse.Namespace) -> int:
@@ -357,8 +443,16 @@ def run_render(args: argparse.Namespace) -> int:
         if not (sep and key and value):
             raise UserError(f"--spot-label {args.spot_label!r}: give KEY=VALUE, e.g. karpenter.sh/capacity-type=spot")
         spot_label = (key, value)
-    objects = render_manifests(plan, image=args.image, namespace=args.namespace, command=command,
-                               gpus_per_type=gpus, vcpus_per_type=vcpus, memory=args.memory, spot_label=spot_label)
+    objects = render_manifests(
+        plan,
+        image=args.image,
+        namespace=args.namespace,
+        command=command,
+        gpus_per_type=gpus,
+        vcpus_per_type=vcpus,
+        memory=args.memory,
+        spot_label=spot_label,
+    )
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
@@ -377,6 +471,7 @@ def run_comm_sim(args: argparse.Namespace) -> int:
     if args.bandwidth is not None:
         check.positive(args.bandwidth, "--bandwidth", error=UserError, unit="MB/s")
         from dataclasses import replace
+
         profile = replace(profile, bandwidth_mb_s=args.bandwidth)
     chosen = SCHEDULERS if args.scheduler == "all" else (args.scheduler,)
     t0 = time.perf_counter()
@@ -384,22 +479,47 @@ def run_comm_sim(args: argparse.Namespace) -> int:
     planner_ms = (time.perf_counter() - t0) * 1000
     results = compare(profile, chosen)
     if args.json:
-        print(json.dumps({"profile": profile.name, "bandwidth_mb_s": profile.bandwidth_mb_s,
-                          "planner_ms": round(planner_ms, 3), "blocks": len(blocks),
-                          "results": [{"scheduler": r.scheduler, "iteration_ms": round(r.iteration_ms, 3),
-                                       "gpu_idle_ms": round(r.gpu_idle_ms, 3),
-                                       "link_utilisation": round(r.link_utilisation, 4),
-                                       "messages": r.messages} for r in results]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": profile.name,
+                    "bandwidth_mb_s": profile.bandwidth_mb_s,
+                    "planner_ms": round(planner_ms, 3),
+                    "blocks": len(blocks),
+                    "results": [
+                        {
+                            "scheduler": r.scheduler,
+                            "iteration_ms": round(r.iteration_ms, 3),
+                            "gpu_idle_ms": round(r.gpu_idle_ms, 3),
+                            "link_utilisation": round(r.link_utilisation, 4),
+                            "messages": r.messages,
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     total_mb = sum(g.bytes for g in profile.gradients) / 1e6
-    print(f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, "
-          f"link {profile.bandwidth_mb_s:.0f} MB/s, compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration")
+    print(
+        f"{profile.name}: {len(profile.gradients)} gradients, {total_mb:.1f} MB, "
+        f"link {profile.bandwidth_mb_s:.0f} MB/s, compute {profile.backward_ms + profile.forward_ms:.1f} ms/iteration"
+    )
     base = {r.scheduler: r.iteration_ms for r in results}
     rows = []
     for r in results:
         vs = [f"{base[s] / r.iteration_ms:.2f}x vs {s}" for s in ("fifo", "priority") if s in base and s != r.scheduler]
-        rows.append([r.scheduler, _fmt(r.iteration_ms, 2), _fmt(r.gpu_idle_ms, 2), f"{100 * r.link_utilisation:.1f}%",
-                     r.messages, ", ".join(vs)])
+        rows.append(
+            [
+                r.scheduler,
+                _fmt(r.iteration_ms, 2),
+                _fmt(r.gpu_idle_ms, 2),
+                f"{100 * r.link_utilisation:.1f}%",
+                r.messages,
+                ", ".join(vs),
+            ]
+        )
     print(_table(["scheduler", "iteration ms", "GPU idle ms", "link util", "messages", "speed-up"], rows))
     print(f"block planner: {len(blocks)} blocks planned in {planner_ms:.2f} ms")
     return 0

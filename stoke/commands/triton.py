@@ -1,4 +1,5 @@
 """`stoke triton render|up|sync` and `stoke load`: a plan on a real Triton server."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,15 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoke.commands.inputs import read_plan
 from stoke import validate as check
+from stoke.commands.inputs import read_plan
 from stoke.errors import UserError
 
 
 def _check_repo(repo: str) -> None:
     if "://" not in repo and not Path(repo).is_dir():
-        raise UserError(f"--repo {repo}: model repository directory not found; give a directory holding "
-                        f"<model>/config.pbtxt (e.g. triton_repo)")
+        raise UserError(
+            f"--repo {repo}: model repository directory not found; give a directory holding "
+            f"<model>/config.pbtxt (e.g. triton_repo)"
+        )
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -31,8 +34,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 # --------------------------------------------------------------------------- render
 
+
 def cmd_render(args: argparse.Namespace) -> int:
     from controller.render_plan import render_plan
+
     _check_repo(args.repo)
     plan = read_plan(args.plan)
     changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
@@ -47,10 +52,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- up
 
+
 def _default_assignments(repo: str) -> list[Any]:
     """Without a plan: every model of a local repository, whole machine, its base batch."""
     from controller.messages import ModelAssignment
     from controller.render import CONFIG_NAME, read_config
+
     if "://" in repo:
         raise UserError(f"--repo {repo}: a remote repository needs --plan PLAN.json naming the models to serve")
     out = []
@@ -58,8 +65,18 @@ def _default_assignments(repo: str) -> list[Any]:
         base = read_config(path)
         batch = max(1, base.max_batch_size)
         delay_ms = base.dynamic_batching.max_queue_delay_microseconds / 1000.0
-        out.append(ModelAssignment(workload=path.parent.name, model=path.parent.name, device=0, share_pct=100.0,
-                                   batch=batch, queue_delay_ms=delay_ms, slo_ms=100.0, rate_rps=1.0))
+        out.append(
+            ModelAssignment(
+                workload=path.parent.name,
+                model=path.parent.name,
+                device=0,
+                share_pct=100.0,
+                batch=batch,
+                queue_delay_ms=delay_ms,
+                slo_ms=100.0,
+                rate_rps=1.0,
+            )
+        )
     if not out:
         raise UserError(f"--repo {repo}: no <model>/{CONFIG_NAME} found; point --repo at a model repository")
     return out
@@ -75,6 +92,7 @@ def _node_devices(device_kind: str) -> tuple[int, list[int]]:
     if device_kind == "cpu":
         return 1, cores
     from agents.device import DeviceError, open_device
+
     try:
         device = open_device("nvml")
         try:
@@ -82,25 +100,30 @@ def _node_devices(device_kind: str) -> tuple[int, list[int]]:
         finally:
             device.close()
     except DeviceError as err:
-        raise UserError(f"--device-kind gpu: cannot count this node's GPUs ({err}); use --device-kind cpu "
-                        f"on a machine without GPUs")
+        raise UserError(
+            f"--device-kind gpu: cannot count this node's GPUs ({err}); use --device-kind cpu on a machine without GPUs"
+        ) from None
 
 
 def _refuse_overcommit(args: argparse.Namespace, assignments: list[Any]) -> None:
     """A plan bigger than this node would share cores (or GPU shares) silently: refuse it."""
     from agents.triton import overcommit_problems
+
     devices, cores = _node_devices(args.device_kind)
     problems = overcommit_problems(assignments, device_kind=args.device_kind, devices=devices, cores=cores)
     if problems:
-        raise UserError(f"--plan {args.plan}: does not fit this node: {'; '.join(problems)}; serving it would pin "
-                        f"several assignments to the same {'cores' if args.device_kind == 'cpu' else 'GPU'}. "
-                        f"Serve part of it with --models, plan for this node (a GPU type with max_count: "
-                        f"{devices}), or run the plan on several nodes with `stoke controller` and `stoke agent`")
+        raise UserError(
+            f"--plan {args.plan}: does not fit this node: {'; '.join(problems)}; serving it would pin "
+            f"several assignments to the same {'cores' if args.device_kind == 'cpu' else 'GPU'}. "
+            f"Serve part of it with --models, plan for this node (a GPU type with max_count: "
+            f"{devices}), or run the plan on several nodes with `stoke controller` and `stoke agent`"
+        )
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
     from controller.render_plan import assignments_from_plan
+
     _check_repo(args.repo)
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
@@ -113,26 +136,44 @@ def cmd_up(args: argparse.Namespace) -> int:
     mps = None
     if args.device_kind == "gpu":
         from agents.mps import MpsControl
+
         mps = MpsControl()
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     report = None
-    fleet = TritonFleet(args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps,
-                        ready_timeout_s=args.ready_timeout)
+    fleet = TritonFleet(
+        args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps, ready_timeout_s=args.ready_timeout
+    )
     try:
         report = fleet.apply(assignments)
         endpoints, procs = fleet.endpoints(), fleet.processes()
-        rows = [[a.key, a.model, f"{a.share_pct:g}%", a.batch, f"{a.queue_delay_ms:g}",
-                 ",".join(map(str, procs[a.key]["cpu_cores"])) or f"gpu{a.device}", endpoints[a.key]]
-                for a in fleet.running()]
+        rows = [
+            [
+                a.key,
+                a.model,
+                f"{a.share_pct:g}%",
+                a.batch,
+                f"{a.queue_delay_ms:g}",
+                ",".join(map(str, procs[a.key]["cpu_cores"])) or f"gpu{a.device}",
+                endpoints[a.key],
+            ]
+            for a in fleet.running()
+        ]
         if args.json:
             # one line, so a caller can read it while the servers keep running
-            print(json.dumps({"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}), flush=True)
+            print(
+                json.dumps({"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}),
+                flush=True,
+            )
         else:
             print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
             for error in report.errors:
                 print(f"error: {error}", file=sys.stderr)
-            print("serving; Ctrl-C stops every Triton process" if args.seconds is None
-                  else f"serving for {args.seconds:g} s", flush=True)
+            print(
+                "serving; Ctrl-C stops every Triton process"
+                if args.seconds is None
+                else f"serving for {args.seconds:g} s",
+                flush=True,
+            )
         sys.stdout.flush()
         if not endpoints:
             return 1
@@ -152,16 +193,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- sync
 
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from agents.repo_store import S3Store, open_store
+
     _check_repo(args.repo)
     store = open_store(args.dest, endpoint_url=args.endpoint_url)
     if isinstance(store, S3Store) and args.create_bucket:
         store.create_bucket()
     report = store.sync(args.repo)
     if args.json:
-        print(json.dumps({"uploaded": report.uploaded, "deleted": report.deleted,
-                          "unchanged": len(report.unchanged)}, indent=2))
+        print(
+            json.dumps(
+                {"uploaded": report.uploaded, "deleted": report.deleted, "unchanged": len(report.unchanged)}, indent=2
+            )
+        )
     else:
         rows = [["upload", p] for p in report.uploaded] + [["delete", p] for p in report.deleted]
         print(_table(["action", "path"], rows) if rows else "already in sync")
@@ -171,20 +217,24 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- load
 
+
 def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator
+
     check.positive(args.rate, "--rate", error=UserError, unit="requests per second")
     check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load")
     exporter = None
     on_latency = None
     if args.metrics_port is not None:
         from agents.latency_metrics import RequestLatencyExporter
+
         exporter = RequestLatencyExporter([args.slo_ms] if args.slo_ms else [])
         try:
             url = exporter.serve(args.metrics_port)
         except OSError as err:
-            raise UserError(f"--metrics-port {args.metrics_port}: cannot serve metrics ({err}); "
-                            f"pick a free port or 0") from None
+            raise UserError(
+                f"--metrics-port {args.metrics_port}: cannot serve metrics ({err}); pick a free port or 0"
+            ) from None
         print(f"request latency histogram (stoke_request_latency_ms) on {url} while the load runs", file=sys.stderr)
         on_latency = exporter.recorder(args.workload or args.model, args.model)
     try:
@@ -198,12 +248,14 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.ok else 1
-    rows = [["requested rate", f"{report.rate_rps:g} rps ({report.arrival})"],
-            ["sent / ok / failed", f"{report.sent} / {report.ok} / {report.failed}"],
-            ["throughput", f"{report.throughput_rps:.1f} rps"],
-            ["latency p50 / p95 / p99", f"{report.p50_ms:.2f} / {report.p95_ms:.2f} / {report.p99_ms:.2f} ms"],
-            ["latency mean / max", f"{report.mean_ms:.2f} / {report.max_ms:.2f} ms"],
-            ["generator lag (max)", f"{report.max_send_lag_ms:.2f} ms"]]
+    rows = [
+        ["requested rate", f"{report.rate_rps:g} rps ({report.arrival})"],
+        ["sent / ok / failed", f"{report.sent} / {report.ok} / {report.failed}"],
+        ["throughput", f"{report.throughput_rps:.1f} rps"],
+        ["latency p50 / p95 / p99", f"{report.p50_ms:.2f} / {report.p95_ms:.2f} / {report.p99_ms:.2f} ms"],
+        ["latency mean / max", f"{report.mean_ms:.2f} / {report.max_ms:.2f} ms"],
+        ["generator lag (max)", f"{report.max_send_lag_ms:.2f} ms"],
+    ]
     if report.over_slo_share is not None:
         rows.append([f"over SLO {report.slo_ms:g} ms", f"{100 * report.over_slo_share:.2f}%"])
     print(_table(["figure", "value"], rows))
@@ -219,18 +271,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="write config.pbtxt files for a plan")
     p.add_argument("plan", metavar="PLAN.json", help="output of `stoke plan --json`")
     p.add_argument("--repo", required=True, help="model repository directory")
-    p.add_argument("--device-kind", choices=("cpu", "gpu"), default="gpu",
-                   help="KIND_GPU with the plan's GPU index, or KIND_CPU (default gpu)")
-    p.add_argument("--latency-histogram", action="store_true",
-                   help="add model_metrics with an SLO bucket (needs Triton >= 2.52; 2.51 refuses it)")
+    p.add_argument(
+        "--device-kind",
+        choices=("cpu", "gpu"),
+        default="gpu",
+        help="KIND_GPU with the plan's GPU index, or KIND_CPU (default gpu)",
+    )
+    p.add_argument(
+        "--latency-histogram",
+        action="store_true",
+        help="add model_metrics with an SLO bucket (needs Triton >= 2.52; 2.51 refuses it)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_render)
 
     p = sub.add_parser("up", help="start Triton processes for a plan on this machine and print endpoints")
     p.add_argument("--repo", required=True, help="model repository: a directory or s3://[host:port/]bucket/path")
-    p.add_argument("--plan", metavar="PLAN.json",
-                   help="plan to serve; refused if it needs more devices or cores than this node has "
-                        "(default: every model, each on the whole machine)")
+    p.add_argument(
+        "--plan",
+        metavar="PLAN.json",
+        help="plan to serve; refused if it needs more devices or cores than this node has "
+        "(default: every model, each on the whole machine)",
+    )
     p.add_argument("--models", help="comma-separated models/workloads to serve (default all)")
     p.add_argument("--device-kind", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--workdir", help="where logs and the backend directory go (default a temp dir)")
@@ -256,8 +318,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1, help="samples per request")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="export the SLO histogram stoke_request_latency_ms on this port while running (0 = any)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="export the SLO histogram stoke_request_latency_ms on this port while running (0 = any)",
+    )
     p.add_argument("--workload", help="workload label of the exported histogram (default: the model)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_load)

@@ -1,4 +1,5 @@
 """The agent loop with a hand-written fake fleet and fake controller client (no threads, fake clock)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,10 @@ class FakeFleet:
             self.fail_next = False
             return Report(errors=(AssignmentError("a#0", "start failed"),))
         new = {a.key: a for a in assignments}
-        report = Report(started=tuple(k for k in new if k not in self.serving),
-                        stopped=tuple(k for k in self.serving if k not in new))
+        report = Report(
+            started=tuple(k for k in new if k not in self.serving),
+            stopped=tuple(k for k in self.serving if k not in new),
+        )
         self.serving = new
         return report
 
@@ -99,8 +102,16 @@ A = ModelAssignment("a", "mlp_small", 0, 20.0, 1, 0.0, 100.0, 10.0)
 
 def make():
     clock, client, fleet = Clock(), FakeClient(), FakeFleet()
-    agent = Agent(client, fleet, "n1", (NodeDevice(0, "cpu", "cpu"),), backoff_s=1.0, max_backoff_s=4.0,
-                  retry_apply_s=5.0, clock=clock)
+    agent = Agent(
+        client,
+        fleet,
+        "n1",
+        (NodeDevice(0, "cpu", "cpu"),),
+        backoff_s=1.0,
+        max_backoff_s=4.0,
+        retry_apply_s=5.0,
+        clock=clock,
+    )
     return agent, client, fleet, clock
 
 
@@ -109,14 +120,14 @@ def test_registers_applies_once_and_reports():
     client.assignments = (A,)
     assert agent.heartbeat_once() == 0.5 and client.registrations == 1
     agent.fleet_once()
-    agent.fleet_once()                       # same assignments: not applied again
+    agent.fleet_once()  # same assignments: not applied again
     assert fleet.applies == 1 and set(fleet.serving) == {"a#0"}
     agent.heartbeat_once()
     last = client.reports[-1]
     assert [a.key for a in last.running] == ["a#0"] and last.observed[0].latency_ms == 3.0
     assert last.applied_revision == 1 and any("started a#0" in e for e in last.events)
     agent.heartbeat_once()
-    assert client.reports[-1].events == ()    # events are sent once
+    assert client.reports[-1].events == ()  # events are sent once
 
 
 def test_backoff_while_controller_down_keeps_serving_then_reregisters():
@@ -124,16 +135,16 @@ def test_backoff_while_controller_down_keeps_serving_then_reregisters():
     client.assignments = (A,)
     agent.heartbeat_once()
     agent.fleet_once()
-    client.up, client.known = False, False     # controller restarts, forgets the node
+    client.up, client.known = False, False  # controller restarts, forgets the node
     delays = []
     for _ in range(4):
         delays.append(agent.heartbeat_once())
         clock.t += delays[-1]
     assert delays == [1.0, 2.0, 4.0, 4.0]
     agent.fleet_once()
-    assert set(fleet.serving) == {"a#0"}         # Triton keeps serving meanwhile
+    assert set(fleet.serving) == {"a#0"}  # Triton keeps serving meanwhile
     client.up = True
-    assert agent.heartbeat_once() == 0.0          # answered registered=False: register at once
+    assert agent.heartbeat_once() == 0.0  # answered registered=False: register at once
     agent.heartbeat_once()
     assert client.registrations == 2 and client.known
     assert any("reconnected" in e for r in client.reports for e in r.events)
@@ -147,7 +158,7 @@ def test_failed_apply_is_retried_after_delay_and_crash_events_reported():
     agent.fleet_once()
     assert fleet.applies == 1 and agent.state.apply_errors
     agent.fleet_once()
-    assert fleet.applies == 1                     # not yet due
+    assert fleet.applies == 1  # not yet due
     clock.t += 5.0
     fleet.health_events = ["a#0: Triton pid 1 exited with code -9; restarted as pid 2"]
     agent.fleet_once()

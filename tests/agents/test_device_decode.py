@@ -1,15 +1,27 @@
 """Pure decoding of NVML and /proc readings, and the NVML device over a hand-written fake."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pynvml
 import pytest
-
-from agents.device import (THROTTLE_REASONS, CpuDevice, CpuTimes, DeviceError, NvmlDevice, decode_throttle_reasons,
-                           mhz_to_hz, milliwatts_to_watts, open_device, parse_meminfo, parse_proc_stat,
-                           utilization_pct)
 from device_fakes import FakeGpu, FakeNvml
+
+from agents.device import (
+    THROTTLE_REASONS,
+    CpuDevice,
+    CpuTimes,
+    DeviceError,
+    NvmlDevice,
+    decode_throttle_reasons,
+    mhz_to_hz,
+    milliwatts_to_watts,
+    open_device,
+    parse_meminfo,
+    parse_proc_stat,
+    utilization_pct,
+)
 
 STAT = """cpu  100 0 50 800 50 0 0 0 0 0
 cpu0 60 0 30 400 10 0 0 0 0 0
@@ -66,13 +78,14 @@ def test_cpu_device_over_a_fake_proc_tree(tmp_path: Path):
     [info] = dev.describe()
     assert (info.kind, info.name, info.cores, info.memory_bytes) == ("cpu", "Test CPU 9000", 2, 1000 * 1024)
     # cpu0: +50 busy of +100; cpu1: +0 busy of +100 -> total 25 %
-    (proc / "stat").write_text("cpu  150 0 50 950 50 0 0 0 0 0\ncpu0 110 0 30 450 10 0 0 0 0 0\n"
-                               "cpu1 40 0 20 500 40 0 0 0 0 0\n")
+    (proc / "stat").write_text(
+        "cpu  150 0 50 950 50 0 0 0 0 0\ncpu0 110 0 30 450 10 0 0 0 0 0\ncpu1 40 0 20 500 40 0 0 0 0 0\n"
+    )
     [s] = dev.sample()
     assert s.utilization_pct == 25.0 and s.per_core_utilization_pct == (50.0, 0.0)
     assert s.memory_used_bytes == 750 * 1024 and s.memory_total_bytes == 1000 * 1024 and s.timestamp == 123.0
-    assert s.sm_clock_mhz is None and s.power_w is None and s.processes == ()   # no invented GPU numbers
-    [again] = dev.sample()                       # no jiffy passed: the last figures, not a division by zero
+    assert s.sm_clock_mhz is None and s.power_w is None and s.processes == ()  # no invented GPU numbers
+    [again] = dev.sample()  # no jiffy passed: the last figures, not a division by zero
     assert again.utilization_pct == 25.0
 
 
@@ -82,8 +95,12 @@ def test_cpu_device_without_proc_says_so(tmp_path: Path):
 
 
 def test_nvml_device_reads_and_converts_every_field():
-    nvml = FakeNvml([FakeGpu(compute=[(4242, 2**30)], mps=[(5151, None)], throttle=0x4),
-                     FakeGpu(name="NVIDIA H200 #2", uuid="GPU-1111", temp=None, util=0)])
+    nvml = FakeNvml(
+        [
+            FakeGpu(compute=[(4242, 2**30)], mps=[(5151, None)], throttle=0x4),
+            FakeGpu(name="NVIDIA H200 #2", uuid="GPU-1111", temp=None, util=0),
+        ]
+    )
     dev = NvmlDevice(nvml, clock=lambda: 7.0)
     infos = dev.describe()
     assert [i.name for i in infos] == ["NVIDIA H200", "NVIDIA H200 #2"]
@@ -93,9 +110,11 @@ def test_nvml_device_reads_and_converts_every_field():
     assert (s0.sm_clock_mhz, s0.power_w, s0.power_limit_w, s0.utilization_pct) == (1980.0, 350.0, 700.0, 42.0)
     assert s0.throttle_reasons == ("sw_power_cap",) and s0.throttle_mask == 0x4
     assert [(p.pid, p.name, p.used_memory_bytes, p.mps) for p in s0.processes] == [
-        (4242, "proc4242", 2**30, False), (5151, "proc5151", None, True)]
+        (4242, "proc4242", 2**30, False),
+        (5151, "proc5151", None, True),
+    ]
     assert [p.pid for p in s0.mps_processes] == [5151]
-    assert s1.temperature_c is None and s0.temperature_c == 51.0     # NotSupported -> None, not 0
+    assert s1.temperature_c is None and s0.temperature_c == 51.0  # NotSupported -> None, not 0
     nvml.set_throttle(0, 0x40 | 0x1)
     nvml.set_power_mw(0, 123_456)
     s0, _ = dev.sample()

@@ -1,4 +1,5 @@
 """The CPU device against this machine's /proc, the exporter over real HTTP, and `stoke device`."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from device_fakes import FakeGpu, FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.device import CpuDevice, DeviceError, NvmlDevice, open_device
 from agents.device_exporter import serve_device_metrics
-from device_fakes import FakeGpu, FakeNvml
 from stoke.cli import main
 
 
@@ -40,19 +41,20 @@ def _scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def test_cpu_device_matches_proc():
     stat_cores = [ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("cpu") and ln[3].isdigit()]
-    mem_total_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-                        if ln.startswith("MemTotal:"))
+    mem_total_kb = next(
+        int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:")
+    )
     dev = open_device("cpu")
     [info] = dev.describe()
     assert info.kind == "cpu" and info.cores == len(stat_cores) == os.sysconf("SC_NPROCESSORS_ONLN")
     assert info.memory_bytes == mem_total_kb * 1024
     end = time.monotonic() + 0.3
-    while time.monotonic() < end:          # keep one core busy for the sampling window
+    while time.monotonic() < end:  # keep one core busy for the sampling window
         pass
     [s] = dev.sample()
     assert len(s.per_core_utilization_pct) == info.cores
     assert 0 <= s.utilization_pct <= 100 and all(0 <= u <= 100 for u in s.per_core_utilization_pct)
-    assert max(s.per_core_utilization_pct) > 20          # our busy loop shows up
+    assert max(s.per_core_utilization_pct) > 20  # our busy loop shows up
     assert 0 < s.memory_used_bytes < s.memory_total_bytes == info.memory_bytes
     assert s.sm_clock_mhz is None and s.power_w is None and s.throttle_reasons == ()
 
@@ -78,8 +80,9 @@ def test_exporter_serves_cpu_metrics_over_http():
         assert labels == {"device": "0", "kind": "cpu"} and 0.0 <= util <= 1.0
         assert len(m["stoke_device_core_utilization_ratio"]) == os.sysconf("SC_NPROCESSORS_ONLN")
         assert m["stoke_device_memory_total_bytes"][0][1] > m["stoke_device_memory_used_bytes"][0][1] > 0
-        assert not any(k.startswith(("stoke_device_sm_clock", "stoke_device_power", "stoke_device_throttle"))
-                       for k in m)                    # honest: no GPU numbers on a CPU
+        assert not any(
+            k.startswith(("stoke_device_sm_clock", "stoke_device_power", "stoke_device_throttle")) for k in m
+        )  # honest: no GPU numbers on a CPU
         assert m["stoke_device_sample_duration_seconds"][0][1] < 1.0
     finally:
         server.close()
@@ -103,7 +106,7 @@ def test_exporter_serves_gpu_metrics_in_base_units():
         assert m["stoke_device_info"][0][0]["name"] == "NVIDIA H200"
         calls = nvml.calls
         _scrape(server.url)
-        assert nvml.calls > calls                    # every scrape samples afresh
+        assert nvml.calls > calls  # every scrape samples afresh
 
 
 class _Broken:
@@ -143,14 +146,18 @@ def test_cli_show_json_and_table(capsys: pytest.CaptureFixture[str]):
 
 
 def test_cli_serve_runs_as_a_process_and_answers_scrapes():
-    proc = subprocess.Popen([sys.executable, "-m", "stoke", "device", "serve", "--port", "0", "--device", "cpu",
-                             "--duration", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoke", "device", "serve", "--port", "0", "--device", "cpu", "--duration", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving cpu device metrics on http://127.0.0.1:")
         m = _scrape(line.split(" on ")[1].strip())
         assert m["stoke_device_up"] == [({}, 1.0)]
-        proc.terminate()                              # SIGTERM: a clean stop
+        proc.terminate()  # SIGTERM: a clean stop
         out, _ = proc.communicate(timeout=10)
         assert proc.returncode == 0 and "stopped" in out
     finally:

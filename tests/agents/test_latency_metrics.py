@@ -1,4 +1,5 @@
 """The serving path's SLO histogram, scraped over real HTTP on loopback."""
+
 import re
 import urllib.request
 
@@ -9,7 +10,7 @@ from controller.alerts import le_matcher
 def test_exporter_has_a_bucket_at_every_slo():
     exporter = RequestLatencyExporter([15, 37.5])
     record = exporter.recorder("photo-tagging", "alexnet")
-    for latency in (3.0, 14.0, 20.0, 10_000.0):   # the last: a failure, recorded as the client timeout
+    for latency in (3.0, 14.0, 20.0, 10_000.0):  # the last: a failure, recorded as the client timeout
         record(latency)
     url = exporter.serve(0)
     try:

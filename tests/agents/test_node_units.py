@@ -1,4 +1,5 @@
 """Sealed unit tests: metrics parsing, core shares, arrivals, local store, MPS command construction."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,15 @@ import pytest
 
 from agents.loadgen import arrival_offsets, percentile
 from agents.mps import MpsControl, MpsError, parse_pids
-from agents.repo_store import (LocalStore, StoreError, delete_order, parse_s3_url, scan_local, triton_s3_url,
-                               upload_order)
+from agents.repo_store import (
+    LocalStore,
+    StoreError,
+    delete_order,
+    parse_s3_url,
+    scan_local,
+    triton_s3_url,
+    upload_order,
+)
 from agents.triton import cpu_cores_for_share, observe_model, parse_metrics, prepare_backend_dir, triton_env
 
 METRICS = """\
@@ -61,31 +69,48 @@ def test_parse_metrics_sums_versions_and_reasons():
 
 def test_observe_model_turns_counter_deltas_into_figures():
     current = parse_metrics(METRICS)["mlp_small"]
-    previous = {"success": 100.0, "inferences": 100.0, "executions": 40.0, "queue_us": 200000.0,
-                "compute_infer_us": 200000.0, "le:10": 100.0, "le:25": 100.0, "le:+Inf": 100.0}
+    previous = {
+        "success": 100.0,
+        "inferences": 100.0,
+        "executions": 40.0,
+        "queue_us": 200000.0,
+        "compute_infer_us": 200000.0,
+        "le:10": 100.0,
+        "le:25": 100.0,
+        "le:+Inf": 100.0,
+    }
     obs = observe_model("mlp_small", "web#0", "127.0.0.1:1", previous, current, window_s=10.0)
-    assert obs.request_rate_rps == pytest.approx(10.0)          # 100 more successes in 10 s
-    assert obs.mean_batch == pytest.approx(10.0)                # 100 inferences / 10 executions
-    assert obs.mean_queue_ms == pytest.approx(2.0)              # 200 ms of queueing over 100 requests
-    assert obs.mean_compute_ms == pytest.approx(2.0)            # (100 + 50 + 50) ms over 100 requests
+    assert obs.request_rate_rps == pytest.approx(10.0)  # 100 more successes in 10 s
+    assert obs.mean_batch == pytest.approx(10.0)  # 100 inferences / 10 executions
+    assert obs.mean_queue_ms == pytest.approx(2.0)  # 200 ms of queueing over 100 requests
+    assert obs.mean_compute_ms == pytest.approx(2.0)  # (100 + 50 + 50) ms over 100 requests
     assert obs.failures == 4 and obs.success == 200
-    assert obs.latency_p99_ms == 25.0                           # 99 of 100 new requests under 25 ms
+    assert obs.latency_p99_ms == 25.0  # 99 of 100 new requests under 25 ms
     first = observe_model("mlp_small", "web#0", "e", {}, current, window_s=20.0)
     assert first.request_rate_rps == pytest.approx(10.0) and first.mean_batch == pytest.approx(4.0)
     reset = observe_model("mlp_small", "web#0", "e", {"success": 1000.0}, current, window_s=20.0)
-    assert reset.request_rate_rps == pytest.approx(10.0)        # counter reset (reload): counts from zero
+    assert reset.request_rate_rps == pytest.approx(10.0)  # counter reset (reload): counts from zero
 
 
-@pytest.mark.parametrize("share, cores, used, expected", [
-    (50.0, [0, 1], {}, (0,)), (50.0, [0, 1], {0: 1}, (1,)), (100.0, [0, 1], {}, (0, 1)),
-    (1.0, [0, 1, 2, 3], {}, (0,)), (26.0, [0, 1, 2, 3], {0: 1, 1: 1}, (2, 3)), (25.0, [4, 5, 6, 7], {}, (4,)),
-    (200.0, [0, 1], {}, (0, 1))])
+@pytest.mark.parametrize(
+    "share, cores, used, expected",
+    [
+        (50.0, [0, 1], {}, (0,)),
+        (50.0, [0, 1], {0: 1}, (1,)),
+        (100.0, [0, 1], {}, (0, 1)),
+        (1.0, [0, 1, 2, 3], {}, (0,)),
+        (26.0, [0, 1, 2, 3], {0: 1, 1: 1}, (2, 3)),
+        (25.0, [4, 5, 6, 7], {}, (4,)),
+        (200.0, [0, 1], {}, (0, 1)),
+    ],
+)
 def test_cpu_cores_for_share(share, cores, used, expected):
     assert cpu_cores_for_share(share, cores, used) == expected
 
 
 def test_triton_env_puts_interpreter_first(tmp_path):
     import sysconfig
+
     env = triton_env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/x"}, {"EXTRA": "1"})
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [sysconfig.get_config_var("LIBDIR"), "/x"]
@@ -94,7 +119,7 @@ def test_triton_env_puts_interpreter_first(tmp_path):
     names = sorted(p.name for p in (backends / "python").iterdir())
     assert names == ["libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
     assert all((backends / "python" / n).exists() for n in names)
-    assert prepare_backend_dir(tmp_path) == backends           # idempotent
+    assert prepare_backend_dir(tmp_path) == backends  # idempotent
 
 
 def test_arrivals_constant_and_poisson():
@@ -103,7 +128,7 @@ def test_arrivals_constant_and_poisson():
     poisson = arrival_offsets(500.0, 20.0, "poisson", seed=3)
     assert abs(len(poisson) - 10000) < 400 and np.all(np.diff(poisson) > 0) and poisson[-1] < 20.0
     gaps = np.diff(poisson)
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)     # exponential gaps
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # exponential gaps
     assert np.array_equal(poisson, arrival_offsets(500.0, 20.0, "poisson", seed=3))
     with pytest.raises(ValueError):
         arrival_offsets(10.0, 1.0, "bursty")
@@ -125,17 +150,19 @@ def test_local_store_sync_by_checksum(tmp_path, demo_repo_copy):
     assert dest.listing() == scan_local(demo_repo_copy)
     again = dest.sync(demo_repo_copy)
     assert again.uploaded == () and again.deleted == () and len(again.unchanged) == len(first.uploaded)
-    (demo_repo_copy / "tiny_echo" / "config.pbtxt").write_text("name: \"tiny_echo\"\nmax_batch_size: 4\n")
+    (demo_repo_copy / "tiny_echo" / "config.pbtxt").write_text('name: "tiny_echo"\nmax_batch_size: 4\n')
     (demo_repo_copy / "extra").mkdir()
-    (demo_repo_copy / "extra" / "config.pbtxt").write_text("name: \"extra\"\n")
+    (demo_repo_copy / "extra" / "config.pbtxt").write_text('name: "extra"\n')
     for p in (demo_repo_copy / "embed_large").rglob("*"):
         if p.is_file():
             p.unlink()
     third = dest.sync(demo_repo_copy)
     assert set(third.uploaded) == {"tiny_echo/config.pbtxt", "extra/config.pbtxt"}
     assert third.deleted[0] == "embed_large/config.pbtxt" and set(third.deleted) == {
-        "embed_large/config.pbtxt", "embed_large/1/model.py"}
-    assert not (tmp_path / "dest" / "embed_large").exists()        # emptied directories removed
+        "embed_large/config.pbtxt",
+        "embed_large/1/model.py",
+    }
+    assert not (tmp_path / "dest" / "embed_large").exists()  # emptied directories removed
     assert (tmp_path / "dest" / "tiny_echo" / "config.pbtxt").read_text().endswith("max_batch_size: 4\n")
     with pytest.raises(StoreError, match="relative"):
         dest.write_bytes("../escape", b"x")
@@ -192,8 +219,11 @@ def test_mps_control_commands(fake_mps, tmp_path):
     assert f"ARGS= STDIN=set_default_active_thread_percentage 30 PIPE={pipe}" in calls
     assert f"ARGS= STDIN=set_active_thread_percentage 4242 50 PIPE={pipe}" in calls
     assert calls[-1] == f"ARGS= STDIN=quit PIPE={pipe}"
-    assert mps.client_env(25) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PIPE_DIRECTORY": pipe,
-                                  "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log")}
+    assert mps.client_env(25) == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PIPE_DIRECTORY": pipe,
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+    }
     assert parse_pids("Server 12 not found\n7\n 8 \n") == [7, 8]
 
 
@@ -207,23 +237,34 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps):
     from agents.triton import TritonFleet
     from controller.messages import ModelAssignment
     from controller.render import ModelConfig
+
     mps = MpsControl(pipe_dir=str(tmp_path / "pipe"))
-    fleet = TritonFleet(str(tmp_path), device_kind="gpu", workdir=str(tmp_path / "w"), mps=mps,
-                        base_config=lambda model: ModelConfig(name=model, max_batch_size=32))
-    a = ModelAssignment("web", "mlp_small", device=3, share_pct=37.4, batch=8, queue_delay_ms=2.0, slo_ms=20.0,
-                        rate_rps=100.0)
+    fleet = TritonFleet(
+        str(tmp_path),
+        device_kind="gpu",
+        workdir=str(tmp_path / "w"),
+        mps=mps,
+        base_config=lambda model: ModelConfig(name=model, max_batch_size=32),
+    )
+    a = ModelAssignment(
+        "web", "mlp_small", device=3, share_pct=37.4, batch=8, queue_delay_ms=2.0, slo_ms=20.0, rate_rps=100.0
+    )
     cores, env = fleet.resources(a)
     assert cores is None
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "37"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe")
     config = fleet.render(a)
     assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
-    assert list(config.instance_group[0].gpus) == [0]      # the only GPU the process sees
-    cpu = TritonFleet(str(tmp_path), workdir=str(tmp_path / "c"), cpu_cores=[0, 1, 2, 3],
-                      base_config=lambda model: ModelConfig(name=model, max_batch_size=32))
+    assert list(config.instance_group[0].gpus) == [0]  # the only GPU the process sees
+    cpu = TritonFleet(
+        str(tmp_path),
+        workdir=str(tmp_path / "c"),
+        cpu_cores=[0, 1, 2, 3],
+        base_config=lambda model: ModelConfig(name=model, max_batch_size=32),
+    )
     cores, env = cpu.resources(a)
     assert cores == (0, 1) and "CUDA_VISIBLE_DEVICES" not in env
-    assert cpu.render(a).instance_group[0].count == 2      # one instance per core of the share
+    assert cpu.render(a).instance_group[0].count == 2  # one instance per core of the share
 
 
 def test_mps_daemon_already_running_is_reused_but_never_quit():
@@ -235,8 +276,8 @@ def test_mps_daemon_already_running_is_reused_but_never_quit():
             return 1, "", "An instance of this daemon is already running"
         return 0, "", ""
 
-    mps = MpsControl(runner=runner, binary="/usr/bin/nvidia-cuda-mps-control")   # a path: not looked up
+    mps = MpsControl(runner=runner, binary="/usr/bin/nvidia-cuda-mps-control")  # a path: not looked up
     mps.start()
     assert mps.started and not mps.owned
-    mps.quit()                                   # someone else's daemon: left alone
+    mps.quit()  # someone else's daemon: left alone
     assert ((), "quit") not in calls and not mps.started

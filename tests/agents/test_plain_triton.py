@@ -4,6 +4,7 @@ In the default mode Triton treats every folder of the repository as a model. A d
 folder inside it (profiles/ used to be there) makes the server fail with "Poll failed
 for model directory"; the second test shows the check catches exactly that.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
 from agents.triton import find_tritonserver, free_ports, prepare_backend_dir, triton_env
-from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
 pytestmark = pytest.mark.triton
 
@@ -28,10 +29,20 @@ pytestmark = pytest.mark.triton
 def plain_triton(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator[tuple[subprocess.Popen, str, str]]:
     """tritonserver with no --model-control-mode (so: load every model at start); yields (proc, http, grpc)."""
     http, grpc, metrics = free_ports(3)
-    cmd = [str(find_tritonserver()), f"--model-repository={repo}", f"--backend-directory={prepare_backend_dir(workdir)}",
-           f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-           "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
-           "--pinned-memory-pool-byte-size=0", "--exit-timeout-secs=5"]
+    cmd = [
+        str(find_tritonserver()),
+        f"--model-repository={repo}",
+        f"--backend-directory={prepare_backend_dir(workdir)}",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",
+        "--exit-timeout-secs=5",
+    ]
     log_path = workdir / "triton.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=triton_env(), stdout=log, stderr=subprocess.STDOUT, cwd=workdir)

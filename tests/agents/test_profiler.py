@@ -1,4 +1,5 @@
 """`stoke profile run` against real Triton processes: measure, checkpoint, resume, fit."""
+
 import json
 from pathlib import Path
 
@@ -14,18 +15,30 @@ REPO = str(Path(__file__).resolve().parents[2] / "triton_repo")
 
 def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     out = tmp_path / "m.json"
-    argv = ["profile", "run", "--repo", REPO, "--models", "mlp_small", "--batches", "1,8", "--requests", "3",
-            "-o", str(out)]
+    argv = [
+        "profile",
+        "run",
+        "--repo",
+        REPO,
+        "--models",
+        "mlp_small",
+        "--batches",
+        "1,8",
+        "--requests",
+        "3",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
-    assert len(lines) == 5 and all(" windows, spread " in l for l in lines)   # 2 shares x 2 batches + co-location
-    assert all(", ETA " in l for l in lines) and lines[-1].endswith("ETA 0s")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert len(lines) == 5 and all(" windows, spread " in line for line in lines)  # 2 shares x 2 batches + co-location
+    assert all(", ETA " in line for line in lines) and lines[-1].endswith("ETA 0s")
     session = ProfileSession.from_dict(json.loads(out.read_text()))
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)
     capsys.readouterr()
-    assert main(argv) == 0                      # resuming a finished profile measures nothing again
+    assert main(argv) == 0  # resuming a finished profile measures nothing again
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
     profile = fit_measured_profile(session)
     assert set(profile.models) == {"mlp_small"}

@@ -1,13 +1,14 @@
 """Real moto S3 server on loopback: checksum sync of a repository, and Triton serving from S3."""
+
 from __future__ import annotations
 
 import boto3
 import pytest
+from triton_helpers import infer
 
 from agents.repo_store import S3Store, scan_local
 from agents.triton import TritonFleet
 from controller.messages import ModelAssignment
-from triton_helpers import infer
 
 pytestmark = [pytest.mark.s3]
 
@@ -30,17 +31,19 @@ def test_sync_uploads_only_changed_files_and_deletes_stale(store, moto_server, d
     files = scan_local(demo_repo_copy)
     assert sorted(first.uploaded) == sorted(files) and first.deleted == ()
     assert _keys(moto_server, store.bucket) == sorted(f"models/prod/{p}" for p in files)
-    assert store.listing() == files                         # ETag = MD5 of each file
-    assert store.sync(demo_repo_copy).uploaded == ()        # nothing changed, nothing sent
+    assert store.listing() == files  # ETag = MD5 of each file
+    assert store.sync(demo_repo_copy).uploaded == ()  # nothing changed, nothing sent
 
     config = demo_repo_copy / "mlp_small" / "config.pbtxt"
     config.write_text(config.read_text().replace("max_batch_size: 32", "max_batch_size: 8"))
     (demo_repo_copy / "conv_medium" / "1" / "model.py").unlink()
     (demo_repo_copy / "conv_medium" / "config.pbtxt").unlink()
     (demo_repo_copy / "mlp_small" / "2").mkdir()
-    (demo_repo_copy / "mlp_small" / "2" / "model.py").write_text((demo_repo_copy / "mlp_small" / "1" / "model.py").read_text())
+    (demo_repo_copy / "mlp_small" / "2" / "model.py").write_text(
+        (demo_repo_copy / "mlp_small" / "1" / "model.py").read_text()
+    )
     report = store.sync(demo_repo_copy)
-    assert report.uploaded == ("mlp_small/2/model.py", "mlp_small/config.pbtxt")   # payload first, config last
+    assert report.uploaded == ("mlp_small/2/model.py", "mlp_small/config.pbtxt")  # payload first, config last
     assert report.deleted == ("conv_medium/config.pbtxt", "conv_medium/1/model.py")  # hidden first
     assert "max_batch_size: 8" in store.read_text("mlp_small/config.pbtxt")
     assert store.listing() == scan_local(demo_repo_copy)
@@ -60,8 +63,16 @@ def test_triton_serves_from_s3(store, moto_server, demo_repo_copy, tmp_path):
     assert url.startswith("s3://127.0.0.1:") and url.endswith(f"/{store.bucket}/models/prod")
     fleet = TritonFleet(url, workdir=str(tmp_path / "work"), ready_timeout_s=60)
     try:
-        a = ModelAssignment(workload="web", model="mlp_small", device=0, share_pct=100.0, batch=4,
-                            queue_delay_ms=1.0, slo_ms=50.0, rate_rps=10.0)
+        a = ModelAssignment(
+            workload="web",
+            model="mlp_small",
+            device=0,
+            share_pct=100.0,
+            batch=4,
+            queue_delay_ms=1.0,
+            slo_ms=50.0,
+            rate_rps=10.0,
+        )
         report = fleet.apply([a])
         assert report.started == ("web#0",) and report.errors == ()
         assert fleet.served_config("web#0").max_batch_size == 4
@@ -81,13 +92,19 @@ def test_large_files_stream_through_multipart_and_still_sync_by_checksum(moto_se
     import tracemalloc
 
     from agents.repo_store import MD5_METADATA, md5_file
+
     mib = 1 << 20
     weights = demo_repo_copy / "mlp_small" / "1" / "weights.bin"
     with open(weights, "wb") as handle:
         for _ in range(48):
             handle.write(os.urandom(mib))
-    store = S3Store("s3://big-weights/models", endpoint_url=moto_server, multipart_threshold=6 * mib,
-                    multipart_chunksize=5 * mib, max_concurrency=2)     # 5 MiB: S3's (and moto's) smallest part
+    store = S3Store(
+        "s3://big-weights/models",
+        endpoint_url=moto_server,
+        multipart_threshold=6 * mib,
+        multipart_chunksize=5 * mib,
+        max_concurrency=2,
+    )  # 5 MiB: S3's (and moto's) smallest part
     store.create_bucket()
     tracemalloc.start()
     try:
@@ -103,14 +120,14 @@ def test_large_files_stream_through_multipart_and_still_sync_by_checksum(moto_se
     assert upload_peak < 16 * mib and download_peak < 16 * mib, (upload_peak / mib, download_peak / mib)
 
     head = store.client.head_object(Bucket="big-weights", Key="models/mlp_small/1/weights.bin")
-    assert head["ETag"].strip('"').endswith("-10")                   # 48 MiB in 5 MiB parts: multipart
+    assert head["ETag"].strip('"').endswith("-10")  # 48 MiB in 5 MiB parts: multipart
     assert head["Metadata"][MD5_METADATA] == md5_file(weights)
-    assert store.listing() == scan_local(demo_repo_copy)             # the multipart object's MD5, not its ETag
-    assert store.sync(demo_repo_copy).uploaded == ()                 # nothing changed, nothing sent
+    assert store.listing() == scan_local(demo_repo_copy)  # the multipart object's MD5, not its ETag
+    assert store.sync(demo_repo_copy).uploaded == ()  # nothing changed, nothing sent
     assert scan_local(mirror) == scan_local(demo_repo_copy)
     assert os.stat(mirror / "mlp_small" / "1" / "weights.bin").st_mode & 0o777 == 0o666 & ~_umask()
 
-    with open(weights, "r+b") as handle:                             # one byte changes: sent again
+    with open(weights, "r+b") as handle:  # one byte changes: sent again
         handle.seek(30 * mib)
         handle.write(b"\xff" if handle.read(1) != b"\xff" else b"\0")
     assert store.sync(demo_repo_copy).uploaded == ("mlp_small/1/weights.bin",)
@@ -120,6 +137,7 @@ def test_large_files_stream_through_multipart_and_still_sync_by_checksum(moto_se
 
 def _umask() -> int:
     import os
+
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -1,4 +1,5 @@
 """Real tritonserver 2.51 (from nvidia-pytriton) on loopback: serving, reloads, rollback, moves, health."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,23 +11,43 @@ import time
 
 import numpy as np
 import pytest
+from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
 from agents.loadgen import LoadGenerator
 from agents.triton import TritonFleet, TritonProcess, parse_metrics
 from controller.messages import ModelAssignment
 from controller.render import config_to_json, read_config, render_config
-from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
 pytestmark = pytest.mark.triton
 
 
 def echo(batch: int = 8, share: float = 50.0, delay: float = 1.0) -> ModelAssignment:
-    return ModelAssignment(workload="echo", model="tiny_echo", device=0, share_pct=share, batch=batch,
-                           queue_delay_ms=delay, slo_ms=25.0, rate_rps=200.0)
+    return ModelAssignment(
+        workload="echo",
+        model="tiny_echo",
+        device=0,
+        share_pct=share,
+        batch=batch,
+        queue_delay_ms=delay,
+        slo_ms=25.0,
+        rate_rps=200.0,
+    )
 
 
-OTHERS = [ModelAssignment(workload=m.split("_")[0], model=m, device=0, share_pct=50.0, batch=16,
-                          queue_delay_ms=2.0, slo_ms=100.0, rate_rps=50.0) for m in DEMO_MODELS if m != "tiny_echo"]
+OTHERS = [
+    ModelAssignment(
+        workload=m.split("_")[0],
+        model=m,
+        device=0,
+        share_pct=50.0,
+        batch=16,
+        queue_delay_ms=2.0,
+        slo_ms=100.0,
+        rate_rps=50.0,
+    )
+    for m in DEMO_MODELS
+    if m != "tiny_echo"
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +65,16 @@ def test_serves_each_demo_model(fleet):
     assert report.errors == ()
     assert sorted(report.started) == sorted(["echo#0", *(a.key for a in OTHERS)])
     endpoints = fleet.endpoints()
-    assert len(set(endpoints.values())) == 4                     # one process per assignment
+    assert len(set(endpoints.values())) == 4  # one process per assignment
     for a in [echo(), *OTHERS]:
         out = infer(endpoints[a.key], a.model, batch=3)
         assert out.shape == (3, *OUTPUT_SHAPES[a.model]) and out.dtype == np.float32 and np.isfinite(out).all()
-        assert np.array_equal(out, infer(endpoints[a.key], a.model, batch=3))     # fixed seeded weights
+        assert np.array_equal(out, infer(endpoints[a.key], a.model, batch=3))  # fixed seeded weights
     data = np.random.default_rng(0).random((2, 8)).astype(np.float32)
     assert np.allclose(infer(endpoints["echo#0"], "tiny_echo", batch=2), data * 2 + 1)
     cores = {key: state["cpu_cores"] for key, state in fleet.processes().items()}
     ncores = len(os.sched_getaffinity(0))
-    assert all(len(c) == max(1, -(-ncores // 2)) for c in cores.values())       # 50% share = half the cores
+    assert all(len(c) == max(1, -(-ncores // 2)) for c in cores.values())  # 50% share = half the cores
 
 
 def test_nothing_changed_does_nothing(fleet):
@@ -80,13 +101,13 @@ def test_batch_change_reloads_in_place_without_failures(fleet):
     assert served.max_batch_size == 16
     assert list(served.dynamic_batching.preferred_batch_size) == [16]
     assert served.dynamic_batching.max_queue_delay_microseconds == 500
-    assert fleet.processes()["echo#0"]["pid"] == before["pid"]            # same process
+    assert fleet.processes()["echo#0"]["pid"] == before["pid"]  # same process
     assert results["r"].failed == 0 and results["r"].ok == 200
 
 
 def test_failed_reload_rolls_back_and_old_config_keeps_serving(fleet):
     fleet.apply([echo(batch=16), *OTHERS])
-    report = fleet.apply([echo(batch=256), *OTHERS])          # tiny_echo refuses max_batch_size > 128
+    report = fleet.apply([echo(batch=256), *OTHERS])  # tiny_echo refuses max_batch_size > 128
     assert report.reloaded == () and len(report.errors) == 1
     assert report.errors[0].key == "echo#0" and "max_supported_batch" in report.errors[0].message
     assert fleet.served_config("echo#0").max_batch_size == 16
@@ -102,12 +123,12 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     new = fleet.processes()["echo#0"]
     assert new["pid"] != old["pid"] and new["grpc"] != old["grpc"]
     assert new["cpu_cores"] == sorted(os.sched_getaffinity(0))
-    assert os.sched_getaffinity(new["pid"]) == set(new["cpu_cores"])     # the real affinity of the child
+    assert os.sched_getaffinity(new["pid"]) == set(new["cpu_cores"])  # the real affinity of the child
     with pytest.raises(ProcessLookupError):
-        os.kill(old["pid"], 0)                                             # old process is gone
+        os.kill(old["pid"], 0)  # old process is gone
     served = fleet.served_config("echo#0")
     assert served.max_batch_size == 16
-    assert served.instance_group[0].count == len(os.sched_getaffinity(0))   # one instance per core of the share
+    assert served.instance_group[0].count == len(os.sched_getaffinity(0))  # one instance per core of the share
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [a.share_pct for a in fleet.running() if a.key == "echo#0"] == [100.0]
 
@@ -115,7 +136,7 @@ def test_share_change_moves_model_to_a_new_process(fleet):
 def test_failed_move_keeps_the_old_process_serving(fleet):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS])
     old = fleet.processes()["echo#0"]
-    report = fleet.apply([echo(batch=256, share=50.0), *OTHERS])    # new process cannot load the model
+    report = fleet.apply([echo(batch=256, share=50.0), *OTHERS])  # new process cannot load the model
     assert report.moved == () and len(report.errors) == 1 and "old process keeps serving" in report.errors[0].message
     assert fleet.processes()["echo#0"]["pid"] == old["pid"] and fleet.endpoint("echo#0") == old["grpc"]
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
@@ -124,7 +145,7 @@ def test_failed_move_keeps_the_old_process_serving(fleet):
 
 def test_observe_reports_rate_batch_and_times(fleet):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS])
-    fleet.observe()                                           # start a window
+    fleet.observe()  # start a window
     with LoadGenerator(fleet.endpoint("mlp#0"), "mlp_small") as gen:
         report = gen.run(150.0, 1.5)
     assert report.failed == 0
@@ -157,7 +178,7 @@ def test_check_health_restarts_a_crashed_process(fleet):
     events = fleet.check_health()
     assert len(events) == 1 and "echo#0" in events[0] and f"pid {pid}" in events[0] and "restarted" in events[0]
     assert fleet.processes()["echo#0"]["pid"] != pid
-    assert fleet.served_config("echo#0").max_batch_size == 16          # same config as before the crash
+    assert fleet.served_config("echo#0").max_batch_size == 16  # same config as before the crash
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert fleet.check_health() == []
     pid = fleet.processes()["echo#0"]["pid"]
@@ -165,7 +186,7 @@ def test_check_health_restarts_a_crashed_process(fleet):
     deadline = time.monotonic() + 5
     while fleet.processes()["echo#0"]["alive"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    report = fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])   # apply also serves a dead one again
+    report = fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])  # apply also serves a dead one again
     assert report.started == ("echo#0",) and fleet.processes()["echo#0"]["pid"] != pid
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
 
@@ -184,7 +205,7 @@ def test_loadgen_throughput_within_5_percent_of_rate(fleet, arrival, rate):
 def test_loadgen_counts_slo_misses_and_failures(fleet):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])
     with LoadGenerator(fleet.endpoint("conv#0"), "conv_medium") as gen:
-        report = gen.run(50.0, 1.0, slo_ms=0.01)              # nothing answers in 10 us
+        report = gen.run(50.0, 1.0, slo_ms=0.01)  # nothing answers in 10 us
     assert report.ok == 50 and report.over_slo_share == 1.0
     with LoadGenerator(fleet.endpoint("echo#0"), "no_such_model") as gen:
         with pytest.raises(Exception, match="no_such_model"):
@@ -202,8 +223,9 @@ def test_latency_histogram_with_slo_bucket(tmp_path):
     process = TritonProcess(str(DEMO_REPO), workdir=tmp_path)
     process.start()
     try:
-        config = render_config(read_config(DEMO_REPO / "tiny_echo" / "config.pbtxt"), a, device_kind="cpu",
-                               latency_histogram=True)
+        config = render_config(
+            read_config(DEMO_REPO / "tiny_echo" / "config.pbtxt"), a, device_kind="cpu", latency_histogram=True
+        )
         try:
             process.client.load_model("tiny_echo", config=config_to_json(config))
         except Exception as err:  # noqa: BLE001 - the 2.51 refusal is the documented limitation
@@ -219,35 +241,70 @@ def test_latency_histogram_with_slo_bucket(tmp_path):
 
 def test_cli_up_and_load(fleet, capsys):
     from stoke.commands import triton as commands
+
     parser = argparse.ArgumentParser(prog="stoke")
     commands.register(parser.add_subparsers(dest="command", required=True))
 
     fleet.apply([echo(batch=16, share=100.0)])
-    args = parser.parse_args(["load", "--url", fleet.endpoint("echo#0"), "--model", "tiny_echo", "--rate", "100",
-                              "--arrival", "constant", "--seconds", "1", "--slo-ms", "500", "--json"])
+    args = parser.parse_args(
+        [
+            "load",
+            "--url",
+            fleet.endpoint("echo#0"),
+            "--model",
+            "tiny_echo",
+            "--rate",
+            "100",
+            "--arrival",
+            "constant",
+            "--seconds",
+            "1",
+            "--slo-ms",
+            "500",
+            "--json",
+        ]
+    )
     assert args.run(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] == 100 and report["failed"] == 0 and report["over_slo_share"] == 0.0
 
-    args = parser.parse_args(["triton", "up", "--repo", str(DEMO_REPO), "--models", "tiny_echo", "--seconds", "0.5",
-                              "--json"])
+    args = parser.parse_args(
+        ["triton", "up", "--repo", str(DEMO_REPO), "--models", "tiny_echo", "--seconds", "0.5", "--json"]
+    )
     assert args.run(args) == 0
     shown = json.loads(capsys.readouterr().out)
     assert list(shown["endpoints"]) == ["tiny_echo#0"] and shown["errors"] == []
     pid = shown["processes"]["tiny_echo#0"]["pid"]
     with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)                                        # stopped on exit
+        os.kill(pid, 0)  # stopped on exit
 
 
 def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
     import subprocess
     import sys
-    proc = subprocess.Popen([sys.executable, "-m", "stoke", "triton", "up", "--repo", str(DEMO_REPO), "--models",
-                             "tiny_echo", "--workdir", str(tmp_path), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stoke",
+            "triton",
+            "up",
+            "--repo",
+            str(DEMO_REPO),
+            "--models",
+            "tiny_echo",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pid = None
     try:
-        line = proc.stdout.readline()                # `up --json` prints one line, then serves
+        line = proc.stdout.readline()  # `up --json` prints one line, then serves
         assert line, proc.stderr.read()
         shown = json.loads(line)
         pid = shown["processes"]["tiny_echo#0"]["pid"]
@@ -260,7 +317,7 @@ def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if pid is not None:                          # never leave a Triton behind, even when the test fails
+        if pid is not None:  # never leave a Triton behind, even when the test fails
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

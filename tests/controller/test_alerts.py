@@ -1,4 +1,5 @@
 """Pure checks of the generated SLO rules, dashboard and Grafana provisioning (no promtool)."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,27 @@ import re
 import pytest
 import yaml
 
-from controller.alerts import (BURN_WINDOWS, DASHBOARD_FILE, GRAFANA_ALERTS_FILE, RULES_FILE, RULES_TEST_FILE,
-                               SLI_WINDOWS, AlertConfigError, SloOptions, alert_expr, expected_firing,
-                               format_number, grafana_alerting, grafana_dashboard, le_matcher, le_text,
-                               prometheus_rules, render_all, rule_tests, shared_selectors)
+from controller.alerts import (
+    BURN_WINDOWS,
+    DASHBOARD_FILE,
+    GRAFANA_ALERTS_FILE,
+    RULES_FILE,
+    RULES_TEST_FILE,
+    SLI_WINDOWS,
+    AlertConfigError,
+    SloOptions,
+    alert_expr,
+    expected_firing,
+    format_number,
+    grafana_alerting,
+    grafana_dashboard,
+    le_matcher,
+    le_text,
+    prometheus_rules,
+    render_all,
+    rule_tests,
+    shared_selectors,
+)
 from controller.solver.problem import GpuPlan, Placement, Plan, Workload
 
 WORKLOADS = (
@@ -23,20 +41,37 @@ WORKLOADS = (
 
 def _plan() -> Plan:
     def place(name: str, model: str, slo: float, share: float, batch: int, replica: int = 0, replicas: int = 1):
-        return Placement(name=name, model=model, slo_ms=slo, rate_rps=100, share_pct=share, batch=batch,
-                         queue_delay_ms=1.0, predicted_latency_ms=5.0, predicted_throughput_rps=200,
-                         replica=replica, replicas=replicas)
-    return Plan(strategy="stoke", gpus=(
-        GpuPlan("V100", 3.06, (place("photo-tagging", "alexnet", 15, 37.5, 4),
-                               place("product-search", "resnet50", 40, 50, 8, 0, 2))),
-        GpuPlan("V100", 3.06, (place("product-search", "resnet50", 40, 45, 8, 1, 2),)),
-    ))
+        return Placement(
+            name=name,
+            model=model,
+            slo_ms=slo,
+            rate_rps=100,
+            share_pct=share,
+            batch=batch,
+            queue_delay_ms=1.0,
+            predicted_latency_ms=5.0,
+            predicted_throughput_rps=200,
+            replica=replica,
+            replicas=replicas,
+        )
+
+    return Plan(
+        strategy="stoke",
+        gpus=(
+            GpuPlan(
+                "V100",
+                3.06,
+                (place("photo-tagging", "alexnet", 15, 37.5, 4), place("product-search", "resnet50", 40, 50, 8, 0, 2)),
+            ),
+            GpuPlan("V100", 3.06, (place("product-search", "resnet50", 40, 45, 8, 1, 2),)),
+        ),
+    )
 
 
 def test_le_forms_match_triton_and_prometheus3_printing():
     assert le_text(15) == "15" and le_text(15.0) == "15" and le_text(12.5) == "12.5"
     rx = re.compile(le_matcher(15))
-    assert rx.fullmatch("15") and rx.fullmatch("15.0")          # Triton 2.51 / Prometheus 3 + Python client
+    assert rx.fullmatch("15") and rx.fullmatch("15.0")  # Triton 2.51 / Prometheus 3 + Python client
     assert not rx.fullmatch("150") and not rx.fullmatch("15.5") and not rx.fullmatch("1.5")
     rx = re.compile(le_matcher(2.5))
     assert rx.fullmatch("2.5") and not rx.fullmatch("2x5") and not rx.fullmatch("25")
@@ -76,8 +111,8 @@ def test_alerts_are_multiwindow_multi_burn_rate_pairs():
         assert len(pairs) == len(wanted) == 2
         for text, (lw, sw, burn) in zip(pairs, wanted):
             threshold = f"({format_number(burn)} * 0.001)"
-            assert f"slo:sli_error:ratio_rate{lw}{{workload=\"{w.name}\"}} > {threshold}" in text
-            assert f"and slo:sli_error:ratio_rate{sw}{{workload=\"{w.name}\"}} > {threshold}" in text
+            assert f'slo:sli_error:ratio_rate{lw}{{workload="{w.name}"}} > {threshold}' in text
+            assert f'and slo:sli_error:ratio_rate{sw}{{workload="{w.name}"}} > {threshold}' in text
     assert "(14.4 * 0.001)" in alerts[0]["expr"] and "(6 * 0.001)" in alerts[0]["expr"]
     assert "(3 * 0.001)" in alerts[1]["expr"] and "(1 * 0.001)" in alerts[1]["expr"]
 
@@ -94,10 +129,10 @@ def test_objective_is_configurable():
 
 
 def test_expected_firing_follows_the_burn_table():
-    assert expected_firing(0.02) == ("page", "ticket")       # 20 x budget
-    assert expected_firing(0.002) == ("ticket",)              # 2 x budget
+    assert expected_firing(0.02) == ("page", "ticket")  # 20 x budget
+    assert expected_firing(0.002) == ("ticket",)  # 2 x budget
     assert expected_firing(0.0005) == ()
-    assert expected_firing(0.5, SloOptions(objective=0.9)) == ("ticket",)   # 14.4 x 10 % > 100 %: no page
+    assert expected_firing(0.5, SloOptions(objective=0.9)) == ("ticket",)  # 14.4 x 10 % > 100 %: no page
 
 
 def test_bad_workloads_are_refused():
@@ -113,9 +148,11 @@ TRITON_HISTOGRAM = SloOptions(histogram="nv_inference_first_response_histogram_m
 
 
 def test_shared_selectors_are_reported_and_per_workload_selector_separates_them():
-    assert shared_selectors(WORKLOADS) == {}          # default: the serving path labels each workload
-    assert shared_selectors(WORKLOADS, TRITON_HISTOGRAM) == {'model="alexnet"': ["photo-tagging", "thumbnail-filter"],
-                                                             'model="resnet50"': ["product-search", "fine-grained"]}
+    assert shared_selectors(WORKLOADS) == {}  # default: the serving path labels each workload
+    assert shared_selectors(WORKLOADS, TRITON_HISTOGRAM) == {
+        'model="alexnet"': ["photo-tagging", "thumbnail-filter"],
+        'model="resnet50"': ["product-search", "fine-grained"],
+    }
     text = render_all(WORKLOADS, TRITON_HISTOGRAM)[RULES_FILE]
     assert "# NOTE: workloads photo-tagging, thumbnail-filter share the series" in text
 
@@ -127,7 +164,7 @@ def test_rule_tests_expectations_and_shared_series():
     assert names == ["fast burn: page, ticket fires", "slow burn: ticket fires", "healthy: nothing fires"]
     fast = tests["tests"][0]
     series = [s["series"] for s in fast["input_series"]]
-    assert len(series) == len(set(series))                    # shared model series written once
+    assert len(series) == len(set(series))  # shared model series written once
     assert 'nv_inference_first_response_histogram_ms_bucket{model="alexnet",le="10.0"}' in series
     assert 'nv_inference_first_response_histogram_ms_bucket{model="resnet50",le="12.5"}' in series
     page = next(c for c in fast["alert_rule_test"] if c["alertname"] == "StokeLatencySLOBurnPage")
@@ -141,12 +178,12 @@ def _repeated_row(dash: dict) -> list[dict]:
     panels = dash["panels"]
     start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p.get("repeat") == "workload")
     end = next((i for i in range(start + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
-    return panels[start + 1:end]
+    return panels[start + 1 : end]
 
 
 def test_dashboard_is_one_template_whatever_the_workloads():
     dash = grafana_dashboard(WORKLOADS)
-    assert dash == grafana_dashboard(WORKLOADS[:1])                 # the workload set does not change it
+    assert dash == grafana_dashboard(WORKLOADS[:1])  # the workload set does not change it
     assert dash["uid"] == "stoke-slo" and dash["schemaVersion"] >= 36 and dash["title"]
     assert grafana_dashboard(WORKLOADS, SloOptions(dashboard_uid="team-a_slo"))["uid"] == "team-a_slo"
     with pytest.raises(AlertConfigError, match="dashboard uid 'bad uid!' must be 1-40 characters"):
@@ -166,9 +203,15 @@ def test_dashboard_is_one_template_whatever_the_workloads():
         refs = [t["refId"] for t in p.get("targets", [])]
         assert len(refs) == len(set(refs)) and all(t["expr"] for t in p.get("targets", []))
     row = _repeated_row(dash)
-    assert [p["title"] for p in row] == ["latency vs SLO", "requests", "batch: observed vs planned",
-                                         "error budget left (30d)", "burn rate (5m)", "planned share (all replicas)",
-                                         "Triton time per request"]
+    assert [p["title"] for p in row] == [
+        "latency vs SLO",
+        "requests",
+        "batch: observed vs planned",
+        "error budget left (30d)",
+        "burn rate (5m)",
+        "planned share (all replicas)",
+        "Triton time per request",
+    ]
     exprs = [t["expr"] for p in row for t in p["targets"]]
     assert all(e.endswith('{workload="$workload"}') for e in exprs), exprs
     # Triton's raw series carry only model labels: the dashboard reads the per-workload recorded ones
@@ -187,10 +230,11 @@ def test_dashboard_validates_against_the_grafana_foundation_sdk_models():
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.cog.plugins import register_default_plugins
     from grafana_foundation_sdk.models.dashboard import Dashboard
+
     register_default_plugins()
     for dash in (grafana_dashboard(WORKLOADS), grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"})):
         typed = Dashboard.from_json(dash)
-        assert json.loads(JSONEncoder(sort_keys=True).encode(typed)) == dash      # nothing unknown, nothing lost
+        assert json.loads(JSONEncoder(sort_keys=True).encode(typed)) == dash  # nothing unknown, nothing lost
 
 
 def test_plan_panel_lists_every_placement():
@@ -200,7 +244,7 @@ def test_plan_panel_lists_every_placement():
     assert "| product-search | 0/2 | node-a | 0 | V100 | 50 | 8 |" in content
     assert "| product-search | 1/2 | gpu-1 | 1 | V100 | 45 | 8 |" in content
     assert "| photo-tagging | 0/1 | node-a | 0 | V100 | 37.5 | 4 |" in content
-    assert "fine-grained" not in content                           # not placed by this plan
+    assert "fine-grained" not in content  # not placed by this plan
     assert [p for p in grafana_dashboard(WORKLOADS)["panels"] if p["type"] == "text"] == []
 
 
@@ -236,6 +280,7 @@ def test_render_all_is_deterministic_and_complete():
 
 def test_burn_rates_scale_with_the_period_so_pairs_fire_at_the_same_budget_spent():
     from controller.alerts import burn_windows
+
     week = burn_windows(SloOptions(period_days=7))
     assert [round(b, 4) for *_, b in week] == [round(r * 7 / 30, 4) for r in (14.4, 6.0, 3.0, 1.0)]
     assert [b for *_, b in burn_windows(SloOptions())] == [14.4, 6.0, 3.0, 1.0]
@@ -245,9 +290,15 @@ def test_burn_rates_scale_with_the_period_so_pairs_fire_at_the_same_budget_spent
 
 
 def test_triton_series_of_workloads_sharing_a_model_are_kept_apart():
-    photo, thumbs = (next(r for g in prometheus_rules([w])["groups"] for r in g["rules"]
-                          if r.get("record") == "workload:nv_inference_request_success:rate5m")
-                     for w in WORKLOADS[:2])                        # both serve alexnet
+    photo, thumbs = (
+        next(
+            r
+            for g in prometheus_rules([w])["groups"]
+            for r in g["rules"]
+            if r.get("record") == "workload:nv_inference_request_success:rate5m"
+        )
+        for w in WORKLOADS[:2]
+    )  # both serve alexnet
     assert photo["expr"] == 'sum(rate(nv_inference_request_success{model="alexnet",workload="photo-tagging"}[5m]))'
     assert thumbs["expr"] == 'sum(rate(nv_inference_request_success{model="alexnet",workload="thumbnail-filter"}[5m]))'
     assert photo["labels"] == {"workload": "photo-tagging", "model": "alexnet"}

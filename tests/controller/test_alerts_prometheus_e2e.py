@@ -5,6 +5,7 @@ form) is fed latencies: one workload gets 10 % slow requests, another none. Real
 Prometheus scrapes it, evaluates the recording rules and fires the page and ticket alerts
 for the burning workload only.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,14 @@ from agents.latency_metrics import RequestLatencyExporter
 from controller.alerts import RULES_FILE, render_all
 from controller.solver.problem import Workload
 
-pytestmark = [pytest.mark.e2e, pytest.mark.promtool,
-              pytest.mark.skipif(shutil.which("prometheus") is None,
-                                 reason="prometheus not installed: run `make tools` (Debian package prometheus)")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.promtool,
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="prometheus not installed: run `make tools` (Debian package prometheus)",
+    ),
+]
 
 BURNING = Workload("photo-tagging", "alexnet", 15, 500)
 HEALTHY = Workload("search", "resnet50", 40, 100)
@@ -56,9 +62,9 @@ def histogram_target():
         while not stop.is_set():
             for _ in range(9):
                 burning(3.0)
-            burning(20.0)                  # 10 % slower than the 15 ms SLO
+            burning(20.0)  # 10 % slower than the 15 ms SLO
             for _ in range(10):
-                healthy(30.0)              # all within 40 ms
+                healthy(30.0)  # all within 40 ms
             stop.wait(0.05)
 
     thread = threading.Thread(target=traffic, daemon=True)
@@ -79,11 +85,19 @@ def prometheus(tmp_path: Path, histogram_target: int):
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: [{RULES_FILE}]\n"
         "scrape_configs:\n"
-        f"  - job_name: triton\n    static_configs: [{{targets: ['127.0.0.1:{histogram_target}']}}]\n")
+        f"  - job_name: triton\n    static_configs: [{{targets: ['127.0.0.1:{histogram_target}']}}]\n"
+    )
     port = _free_port()
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "w"),
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -93,8 +107,9 @@ def prometheus(tmp_path: Path, histogram_target: int):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("prometheus did not start: "
-                                       + (tmp_path / "prometheus.log").read_text()[-2000:]) from None
+                    raise RuntimeError(
+                        "prometheus did not start: " + (tmp_path / "prometheus.log").read_text()[-2000:]
+                    ) from None
                 time.sleep(0.2)
         yield base
     finally:
@@ -112,15 +127,22 @@ def test_real_prometheus_records_the_sli_and_pages_only_the_burning_workload(pro
     ratio: dict[str, float] = {}
     objective: list[dict] = []
     remaining: list[dict] = []
-    while time.monotonic() < deadline:     # groups start at staggered offsets: wait for every result
-        ratio = {r["metric"]["workload"]: float(r["value"][1])
-                 for r in _query(prometheus, "slo:sli_error:ratio_rate5m")}
-        firing = {(r["metric"]["workload"], r["metric"]["severity"])
-                  for r in _query(prometheus, 'ALERTS{alertstate="firing"}')}
+    while time.monotonic() < deadline:  # groups start at staggered offsets: wait for every result
+        ratio = {
+            r["metric"]["workload"]: float(r["value"][1]) for r in _query(prometheus, "slo:sli_error:ratio_rate5m")
+        }
+        firing = {
+            (r["metric"]["workload"], r["metric"]["severity"])
+            for r in _query(prometheus, 'ALERTS{alertstate="firing"}')
+        }
         objective = _query(prometheus, 'slo:objective:ratio{workload="search"}')
         remaining = _query(prometheus, 'slo:period_error_budget_remaining:ratio{workload="search"}')
-        if ({("photo-tagging", "page"), ("photo-tagging", "ticket")} <= firing and "search" in ratio
-                and objective and remaining):
+        if (
+            {("photo-tagging", "page"), ("photo-tagging", "ticket")} <= firing
+            and "search" in ratio
+            and objective
+            and remaining
+        ):
             break
         time.sleep(0.5)
     assert firing == {("photo-tagging", "page"), ("photo-tagging", "ticket")}

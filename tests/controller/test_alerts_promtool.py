@@ -1,4 +1,5 @@
 """The generated rules against the real promtool: `check rules` and `test rules` (fast/slow burn, healthy)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,12 @@ from controller.alerts import RULES_FILE, RULES_TEST_FILE, SloOptions, render_al
 from controller.solver.problem import Workload
 from stoke.cli import main
 
-pytestmark = [pytest.mark.promtool,
-              pytest.mark.skipif(shutil.which("promtool") is None,
-                                 reason="promtool not installed: run `make tools` (Debian package prometheus)")]
+pytestmark = [
+    pytest.mark.promtool,
+    pytest.mark.skipif(
+        shutil.which("promtool") is None, reason="promtool not installed: run `make tools` (Debian package prometheus)"
+    ),
+]
 
 FEW = (Workload("photo-tagging", "alexnet", 15, 500), Workload("search", "resnet50", 12.5, 80))
 
@@ -50,8 +54,9 @@ def test_other_objective_passes_its_own_tests(tmp_path: Path):
 def test_wrong_burn_rates_make_the_unit_tests_fail(tmp_path: Path):
     files = render_all(FEW[:1])
     # a page threshold ten times too high no longer pages on the fast burn
-    files[RULES_FILE] = files[RULES_FILE].replace("(14.4 * 0.001)", "(144 * 0.001)").replace(
-        "(6 * 0.001)", "(60 * 0.001)")
+    files[RULES_FILE] = (
+        files[RULES_FILE].replace("(14.4 * 0.001)", "(144 * 0.001)").replace("(6 * 0.001)", "(60 * 0.001)")
+    )
     _write(tmp_path, files)
     result = _promtool(tmp_path, "test", "rules", RULES_TEST_FILE)
     assert result.returncode != 0
@@ -92,12 +97,14 @@ def test_cli_check_reports_a_broken_rule_file(tmp_path: Path, capsys: pytest.Cap
     assert "FAILED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("triton_selector, keeps_apart", [
-    (SloOptions().triton_selector, True),
-    ('model="{model}"', False),              # Triton's own labels only: the two workloads mix
-])
-def test_triton_panels_of_workloads_sharing_a_model_do_not_mix(tmp_path: Path, triton_selector: str,
-                                                               keeps_apart: bool):
+@pytest.mark.parametrize(
+    "triton_selector, keeps_apart",
+    [
+        (SloOptions().triton_selector, True),
+        ('model="{model}"', False),  # Triton's own labels only: the two workloads mix
+    ],
+)
+def test_triton_panels_of_workloads_sharing_a_model_do_not_mix(tmp_path: Path, triton_selector: str, keeps_apart: bool):
     """Real promtool evaluates the dashboard rules: two workloads serve alexnet from their own Triton
     processes (scraped with a workload target label) at 2 and 6 req/s, batches of 4 and 2."""
     shared = (Workload("photo-tagging", "alexnet", 15, 500), Workload("thumbnail-filter", "alexnet", 10, 1200))
@@ -107,16 +114,27 @@ def test_triton_panels_of_workloads_sharing_a_model_do_not_mix(tmp_path: Path, t
     series = []
     for name, ((requests, execs), _) in traffic.items():
         labels = f'model="alexnet",version="1",workload="{name}",instance="{name}:8002"'
-        series += [{"series": f"nv_inference_request_success{{{labels}}}", "values": f"0+{requests}x20"},
-                   {"series": f"nv_inference_count{{{labels}}}", "values": f"0+{requests}x20"},
-                   {"series": f"nv_inference_exec_count{{{labels}}}", "values": f"0+{execs}x20"}]
-    checks = [{"expr": f'workload:{metric}{{workload="{name}"}}', "eval_time": "10m",
-               "exp_samples": [{"labels": f'workload:{metric}{{model="alexnet",workload="{name}"}}',
-                                "value": expected[i]}]}
-              for name, (_, expected) in traffic.items()
-              for i, metric in enumerate(("nv_inference_request_success:rate5m", "nv_inference_batch_size:mean5m"))]
-    tests = {"rule_files": [RULES_FILE], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}]}
+        series += [
+            {"series": f"nv_inference_request_success{{{labels}}}", "values": f"0+{requests}x20"},
+            {"series": f"nv_inference_count{{{labels}}}", "values": f"0+{requests}x20"},
+            {"series": f"nv_inference_exec_count{{{labels}}}", "values": f"0+{execs}x20"},
+        ]
+    checks = [
+        {
+            "expr": f'workload:{metric}{{workload="{name}"}}',
+            "eval_time": "10m",
+            "exp_samples": [
+                {"labels": f'workload:{metric}{{model="alexnet",workload="{name}"}}', "value": expected[i]}
+            ],
+        }
+        for name, (_, expected) in traffic.items()
+        for i, metric in enumerate(("nv_inference_request_success:rate5m", "nv_inference_batch_size:mean5m"))
+    ]
+    tests = {
+        "rule_files": [RULES_FILE],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}],
+    }
     (tmp_path / "mix.test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     result = _promtool(tmp_path, "test", "rules", "mix.test.yml")
     assert (result.returncode == 0) == keeps_apart, result.stdout + result.stderr

@@ -5,6 +5,7 @@ Triton 2.51 has no per-model `nv_inference_first_response_histogram_ms` for ordi
 backend can export a custom histogram; the bounds go through the same prometheus-cpp
 serializer. A probe model declares a bucket at every SLO of the bundled example.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,12 +59,23 @@ def triton_metrics(tmp_path: Path):
     (model_dir / "1" / "model.py").write_text(MODEL.replace("BUCKETS", repr([float(s) for s in SLOS])))
     (model_dir / "config.pbtxt").write_text(CONFIG)
     http, grpc, metrics = free_ports(3)
-    cmd = [str(find_tritonserver()), f"--model-repository={tmp_path / 'repo'}",
-           f"--backend-directory={prepare_backend_dir(tmp_path)}", "--model-control-mode=explicit",
-           "--load-model=latency_probe", f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-           "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-           "--allow-gpu-metrics=false", "--disable-auto-complete-config", "--exit-on-error=true",
-           "--pinned-memory-pool-byte-size=0"]
+    cmd = [
+        str(find_tritonserver()),
+        f"--model-repository={tmp_path / 'repo'}",
+        f"--backend-directory={prepare_backend_dir(tmp_path)}",
+        "--model-control-mode=explicit",
+        "--load-model=latency_probe",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--allow-gpu-metrics=false",
+        "--disable-auto-complete-config",
+        "--exit-on-error=true",
+        "--pinned-memory-pool-byte-size=0",
+    ]
     log = open(tmp_path / "triton.log", "wb")
     proc = subprocess.Popen(cmd, env=triton_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -74,13 +86,17 @@ def triton_metrics(tmp_path: Path):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("tritonserver did not start: "
-                                       + (tmp_path / "triton.log").read_text()[-2000:]) from None
+                    raise RuntimeError(
+                        "tritonserver did not start: " + (tmp_path / "triton.log").read_text()[-2000:]
+                    ) from None
                 time.sleep(0.2)
         body = b'{"inputs":[{"name":"IN","shape":[1],"datatype":"FP32","data":[1.0]}]}'
         for _ in range(3):
-            req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/latency_probe/infer", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{http}/v2/models/latency_probe/infer",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
             urllib.request.urlopen(req, timeout=10).read()
         yield urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
     finally:
@@ -99,6 +115,6 @@ def test_triton_bucket_bounds_match_the_rule_regex(triton_metrics: str):
     assert printed, triton_metrics[-2000:]
     for slo in SLOS:
         matching = [le for le in printed if re.fullmatch(le_matcher(slo), le)]
-        assert matching == [le_text(slo)], (slo, sorted(printed))   # Triton prints '15', '12.5'
+        assert matching == [le_text(slo)], (slo, sorted(printed))  # Triton prints '15', '12.5'
         assert printed[le_text(slo)] == (3.0 if slo >= 11.0 else 0.0)
     assert printed["+Inf"] == 3.0

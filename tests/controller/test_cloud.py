@@ -1,4 +1,5 @@
 """EC2 edge against a real moto server and a local IMDSv2 metadata server (loopback only)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cloud import (MetadataClient, PriceSource, RevocationWatcher, SpotLauncher, make_clients,
-                          parse_on_demand)
+from controller.cloud import MetadataClient, PriceSource, RevocationWatcher, SpotLauncher, make_clients, parse_on_demand
 from controller.training import readers
 from controller.training.spec import spec_from_dict
 from controller.training.spot import provision_spot
@@ -34,12 +34,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def moto_url():
     mp = pytest.MonkeyPatch()
-    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1")):
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         mp.setenv(key, value)
     port = _free_port()
-    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(MOTO), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -131,12 +135,12 @@ def spec():
 
 def test_metadata_client_imdsv2_flow(metadata):
     client = MetadataClient(f"{metadata.url}/self")
-    assert client.instance_action() is None                       # 404: no notice
+    assert client.instance_action() is None  # 404: no notice
     assert metadata.token_requests == 1
     metadata.notices["self"] = {"action": "terminate", "time": "2026-01-01T00:02:00Z"}
     assert client.instance_action() == {"action": "terminate", "time": "2026-01-01T00:02:00Z"}
-    assert metadata.token_requests == 1                            # token reused
-    metadata.rotate_tokens()                                       # token expired on the server: 401, refresh
+    assert metadata.token_requests == 1  # token reused
+    metadata.rotate_tokens()  # token expired on the server: 401, refresh
     assert client.instance_action()["action"] == "terminate"
     assert metadata.token_requests == 2 and metadata.unauthorised == 1
 
@@ -148,15 +152,15 @@ def test_live_prices_from_moto_are_cached_with_timestamp(moto_url, tmp_path):
     source = PriceSource(ec2=ec2, pricing=None, cache_path=cache, clock=lambda: now[0], max_age_s=600)
     catalog = source.live(["m5.xlarge", "p3.2xlarge"])
     assert catalog.source == "live" and catalog.prices_as_of == "2023-11-14T22:13:20Z"
-    assert catalog.types["m5.xlarge"].spot_per_hour == pytest.approx(0.00001)     # moto's price
-    assert catalog.types["p3.2xlarge"].spot_per_hour == 1.25                      # moto has none: offline kept
+    assert catalog.types["m5.xlarge"].spot_per_hour == pytest.approx(0.00001)  # moto's price
+    assert catalog.types["p3.2xlarge"].spot_per_hour == 1.25  # moto has none: offline kept
     assert any("p3.2xlarge" in n for n in source.notes)
     assert json.loads(cache.read_text())["fetched_at"] == now[0]
     offline_source = PriceSource(ec2=None, cache_path=cache, clock=lambda: now[0] + 60, max_age_s=600)
     assert offline_source.live(["m5.xlarge", "p3.2xlarge"]).types["m5.xlarge"].spot_per_hour == pytest.approx(0.00001)
     stale = PriceSource(ec2=None, cache_path=cache, clock=lambda: now[0] + 601, max_age_s=600)
     with pytest.raises(Exception, match="offline"):
-        stale.live(["m5.xlarge", "p3.2xlarge"])                                    # too old: must refetch
+        stale.live(["m5.xlarge", "p3.2xlarge"])  # too old: must refetch
 
 
 class FakePricing:
@@ -171,8 +175,13 @@ class FakePricing:
         itype = next(f["Value"] for f in Filters if f["Field"] == "instanceType")
         if itype not in self.prices:
             return {"PriceList": []}
-        product = {"terms": {"OnDemand": {"T1": {"priceDimensions": {"D1": {
-            "unit": "Hrs", "pricePerUnit": {"USD": self.prices[itype]}}}}}}}
+        product = {
+            "terms": {
+                "OnDemand": {
+                    "T1": {"priceDimensions": {"D1": {"unit": "Hrs", "pricePerUnit": {"USD": self.prices[itype]}}}}
+                }
+            }
+        }
         return {"PriceList": [json.dumps(product)]}
 
 
@@ -191,12 +200,13 @@ def test_launcher_is_idempotent_and_terminates(moto_url, spec):
     plan = provision_spot(spec)
     launcher = SpotLauncher(ec2, "idem")
     first = launcher.apply(plan)
-    assert len(first.created) == 5 and not first.reused                # 2 p3 + 2 g3.8 workers + 1 PS
+    assert len(first.created) == 5 and not first.reused  # 2 p3 + 2 g3.8 workers + 1 PS
     second = launcher.apply(plan)
     assert not second.created and len(second.reused) == 5
     running = launcher.instances()
     assert sorted((i.type, i.role) for i in running) == sorted(
-        [("p3.2xlarge", "worker")] * 2 + [("g3.8xlarge", "worker")] * 2 + [("m5.xlarge", "ps")])
+        [("p3.2xlarge", "worker")] * 2 + [("g3.8xlarge", "worker")] * 2 + [("m5.xlarge", "ps")]
+    )
     reservations = ec2.describe_instances(InstanceIds=[running[0].id])["Reservations"]
     tags = {t["Key"]: t["Value"] for t in reservations[0]["Instances"][0]["Tags"]}
     assert tags["stoke-cluster"] == "idem" and tags["stoke-job"] == plan.job
@@ -211,10 +221,11 @@ def test_revocation_replans_with_survivors_and_replaces(moto_url, metadata, spec
     launcher = SpotLauncher(ec2, "revoke")
     launcher.apply(plan)
     started = min(i.launch_time for i in launcher.instances())
-    now = [started + 600.0]                                           # 10 minutes into the job
+    now = [started + 600.0]  # 10 minutes into the job
     sleeps: list[float] = []
-    watcher = RevocationWatcher(launcher, spec, plan, metadata.url + "/{instance_id}",
-                                clock=lambda: now[0], sleep=sleeps.append, interval_s=10)
+    watcher = RevocationWatcher(
+        launcher, spec, plan, metadata.url + "/{instance_id}", clock=lambda: now[0], sleep=sleeps.append, interval_s=10
+    )
     assert watcher.poll() == {}
     g3 = [i.id for i in launcher.instances() if i.type == "g3.8xlarge"]
     p3 = [i.id for i in launcher.instances() if i.type == "p3.2xlarge"]
@@ -232,8 +243,8 @@ def test_revocation_replans_with_survivors_and_replaces(moto_url, metadata, spec
     assert new_plan.details["recovery_overhead_s"] == 30
     assert len(result.launch.created) == sum(c for _, c in new_plan.additions) > 0
     live = launcher.instances()
-    assert not set(g3) & {i.id for i in live}                          # revoked ones are gone
-    assert set(p3) <= {i.id for i in live}                              # survivors kept
+    assert not set(g3) & {i.id for i in live}  # revoked ones are gone
+    assert set(p3) <= {i.id for i in live}  # survivors kept
     workers = {}
     for i in live:
         if i.role == "worker":
@@ -243,7 +254,7 @@ def test_revocation_replans_with_survivors_and_replaces(moto_url, metadata, spec
     again = watcher.handle({iid: metadata.notices[iid] for iid in g3})
     assert again.launch is not None and again.launch.created == ()
     assert len(launcher.instances()) == len(live)
-    assert watcher.run(max_polls=1) == 0                               # revoked instances are not polled
+    assert watcher.run(max_polls=1) == 0  # revoked instances are not polled
     launcher.terminate()
 
 
@@ -257,9 +268,17 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
     assert "created 5, reused 0" in capsys.readouterr().out
     assert main(["train", "launch", str(plan_file), *args]) == 0
     assert "created 0, reused 5" in capsys.readouterr().out
-    watch = ["train", "watch", str(plan_file), *args, "--metadata-url", metadata.url + "/{instance_id}",
-             "--max-polls", "1"]
-    assert main(watch) == 2                       # a plan file needs the spec it came from
+    watch = [
+        "train",
+        "watch",
+        str(plan_file),
+        *args,
+        "--metadata-url",
+        metadata.url + "/{instance_id}",
+        "--max-polls",
+        "1",
+    ]
+    assert main(watch) == 2  # a plan file needs the spec it came from
     assert "give --spec" in capsys.readouterr().err
     assert main([*watch, "--spec", str(readers.data_path("resnet110.yaml"))]) == 0
     assert "0 revocation(s) handled" in capsys.readouterr().out
@@ -269,10 +288,12 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
 
 def test_cli_plan_with_live_prices(moto_url, tmp_path, capsys):
     cache = tmp_path / "prices.json"
-    assert main(["train", "plan", "--prices", "live", "--endpoint-url", moto_url, "--price-cache", str(cache),
-                 "--json"]) == 0
+    assert (
+        main(["train", "plan", "--prices", "live", "--endpoint-url", moto_url, "--price-cache", str(cache), "--json"])
+        == 0
+    )
     body = json.loads(capsys.readouterr().out)
     assert body["prices"]["source"] == "live" and body["prices"]["as_of"].endswith("Z")
     assert any("pricing API" in n or "on-demand" in n for n in body["prices"]["notes"])
     assert json.loads(cache.read_text())["catalog"]["types"]["m5.xlarge"]["spot_per_hour"] == pytest.approx(0.00001)
-    assert body["counts"]["p3.2xlarge"] == 2        # the spec's own fixture prices still decide the plan
+    assert body["counts"]["p3.2xlarge"] == 2  # the spec's own fixture prices still decide the plan

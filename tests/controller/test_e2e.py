@@ -2,6 +2,7 @@
 
 One shared stack, tests run in file order (each builds on the state the one before left).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from control_helpers import cpu_profile_json
 
 from controller.api import stoke_pb2 as pb
 from controller.api.client import ControllerClient
 from controller.messages import ApiError, InvalidArgument, Unauthenticated
 from controller.solver import Workload
-
-from control_helpers import cpu_profile_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.triton]
 
@@ -30,6 +30,7 @@ TIMEOUT_S = 3.0
 
 try:
     from agents.triton import find_tritonserver
+
     find_tritonserver()
 except Exception as err:  # noqa: BLE001
     pytest.skip(f"tritonserver not available: {err}", allow_module_level=True)
@@ -63,10 +64,15 @@ class Proc:
         self.name, self.args, self.log = name, args, log
         self.popen: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         handle = open(self.log, "ab")
-        self.popen = subprocess.Popen([sys.executable, "-m", "stoke", *self.args], cwd=ROOT, stdout=handle,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "stoke", *self.args],
+            cwd=ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         handle.close()
         return self
 
@@ -122,13 +128,38 @@ def stack(tmp_path_factory):
     (tmp / "controller.yaml").write_text(
         f"listen: 127.0.0.1:{port}\nmetrics_listen: ''\ndb: controller.db\ntoken_file: token\n"
         f"heartbeat_interval_s: {HEARTBEAT_S}\nheartbeat_timeout_s: {TIMEOUT_S}\nreconcile_interval_s: 0.2\n"
-        f"profiles:\n  - path: cpu.json\n")
+        f"profiles:\n  - path: cpu.json\n"
+    )
     address = f"127.0.0.1:{port}"
-    controller = Proc("controller", ["controller", "--config", str(tmp / "controller.yaml"), "--log-level",
-                                     "WARNING"], tmp / "controller.log")
-    agents = {n: Proc(n, ["agent", "--controller", address, "--token-file", str(tmp / "token"), "--node-id", n,
-                          "--device", "cpu", "--repository", str(ROOT / "triton_repo"), "--workdir",
-                          str(tmp / n), "--log-level", "WARNING"], tmp / f"{n}.log") for n in ("n1", "n2")}
+    controller = Proc(
+        "controller",
+        ["controller", "--config", str(tmp / "controller.yaml"), "--log-level", "WARNING"],
+        tmp / "controller.log",
+    )
+    agents = {
+        n: Proc(
+            n,
+            [
+                "agent",
+                "--controller",
+                address,
+                "--token-file",
+                str(tmp / "token"),
+                "--node-id",
+                n,
+                "--device",
+                "cpu",
+                "--repository",
+                str(ROOT / "triton_repo"),
+                "--workdir",
+                str(tmp / n),
+                "--log-level",
+                "WARNING",
+            ],
+            tmp / f"{n}.log",
+        )
+        for n in ("n1", "n2")
+    }
     client = ControllerClient(address, token=TOKEN, timeout_s=5)
     stack = {"tmp": tmp, "address": address, "controller": controller, "agents": agents, "client": client}
     try:
@@ -136,8 +167,11 @@ def stack(tmp_path_factory):
         wait_for("the controller", lambda: client.list_workloads() == [] or True, 30)
         for a in agents.values():
             a.start()
-        wait_for("two ready nodes", lambda: sorted(n.node_id for n in client.list_nodes().nodes
-                                                   if n.state == "ready") == ["n1", "n2"], 30)
+        wait_for(
+            "two ready nodes",
+            lambda: sorted(n.node_id for n in client.list_nodes().nodes if n.state == "ready") == ["n1", "n2"],
+            30,
+        )
         yield stack
     finally:
         client.close()
@@ -149,12 +183,14 @@ def stack(tmp_path_factory):
 def serving(client, names=None):
     status = client.status()
     items = [w for w in status.workloads if names is None or w.name in names]
-    return status if items and all(w.state == "serving" and all(r.endpoint for r in w.replicas)
-                                   for w in items) else None
+    return (
+        status if items and all(w.state == "serving" and all(r.endpoint for r in w.replicas) for w in items) else None
+    )
 
 
 def triton_config(endpoint: str, model: str):
     import tritonclient.grpc as grpcclient
+
     c = grpcclient.InferenceServerClient(endpoint)
     try:
         return c.get_model_config(model).config
@@ -163,8 +199,7 @@ def triton_config(endpoint: str, model: str):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoke", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "stoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def test_call_without_token_is_refused(stack):
@@ -177,16 +212,27 @@ def test_call_without_token_is_refused(stack):
 
 def test_malformed_workload_is_refused_and_nothing_stored(stack):
     client = stack["client"]
-    request = pb.ApplyWorkloadsRequest(workloads=[
-        pb.Workload(name="fine", model="mlp_small", slo_ms=100, rate_rps=10),
-        pb.Workload(name="broken", model="mlp_small", slo_ms=-5, rate_rps=10)])
+    request = pb.ApplyWorkloadsRequest(
+        workloads=[
+            pb.Workload(name="fine", model="mlp_small", slo_ms=100, rate_rps=10),
+            pb.Workload(name="broken", model="mlp_small", slo_ms=-5, rate_rps=10),
+        ]
+    )
     with pytest.raises(InvalidArgument) as err:
         client.apply_raw(request)
     assert "workloads[1].slo_ms" in str(err.value)
     bad = stack["tmp"] / "bad.yaml"
     bad.write_text("workloads:\n  - {name: x, model: mlp_small, slo_ms: 100}\n")
-    result = cli("workload", "apply", "-f", str(bad), "--controller", stack["address"], "--token-file",
-                 str(stack["tmp"] / "token"))
+    result = cli(
+        "workload",
+        "apply",
+        "-f",
+        str(bad),
+        "--controller",
+        stack["address"],
+        "--token-file",
+        str(stack["tmp"] / "token"),
+    )
     assert result.returncode == 2 and "rate_rps" in result.stderr and str(bad) in result.stderr
     assert client.list_workloads() == []
 
@@ -194,11 +240,22 @@ def test_malformed_workload_is_refused_and_nothing_stored(stack):
 def test_applied_workloads_are_served_with_planned_configs(stack):
     client = stack["client"]
     good = stack["tmp"] / "good.yaml"
-    good.write_text("workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps: 20}\n"
-                    "  - {name: emb, model: embed_large, slo_ms: 100, rate_rps: 20}\n")
+    good.write_text(
+        "workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps: 20}\n"
+        "  - {name: emb, model: embed_large, slo_ms: 100, rate_rps: 20}\n"
+    )
     started = time.monotonic()
-    result = cli("workload", "apply", "-f", str(good), "--controller", stack["address"], "--token-file",
-                 str(stack["tmp"] / "token"), "--json")
+    result = cli(
+        "workload",
+        "apply",
+        "-f",
+        str(good),
+        "--controller",
+        stack["address"],
+        "--token-file",
+        str(stack["tmp"] / "token"),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     status = wait_for("both workloads serving", lambda: serving(client), 60)
     print(f"apply -> serving: {time.monotonic() - started:.1f}s")
@@ -243,11 +300,14 @@ def test_controller_restart_keeps_workloads_and_plan(stack):
     stack["controller"].start()
     wait_for("the controller back", lambda: client.list_workloads() == workloads, 30)
     assert client.get_plan().plan.revision == revision
-    wait_for("both nodes back", lambda: sorted(n.node_id for n in client.list_nodes().nodes
-                                               if n.state == "ready") == ["n1", "n2"], 30)
+    wait_for(
+        "both nodes back",
+        lambda: sorted(n.node_id for n in client.list_nodes().nodes if n.state == "ready") == ["n1", "n2"],
+        30,
+    )
     status = wait_for("serving after the restart", lambda: serving(client), 30)
     assert status.revision == revision
-    assert {w.name: w.replicas[0].endpoint for w in status.workloads} == stack["endpoints"]   # no Triton restart
+    assert {w.name: w.replicas[0].endpoint for w in status.workloads} == stack["endpoints"]  # no Triton restart
 
 
 def test_killed_agent_moves_its_workloads_to_the_other(stack):
@@ -277,8 +337,11 @@ def test_triton_crash_is_restarted_and_reported(stack):
     client = stack["client"]
     survivor = stack["survivor"]
     agent = stack["agents"][survivor].popen
-    servers = [pid for pid in descendants(agent.pid)
-               if b"tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
+    servers = [
+        pid
+        for pid in descendants(agent.pid)
+        if b"tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    ]
     assert servers, "the surviving agent runs no Triton server"
     os.kill(servers[0], signal.SIGKILL)
 
@@ -291,10 +354,16 @@ def test_triton_crash_is_restarted_and_reported(stack):
 
 
 def test_stoke_up_serves_the_demo_within_a_minute(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "stoke", "up", "--seconds", "12", "--json", "--no-load"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "stoke", "up", "--seconds", "12", "--json", "--no-load"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     import json
-    report = json.loads(result.stdout[result.stdout.index("{\n"):])
+
+    report = json.loads(result.stdout[result.stdout.index("{\n") :])
     assert report["ready_after_s"] is not None and report["ready_after_s"] < 60
     assert {w["state"] for w in report["status"]["workloads"]} == {"serving"}

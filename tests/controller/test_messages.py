@@ -1,18 +1,21 @@
 """The messages agents, client and service exchange: replica keys, names, structured errors."""
+
 from __future__ import annotations
 
 import pytest
 
 from controller.api import convert
-from controller.messages import (AssignmentError, HeartbeatReport, InvalidArgument, ModelAssignment, Replica,
-                                 check_name)
+from controller.messages import AssignmentError, HeartbeatReport, InvalidArgument, ModelAssignment, Replica, check_name
 
 
 def test_replica_key_round_trips_and_orders():
     r = Replica("web-a", 2)
     assert str(r) == "web-a#2" and Replica.parse("web-a#2") == r
-    assert sorted([Replica("b", 0), Replica("a", 10), Replica("a", 2)]) == [Replica("a", 2), Replica("a", 10),
-                                                                             Replica("b", 0)]
+    assert sorted([Replica("b", 0), Replica("a", 10), Replica("a", 2)]) == [
+        Replica("a", 2),
+        Replica("a", 10),
+        Replica("b", 0),
+    ]
     assert ModelAssignment("web-a", "m", 0, 50.0, 1, 0.0, 10.0, 1.0, replica=2).key == "web-a#2"
     with pytest.raises(ValueError, match="not a replica key"):
         Replica.parse("web-a")

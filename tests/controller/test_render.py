@@ -1,21 +1,39 @@
 """Plan -> Triton ModelConfig rendering: protobuf round trips, kept fields, atomic writes."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 from google.protobuf import text_format
+from triton_helpers import DEMO_MODELS, DEMO_REPO
 from tritonclient.grpc import model_config_pb2
 
 from controller.messages import ModelAssignment
-from controller.render import (HISTOGRAM_FAMILY, RenderError, config_from_json, config_to_json, config_to_text,
-                               parse_config, read_config, render_config, write_config)
+from controller.render import (
+    HISTOGRAM_FAMILY,
+    RenderError,
+    config_from_json,
+    config_to_json,
+    config_to_text,
+    parse_config,
+    read_config,
+    render_config,
+    write_config,
+)
 from controller.render_plan import assignments_from_plan, render_plan
 from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
-from triton_helpers import DEMO_MODELS, DEMO_REPO
 
-A = ModelAssignment(workload="web", model="mlp_small", device=1, share_pct=40.0, batch=8, queue_delay_ms=3.5,
-                    slo_ms=25.0, rate_rps=200.0)
+A = ModelAssignment(
+    workload="web",
+    model="mlp_small",
+    device=1,
+    share_pct=40.0,
+    batch=8,
+    queue_delay_ms=3.5,
+    slo_ms=25.0,
+    rate_rps=200.0,
+)
 
 USER_BASE = """
 name: "mlp_small"
@@ -56,7 +74,7 @@ def test_render_sets_planned_fields_and_keeps_the_rest():
     assert out.parameters["custom"].string_value == "kept"
     assert out.version_policy.latest.num_versions == 1
     assert [i.name for i in out.input] == ["INPUT0"] and out.backend == "python"
-    assert base.max_batch_size == 32          # the base is not modified
+    assert base.max_batch_size == 32  # the base is not modified
 
 
 def test_render_cpu_kind_and_gpu_index_override():
@@ -69,8 +87,9 @@ def test_render_cpu_kind_and_gpu_index_override():
 
 
 def test_batch_one_has_no_preferred_size_and_no_wait():
-    out = render_config(parse_config(USER_BASE),
-                        ModelAssignment("w", "mlp_small", 0, 50.0, 1, 7.0, 10.0, 100.0), device_kind="cpu")
+    out = render_config(
+        parse_config(USER_BASE), ModelAssignment("w", "mlp_small", 0, 50.0, 1, 7.0, 10.0, 100.0), device_kind="cpu"
+    )
     assert out.max_batch_size == 1
     assert list(out.dynamic_batching.preferred_batch_size) == []
     assert out.dynamic_batching.max_queue_delay_microseconds == 0
@@ -82,8 +101,9 @@ def test_render_is_deterministic_and_a_projection():
     assert config_to_text(once) == config_to_text(render_config(base, A, device_kind="gpu"))
     # re-rendering a rendered config (the file on disk after a previous plan) gives the same bytes
     other = ModelAssignment("web", "mlp_small", 0, 20.0, 4, 1.0, 25.0, 100.0)
-    assert config_to_text(render_config(render_config(base, other, device_kind="gpu"), A, device_kind="gpu")) \
-        == config_to_text(once)
+    assert config_to_text(
+        render_config(render_config(base, other, device_kind="gpu"), A, device_kind="gpu")
+    ) == config_to_text(once)
 
 
 def test_latency_histogram_buckets_include_the_slo():
@@ -96,12 +116,19 @@ def test_latency_histogram_buckets_include_the_slo():
     assert not plain.HasField("model_metrics")
 
 
-@pytest.mark.parametrize("bad, field", [
-    (dict(batch=0), "batch"), (dict(share_pct=0.0), "share_pct"), (dict(share_pct=120.0), "share_pct"),
-    (dict(device=-1), "device")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(batch=0), "batch"),
+        (dict(share_pct=0.0), "share_pct"),
+        (dict(share_pct=120.0), "share_pct"),
+        (dict(device=-1), "device"),
+    ],
+)
 def test_bad_assignments_name_the_field(bad, field):
-    fields = dict(workload="w", model="m", device=0, share_pct=50.0, batch=4, queue_delay_ms=1.0, slo_ms=10.0,
-                  rate_rps=10.0)
+    fields = dict(
+        workload="w", model="m", device=0, share_pct=50.0, batch=4, queue_delay_ms=1.0, slo_ms=10.0, rate_rps=10.0
+    )
     fields.update(bad)
     with pytest.raises(RenderError, match=field):
         render_config(model_config_pb2.ModelConfig(), ModelAssignment(**fields), device_kind="cpu")
@@ -124,16 +151,33 @@ def test_write_config_only_when_bytes_change(tmp_path):
     assert write_config(path, config) is False
     assert path.stat().st_mtime_ns == mtime
     assert text_format.Parse(path.read_text(), model_config_pb2.ModelConfig()) == config
-    assert [p.name for p in path.parent.iterdir()] == ["config.pbtxt"]   # no temp file left
+    assert [p.name for p in path.parent.iterdir()] == ["config.pbtxt"]  # no temp file left
 
 
 def _plan(*placements_per_gpu):
     gpus = []
     for placements in placements_per_gpu:
-        gpus.append(GpuPlan("V100", 2.48, tuple(
-            Placement(name=n, model=m, slo_ms=50.0, rate_rps=100.0, share_pct=s, batch=b, queue_delay_ms=(b - 1) * 10.0,
-                      predicted_latency_ms=5.0, predicted_throughput_rps=400.0, replica=r)
-            for n, m, s, b, r in placements)))
+        gpus.append(
+            GpuPlan(
+                "V100",
+                2.48,
+                tuple(
+                    Placement(
+                        name=n,
+                        model=m,
+                        slo_ms=50.0,
+                        rate_rps=100.0,
+                        share_pct=s,
+                        batch=b,
+                        queue_delay_ms=(b - 1) * 10.0,
+                        predicted_latency_ms=5.0,
+                        predicted_throughput_rps=400.0,
+                        replica=r,
+                    )
+                    for n, m, s, b, r in placements
+                ),
+            )
+        )
     return Plan(strategy="test", gpus=tuple(gpus))
 
 
@@ -141,7 +185,10 @@ def test_assignments_from_plan_uses_gpu_position_as_device():
     plan = _plan([("a", "mlp_small", 50.0, 4, 0)], [("b", "conv_medium", 30.0, 2, 0), ("a", "mlp_small", 20.0, 4, 1)])
     got = assignments_from_plan(plan_to_dict(plan))
     assert [(x.key, x.device, x.share_pct, x.batch, x.queue_delay_ms) for x in got] == [
-        ("a#0", 0, 50.0, 4, 30.0), ("b#0", 1, 30.0, 2, 10.0), ("a#1", 1, 20.0, 4, 30.0)]
+        ("a#0", 0, 50.0, 4, 30.0),
+        ("b#0", 1, 30.0, 2, 10.0),
+        ("a#1", 1, 20.0, 4, 30.0),
+    ]
 
 
 def test_render_plan_writes_changed_files_only(demo_repo_copy):
@@ -151,7 +198,7 @@ def test_render_plan_writes_changed_files_only(demo_repo_copy):
     cfg = read_config(demo_repo_copy / "conv_medium" / "config.pbtxt")
     assert cfg.max_batch_size == 2 and cfg.dynamic_batching.max_queue_delay_microseconds == 10000
     assert cfg.input[0].dims == [3, 32, 32] and cfg.parameters["max_supported_batch"].string_value == "128"
-    assert render_plan(plan, demo_repo_copy, "gpu") == []          # idempotent
+    assert render_plan(plan, demo_repo_copy, "gpu") == []  # idempotent
     untouched = (demo_repo_copy / "tiny_echo" / "config.pbtxt").read_text()
     assert untouched == (DEMO_REPO / "tiny_echo" / "config.pbtxt").read_text()
 

@@ -1,4 +1,5 @@
 """Controller config loading, and TLS on loopback with a self-signed certificate (real openssl, real gRPC)."""
+
 from __future__ import annotations
 
 import json
@@ -10,21 +11,23 @@ import pytest
 
 from controller.api.client import ControllerClient
 from controller.config import SCHEMA_FILE, ConfigError, ControllerConfig, ServiceConfig, config_schema, load_config
-from controller.solver import STRATEGIES
 from controller.messages import Unavailable
 from controller.server import ControllerServer
+from controller.solver import STRATEGIES
 from stoke.validate import keys
 
 
 def test_config_defaults_and_relative_paths(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("db: state/c.db\nheartbeat_timeout_s: 4\nheartbeat_interval_s: 1\n"
-                   "gpu_types:\n  - {name: V100, price_per_hour: 3.06, match: V100}\n")
+    cfg.write_text(
+        "db: state/c.db\nheartbeat_timeout_s: 4\nheartbeat_interval_s: 1\n"
+        "gpu_types:\n  - {name: V100, price_per_hour: 3.06, match: V100}\n"
+    )
     config = load_config(cfg, listen="127.0.0.1:0")
     assert config.db == str(tmp_path / "state" / "c.db") and config.listen == "127.0.0.1:0"
     assert config.service.gpu_types[0].match == ("V100",) and config.service.heartbeat_timeout_s == 4.0
     assert load_config(None) == ControllerConfig()
-    assert load_config(cfg.parent / "c.yaml", db="x.db").db == str(Path("x.db").absolute())   # flags: cwd-relative
+    assert load_config(cfg.parent / "c.yaml", db="x.db").db == str(Path("x.db").absolute())  # flags: cwd-relative
 
 
 def test_default_paths_are_relative_to_the_config_file(tmp_path):
@@ -41,18 +44,25 @@ def test_the_committed_json_schema_is_generated_from_the_config_classes():
     assert set(props) == set(keys(ControllerConfig))
 
 
-@pytest.mark.parametrize("text, valid", [
-    ("listen: 0.0.0.0:50051\nmetrics_listen: ''\ntls: {cert: c.pem, key: k.pem}\nheartbeat_timeout_s: 30\n"
-     "gpu_types:\n  - {name: H200, price_per_hour: 4.5, match: [h200]}\nprofiles:\n  - p.json\n"
-     "  - {path: q.json, gpu_type: CPU}\n", True),
-    ("heartbeat_timeout_s: -1\n", False),
-    ("listne: x\n", False),
-    ("strategy: magic\n", False),
-    ("tls: {cert: a.pem}\n", False),
-])
+@pytest.mark.parametrize(
+    "text, valid",
+    [
+        (
+            "listen: 0.0.0.0:50051\nmetrics_listen: ''\ntls: {cert: c.pem, key: k.pem}\nheartbeat_timeout_s: 30\n"
+            "gpu_types:\n  - {name: H200, price_per_hour: 4.5, match: [h200]}\nprofiles:\n  - p.json\n"
+            "  - {path: q.json, gpu_type: CPU}\n",
+            True,
+        ),
+        ("heartbeat_timeout_s: -1\n", False),
+        ("listne: x\n", False),
+        ("strategy: magic\n", False),
+        ("tls: {cert: a.pem}\n", False),
+    ],
+)
 def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, valid):
     import jsonschema
     import yaml
+
     data = yaml.safe_load(text)
     schema_ok = jsonschema.Draft202012Validator(config_schema()).is_valid(data)
     (tmp_path / "c.yaml").write_text(text)
@@ -64,15 +74,18 @@ def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, val
     assert schema_ok == loader_ok == valid
 
 
-@pytest.mark.parametrize("text, field", [
-    ("listne: x\n", "listne"),
-    ("heartbeat_timeout_s: -1\n", "heartbeat_timeout_s"),
-    ("heartbeat_timeout_s: 1\nheartbeat_interval_s: 2\n", "heartbeat_timeout_s"),
-    ("tls: {cert: a.pem}\n", "tls lacks field 'key'"),
-    ("gpu_types:\n  - {name: V100, price_per_hour: -2}\n", "gpu_types[0].price_per_hour"),
-    ("listen: nowhere\n", "listen"),
-    ("strategy: magic\n", "strategy"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("listne: x\n", "listne"),
+        ("heartbeat_timeout_s: -1\n", "heartbeat_timeout_s"),
+        ("heartbeat_timeout_s: 1\nheartbeat_interval_s: 2\n", "heartbeat_timeout_s"),
+        ("tls: {cert: a.pem}\n", "tls lacks field 'key'"),
+        ("gpu_types:\n  - {name: V100, price_per_hour: -2}\n", "gpu_types[0].price_per_hour"),
+        ("listen: nowhere\n", "listen"),
+        ("strategy: magic\n", "strategy"),
+    ],
+)
 def test_config_errors_name_file_and_field(tmp_path, text, field):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)
@@ -83,12 +96,31 @@ def test_config_errors_name_file_and_field(tmp_path, text, field):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_tls_serves_and_refuses_plaintext(tmp_path):
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
-                   check=True, capture_output=True)
-    (tmp_path / "c.yaml").write_text("listen: 127.0.0.1:0\nmetrics_listen: ''\ndb: c.db\n"
-                                     "tls: {cert: cert.pem, key: key.pem}\n")
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (tmp_path / "c.yaml").write_text(
+        "listen: 127.0.0.1:0\nmetrics_listen: ''\ndb: c.db\ntls: {cert: cert.pem, key: key.pem}\n"
+    )
     server = ControllerServer(load_config(tmp_path / "c.yaml")).start()
     try:
         with ControllerClient(server.address, tls_ca=str(tmp_path / "cert.pem")) as secure:

@@ -1,17 +1,17 @@
 """Unit tests of the protocol-neutral service: real store (tmp SQLite), real solver, fake clock."""
+
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 
 import pytest
+from control_helpers import cpu_profile_json
 
 from controller.config import ServiceConfig
 from controller.messages import AssignmentError, HeartbeatReport, InvalidArgument, NodeDevice, Observation
 from controller.service import ControlService
 from controller.store import Store
-
-from control_helpers import cpu_profile_json
 
 
 class Clock:
@@ -51,8 +51,7 @@ def wl(name, model="mlp_small", slo=100.0, rate=20.0, **kw):
 
 def where(svc):
     """{workload key: (node, device, share, batch)} of the applied plan."""
-    return {a.key: (node.node_id, a.device, a.share_pct, a.batch)
-            for node in svc.list_nodes() for a in node.assigned}
+    return {a.key: (node.node_id, a.device, a.share_pct, a.batch) for node in svc.list_nodes() for a in node.assigned}
 
 
 def test_store_uses_wal(tmp_path):
@@ -106,7 +105,7 @@ def test_rate_change_moves_only_that_workload_and_unrelated_change_keeps_placeme
     after = where(svc)
     assert after["a#0"] != before["a#0"]
     for key in ("b#0", "c#0"):
-        assert after[key][:2] == before[key][:2]     # same node and device
+        assert after[key][:2] == before[key][:2]  # same node and device
     touched = {k for c in outcome.changes for k in c.start + c.reload + c.move + c.stop}
     assert "a#0" in touched
     # an unrelated new workload: nothing that ran moves
@@ -126,7 +125,7 @@ def test_lost_node_is_replanned_and_reconciled_when_back(svc):
     survivor = ({"node-a", "node-b"} - {victim}).pop()
     clock.advance(3)
     svc.heartbeat(HeartbeatReport(node_id=survivor))
-    clock.advance(3)                       # victim silent for 6 s > 5 s timeout
+    clock.advance(3)  # victim silent for 6 s > 5 s timeout
     svc.heartbeat(HeartbeatReport(node_id=survivor))
     outcome = svc.reconcile()
     assert outcome is not None and outcome.changed
@@ -166,7 +165,7 @@ def test_node_lost_while_waiting_after_restart_must_register_its_real_devices(tm
     svc.reconcile()
     svc.store.close()
     again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
-    clock.advance(1000)                        # silent far past the timeout: waiting -> lost
+    clock.advance(1000)  # silent far past the timeout: waiting -> lost
     again.check_nodes()
     assert [n.state for n in again.list_nodes()] == ["lost"]
     # its devices are only stand-ins from the stored plan: a heartbeat must not revive them
@@ -181,8 +180,13 @@ def test_status_merges_observed_figures(svc):
     svc.reconcile()
     node = where(svc)["a#0"][0]
     assigned = svc.heartbeat(HeartbeatReport(node_id=node)).assignments
-    svc.heartbeat(HeartbeatReport(node_id=node, running=assigned, observed=(
-        Observation("a#0", "mlp_small", request_rate_rps=19.5, mean_queue_ms=1.0, mean_compute_ms=2.0),)))
+    svc.heartbeat(
+        HeartbeatReport(
+            node_id=node,
+            running=assigned,
+            observed=(Observation("a#0", "mlp_small", request_rate_rps=19.5, mean_queue_ms=1.0, mean_compute_ms=2.0),),
+        )
+    )
     st = svc.status()
     a = st.workloads[0]
     assert a.state == "serving" and a.observed_latency_ms == pytest.approx(3.0)
@@ -206,18 +210,28 @@ def test_device_where_everything_failed_is_blocked_and_replanned(svc):
     node = where(svc)["a#0"][0]
     other = ({"node-a", "node-b"} - {node}).pop()
     first = svc.heartbeat(HeartbeatReport(node_id=node)).revision
-    svc.heartbeat(HeartbeatReport(node_id=node, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
+    svc.heartbeat(
+        HeartbeatReport(node_id=node, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first)
+    )
     outcome = svc.reconcile()
     assert outcome is not None and where(svc)["a#0"][0] == other
     assert any("blocked" in e for n in svc.list_nodes() if n.node_id == node for e in n.events)
     # errors of the older revision, reported late, do not block the device the workload moved to
-    svc.heartbeat(HeartbeatReport(node_id=other, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first))
+    svc.heartbeat(
+        HeartbeatReport(node_id=other, errors=(AssignmentError("a#0", "start failed: boom"),), errors_revision=first)
+    )
     assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
     # a failed reload (the old config keeps running): reported as failing, the device is not blocked
     answer = svc.heartbeat(HeartbeatReport(node_id=other))
     old_config = replace(answer.assignments[0], batch=7)
-    svc.heartbeat(HeartbeatReport(node_id=other, running=(old_config,), errors=(AssignmentError("a#0", "reload failed: bad config"),),
-                                  errors_revision=answer.revision))
+    svc.heartbeat(
+        HeartbeatReport(
+            node_id=other,
+            running=(old_config,),
+            errors=(AssignmentError("a#0", "reload failed: bad config"),),
+            errors_revision=answer.revision,
+        )
+    )
     a = svc.status().workloads[0]
     assert a.state == "failing" and "bad config" in a.reason
     assert not any("blocked" in e for n in svc.list_nodes() if n.node_id == other for e in n.events)
@@ -235,8 +249,13 @@ def test_short_of_devices_places_what_fits_and_reports_the_rest(tmp_path):
     svc.upload_profile(cpu_profile_json())
     svc.register("solo", CPU)
     # each needs most of a node: one node holds one of them
-    svc.apply_workloads([wl("big1", "conv_medium", 100, 800), wl("big2", "conv_medium", 100, 800),
-                         wl("impossible", "conv_medium", 0.5, 10)])
+    svc.apply_workloads(
+        [
+            wl("big1", "conv_medium", 100, 800),
+            wl("big2", "conv_medium", 100, 800),
+            wl("impossible", "conv_medium", 0.5, 10),
+        ]
+    )
     outcome = svc.reconcile()
     pending = dict(outcome.plan.pending)
     placed = {k.split("#")[0] for k in where(svc)}
@@ -251,7 +270,7 @@ def test_a_partly_placed_workload_is_degraded_not_serving(tmp_path):
     svc, _ = make(tmp_path)
     svc.upload_profile(cpu_profile_json())
     svc.register("solo", CPU)
-    svc.apply_workloads([wl("huge", "conv_medium", 100, 5000)])     # needs several nodes' worth of replicas
+    svc.apply_workloads([wl("huge", "conv_medium", 100, 5000)])  # needs several nodes' worth of replicas
     outcome = svc.reconcile()
     assert "huge" in dict(outcome.plan.pending) and any(k.startswith("huge#") for k in where(svc))
     assigned = svc.heartbeat(HeartbeatReport(node_id="solo")).assignments

@@ -1,4 +1,5 @@
 """Shape of the controller's service layer: small functions a newcomer can read at once."""
+
 from __future__ import annotations
 
 import ast
@@ -6,9 +7,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The service layer: the facade, its parts and its edges (generated stubs aside).
-SERVICE_LAYER = ["controller/service.py", "controller/registry.py", "controller/status.py", "controller/config.py",
-                 "controller/messages.py", "controller/server.py", "controller/store.py", "controller/metrics.py",
-                 "controller/reconcile/*.py", "controller/api/[!s]*.py"]
+SERVICE_LAYER = [
+    "controller/service.py",
+    "controller/registry.py",
+    "controller/status.py",
+    "controller/config.py",
+    "controller/messages.py",
+    "controller/server.py",
+    "controller/store.py",
+    "controller/metrics.py",
+    "controller/reconcile/*.py",
+    "controller/api/[!s]*.py",
+]
 MAX_LINES = 50
 
 

@@ -17,8 +17,9 @@ def one_workload_plan(rate, batch, share=50.0, queue_delay_ms=None, slo=100.0):
 
 
 def test_same_seed_same_report_and_other_seed_differs():
-    plan = solve(Problem((Workload("a", "vgg19", 60, 200), Workload("b", "alexnet", 15, 500)),
-                         (GpuType("V100", 3.06, PROFILE),)))
+    plan = solve(
+        Problem((Workload("a", "vgg19", 60, 200), Workload("b", "alexnet", 15, 500)), (GpuType("V100", 3.06, PROFILE),))
+    )
     first = simulate(plan, PROFILES, seconds=5, seed=4)
     assert first == simulate(plan, PROFILES, seconds=5, seed=4)
     assert first != simulate(plan, PROFILES, seconds=5, seed=5)
@@ -56,10 +57,15 @@ def test_noise_widens_the_tail():
 
 def test_each_workload_is_replayed_with_its_own_arrival_kind():
     from dataclasses import replace as _replace
+
     plan, prediction = one_workload_plan(rate=20.0, batch=1)
-    paced = _replace(plan, gpus=tuple(_replace(g, placements=tuple(_replace(p, arrivals="constant")
-                                                                     for p in g.placements)) for g in plan.gpus))
+    paced = _replace(
+        plan,
+        gpus=tuple(
+            _replace(g, placements=tuple(_replace(p, arrivals="constant") for p in g.placements)) for g in plan.gpus
+        ),
+    )
     own = simulate(paced, PROFILES, seconds=5).workloads[0]
-    assert own.p99_ms == pytest.approx(prediction.latency_ms)            # paced: never queues
+    assert own.p99_ms == pytest.approx(prediction.latency_ms)  # paced: never queues
     forced = simulate(paced, PROFILES, seconds=5, arrivals="poisson").workloads[0]
-    assert forced.p99_ms > prediction.latency_ms                          # Poisson bursts queue
+    assert forced.p99_ms > prediction.latency_ms  # Poisson bursts queue

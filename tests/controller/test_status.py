@@ -1,4 +1,5 @@
 """The status view is a pure function of the applied plan, the workloads and the node reports."""
+
 from __future__ import annotations
 
 from controller.messages import AssignmentError, ModelAssignment, Observation
@@ -9,17 +10,42 @@ from controller.solver import GpuPlan, Placement, Plan, Workload
 from controller.status import cluster_status
 
 WEB = Workload("web", "mlp_small", slo_ms=50.0, rate_rps=10.0)
-PLACED = Placement(name="web", model="mlp_small", slo_ms=50.0, rate_rps=10.0, share_pct=50.0, batch=4,
-                   queue_delay_ms=300.0, predicted_latency_ms=5.0, predicted_throughput_rps=100.0)
-APPLIED = PlanView(revision=3, plan=Plan("stoke", (GpuPlan("CPU", 0.1, (PLACED,)),)),
-                   bindings=(Binding("n1", 0, "CPU"),), pending=(), created_unix=0.0)
+PLACED = Placement(
+    name="web",
+    model="mlp_small",
+    slo_ms=50.0,
+    rate_rps=10.0,
+    share_pct=50.0,
+    batch=4,
+    queue_delay_ms=300.0,
+    predicted_latency_ms=5.0,
+    predicted_throughput_rps=100.0,
+)
+APPLIED = PlanView(
+    revision=3,
+    plan=Plan("stoke", (GpuPlan("CPU", 0.1, (PLACED,)),)),
+    bindings=(Binding("n1", 0, "CPU"),),
+    pending=(),
+    created_unix=0.0,
+)
 RUNNING = ModelAssignment("web", "mlp_small", 0, 50.0, 4, 300.0, 50.0, 10.0)
 
 
 def node(state="ready", running=(), errors=(), observed=None):
-    return NodeView(node_id="n1", devices=(), state=state, last_heartbeat_unix=0.0, seconds_since_heartbeat=0.0,
-                    assigned=(), running=running, events=(), address="", applied_revision=3, errors=errors,
-                    observed=observed or {})
+    return NodeView(
+        node_id="n1",
+        devices=(),
+        state=state,
+        last_heartbeat_unix=0.0,
+        seconds_since_heartbeat=0.0,
+        assigned=(),
+        running=running,
+        events=(),
+        address="",
+        applied_revision=3,
+        errors=errors,
+        observed=observed or {},
+    )
 
 
 def state_of(*nodes, applied=APPLIED):

@@ -1,12 +1,20 @@
 """The batching model (interference.batching) against exact results and the discrete-event server."""
+
 import math
 
 import numpy as np
 import pytest
 
-from interference.batching import (LatencyDistribution, ServiceCurve, fill_time_ms, latency_distribution,
-                                   paced_delay_ms, serve, table)
-from interference.batching_table import md1_quantiles, simulate_rows, linear_occupancy, _summarise
+from interference.batching import (
+    LatencyDistribution,
+    ServiceCurve,
+    fill_time_ms,
+    latency_distribution,
+    paced_delay_ms,
+    serve,
+    table,
+)
+from interference.batching_table import _summarise, linear_occupancy, md1_quantiles, simulate_rows
 from interference.latency import batch_curve
 from interference.profile_io import bundled_profile
 
@@ -25,15 +33,20 @@ def des_p99(curve: ServiceCurve, rate: float, delay: float, arrivals: str, reque
         times = np.cumsum(rng.exponential(1000.0 / rate, size=requests))
     else:
         times = np.arange(requests) * 1000.0 / rate
-    latencies, _ = serve(times, curve.max_batch, delay, np.concatenate([[0.0], curve.latency_ms]),
-                         np.concatenate([[0.0], curve.occupancy_ms]))
-    return float(np.percentile(latencies[requests // 20:], 99))
+    latencies, _ = serve(
+        times,
+        curve.max_batch,
+        delay,
+        np.concatenate([[0.0], curve.latency_ms]),
+        np.concatenate([[0.0], curve.occupancy_ms]),
+    )
+    return float(np.percentile(latencies[requests // 20 :], 99))
 
 
 @pytest.mark.parametrize("utilisation", [0.2, 0.6, 0.9])
 def test_batch_one_is_m_d_1_and_matches_erlangs_formula(utilisation):
     exact = md1_quantiles(utilisation)
-    curve = linear(0.0, 4.0, 1)                 # O = L = 4 ms
+    curve = linear(0.0, 4.0, 1)  # O = L = 4 ms
     rate = 1000.0 * utilisation / 4.0
     model = latency_distribution(rate, 1, 0.0, "poisson", curve)
     assert model.utilisation == pytest.approx(utilisation)
@@ -50,9 +63,15 @@ def _sample(count=8, seed=11):
     shapes = ["linear", "resnet50", "alexnet"]
     out = []
     for _ in range(count):
-        out.append((str(rng.choice(["poisson", "constant"])), str(rng.choice(shapes)),
-                    int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32])), str(rng.choice(["zero", "fill"])),
-                    float(rng.uniform(0.02, 0.8))))
+        out.append(
+            (
+                str(rng.choice(["poisson", "constant"])),
+                str(rng.choice(shapes)),
+                int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32])),
+                str(rng.choice(["zero", "fill"])),
+                float(rng.uniform(0.02, 0.8)),
+            )
+        )
     return out
 
 
@@ -76,7 +95,7 @@ def test_p99_is_within_5_percent_of_the_discrete_event_server(arrivals, shape, b
 
 def test_paced_arrivals_are_exact_whole_batches_at_the_fill_time():
     curve = linear(3.0, 0.5, 8, copy=0.1)
-    rate = 800.0                                          # 1.25 ms apart; O(8) = 7 ms < 8 intervals
+    rate = 800.0  # 1.25 ms apart; O(8) = 7 ms < 8 intervals
     model = latency_distribution(rate, 8, paced_delay_ms(8, rate), "constant", curve)
     assert model.p99_ms == pytest.approx(curve.latency_ms[-1] + 7 * 1.25)
     assert model.quantile(0.05) == pytest.approx(curve.latency_ms[-1])
@@ -84,7 +103,7 @@ def test_paced_arrivals_are_exact_whole_batches_at_the_fill_time():
 
 
 def test_overload_is_unstable_and_everything_is_late():
-    curve = linear(1.0, 1.0, 4)                           # O(4) = 5 ms for 4 requests: 800 req/s at most
+    curve = linear(1.0, 1.0, 4)  # O(4) = 5 ms for 4 requests: 800 req/s at most
     for arrivals in ("poisson", "constant"):
         model = latency_distribution(1000.0, 4, 0.0, arrivals, curve)
         assert not model.stable and model.p99_ms == math.inf and model.fraction_over(1e9) == 1.0
@@ -119,7 +138,7 @@ def test_the_table_builder_reproduces_a_table_entry():
     """The shipped table is what the builder makes: re-simulate two grid points and compare."""
     t = table()
     us = np.array([0.3, 0.7])
-    occupancy = linear_occupancy(np.array([8, 8]), us, np.array([0.5, 0.5]))   # s = 0.5
+    occupancy = linear_occupancy(np.array([8, 8]), us, np.array([0.5, 0.5]))  # s = 0.5
     hist, sizes = simulate_rows(np.array([8, 8]), occupancy, np.zeros(2), np.array([200_000, 200_000]), seed=3)
     fresh = _summarise(hist, sizes).quantiles[:, t.p99_index]
     stored = [t.quantiles("zero", 8, u, 0.5)[0][t.p99_index] for u in us]

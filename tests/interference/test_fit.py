@@ -7,8 +7,15 @@ from sklearn.exceptions import NotFittedError
 from interference.fit import GRID_BATCHES, GRID_SHARES, InterferenceModel, RawProfileError
 from interference.latency import predict_gpu
 from interference.profile import PROFILE_FORMAT_VERSION
-from interference.profile_io import (ProfileFileError, bundled_profile, bundled_raw_path, load_profile,
-                                     profile_to_dict, read_raw, save_profile)
+from interference.profile_io import (
+    ProfileFileError,
+    bundled_profile,
+    bundled_raw_path,
+    load_profile,
+    profile_to_dict,
+    read_raw,
+    save_profile,
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`stoke profile fit` reports how well it fits and refuses a model that is not positive and monotone
 over the whole batch x share domain (or that misses its points), instead of writing a profile that
 `predict` fails on later."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def test_a_fit_that_turns_negative_inside_the_domain_is_refused(tmp_path, capsys
 
     assert main(["profile", "fit", str(raw), "-o", str(out), "--force"]) == 0
     assert "written despite failed checks" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="not positive at batch 9"):       # the guard was right
+    with pytest.raises(ValueError, match="not positive at batch 9"):  # the guard was right
         predict_gpu(load_profile(out), [("m", 9, 50.0)])
 
 
@@ -49,8 +50,10 @@ def test_a_fit_where_a_bigger_batch_is_faster_is_refused(tmp_path, capsys):
     assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "p.json"), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["written"] is False
-    assert report["failures"][0].startswith("m: k_act falls from") and "a bigger batch must not be faster" in \
-        report["failures"][0]
+    assert (
+        report["failures"][0].startswith("m: k_act falls from")
+        and "a bigger batch must not be faster" in report["failures"][0]
+    )
     assert len(report["models"]["m"]["points"]) == 8
 
 
@@ -61,7 +64,7 @@ def test_a_fit_that_misses_its_points_is_refused_unless_allowed(tmp_path, capsys
     err = capsys.readouterr().err
     assert "m: the fit misses its points by" in err and "more than --max-mape 25%" in err
     assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "p.json"), "--max-mape", "60"]) == 0
-    assert "k4 = 1000 (upper bound)" in capsys.readouterr().out           # share dependence not pinned down
+    assert "k4 = 1000 (upper bound)" in capsys.readouterr().out  # share dependence not pinned down
 
 
 def test_a_good_fit_is_written_with_its_quality(tmp_path, capsys):
@@ -87,10 +90,12 @@ def test_report_names_coefficients_at_their_bounds():
     measured = np.array([2.0, 9.0, 2.0, 9.0])
     report = active_time_report("m", (0.0, 100.0, 0.0, 1000.0, 2.0), batch, share, measured, share_step_pct=50.0)
     assert report.at_bounds == ("k4 = 1000 (upper bound)", "k5 = 2 (upper bound)")
-    assert [round(p.error_pct, 6) for p in report.points] == [round(100 * ((100 / 1050 + 2) - 2) / 2, 6),
-                                                              round(100 * ((800 / 1050 + 2) - 9) / 9, 6),
-                                                              round(100 * ((100 / 1100 + 2) - 2) / 2, 6),
-                                                              round(100 * ((800 / 1100 + 2) - 9) / 9, 6)]
+    assert [round(p.error_pct, 6) for p in report.points] == [
+        round(100 * ((100 / 1050 + 2) - 2) / 2, 6),
+        round(100 * ((800 / 1050 + 2) - 9) / 9, 6),
+        round(100 * ((100 / 1100 + 2) - 2) / 2, 6),
+        round(100 * ((800 / 1100 + 2) - 9) / 9, 6),
+    ]
     assert report.mape_pct == pytest.approx(np.mean([abs(p.error_pct) for p in report.points]))
 
 

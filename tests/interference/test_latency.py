@@ -13,8 +13,12 @@ def random_configs(rng, count):
     for _ in range(count):
         k = int(rng.integers(1, 5))
         shares = rng.dirichlet(np.ones(k)) * rng.uniform(20, 100)
-        configs.append([(MODELS[int(rng.integers(len(MODELS)))], int(rng.integers(1, 33)),
-                         float(max(2.5, round(s, 1)))) for s in shares])
+        configs.append(
+            [
+                (MODELS[int(rng.integers(len(MODELS)))], int(rng.integers(1, 33)), float(max(2.5, round(s, 1))))
+                for s in shares
+            ]
+        )
     return configs
 
 
@@ -27,7 +31,7 @@ def test_vectorised_path_equals_scalar_path():
         for col, prediction in enumerate(predict_gpu(PROFILE, config)):
             assert latency[row, col] == pytest.approx(prediction.latency_ms, rel=1e-9)
             assert throughput[row, col] == pytest.approx(prediction.throughput_rps, rel=1e-9)
-        assert np.isnan(latency[row, len(config):]).all()
+        assert np.isnan(latency[row, len(config) :]).all()
 
 
 def test_a_neighbour_slows_a_workload_down():

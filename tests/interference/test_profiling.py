@@ -11,7 +11,7 @@ from stoke.cli import main
 def truth(point: MeasurePoint) -> float:
     """A made-up CPU model: latency from the same k_act form, 30% slower with a busy neighbour."""
     k1, k2, k3, k4, k5 = 0.01, 40.0, 20.0, 5.0, 0.4
-    base = (k1 * point.batch ** 2 + k2 * point.batch + k3) / (point.share_pct + k4) + k5
+    base = (k1 * point.batch**2 + k2 * point.batch + k3) / (point.share_pct + k4) + k5
     return base * (1.3 if point.neighbours else 1.0)
 
 
@@ -33,8 +33,9 @@ def test_ask_tell_checkpoint_and_resume_measure_each_point_once():
 
 
 def test_fitted_profile_predicts_the_measured_latencies():
-    session = ProfileSession(device="cpu-4core", cores=4, models=["a"], batches=[1, 8, 16, 32],
-                             model_bytes={"a": (256, 64)})
+    session = ProfileSession(
+        device="cpu-4core", cores=4, models=["a"], batches=[1, 8, 16, 32], model_bytes={"a": (256, 64)}
+    )
     run_to_end(session)
     profile = fit_measured_profile(session)
     assert profile.gpu.share_step_pct == 25.0
@@ -60,6 +61,7 @@ def test_incomplete_measurements_are_refused(tmp_path, capsys):
 def test_bundled_cpu_profile_loads_and_plans():
     from controller.solver import GpuType, Problem, Workload, solve
     from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
+
     profile = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert profile.gpu.share_step_pct == 50.0
     plan = solve(Problem((Workload("demo", "mlp_small", 50, 20),), (GpuType("cpu", 0.1, profile),)))
@@ -69,16 +71,18 @@ def test_bundled_cpu_profile_loads_and_plans():
 def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
     from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
     from stoke.commands.demo import find_cpu_profile
+
     assert find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
 def test_stability_is_perf_analyzers_rule_three_windows_within_ten_percent():
     from interference.profiling import Stability
+
     rule = Stability()
-    assert not rule.is_stable([10.0, 10.0])                      # fewer than three windows
-    assert rule.is_stable([50.0, 10.0, 10.5, 9.6])               # only the last three count
-    assert not rule.is_stable([10.0, 10.0, 12.0])                # 12 is 12.5% above their mean
+    assert not rule.is_stable([10.0, 10.0])  # fewer than three windows
+    assert rule.is_stable([50.0, 10.0, 10.5, 9.6])  # only the last three count
+    assert not rule.is_stable([10.0, 10.0, 12.0])  # 12 is 12.5% above their mean
     assert rule.spread_pct([9.0, 10.0, 11.0]) == pytest.approx(10.0)
     with pytest.raises(ValueError, match="max_windows >= windows"):
         Stability(max_windows=2)
@@ -86,12 +90,14 @@ def test_stability_is_perf_analyzers_rule_three_windows_within_ten_percent():
 
 def test_noisy_points_are_measured_again_until_stable():
     from interference.profiling import Stability, measure_until_stable
+
     asked = []
     noisy_then_steady = [30.0, 8.0, 14.0, 10.2, 9.8, 10.0, 99.0]
 
     def window(i):
         asked.append(i)
         return noisy_then_steady[i]
+
     m = measure_until_stable(window, Stability())
     assert asked == [0, 1, 2, 3, 4, 5] and m.windows == 6 and m.stable
     assert m.latency_ms == 10.0 and m.spread_pct < 2.0
@@ -101,6 +107,7 @@ def test_noisy_points_are_measured_again_until_stable():
 
 def test_spread_and_eta_are_kept():
     from interference.profiling import MeasurePoint, eta_seconds
+
     session = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1])
     point = MeasurePoint("a", 50.0, 1)
     session.tell(point, 2.0, spread_pct=3.25)

@@ -3,6 +3,7 @@
 Triton, Prometheus and Grafana often run as another user and must be able to read
 config.pbtxt, rule files, dashboards and profiles; a temp file from mkstemp is 0600.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agents.repo_store import LocalStore
-from stoke.files import atomic_write_bytes, atomic_write_text
 from stoke.cli import main
+from stoke.files import atomic_write_bytes, atomic_write_text
 
 
 @contextmanager
@@ -56,7 +57,7 @@ def test_an_existing_file_keeps_its_mode(tmp_path: Path, existing: int):
     target = tmp_path / "rules.yml"
     target.write_text("old\n")
     target.chmod(existing)
-    with umask(0o077):                      # the umask must not matter for an existing file
+    with umask(0o077):  # the umask must not matter for an existing file
         assert atomic_write_text(target, "new\n")
         LocalStore(tmp_path).write_bytes("rules.yml", b"newer\n")
     assert target.read_text() == "newer\n" and mode(target) == existing
@@ -68,7 +69,7 @@ def test_no_temp_file_is_left_behind_and_unchanged_files_are_not_rewritten(tmp_p
     inode = target.stat().st_ino
     assert not atomic_write_text(target, "{}\n") and target.stat().st_ino == inode
     with pytest.raises(TypeError):
-        atomic_write_bytes(target, "not bytes")          # type: ignore[arg-type]
+        atomic_write_bytes(target, "not bytes")  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
 
 

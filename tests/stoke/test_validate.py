@@ -1,4 +1,5 @@
 """The validation kit: one wording for bad values, settings loaded and described from one declaration."""
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ class Shared:
 
     def __post_init__(self) -> None:
         if self.timeout_s <= self.interval_s:
-            raise InputError(f"timeout_s ({self.timeout_s}) must be larger than interval_s ({self.interval_s})",
-                             "timeout_s")
+            raise InputError(
+                f"timeout_s ({self.timeout_s}) must be larger than interval_s ({self.interval_s})", "timeout_s"
+            )
 
 
 @dataclass(frozen=True)
@@ -60,23 +62,25 @@ class Outer:
 
 
 def test_load_takes_defaults_converts_and_resolves_paths(tmp_path):
-    got = check.load(Outer, {"interval_s": 1, "items": ["a.txt", {"path": "/abs"}]}, where="c.yaml",
-                     base_dir=tmp_path)
+    got = check.load(Outer, {"interval_s": 1, "items": ["a.txt", {"path": "/abs"}]}, where="c.yaml", base_dir=tmp_path)
     assert got == Outer(items=(Inner(str(tmp_path / "a.txt")), Inner("/abs")), shared=Shared(interval_s=1.0))
     assert check.load(Outer, None, where="defaults") == Outer()
     assert check.keys(Outer) == ["listen", "mode", "items", "interval_s", "timeout_s"]
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"lissen": "x"}, "c.yaml: unknown key 'lissen'; known keys: interval_s, items, listen, mode, timeout_s"),
-    ({"listen": "nope"}, "c.yaml: listen must be HOST:PORT, got 'nope'"),
-    ({"mode": "c"}, "c.yaml: mode must be one of a, b, got 'c'"),
-    ({"interval_s": 0}, "c.yaml: interval_s must be a positive number of seconds, got 0"),
-    ({"items": [{"path": 3}]}, "c.yaml: items[0].path must be a non-empty string, got 3"),
-    ({"items": [{"pth": "a"}]}, "c.yaml: unknown key 'items[0].pth'; known keys: path"),
-    ({"interval_s": 20}, "c.yaml: timeout_s (10.0) must be larger than interval_s (20.0)"),
-    ([1], "c.yaml: the settings must be a mapping of keys (listen, mode, items, interval_s, timeout_s)"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"lissen": "x"}, "c.yaml: unknown key 'lissen'; known keys: interval_s, items, listen, mode, timeout_s"),
+        ({"listen": "nope"}, "c.yaml: listen must be HOST:PORT, got 'nope'"),
+        ({"mode": "c"}, "c.yaml: mode must be one of a, b, got 'c'"),
+        ({"interval_s": 0}, "c.yaml: interval_s must be a positive number of seconds, got 0"),
+        ({"items": [{"path": 3}]}, "c.yaml: items[0].path must be a non-empty string, got 3"),
+        ({"items": [{"pth": "a"}]}, "c.yaml: unknown key 'items[0].pth'; known keys: path"),
+        ({"interval_s": 20}, "c.yaml: timeout_s (10.0) must be larger than interval_s (20.0)"),
+        ([1], "c.yaml: the settings must be a mapping of keys (listen, mode, items, interval_s, timeout_s)"),
+    ],
+)
 def test_load_names_file_field_value(data, message):
     with pytest.raises(FileError) as err:
         check.load(Outer, data, where="c.yaml", error=FileError)
@@ -88,7 +92,6 @@ def test_json_schema_follows_the_declarations():
     props = schema["properties"]
     assert schema["title"] == "outer" and schema["additionalProperties"] is False
     assert list(props) == ["listen", "mode", "items", "interval_s", "timeout_s"]
-    assert props["interval_s"] == {"type": "number", "exclusiveMinimum": 0, "description": "how often",
-                                   "default": 2.0}
+    assert props["interval_s"] == {"type": "number", "exclusiveMinimum": 0, "description": "how often", "default": 2.0}
     assert props["mode"]["enum"] == ["a", "b"]
     assert props["items"]["items"]["anyOf"][0] == {"type": "string", "minLength": 1, "description": "a file"}

@@ -1,4 +1,5 @@
 """The committed gRPC stubs match a fresh generation from controller/api/stoke.proto."""
+
 from controller.api.generate import API_DIR, fresh_stubs
 
 

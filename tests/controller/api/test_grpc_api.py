@@ -1,10 +1,12 @@
 """The gRPC API on loopback: auth, validation, health, reflection, metrics (real server, in process)."""
+
 from __future__ import annotations
 
 import urllib.request
 
 import grpc
 import pytest
+from control_helpers import cpu_profile_json
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -15,8 +17,6 @@ from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, No
 from controller.server import ControllerServer
 from controller.solver import Workload
 
-from control_helpers import cpu_profile_json
-
 TOKEN = "s3cret-token"
 
 
@@ -24,9 +24,14 @@ TOKEN = "s3cret-token"
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ctl")
     (tmp / "token").write_text(TOKEN + "\n")
-    config = ControllerConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", db=str(tmp / "c.db"),
-                              token_file=str(tmp / "token"), reconcile_interval_s=0.1,
-                              service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0))
+    config = ControllerConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        db=str(tmp / "c.db"),
+        token_file=str(tmp / "token"),
+        reconcile_interval_s=0.1,
+        service=ServiceConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0),
+    )
     srv = ControllerServer(config).start()
     yield srv
     srv.stop()
@@ -45,6 +50,7 @@ def test_call_without_or_with_wrong_token_is_unauthenticated(server):
                 anon.list_workloads()
     channel = grpc.insecure_channel(server.address)
     from controller.api import stoke_pb2_grpc
+
     with pytest.raises(grpc.RpcError) as err:
         stoke_pb2_grpc.StokeControllerStub(channel).ListWorkloads(pb.ListWorkloadsRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -53,12 +59,14 @@ def test_call_without_or_with_wrong_token_is_unauthenticated(server):
 
 def test_health_and_reflection_need_no_token(server):
     channel = grpc.insecure_channel(server.address)
-    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="stoke.v1.StokeController"),
-                                                      timeout=5)
+    reply = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service="stoke.v1.StokeController"), timeout=5
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    answers = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                             timeout=5))
+    answers = list(
+        stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+    )
     names = {s.name for s in answers[0].list_services_response.service}
     assert {"stoke.v1.StokeController", "stoke.v1.AgentGateway", "grpc.health.v1.Health"} <= names
     channel.close()
@@ -69,8 +77,12 @@ def test_flow_validation_and_metrics(client, server):
     assert {p.model for p in client.list_profiles().profiles} >= {"mlp_small", "conv_medium"}
     with pytest.raises(NotFound):
         client.get_plan()
-    bad = pb.ApplyWorkloadsRequest(workloads=[pb.Workload(name="ok", model="mlp_small", slo_ms=100, rate_rps=5),
-                                              pb.Workload(name="bad", model="mlp_small", slo_ms=100, rate_rps=0)])
+    bad = pb.ApplyWorkloadsRequest(
+        workloads=[
+            pb.Workload(name="ok", model="mlp_small", slo_ms=100, rate_rps=5),
+            pb.Workload(name="bad", model="mlp_small", slo_ms=100, rate_rps=0),
+        ]
+    )
     with pytest.raises(InvalidArgument) as err:
         client.apply_raw(bad)
     assert "workloads[1].rate_rps" in str(err.value)
@@ -97,6 +109,7 @@ def test_remote_plan_for_stoke_plan_remote(client, server, capsys, tmp_path):
     import json
 
     from stoke.commands.control import remote_plan
+
     client.upload_profile(cpu_profile_json())
     client.register("n9", [NodeDevice(0, "cpu", "cpu", cores=2)])
     client.apply_workloads([Workload("api", "tiny_echo", 50, 10)])

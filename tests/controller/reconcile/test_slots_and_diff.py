@@ -1,4 +1,5 @@
 """Pure plan -> node cut and diff functions."""
+
 from controller.messages import ModelAssignment
 from controller.reconcile.diff import classify, diff_assignments
 from controller.reconcile.slots import Binding, bind_gpus, node_assignments, slot_keys
@@ -6,8 +7,17 @@ from controller.solver import GpuPlan, Placement, Plan
 
 
 def pl(name, share=10.0, batch=1):
-    return Placement(name=name, model="mlp_small", slo_ms=100, rate_rps=10, share_pct=share, batch=batch,
-                     queue_delay_ms=0.0, predicted_latency_ms=5, predicted_throughput_rps=100)
+    return Placement(
+        name=name,
+        model="mlp_small",
+        slo_ms=100,
+        rate_rps=10,
+        share_pct=share,
+        batch=batch,
+        queue_delay_ms=0.0,
+        predicted_latency_ms=5,
+        predicted_throughput_rps=100,
+    )
 
 
 def gpu(*names, key=None):

@@ -3,12 +3,15 @@ from dataclasses import replace
 import pytest
 
 from controller.solver import GpuType, Problem, ProblemError, Workload, plan_from_dict, plan_to_dict, solve
-from controller.solver.candidates import smallest_latency_ms, PointCache
+from controller.solver.candidates import PointCache, smallest_latency_ms
 from interference.profile_io import bundled_profile
 
 V100 = GpuType("V100", 3.06, bundled_profile())
-CHECKPOINT = (Workload("alexnet", "alexnet", 15, 500), Workload("resnet50", "resnet50", 40, 400),
-              Workload("vgg19", "vgg19", 60, 200))
+CHECKPOINT = (
+    Workload("alexnet", "alexnet", 15, 500),
+    Workload("resnet50", "resnet50", 40, 400),
+    Workload("vgg19", "vgg19", 60, 200),
+)
 
 
 def placements(plan):
@@ -30,7 +33,8 @@ def test_igniter_reproduces_the_published_plan():
 
 def test_ffd_names_the_workloads_it_predicts_to_miss():
     heavy = tuple(Workload(f"v{i}", "vgg19", 50, 250) for i in range(3)) + tuple(
-        Workload(f"s{i}", "ssd", 90, 120) for i in range(3))
+        Workload(f"s{i}", "ssd", 90, 120) for i in range(3)
+    )
     plan = solve(Problem(heavy, (V100,)), "ffd")
     assert plan.slo_misses, "interference must push some FFD placements over their SLO"
     assert any("predicted to miss" in n for n in plan.notes)
@@ -55,7 +59,7 @@ def test_a_workload_bigger_than_one_gpu_is_split_into_replicas(strategy):
     assert sum(p.rate_rps for p in replicas) == pytest.approx(5000)
     if strategy == "stoke":
         assert all(p.meets_slo for p in replicas)
-    else:   # iGniter's own rule; its p99 under Poisson arrivals is not its concern
+    else:  # iGniter's own rule; its p99 under Poisson arrivals is not its concern
         assert all(p.predicted_worst_ms <= p.slo_ms and p.predicted_throughput_rps >= p.rate_rps for p in replicas)
     assert all(g.share_pct <= 100 for g in plan.gpus)
 
@@ -85,7 +89,8 @@ def test_gpu_type_preference_and_count_limit_are_respected():
     limited = GpuType("A", 1.0, bundled_profile(), max_count=1)
     other = GpuType("B", 2.0, bundled_profile())
     workloads = tuple(Workload(f"w{i}", "vgg19", 60, 300) for i in range(4)) + (
-        Workload("pinned", "alexnet", 20, 100, gpu_type="B"),)
+        Workload("pinned", "alexnet", 20, 100, gpu_type="B"),
+    )
     plan = solve(Problem(workloads, (limited, other)), "stoke")
     assert sum(1 for g in plan.gpus if g.gpu_type == "A") <= 1
     assert any(p.name == "pinned" for g in plan.gpus if g.gpu_type == "B" for p in g.placements)
@@ -94,9 +99,22 @@ def test_gpu_type_preference_and_count_limit_are_respected():
 
 
 def test_stable_replanning_keeps_placements_and_keys():
-    workloads = tuple(Workload(f"w{i}", m, slo, rate) for i, (m, slo, rate) in enumerate(
-        [("vgg19", 60, 300), ("resnet50", 40, 500), ("alexnet", 15, 800), ("ssd", 100, 150),
-         ("resnet50", 30, 300), ("vgg19", 80, 250), ("alexnet", 12, 300), ("ssd", 120, 100), ("vgg19", 70, 120)]))
+    workloads = tuple(
+        Workload(f"w{i}", m, slo, rate)
+        for i, (m, slo, rate) in enumerate(
+            [
+                ("vgg19", 60, 300),
+                ("resnet50", 40, 500),
+                ("alexnet", 15, 800),
+                ("ssd", 100, 150),
+                ("resnet50", 30, 300),
+                ("vgg19", 80, 250),
+                ("alexnet", 12, 300),
+                ("ssd", 120, 100),
+                ("vgg19", 70, 120),
+            ]
+        )
+    )
     first = solve(Problem(workloads, (V100,)), "stoke")
     keyed = replace(first, gpus=tuple(replace(g, key=f"node/{i}") for i, g in enumerate(first.gpus)))
     changed = workloads + (Workload("newcomer", "alexnet", 20, 50),)
@@ -113,8 +131,16 @@ def test_plan_json_round_trip_and_shape():
     data = plan_to_dict(plan)
     assert set(data) >= {"strategy", "gpu_count", "cost_per_hour", "gpus"}
     assert set(data["gpus"][0]) >= {"gpu_type", "workloads"}
-    assert set(data["gpus"][0]["workloads"][0]) >= {"name", "model", "slo_ms", "rate_rps", "share_pct", "batch",
-                                                    "predicted_latency_ms", "predicted_throughput_rps"}
+    assert set(data["gpus"][0]["workloads"][0]) >= {
+        "name",
+        "model",
+        "slo_ms",
+        "rate_rps",
+        "share_pct",
+        "batch",
+        "predicted_latency_ms",
+        "predicted_throughput_rps",
+    }
     again = plan_from_dict(data)
     assert placements(again) == placements(plan) and again.gpu_count == plan.gpu_count
 
@@ -130,8 +156,13 @@ def test_bad_problems_are_refused():
 
 def test_stoke_options_trade_safety_for_gpus():
     from controller.solver.stoke import StokeOptions
-    mix = tuple(Workload(f"w{i}", m, slo, rate) for i, (m, slo, rate) in enumerate(
-        [("vgg19", 60, 150), ("resnet50", 40, 300), ("alexnet", 15, 600), ("ssd", 100, 80)] * 5))
+
+    mix = tuple(
+        Workload(f"w{i}", m, slo, rate)
+        for i, (m, slo, rate) in enumerate(
+            [("vgg19", 60, 150), ("resnet50", 40, 300), ("alexnet", 15, 600), ("ssd", 100, 80)] * 5
+        )
+    )
     careful = solve(Problem(mix, (V100,)), "stoke", options=StokeOptions(safety_margin=0.3, max_utilisation=0.6))
     bold = solve(Problem(mix, (V100,)), "stoke", options=StokeOptions(safety_margin=0.0, max_utilisation=0.95))
     assert bold.gpu_count < careful.gpu_count
@@ -158,6 +189,7 @@ def test_packing_rollback_restores_bins_in_place():
     from controller.solver.candidates import PointCache
     from controller.solver.packing import Packing
     from controller.solver.stoke import best_candidate
+
     cache = PointCache(V100)
     a, b = (best_candidate(Workload(n, "alexnet", 50, 50), cache, 50) for n in ("a", "b"))
     packing = Packing({"V100": cache}, {"V100": None})
@@ -176,15 +208,24 @@ def test_colocation_check_agrees_with_the_batching_model():
     from controller.solver.candidates import PointCache, replica_p99_ms
     from controller.solver.stoke import best_candidate
     from interference.batching import ServiceCurve, latency_distribution
+
     cache = PointCache(V100)
-    for workload in (Workload("r", "resnet50", 40, 300), Workload("v", "vgg19", 80, 120),
-                     Workload("a", "alexnet", 20, 900, arrivals="constant")):
+    for workload in (
+        Workload("r", "resnet50", 40, 300),
+        Workload("v", "vgg19", 80, 120),
+        Workload("a", "alexnet", 20, 900, arrivals="constant"),
+    ):
         item = best_candidate(workload, cache, workload.rate_rps)
         prediction = cache.predict([item], [item.min_share])[0]
         placement = plan_from_dict(plan_to_dict(solve(Problem((workload,), (V100,)), "stoke"))).gpus[0].placements[0]
         curve = service_curve(V100.profile, (placement,), 0)
-        exact = latency_distribution(item.rate_rps, item.batch, item.queue_delay_ms, workload.arrivals,
-                                     ServiceCurve(curve.latency_ms, curve.occupancy_ms))
+        exact = latency_distribution(
+            item.rate_rps,
+            item.batch,
+            item.queue_delay_ms,
+            workload.arrivals,
+            ServiceCurve(curve.latency_ms, curve.occupancy_ms),
+        )
         assert replica_p99_ms(cache, item, item.min_share, prediction) == pytest.approx(exact.p99_ms, rel=0.02)
         assert placement.predicted_p99_ms == pytest.approx(exact.p99_ms, rel=0.02)
         assert exact.p99_ms <= 0.95 * workload.slo_ms + 1e-6

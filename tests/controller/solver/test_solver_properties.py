@@ -1,4 +1,5 @@
 """Property tests: invariants of every plan, and stoke against an exhaustive optimum."""
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,8 +22,15 @@ def workload_mixes(draw, min_size=1, max_size=10, max_rate=900.0):
     for i in range(count):
         model = draw(st.sampled_from(sorted(SLO_RANGES_MS)))
         low, high = SLO_RANGES_MS[model]
-        out.append(Workload(f"w{i}", model, draw(st.floats(low, high)), draw(st.floats(10.0, max_rate)),
-                            arrivals=draw(st.sampled_from(["poisson", "constant"]))))
+        out.append(
+            Workload(
+                f"w{i}",
+                model,
+                draw(st.floats(low, high)),
+                draw(st.floats(10.0, max_rate)),
+                arrivals=draw(st.sampled_from(["poisson", "constant"])),
+            )
+        )
     return tuple(out)
 
 

@@ -1,4 +1,5 @@
 """Gradient block planner, push/pull simulator and Kubernetes rendering."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,15 @@ import json
 import pytest
 
 from controller.training import readers
-from controller.training.blocks import (GradientProfile, Gradient, Partition, find_steps, plan_blocks,
-                                        gradient_profile_from_dict, take_block)
+from controller.training.blocks import (
+    Gradient,
+    GradientProfile,
+    Partition,
+    find_steps,
+    gradient_profile_from_dict,
+    plan_blocks,
+    take_block,
+)
 from controller.training.comm_sim import SCHEDULERS, compare, simulate
 from controller.training.kube import render_manifests, validate_manifests
 from controller.training.models import TrainingError
@@ -21,18 +29,31 @@ def shipped(request):
 
 
 def tiny(latency=0.0, **kw) -> GradientProfile:
-    grads = (Gradient("l0", 0, 1_000_000, 10.0, 1.0), Gradient("l1", 1, 2_000_000, 4.0, 2.0),
-             Gradient("l2", 2, 3_000_000, 1.0, 3.0))
-    base = dict(name="tiny", bandwidth_mb_s=1000.0, latency_ms=latency, partition_bytes=1_000_000,
-                credit_bytes=2_000_000, backward_ms=10.0, gradients=grads)
+    grads = (
+        Gradient("l0", 0, 1_000_000, 10.0, 1.0),
+        Gradient("l1", 1, 2_000_000, 4.0, 2.0),
+        Gradient("l2", 2, 3_000_000, 1.0, 3.0),
+    )
+    base = dict(
+        name="tiny",
+        bandwidth_mb_s=1000.0,
+        latency_ms=latency,
+        partition_bytes=1_000_000,
+        credit_bytes=2_000_000,
+        backward_ms=10.0,
+        gradients=grads,
+    )
     base.update(kw)
     return GradientProfile(**base)
 
 
 def test_steps_split_at_large_gaps():
     steps = find_steps([0.0, 0.1, 0.2, 5.0, 5.1, 9.0])
-    assert [s.gradients for s in steps] == [(2, 1, 0), (4, 3), (5,)] or \
-        [sorted(s.gradients) for s in steps] == [[0, 1, 2], [3, 4], [5]]
+    assert [s.gradients for s in steps] == [(2, 1, 0), (4, 3), (5,)] or [sorted(s.gradients) for s in steps] == [
+        [0, 1, 2],
+        [3, 4],
+        [5],
+    ]
     assert steps[0].gap_ms == pytest.approx(4.8)
     assert steps[-1].gap_ms == 0.0
 
@@ -42,9 +63,9 @@ def test_take_block_keeps_priority_order_and_budget():
     block = take_block(pending, 9)
     assert [(p.gradient, p.index) for p in block] == [(0, 0), (1, 0)]
     assert [(p.gradient, p.index) for p in pending] == [(1, 1), (2, 0)]
-    assert take_block(pending, 1) == [Partition(1, 1, 4)]            # at least one partition
+    assert take_block(pending, 1) == [Partition(1, 1, 4)]  # at least one partition
     pending = [Partition(0, 0, 4), Partition(1, 0, 4)]
-    cut = take_block(pending, 6, min_piece=1)                          # cut to fill the budget exactly
+    cut = take_block(pending, 6, min_piece=1)  # cut to fill the budget exactly
     assert sum(p.bytes for p in cut) == 6 and pending == [Partition(1, 0, 2)]
 
 
@@ -96,13 +117,24 @@ def test_profile_errors_name_the_field():
     with pytest.raises(TrainingError, match="layers"):
         gradient_profile_from_dict({"bandwidth_mb_s": 1}, "p.yaml")
     with pytest.raises(TrainingError, match=r"layers\[0\]\.bytes"):
-        gradient_profile_from_dict({"bandwidth_mb_s": 1, "layers": [{"bytes": -1, "ready_ms": 0, "forward_ms": 1}]}, "p.yaml")
+        gradient_profile_from_dict(
+            {"bandwidth_mb_s": 1, "layers": [{"bytes": -1, "ready_ms": 0, "forward_ms": 1}]}, "p.yaml"
+        )
 
 
 def _plan() -> TrainingPlan:
-    return TrainingPlan(strategy="spot", job="ResNet110 CIFAR", feasible=True,
-                        counts=(("p3.2xlarge", 2), ("g4dn.4xlarge", 0), ("g3.8xlarge", 3)), ps_type="m5.xlarge",
-                        ps_count=1, predicted_time_s=1884.0, predicted_cost=1.68, deadline_s=1900, target_loss=0.9)
+    return TrainingPlan(
+        strategy="spot",
+        job="ResNet110 CIFAR",
+        feasible=True,
+        counts=(("p3.2xlarge", 2), ("g4dn.4xlarge", 0), ("g3.8xlarge", 3)),
+        ps_type="m5.xlarge",
+        ps_count=1,
+        predicted_time_s=1884.0,
+        predicted_cost=1.68,
+        deadline_s=1900,
+        target_loss=0.9,
+    )
 
 
 def test_kubernetes_manifests_are_well_formed():
@@ -113,11 +145,14 @@ def test_kubernetes_manifests_are_well_formed():
     g3 = sets["resnet110-cifar-worker-g3-8xlarge"]
     assert g3["spec"]["replicas"] == 3
     pod = g3["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "g3.8xlarge", "karpenter.sh/capacity-type": "spot"}
+    assert pod["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": "g3.8xlarge",
+        "karpenter.sh/capacity-type": "spot",
+    }
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     layout = json.loads(env["STOKE_CLUSTER"])
-    assert len(layout["worker"]) == 5 and len(layout["ps"]) == 1      # 2 + 3 worker hosts
+    assert len(layout["worker"]) == 5 and len(layout["ps"]) == 1  # 2 + 3 worker hosts
     assert sets["resnet110-cifar-ps"]["spec"]["replicas"] == 1
 
 

@@ -1,4 +1,5 @@
 """Fitting the training models from profiling data."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,14 @@ import pytest
 from sklearn.exceptions import NotFittedError
 
 from controller.training import readers
+from controller.training.estimators import (
+    LossCurveEstimator,
+    SpotLossEstimator,
+    fit_batch_memory,
+    fit_contention,
+    speed_from_iterations,
+)
 from controller.training.models import LossCurve, SpotJob, SpotLoss, TrainingError, per_gpu_batch
-from controller.training.estimators import (LossCurveEstimator, SpotLossEstimator, fit_batch_memory, fit_contention,
-                                       speed_from_iterations)
 
 
 def test_loss_curve_recovers_coefficients():
@@ -35,7 +41,7 @@ def test_loss_curve_refuses_before_fit_and_bad_input():
     with pytest.raises(NotFittedError):
         LossCurveEstimator().predict([1.0])
     with pytest.raises(TrainingError):
-        LossCurveEstimator().fit([0, 1, 2], [3, 2, 1])          # too few points
+        LossCurveEstimator().fit([0, 1, 2], [3, 2, 1])  # too few points
     with pytest.raises(TrainingError):
         LossCurveEstimator().fit([0, 1, 2, 3], [3, 2, -1, 1])  # negative loss
 
@@ -60,13 +66,21 @@ def test_spot_loss_recovers_coefficients(r_weight):
 
 
 def test_contention_fit_inverts_eq8():
-    job = SpotJob(model_mb=11.5, ps_bw_mb_s=1200, required_bw_mb_s=142, pcie_bw_mb_s=1e4, a1=0.8, b1=-1.92,
-                  loss=SpotLoss(1, 0, 1, 1, 0), target_loss=1.0)
+    job = SpotJob(
+        model_mb=11.5,
+        ps_bw_mb_s=1200,
+        required_bw_mb_s=142,
+        pcie_bw_mb_s=1e4,
+        a1=0.8,
+        b1=-1.92,
+        loss=SpotLoss(1, 0, 1, 1, 0),
+        target_loss=1.0,
+    )
     n = np.array([4, 9, 10, 11, 12])
     a1, b1 = fit_contention(n, job.worker_bandwidth(n), 1200, 142)
     assert (a1, b1) == pytest.approx((0.8, -1.92), abs=1e-6)
     with pytest.raises(TrainingError):
-        fit_contention([2, 4], [142, 142], 1200, 142)   # never contended
+        fit_contention([2, 4], [142, 142], 1200, 142)  # never contended
 
 
 def test_batch_memory_and_speed():

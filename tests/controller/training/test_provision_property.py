@@ -4,6 +4,7 @@ The brute force below re-derives every prediction with scalar code straight
 from the reference equations, so it checks the vectorised models, the
 bounds (no optimum is pruned) and the search together.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -14,12 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.training.homogeneous import provision_homogeneous
+from controller.training.models import LossCurve, SpotJob, SpotLoss, TrainingError
 from controller.training.spec import PsOption, TrainingSpec, WorkerOption
 from controller.training.spot import SpotState, provision_spot
-from controller.training.models import LossCurve, SpotJob, SpotLoss, TrainingError
 
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -30,21 +30,33 @@ def worker_types(draw, max_types=3, max_quota=3):
         gpus = draw(st.sampled_from([1, 2, 4]))
         batch = draw(st.sampled_from([256, 512, 1024])) * gpus
         t_meas = draw(st.floats(0.3, 2.0))
-        out.append(WorkerOption(type=f"t{i}.xlarge", quota=draw(st.integers(0, max_quota)), speed=batch / t_meas,
-                                batch=batch, gpus=gpus, network_mb_s=draw(st.sampled_from([300.0, 1250.0])),
-                                price_per_hour=draw(st.floats(0.1, 3.0)), on_demand_per_hour=3.0,
-                                vcpus=draw(st.sampled_from([4, 16]))))
+        out.append(
+            WorkerOption(
+                type=f"t{i}.xlarge",
+                quota=draw(st.integers(0, max_quota)),
+                speed=batch / t_meas,
+                batch=batch,
+                gpus=gpus,
+                network_mb_s=draw(st.sampled_from([300.0, 1250.0])),
+                price_per_hour=draw(st.floats(0.1, 3.0)),
+                on_demand_per_hour=3.0,
+                vcpus=draw(st.sampled_from([4, 16])),
+            )
+        )
     return tuple(out)
 
 
 # --------------------------------------------------------------------------- spot (heterogeneous)
 
+
 def brute_spot(spec: TrainingSpec, existing=None, revoked=None, overhead=0.0, remaining=1.0):
     job = spec.spot
     existing, revoked = existing or {}, revoked or {}
     best = None
-    ranges = [range(existing.get(w.type, 0), max(w.quota - revoked.get(w.type, 0), existing.get(w.type, 0)) + 1)
-              for w in spec.workers]
+    ranges = [
+        range(existing.get(w.type, 0), max(w.quota - revoked.get(w.type, 0), existing.get(w.type, 0)) + 1)
+        for w in spec.workers
+    ]
     n_upper = math.floor(((1 - job.b1) / job.a1) ** 2 - 1e-9)
     for counts in itertools.product(*ranges):
         n = sum(counts)
@@ -77,17 +89,29 @@ def brute_spot(spec: TrainingSpec, existing=None, revoked=None, overhead=0.0, re
 
 
 def spot_spec(workers, deadline, r_weight, target):
-    job = SpotJob(model_mb=11.5, ps_bw_mb_s=1200, required_bw_mb_s=142, pcie_bw_mb_s=10000, a1=0.8, b1=-1.92,
-                  loss=SpotLoss(876.5, -0.2, 2507.6, 1.0 if r_weight == 0 else 0.5, 0.5, r_weight=r_weight),
-                  target_loss=target)
+    job = SpotJob(
+        model_mb=11.5,
+        ps_bw_mb_s=1200,
+        required_bw_mb_s=142,
+        pcie_bw_mb_s=10000,
+        a1=0.8,
+        b1=-1.92,
+        loss=SpotLoss(876.5, -0.2, 2507.6, 1.0 if r_weight == 0 else 0.5, 0.5, r_weight=r_weight),
+        target_loss=target,
+    )
     ps = PsOption(type="m5.xlarge", max_count=1, network_mb_s=1200, vcpus=4, price_per_hour=0.192)
-    return TrainingSpec(name="prop", target_loss=target, deadline_s=deadline, model_mb=11.5, workers=workers,
-                        ps=ps, spot=job)
+    return TrainingSpec(
+        name="prop", target_loss=target, deadline_s=deadline, model_mb=11.5, workers=workers, ps=ps, spot=job
+    )
 
 
 @SETTINGS
-@given(workers=worker_types(), deadline=st.floats(500, 40000), r_weight=st.sampled_from([0.0, 1.0]),
-       target=st.sampled_from([0.8, 0.9, 1.2]))
+@given(
+    workers=worker_types(),
+    deadline=st.floats(500, 40000),
+    r_weight=st.sampled_from([0.0, 1.0]),
+    target=st.sampled_from([0.8, 0.9, 1.2]),
+)
 def test_spot_exact_matches_brute_force(workers, deadline, r_weight, target):
     spec = spot_spec(workers, deadline, r_weight, target)
     plan = provision_spot(spec, search="exact")
@@ -116,7 +140,7 @@ def test_spot_replan_keeps_survivors_and_matches_brute_force(workers, deadline, 
     assert plan.feasible
     assert plan.predicted_cost == pytest.approx(brute[0], rel=1e-9)
     for w in workers:
-        assert plan.count(w.type) >= existing[w.type]                      # survivors kept
+        assert plan.count(w.type) >= existing[w.type]  # survivors kept
         assert plan.count(w.type) <= max(w.quota - revoked[w.type], existing[w.type])
 
 
@@ -136,6 +160,7 @@ def test_spot_window_never_beats_exact_nor_misses_deadline(workers, deadline):
 
 # --------------------------------------------------------------------------- homogeneous
 
+
 def brute_homogeneous(spec: TrainingSpec):
     curve = spec.curve
     best = None
@@ -149,7 +174,8 @@ def brute_homogeneous(spec: TrainingSpec):
             for m in range(1, spec.ps.max_count + 1):
                 gb = n * w.batch
                 samples = curve.samples_for(spec.target_loss) * (
-                    1 + spec.batch_penalty * max(0.0, gb / (spec.reference_batch or w.batch) - 1))
+                    1 + spec.batch_penalty * max(0.0, gb / (spec.reference_batch or w.batch) - 1)
+                )
                 k = math.ceil(samples / gb)
                 t_cpu = n * spec.model_mb * spec.update_cpu_s_per_mb / (m * spec.ps.vcpus)
                 if spec.sync == "bsp":
@@ -164,15 +190,30 @@ def brute_homogeneous(spec: TrainingSpec):
 
 
 @SETTINGS
-@given(workers=worker_types(max_types=3, max_quota=6), deadline=st.floats(100, 20000),
-       sync=st.sampled_from(["bsp", "asp"]), ps_count=st.integers(1, 3), cpu=st.sampled_from([0.0, 0.002, 0.02]),
-       penalty=st.sampled_from([0.0, 0.3, 2.0]), ps_bw=st.sampled_from([150.0, 1250.0]))
+@given(
+    workers=worker_types(max_types=3, max_quota=6),
+    deadline=st.floats(100, 20000),
+    sync=st.sampled_from(["bsp", "asp"]),
+    ps_count=st.integers(1, 3),
+    cpu=st.sampled_from([0.0, 0.002, 0.02]),
+    penalty=st.sampled_from([0.0, 0.3, 2.0]),
+    ps_bw=st.sampled_from([150.0, 1250.0]),
+)
 def test_homogeneous_matches_brute_force(workers, deadline, sync, ps_count, cpu, penalty, ps_bw):
     ps = PsOption(type="c5.4xlarge", max_count=ps_count, network_mb_s=ps_bw, vcpus=16, price_per_hour=0.68)
-    spec = TrainingSpec(name="prop", target_loss=0.9, deadline_s=deadline, model_mb=20.0,
-                        workers=tuple(w for w in workers), ps=ps, sync=sync,
-                        curve=LossCurve(2e-6, 0.25, 0.5), update_cpu_s_per_mb=cpu, batch_penalty=penalty,
-                        reference_batch=512)
+    spec = TrainingSpec(
+        name="prop",
+        target_loss=0.9,
+        deadline_s=deadline,
+        model_mb=20.0,
+        workers=tuple(w for w in workers),
+        ps=ps,
+        sync=sync,
+        curve=LossCurve(2e-6, 0.25, 0.5),
+        update_cpu_s_per_mb=cpu,
+        batch_penalty=penalty,
+        reference_batch=512,
+    )
     try:
         plan = provision_homogeneous(spec)
     except TrainingError as err:  # only a spec with no usable worker may be refused
@@ -188,25 +229,35 @@ def test_homogeneous_matches_brute_force(workers, deadline, sync, ps_count, cpu,
 
 
 @SETTINGS
-@given(bounds=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=4),
-       max_total=st.integers(0, 9), min_total=st.integers(0, 4))
+@given(
+    bounds=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=4),
+    max_total=st.integers(0, 9),
+    min_total=st.integers(0, 4),
+)
 def test_candidate_table_matches_itertools(bounds, max_total, min_total):
-    from controller.training.spot import count_vectors, enumerate_vectors
     import numpy as np
+
+    from controller.training.spot import count_vectors, enumerate_vectors
+
     lower = np.array([lo for lo, _ in bounds])
     upper = np.array([lo + extra for lo, extra in bounds])
-    expected = sorted(c for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)])
-                      if min_total <= sum(c) <= max_total)
+    expected = sorted(
+        c
+        for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)])
+        if min_total <= sum(c) <= max_total
+    )
     rows = enumerate_vectors(lower, upper, min_total, max_total)
     assert sorted(map(tuple, rows.tolist())) == expected
     assert enumerate_vectors(lower, upper, min_total, max_total, by_type=True).shape == (len(bounds), len(expected))
     assert count_vectors(lower, upper, max_total) == sum(
-        1 for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)]) if sum(c) <= max_total)
+        1 for c in itertools.product(*[range(lo, hi + 1) for lo, hi in zip(lower, upper)]) if sum(c) <= max_total
+    )
 
 
 def test_auto_search_falls_back_to_window_on_large_tables():
     from controller.training import readers
     from controller.training.spec import spec_from_dict
+
     spec = spec_from_dict(readers.read_spec(None)[0], readers.offline_catalog(), "fixture")
     assert provision_spot(spec).search == "exact"
     plan = provision_spot(spec, exact_limit=10)

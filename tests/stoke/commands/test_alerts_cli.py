@@ -1,4 +1,5 @@
 """`stoke alerts render` options and errors (no promtool needed)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,24 @@ def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: py
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan_to_dict(plan)))
     out = tmp_path / "out"
-    rc = main(["alerts", "render", str(wl), "--out", str(out), "--objective", "99", "--selector", 'model="{name}"',
-               "--plan", str(plan_file), "--histogram", "stoke_request_latency_ms", "--json"])
+    rc = main(
+        [
+            "alerts",
+            "render",
+            str(wl),
+            "--out",
+            str(out),
+            "--objective",
+            "99",
+            "--selector",
+            'model="{name}"',
+            "--plan",
+            str(plan_file),
+            "--histogram",
+            "stoke_request_latency_ms",
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert [w["workload"] for w in doc["workloads"]] == ["photo-tagging", "search"]
@@ -39,14 +56,17 @@ def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: py
     assert yaml.safe_load((out / "grafana-alerts.yml").read_text())["apiVersion"] == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--objective", "100"], "--objective must be a percentage"),
-    (["--selector", 'model="{oops}"'], "selector"),
-    (["--histogram", "not a metric"], "not a Prometheus metric name"),
-    (["--dashboard-uid", "a/b"], "dashboard uid 'a/b' must be 1-40 characters"),
-    (["--triton-selector", 'job="{nope}"'], "triton_selector"),
-    (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--objective", "100"], "--objective must be a percentage"),
+        (["--selector", 'model="{oops}"'], "selector"),
+        (["--histogram", "not a metric"], "not a Prometheus metric name"),
+        (["--dashboard-uid", "a/b"], "dashboard uid 'a/b' must be 1-40 characters"),
+        (["--triton-selector", 'job="{nope}"'], "triton_selector"),
+        (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv, message):
     assert main(["alerts", "render", "--out", str(tmp_path / "o"), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -71,9 +91,10 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
 
 def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
     from controller.alerts import SloOptions
+
     with pytest.raises(SystemExit):
         main(["alerts", "render", "--help"])
-    text = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert SloOptions().selector == 'workload="{name}"'
     selector_help = text.split("--selector MATCHERS")[-1].split("--triton-selector")[0]
     assert "(default: 'workload=\"{name}\"')" in selector_help and 'model="{model}"' not in selector_help
@@ -81,8 +102,23 @@ def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
 
 def test_dashboard_uid_and_triton_selector_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "out"
-    assert main(["alerts", "render", "--out", str(out), "--dashboard-uid", "prod-slo",
-                 "--triton-selector", 'job="triton",workload="{name}"']) == 0
+    assert (
+        main(
+            [
+                "alerts",
+                "render",
+                "--out",
+                str(out),
+                "--dashboard-uid",
+                "prod-slo",
+                "--triton-selector",
+                'job="triton",workload="{name}"',
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert json.loads((out / "grafana-dashboard.json").read_text())["uid"] == "prod-slo"
-    assert 'nv_inference_exec_count{job="triton",workload="photo-tagging"}' in (out / "prometheus-rules.yml").read_text()
+    assert (
+        'nv_inference_exec_count{job="triton",workload="photo-tagging"}' in (out / "prometheus-rules.yml").read_text()
+    )

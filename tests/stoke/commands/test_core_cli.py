@@ -1,4 +1,5 @@
 """The `stoke` CLI end to end (in-process main(), real files)."""
+
 import json
 
 import pytest
@@ -26,15 +27,27 @@ def test_plan_json_has_the_documented_shape(capsys, tmp_path):
     assert data["strategy"] == "igniter" and data["gpu_count"] == len(data["gpus"])
     assert data["cost_per_hour"] == pytest.approx(3.06 * data["gpu_count"])
     entry = data["gpus"][0]["workloads"][0]
-    assert {"name", "model", "slo_ms", "rate_rps", "share_pct", "batch", "predicted_latency_ms",
-            "predicted_throughput_rps"} <= set(entry)
+    assert {
+        "name",
+        "model",
+        "slo_ms",
+        "rate_rps",
+        "share_pct",
+        "batch",
+        "predicted_latency_ms",
+        "predicted_throughput_rps",
+    } <= set(entry)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
     cases = tmp_path / "cases.jsonl"
-    cases.write_text(json.dumps([{"model": "vgg19", "batch": 6, "share_pct": 37.5},
-                                 {"model": "alexnet", "batch": 4, "share_pct": 10}]) + "\n")
+    cases.write_text(
+        json.dumps(
+            [{"model": "vgg19", "batch": 6, "share_pct": 37.5}, {"model": "alexnet", "batch": 4, "share_pct": 10}]
+        )
+        + "\n"
+    )
     code, out, _ = run(capsys, "predict", "--cases", str(cases), "--json")
     assert code == 0
     [line] = out.strip().splitlines()
@@ -59,12 +72,18 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     assert load_profile(out_path) == bundled_profile()
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("workloads:\n  - {name: a, model: bert, slo_ms: 10, rate_rps: 5}\n", "model 'bert' is not profiled"),
-    ("workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n", "workloads[0].rate_rps must be a positive number, got -5"),
-    ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
-    ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("workloads:\n  - {name: a, model: bert, slo_ms: 10, rate_rps: 5}\n", "model 'bert' is not profiled"),
+        (
+            "workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n",
+            "workloads[0].rate_rps must be a positive number, got -5",
+        ),
+        ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
+        ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
+    ],
+)
 def test_bad_workload_files_give_one_clear_line_and_exit_2(capsys, tmp_path, content, expected):
     path = tmp_path / "w.yaml"
     path.write_text(content)
@@ -93,8 +112,10 @@ def test_impossible_slo_exits_2_naming_workload(capsys, tmp_path):
 
 def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp_path):
     path = tmp_path / "w.yaml"
-    path.write_text("gpu_types:\n  - {name: A100, price_per_hour: 4.1}\n"
-                    "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
+    path.write_text(
+        "gpu_types:\n  - {name: A100, price_per_hour: 4.1}\n"
+        "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n"
+    )
     code, _, err = run(capsys, "plan", str(path))
     assert code == 2 and "('A100') has no profile" in err
     data = profile_to_dict(bundled_profile())

@@ -1,4 +1,5 @@
 """`stoke train` commands on the bundled defaults and on user files (in-process)."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ def test_plan_defaults_reproduce_published_case(capsys):
     body = json.loads(out)
     assert code == 0 and body["feasible"]
     assert body["counts"] == {"p3.2xlarge": 2, "g4dn.4xlarge": 0, "g3.8xlarge": 2, "g3.16xlarge": 0, "p2.8xlarge": 0}
-    assert body["predicted_time_s"] == pytest.approx(1884, abs=2) and body["predicted_cost"] == pytest.approx(1.68, abs=0.01)
+    assert body["predicted_time_s"] == pytest.approx(1884, abs=2) and body["predicted_cost"] == pytest.approx(
+        1.68, abs=0.01
+    )
     assert body["prices"]["source"] == "offline" and body["prices"]["as_of"]
     code, out, _ = run(capsys, "plan")
     assert "predicted time 1884.4 s, cost $1.68" in out and "p3.2xlarge" in out
@@ -73,7 +76,7 @@ def test_fit_loss_heterogeneous_layout(capsys, tmp_path):
     for n in (1, 2, 4):
         for b in (512, 1024):
             for j in (500, 2000, 6000, 12000):
-                loss = (-0.2 * b + 2507.6) * (n ** 0.5) / (j + 876.5) + 0.5
+                loss = (-0.2 * b + 2507.6) * (n**0.5) / (j + 876.5) + 0.5
                 rows.append(f"{b},0.5,{n},{j},{loss}")
     csv = tmp_path / "runs.csv"
     csv.write_text("\n".join(rows) + "\n")
@@ -108,4 +111,7 @@ def test_render_writes_valid_manifests(capsys, tmp_path):
     assert code == 0 and "wrote 6 objects" in out
     kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert ("StatefulSet", "resnet110-cifar100-worker-g3-8xlarge") in kinds
-    assert sum(d["spec"]["replicas"] for d in docs if d["kind"] == "StatefulSet" and "worker" in d["metadata"]["name"]) == 4
+    assert (
+        sum(d["spec"]["replicas"] for d in docs if d["kind"] == "StatefulSet" and "worker" in d["metadata"]["name"])
+        == 4
+    )

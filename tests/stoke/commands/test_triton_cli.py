@@ -1,4 +1,5 @@
 """`stoke triton render` / `sync` and input errors (no server needed)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,28 @@ def run(parser, argv):
 
 @pytest.fixture
 def plan_file(tmp_path):
-    plan = Plan(strategy="t", gpus=(GpuPlan("V100", 2.48, (
-        Placement(name="web", model="mlp_small", slo_ms=40.0, rate_rps=300.0, share_pct=60.0, batch=8,
-                  queue_delay_ms=23.333333, predicted_latency_ms=4.0, predicted_throughput_rps=900.0),)),))
+    plan = Plan(
+        strategy="t",
+        gpus=(
+            GpuPlan(
+                "V100",
+                2.48,
+                (
+                    Placement(
+                        name="web",
+                        model="mlp_small",
+                        slo_ms=40.0,
+                        rate_rps=300.0,
+                        share_pct=60.0,
+                        batch=8,
+                        queue_delay_ms=23.333333,
+                        predicted_latency_ms=4.0,
+                        predicted_throughput_rps=900.0,
+                    ),
+                ),
+            ),
+        ),
+    )
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan_to_dict(plan)))
     return path
@@ -49,7 +69,7 @@ def test_bad_inputs_are_one_line_user_errors(parser, plan_file, tmp_path, demo_r
     with pytest.raises(StokeError, match="missing.json: cannot read plan"):
         run(parser, ["triton", "render", str(tmp_path / "missing.json"), "--repo", str(demo_repo_copy)])
     bad = tmp_path / "bad.json"
-    bad.write_text("{\"gpus\": [{\"gpu_type\": \"V100\", \"workloads\": [{\"name\": \"w\"}]}]}")
+    bad.write_text('{"gpus": [{"gpu_type": "V100", "workloads": [{"name": "w"}]}]}')
     with pytest.raises(StokeError, match=r"bad.json: gpus\[0\].workloads\[0\] lacks field '"):
         run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
     bad.write_text("{not json")
@@ -74,18 +94,39 @@ def test_sync_to_a_directory(parser, demo_repo_copy, tmp_path, capsys):
 
 def _plan_of(path, gpus):
     """A plan file with the given GPUs, each a list of (workload, share_pct)."""
-    plan = Plan(strategy="t", gpus=tuple(GpuPlan("CPU", 0.1, tuple(
-        Placement(name=name, model="tiny_echo", slo_ms=50.0, rate_rps=10.0, share_pct=share, batch=1,
-                  queue_delay_ms=0.0, predicted_latency_ms=1.0, predicted_throughput_rps=100.0)
-        for name, share in placements)) for placements in gpus))
+    plan = Plan(
+        strategy="t",
+        gpus=tuple(
+            GpuPlan(
+                "CPU",
+                0.1,
+                tuple(
+                    Placement(
+                        name=name,
+                        model="tiny_echo",
+                        slo_ms=50.0,
+                        rate_rps=10.0,
+                        share_pct=share,
+                        batch=1,
+                        queue_delay_ms=0.0,
+                        predicted_latency_ms=1.0,
+                        predicted_throughput_rps=100.0,
+                    )
+                    for name, share in placements
+                ),
+            )
+            for placements in gpus
+        ),
+    )
     path.write_text(json.dumps(plan_to_dict(plan)))
     return path
 
 
 def test_up_refuses_a_plan_with_more_devices_than_the_cpu_node(parser, tmp_path, demo_repo_copy):
     import os
+
     cores = len(os.sched_getaffinity(0))
-    whole = _plan_of(tmp_path / "two.json", [[("a", 100.0)], [("b", 100.0)]])     # two whole nodes' worth
+    whole = _plan_of(tmp_path / "two.json", [[("a", 100.0)], [("b", 100.0)]])  # two whole nodes' worth
     with pytest.raises(UserError) as err:
         run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--plan", str(whole), "--seconds", "0"])
     message = str(err.value)
@@ -103,11 +144,22 @@ def test_overcommit_check_accepts_what_fits():
     from controller.messages import ModelAssignment
 
     def a(name, share, device=0):
-        return ModelAssignment(workload=name, model="m", device=device, share_pct=share, batch=1,
-                               queue_delay_ms=0.0, slo_ms=10.0, rate_rps=1.0)
+        return ModelAssignment(
+            workload=name,
+            model="m",
+            device=device,
+            share_pct=share,
+            batch=1,
+            queue_delay_ms=0.0,
+            slo_ms=10.0,
+            rate_rps=1.0,
+        )
 
     assert overcommit_problems([a("x", 50), a("y", 50)], device_kind="cpu", devices=1, cores=[0, 1]) == []
     assert overcommit_problems([a("x", 50), a("y", 50, device=3)], device_kind="cpu", devices=1, cores=[0, 1]) == []
     assert overcommit_problems([a("x", 60), a("y", 40)], device_kind="gpu", devices=1, cores=[0]) == []
     gpu = overcommit_problems([a("x", 60), a("y", 50), a("z", 10, device=2)], device_kind="gpu", devices=2, cores=[0])
-    assert gpu == ["it needs GPU(s) 2 (z#0) but this node has 2 GPU(s)", "GPU 0 shares add up to 110% (x#0: 60%, y#0: 50%)"]
+    assert gpu == [
+        "it needs GPU(s) 2 (z#0) but this node has 2 GPU(s)",
+        "GPU 0 shares add up to 110% (x#0: 60%, y#0: 50%)",
+    ]

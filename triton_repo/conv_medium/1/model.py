@@ -5,6 +5,7 @@ Triton Python-backend model; numpy only, weights from a fixed seed (no weight fi
 Requests that Triton's dynamic batcher hands over together are stacked into one
 array, so the compute really grows with the batch (the point of this demo).
 """
+
 import json
 
 import numpy as np
@@ -17,7 +18,8 @@ class TritonPythonModel:
         limit = int(config.get("parameters", {}).get("max_supported_batch", {}).get("string_value", "1024"))
         if int(config.get("max_batch_size", 0)) > limit:
             raise pb_utils.TritonModelException(
-                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}")
+                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}"
+            )
         rng = np.random.default_rng(2)
         self.k1 = (rng.standard_normal((27, 16), dtype=np.float32) / np.sqrt(27)).astype(np.float32)
         self.k2 = (rng.standard_normal((144, 32), dtype=np.float32) / np.sqrt(144)).astype(np.float32)
@@ -29,7 +31,7 @@ class TritonPythonModel:
         y = self.forward(np.concatenate(arrays).astype(np.float32, copy=False))
         responses, start = [], 0
         for size in sizes:
-            out = np.ascontiguousarray(y[start:start + size])
+            out = np.ascontiguousarray(y[start : start + size])
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
             start += size
         return responses
@@ -44,8 +46,8 @@ class TritonPythonModel:
         return np.maximum(out, 0).reshape(n, h - 2, w - 2, -1).transpose(0, 3, 1, 2)
 
     def forward(self, x):
-        x = self.conv3x3(x, self.k1)                       # N, 16, 30, 30
+        x = self.conv3x3(x, self.k1)  # N, 16, 30, 30
         n, c, h, w = x.shape
-        x = x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))   # N, 16, 15, 15
+        x = x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))  # N, 16, 15, 15
         x = self.conv3x3(np.ascontiguousarray(x), self.k2)  # N, 32, 13, 13
         return (x.mean(axis=(2, 3)) @ self.dense).astype(np.float32)

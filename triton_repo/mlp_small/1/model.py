@@ -4,6 +4,7 @@ Triton Python-backend model; numpy only, weights from a fixed seed (no weight fi
 Requests that Triton's dynamic batcher hands over together are stacked into one
 array, so the compute really grows with the batch (the point of this demo).
 """
+
 import json
 
 import numpy as np
@@ -16,10 +17,13 @@ class TritonPythonModel:
         limit = int(config.get("parameters", {}).get("max_supported_batch", {}).get("string_value", "1024"))
         if int(config.get("max_batch_size", 0)) > limit:
             raise pb_utils.TritonModelException(
-                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}")
+                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}"
+            )
         rng = np.random.default_rng(1)
-        self.w = [(rng.standard_normal((a, b), dtype=np.float32) / np.sqrt(a)).astype(np.float32)
-                  for a, b in ((64, 256), (256, 256), (256, 16))]
+        self.w = [
+            (rng.standard_normal((a, b), dtype=np.float32) / np.sqrt(a)).astype(np.float32)
+            for a, b in ((64, 256), (256, 256), (256, 16))
+        ]
         self.b = [np.zeros(b, dtype=np.float32) + np.float32(0.01) for b in (256, 256, 16)]
 
     def execute(self, requests):
@@ -28,7 +32,7 @@ class TritonPythonModel:
         y = self.forward(np.concatenate(arrays).astype(np.float32, copy=False))
         responses, start = [], 0
         for size in sizes:
-            out = np.ascontiguousarray(y[start:start + size])
+            out = np.ascontiguousarray(y[start : start + size])
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
             start += size
         return responses

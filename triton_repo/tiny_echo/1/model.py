@@ -1,4 +1,5 @@
 """tiny_echo: OUTPUT0 = INPUT0 * 2 + 1 (FP32 [8]); near-zero compute, for wiring tests."""
+
 import json
 
 import numpy as np
@@ -11,7 +12,8 @@ class TritonPythonModel:
         limit = int(config.get("parameters", {}).get("max_supported_batch", {}).get("string_value", "1024"))
         if int(config.get("max_batch_size", 0)) > limit:
             raise pb_utils.TritonModelException(
-                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}")
+                f"max_batch_size {config['max_batch_size']} exceeds max_supported_batch {limit}"
+            )
 
     def execute(self, requests):
         responses = []
