@@ -18,7 +18,7 @@ Every error names the file, the field and the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from controller.solver.problem import GpuType, Problem, ProblemError, Workload
+from interference.profile import DeviceProfile
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile
 from stoke import validate as check
 from stoke.errors import InputError
@@ -166,12 +167,19 @@ def read_workloads(path: str | Path) -> tuple[Workload, ...]:
     return parse_workloads(_read_yaml(Path(path)), str(path))
 
 
-def load_workloads_file(path: str | Path | None = None) -> WorkloadsFile:
-    """Read a workload file (default: the bundled example) and check it against its inventory."""
+def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile | None = None) -> WorkloadsFile:
+    """Read a workload file (default: the bundled example) and check it against its inventory.
+
+    `profile`, when given, replaces every GPU type's profile before the check (`stoke plan
+    --profile`): the workloads may name models only that profile knows.
+    """
     path = Path(path) if path is not None else example_workloads_path()
     source = str(path)
     data = _read_yaml(path)
-    result = WorkloadsFile(parse_workloads(data, source), parse_gpu_types(data, source, path.parent))
+    gpu_types = parse_gpu_types(data, source, path.parent)
+    if profile is not None:
+        gpu_types = tuple(replace(g, profile=profile) for g in gpu_types)
+    result = WorkloadsFile(parse_workloads(data, source), gpu_types)
     try:
         result.problem()
     except ProblemError as err:

@@ -145,4 +145,4 @@ def _verdict(grid: CandidateGrid, m: int, b: int, c: int, chosen: bool, first_ok
         return "feasible, but more GPU than needed"
     if first_ok is not None and column > first_ok:
         return "feasible; batch and delay were picked at the smallest share, before co-location"
-    return "feasible, same share; the chosen one is the smallest batch within 0.5% of the lowest p99"
+    return "feasible, same share; the chosen one is the smallest batch within 2% of the lowest p99"

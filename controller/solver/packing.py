@@ -33,8 +33,6 @@ class Packing:
     limits: dict[str, int | None]
     #: Most co-location checks one best-fit lookup makes before giving up (opening a GPU).
     search_width: int = 160
-    #: Feasible bins past the fullest one whose interference cost is compared.
-    cost_width: int = 0
     bins: dict[int, Bin] = field(default_factory=dict)
     evaluations: int = 0
     _index: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
@@ -135,24 +133,15 @@ class Packing:
         shares = self.try_add(bins[-1], item)
         if shares is None:
             return None
-        found = {len(bins) - 1: shares}
-        lo, hi = 0, len(bins) - 1
+        best, lo, hi = (bins[-1], shares), 0, len(bins) - 1
         while lo < hi:
             mid = (lo + hi) // 2
             shares = self.try_add(bins[mid], item)
             if shares is None:
                 lo = mid + 1
             else:
-                found[mid], hi = shares, mid
-        # Among the fullest few that take it, the one where co-location adds the least share
-        # (iGniter's interference cost); ties go to the fullest.
-        for k in range(hi + 1, min(hi + 1 + self.cost_width, len(bins))):
-            if k not in found:
-                shares = self.try_add(bins[k], item)
-                if shares is not None:
-                    found[k] = shares
-        k = min(found, key=lambda k: (round(sum(found[k]) - bins[k].load - item.min_share, 6), k))
-        return bins[k], found[k]
+                best, hi = (bins[mid], shares), mid
+        return best
 
     def can_open(self, gpu_type: str) -> bool:
         limit = self.limits.get(gpu_type)

@@ -78,12 +78,19 @@ class StokeOptions:
 
     safety_margin: float = 0.05
     max_utilisation: float = 0.95
+    max_paced_utilisation: float = 0.98
+
+    def cap(self, arrivals: str) -> float:
+        """The utilisation cap for a workload's arrival kind."""
+        return self.max_paced_utilisation if arrivals == "constant" else self.max_utilisation
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.safety_margin < 1.0:
             raise ProblemError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}")
         if not 0.0 < self.max_utilisation <= MAX_UTILISATION:
             raise ProblemError(f"max_utilisation must be in (0, {MAX_UTILISATION}], got {self.max_utilisation!r}")
+        if not 0.0 < self.max_paced_utilisation <= 1.0:
+            raise ProblemError(f"max_paced_utilisation must be in (0, 1], got {self.max_paced_utilisation!r}")
 
 
 DEFAULT_OPTIONS = StokeOptions()
@@ -145,7 +152,9 @@ def candidate_grid(
     workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
 ) -> CandidateGrid:
     modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps)
-    return CandidateGrid(modes, p99, utilisation, delays[..., 0], budget_ms(workload, options), options.max_utilisation)
+    return CandidateGrid(
+        modes, p99, utilisation, delays[..., 0], budget_ms(workload, options), options.cap(workload.arrivals)
+    )
 
 
 def stoke_target(
@@ -158,7 +167,7 @@ def stoke_target(
         queue_delay_ms,
         workload.model,
         paced=workload.arrivals == "constant",
-        max_utilisation=options.max_utilisation,
+        max_utilisation=options.cap(workload.arrivals),
     )
 
 
@@ -167,14 +176,15 @@ def best_candidate(
 ) -> Item | None:
     """The (delay, batch, share) with the smallest share meeting the budget alone, or None.
 
-    Ties on the share go to the smallest batch whose predicted p99 is within 0.5% of the lowest
+    Ties on the share go to the smallest batch whose predicted p99 is within 2% of the lowest
     (the most room for interference, without a larger max batch that buys nothing).
     """
     return best_candidates([workload], cache, options, [rate_rps])[0]
 
 
-#: p99s within this of the lowest count as equal when picking the batch at the smallest share.
-NEAR_BEST_P99 = 0.005
+#: p99s within this of the lowest count as equal when picking the batch at the smallest share
+#: (about the batching table's noise at light load).
+NEAR_BEST_P99 = 0.02
 #: Workloads evaluated together by `best_candidates` (bounds the temporary arrays to ~10 MB).
 CANDIDATE_CHUNK = 96
 
@@ -204,12 +214,12 @@ def best_candidates(
             budget = np.array([budget_ms(workloads[k], options) for k in chunk])
             modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None])
             p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
-            ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.max_utilisation + EPS)
+            ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
             columns = ok.any(axis=(1, 2))  # (N, shares)
             found = columns.any(axis=1)
             first = np.argmax(columns, axis=1)
             at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
-            # At the smallest share: the smallest batch whose p99 is within 0.5% of the lowest
+            # At the smallest share: the smallest batch whose p99 is within NEAR_BEST_P99 of the lowest
             # (a larger max batch that buys nothing only makes the config look odd).
             best = at.reshape(len(chunk), -1).min(axis=1)
             near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
@@ -244,12 +254,13 @@ def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptio
     A coarse log grid of rates is evaluated at once, then the edge is refined by bisection.
     """
     _, throughput = cache.solo_table(workload.model)
-    top = float(throughput[:, -1].max()) * options.max_utilisation
+    cap = options.cap(workload.arrivals)
+    top = float(throughput[:, -1].max()) * cap
     budget = budget_ms(workload, options)
 
     def feasible(rates: NDArray[Any]) -> NDArray[Any]:
         _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], True)
-        ok = (p99 <= budget + EPS) & (utilisation <= options.max_utilisation + EPS)
+        ok = (p99 <= budget + EPS) & (utilisation <= cap + EPS)
         return np.asarray(ok.any(axis=(0, 2, 3)), dtype=bool)
 
     rates = top * np.geomspace(1e-4, 1.0, 48)
@@ -538,7 +549,23 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
             notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
         elif exact is not None:
             notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
+    elif len(types) == 1 and bins:
+        bound = share_lower_bound([i.min_share for i in all_items])
+        gap = len(bins) / bound - 1.0
+        notes.append(
+            f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
+            f"aside); this plan uses {len(bins)} ({gap:+.1%})"
+        )
     return _to_plan(problem, packing.caches, bins, tuple(notes))
+
+
+def share_lower_bound(shares: Sequence[float]) -> int:
+    """Fewest GPUs any packing needs for replicas of these minimum shares (interference only adds share).
+
+    The larger of the total share in whole GPUs and the count of replicas over half a GPU (no two
+    of them share one); a cheap bound, reported beside heuristic plans too big for the exact search.
+    """
+    return max(math.ceil(sum(shares) / 100.0 - EPS), sum(1 for s in shares if s > 50.0 + EPS), 1 if shares else 0)
 
 
 def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:

@@ -8,7 +8,6 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +56,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-utilisation",
         type=float,
         metavar="U",
-        help=f"stoke: highest planned utilisation of a replica, rate/throughput "
+        help=f"stoke: highest planned utilisation of a replica, rate/throughput, for Poisson clients "
         f"(default {DEFAULT_OPTIONS.max_utilisation:g})",
     )
+    p.add_argument(
+        "--max-paced-utilisation",
+        type=float,
+        metavar="U",
+        help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
+        f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--fail-on-miss",
+        action="store_true",
+        help="exit with code 3 (not 0) when a workload is predicted to miss its SLO",
+    )
     p.add_argument(
         "--explain",
         metavar="WORKLOAD",
@@ -91,6 +102,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds (default 30)")
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="replicas too slow to send N requests in --seconds run longer, so every p99 is measured "
+        "(default %(default)s; 0 = exactly --seconds)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--arrivals",
@@ -103,6 +122,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--fail-on-miss",
+        action="store_true",
+        help="exit with code 3 (not 0) when a workload's simulated p99 is over its SLO",
+    )
     p.set_defaults(run=run_simulate)
 
     p = subparsers.add_parser("profile", help="fit profiles from raw measurements")
@@ -180,20 +204,12 @@ def _load_profile_arg(path: str | None) -> DeviceProfile | None:
 
 
 def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
-    try:
-        workloads_file = load_workloads_file(path)
-    except WorkloadFileError as err:
-        raise UserError(str(err)) from None
+    # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
     profile = _load_profile_arg(profile_path)
-    if profile is not None:
-        workloads_file = WorkloadsFile(
-            workloads_file.workloads, tuple(replace(g, profile=profile) for g in workloads_file.gpu_types)
-        )
-        try:
-            workloads_file.problem()
-        except ProblemError as err:
-            raise UserError(f"{profile_path}: {err}") from None
-    return workloads_file
+    try:
+        return load_workloads_file(path, profile)
+    except WorkloadFileError as err:
+        raise UserError(f"{err} (with the profile {profile_path})" if profile_path else str(err)) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -204,21 +220,24 @@ def run_plan(args: argparse.Namespace) -> int:
     source = args.workloads or "the bundled example workloads"
     workloads_file = load_problem(args.workloads, args.profile)
     options = None
-    if args.safety_margin is not None or args.max_utilisation is not None:
+    knobs = {
+        "safety_margin": args.safety_margin,
+        "max_utilisation": args.max_utilisation,
+        "max_paced_utilisation": args.max_paced_utilisation,
+    }
+    given = {k: v for k, v in knobs.items() if v is not None}
+    if given:
+        flags = "/".join("--" + k.replace("_", "-") for k in given)
         if args.strategy != "stoke":
+            one = len(given) == 1
             raise UserError(
-                "--safety-margin and --max-utilisation tune the stoke strategy; drop them or use --strategy stoke"
+                f"{flags} {'tunes' if one else 'tune'} the stoke strategy; drop {'it' if one else 'them'} "
+                f"or use --strategy stoke"
             )
         try:
-            options = StokeOptions(
-                **{
-                    k: v
-                    for k, v in (("safety_margin", args.safety_margin), ("max_utilisation", args.max_utilisation))
-                    if v is not None
-                }
-            )
+            options = StokeOptions(**given)
         except ProblemError as err:
-            raise UserError(f"--safety-margin/--max-utilisation: {err}") from None
+            raise UserError(f"{flags}: {err}") from None
     try:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
@@ -240,9 +259,19 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.plot:
         from stoke.plots import plot_plan
 
-        plot_plan(plan, args.plot)
-        if not args.json:
-            print(f"\nplot written to {args.plot}")
+        try:
+            written = plot_plan(plan, args.plot)
+        except OSError as err:
+            raise UserError(
+                f"--plot {args.plot}: cannot write the plot ({err.strerror}); pick a writable path"
+            ) from None
+        print(f"\nplot written to {', '.join(written)}", file=sys.stderr if args.json else sys.stdout)
+    if args.fail_on_miss and plan.slo_misses:
+        print(
+            f"stoke: {len(plan.slo_misses)} workload(s) predicted to miss their SLO: {', '.join(plan.slo_misses[:10])}",
+            file=sys.stderr,
+        )
+        return EXIT_MISS
     return 0
 
 
@@ -407,15 +436,23 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     plan = read_plan(args.plan)
-    if args.seconds <= 0:
-        raise UserError(f"--seconds must be > 0, got {args.seconds}")
+    if not 0 < args.seconds <= MAX_SIMULATED_SECONDS:
+        raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
+    if not 0 <= args.min_requests <= MAX_MIN_REQUESTS:
+        raise UserError(f"--min-requests must be in [0, {MAX_MIN_REQUESTS:,}], got {args.min_requests}")
     profile = _load_profile_arg(args.profile)
     profiles = {g.name: g.profile for g in default_gpu_types()}
     if profile is not None:
         profiles = {g.gpu_type: profile for g in plan.gpus}
     try:
         report = simulate(
-            plan, profiles, seconds=args.seconds, seed=args.seed, arrivals=args.arrivals, noise=args.noise
+            plan,
+            profiles,
+            seconds=args.seconds,
+            seed=args.seed,
+            arrivals=args.arrivals,
+            noise=args.noise,
+            min_requests=args.min_requests,
         )
     except (ValueError, UnknownModelError) as err:
         raise UserError(f"{args.plan}: {err}") from None
@@ -423,7 +460,19 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(report_to_dict(report), indent=2))
     else:
         print(format_report(report))
+    missed = [w.name for w in report.workloads if not w.meets_slo]
+    if args.fail_on_miss and missed:
+        print(
+            f"stoke: {len(missed)} workload(s) over their SLO in simulation: {', '.join(missed[:10])}", file=sys.stderr
+        )
+        return EXIT_MISS
     return 0
+
+
+#: Exit code of `plan`/`simulate --fail-on-miss` when a workload misses its SLO (2 is bad input).
+EXIT_MISS = 3
+MAX_SIMULATED_SECONDS = 86_400.0
+MAX_MIN_REQUESTS = 10_000_000
 
 
 def report_to_dict(report: SimulationReport) -> dict[str, Any]:

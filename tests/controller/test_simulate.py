@@ -69,3 +69,11 @@ def test_each_workload_is_replayed_with_its_own_arrival_kind():
     assert own.p99_ms == pytest.approx(prediction.latency_ms)  # paced: never queues
     forced = simulate(paced, PROFILES, seconds=5, arrivals="poisson").workloads[0]
     assert forced.p99_ms > prediction.latency_ms  # Poisson bursts queue
+
+
+def test_slow_replicas_run_until_their_p99_is_measured():
+    plan, _ = one_workload_plan(rate=20.0, batch=1)
+    short = simulate(plan, PROFILES, seconds=5, seed=1).workloads[0]
+    long = simulate(plan, PROFILES, seconds=5, seed=1, min_requests=5000).workloads[0]
+    assert short.requests < 150 and long.requests >= 5000
+    assert long.throughput_rps == pytest.approx(20.0, rel=0.05)

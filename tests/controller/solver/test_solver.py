@@ -229,3 +229,26 @@ def test_colocation_check_agrees_with_the_batching_model():
         assert replica_p99_ms(cache, item, item.min_share, prediction) == pytest.approx(exact.p99_ms, rel=0.02)
         assert placement.predicted_p99_ms == pytest.approx(exact.p99_ms, rel=0.02)
         assert exact.p99_ms <= 0.95 * workload.slo_ms + 1e-6
+
+
+def test_large_plans_report_a_lower_bound_and_their_gap():
+    from controller.solver.random_mix import random_workloads
+    from controller.solver.stoke import share_lower_bound
+
+    assert share_lower_bound([60.0, 60.0, 10.0]) == 2  # two over half a GPU never share
+    assert share_lower_bound([40.0, 40.0, 40.0]) == 2  # 120% of shares
+    assert share_lower_bound([]) == 0
+    plan = solve(Problem(random_workloads(40, seed=3), (V100,)), "stoke")
+    note = next(n for n in plan.notes if n.startswith("lower bound"))
+    bound = int(note.split()[2])
+    assert bound <= plan.gpu_count and f"this plan uses {plan.gpu_count}" in note
+
+
+def test_paced_utilisation_has_its_own_cap():
+    from controller.solver.stoke import StokeOptions
+
+    paced = tuple(replace(w, arrivals="constant") for w in CHECKPOINT)
+    tight = solve(Problem(paced, (V100,)), "stoke", options=StokeOptions(max_paced_utilisation=0.5))
+    assert all(p.rate_rps / p.predicted_throughput_rps <= 0.5 + 1e-9 for _, p in tight.placements())
+    with pytest.raises(ProblemError, match="max_paced_utilisation must be in"):
+        StokeOptions(max_paced_utilisation=1.5)

@@ -35,6 +35,9 @@ def test_plan_json_has_the_documented_shape(capsys, tmp_path):
         "share_pct",
         "batch",
         "predicted_latency_ms",
+        "predicted_p99_ms",
+        "p99_slo_ratio",
+        "binding",
         "predicted_throughput_rps",
     } <= set(entry)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -124,3 +127,64 @@ def test_gpu_type_without_profile_and_bad_profile_values_are_refused(capsys, tmp
     bad.write_text(json.dumps(data))
     code, _, err = run(capsys, "plan", "--profile", str(bad))
     assert code == 2 and "'share_step_pct' must be a positive number" in err
+
+
+def test_plan_with_a_profile_takes_models_only_that_profile_knows(capsys, tmp_path):
+    """The workload file is checked against --profile, not the bundled V100 profile first."""
+    workloads = tmp_path / "cpu.yaml"
+    workloads.write_text("workloads:\n  - {name: web, model: mlp_small, slo_ms: 60, rate_rps: 20}\n")
+    profile = bundled_raw_path().parent / "cpu-2core-profile.json"
+    code, out, err = run(capsys, "plan", str(workloads), "--profile", str(profile))
+    assert code == 0, err
+    assert "web" in out and "mlp_small" in out
+    code, _, err = run(capsys, "plan", str(workloads))
+    assert code == 2 and "model 'mlp_small' is not profiled" in err
+
+
+def test_the_cpu_example_plans_the_demo_models(capsys):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "cpu-demo.yaml"
+    code, out, err = run(capsys, "plan", str(example), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert {w["model"] for g in plan["gpus"] for w in g["workloads"]} == {"mlp_small", "conv_medium"}
+    assert plan["slo_misses"] == [] and {g["gpu_type"] for g in plan["gpus"]} == {"cpu-2core"}
+
+
+def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(capsys, tmp_path):
+    # iGniter runs replicas near saturation: under Poisson arrivals its p99 misses
+    code, out, err = run(capsys, "plan", "--strategy", "igniter", "--json", "--fail-on-miss")
+    assert code == 3 and "predicted to miss their SLO" in err
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    code, _, err = run(capsys, "simulate", str(plan), "--seconds", "2", "--min-requests", "0", "--fail-on-miss")
+    assert code == 3 and "over their SLO in simulation" in err
+    code, out, _ = run(capsys, "plan", "--fail-on-miss")  # stoke's plan of the same workloads holds
+    assert code == 0
+
+
+def test_plot_of_a_large_plan_is_a_summary_plus_pages(capsys, tmp_path):
+    from controller.solver import Problem, solve
+    from controller.solver.random_mix import random_workloads
+    from controller.workload_file import default_gpu_types
+    from stoke.plots import DETAIL_GPUS, plot_plan
+
+    plan = solve(Problem(random_workloads(60, seed=4), default_gpu_types()), "stoke")
+    assert plan.gpu_count > DETAIL_GPUS
+    written = plot_plan(plan, str(tmp_path / "big.png"))
+    pages = -(-plan.gpu_count // DETAIL_GPUS)
+    assert len(written) == 1 + pages and written[1].endswith("big-gpus-1.png")
+    assert all((tmp_path / name.split("/")[-1]).read_bytes()[:4] == b"\x89PNG" for name in written)
+
+
+def test_simulate_bounds_its_run_length(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    for option, value, message in (
+        ("--seconds", "1e9", "--seconds must be in"),
+        ("--min-requests", "-1", "--min-requests must be in"),
+    ):
+        code, _, err = run(capsys, "simulate", str(plan), option, value)
+        assert code == 2 and message in err
