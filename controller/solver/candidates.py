@@ -164,14 +164,15 @@ class PointCache:
             )
         return found
 
-    def rated_curves(self, model: str, modes: tuple[str, ...], whole_gpu: bool = False) -> CurveSet:
+    def rated_curves(self, model: str, modes: tuple[str, ...], columns: tuple[int, int] | None = None) -> CurveSet:
         """`p99_curves` with a rate axis in second place, shape (modes, 1, MAX_BATCH, shares), so
-        (rates, MAX_BATCH, shares) utilisations broadcast against it; `whole_gpu`: the 100% column."""
-        key = (model, ",".join(modes) + ("@rated100" if whole_gpu else "@rated"))
+        (rates, MAX_BATCH, shares) utilisations broadcast against it; `columns`: (first, stop) share steps."""
+        first, stop = columns if columns is not None else (0, len(self.shares))
+        key = (model, f"{','.join(modes)}@{first}:{stop}")
         found = self._curves.get(key)
         if found is None:
-            packed = self.p99_curves(model, modes).packed[:, None]
-            found = self._curves[key] = CurveSet(packed[:, :, :, -1:] if whole_gpu else packed)
+            packed = self.p99_curves(model, modes).packed[:, None, :, first:stop]
+            found = self._curves[key] = CurveSet(packed)
         return found
 
     def p99_curve(self, model: str, batch: int, share: float, mode: str) -> tuple[list[float], list[float]]:

@@ -123,16 +123,16 @@ def budget_ms(workload: Workload, options: StokeOptions) -> float:
 
 
 def _p99(
-    cache: PointCache, model: str, arrivals: str, rate: Any, last_share_only: bool = False
+    cache: PointCache, model: str, arrivals: str, rate: Any, columns: tuple[int, int] | None = None
 ) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """(modes, p99 (modes, ..., batches, shares), utilisation, delays (modes, ..., batches, 1)).
 
     `rate` is a scalar, or an array of shape (R, 1, 1): then the results have a rate axis
-    after the modes. `last_share_only` evaluates the whole-GPU column alone (with rates only).
+    after the modes. `columns` = (first, stop) restricts the share steps (with rates only).
     """
     latency, throughput = cache.solo_table(model)
-    columns = slice(-1, None) if last_share_only else slice(None)
-    latency, throughput = latency[:, columns], throughput[:, columns]
+    if columns is not None:
+        latency, throughput = latency[:, columns[0] : columns[1]], throughput[:, columns[0] : columns[1]]
     batch = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
@@ -141,7 +141,7 @@ def _p99(
         p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
         return modes, p99[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
     occupancy = 1000.0 * batch / throughput
-    curves = cache.rated_curves(model, modes, last_share_only) if rate.ndim else cache.p99_curves(model, modes)
+    curves = cache.rated_curves(model, modes, columns) if rate.ndim else cache.p99_curves(model, modes)
     ratio, size = curves.at_utilisation(utilisation)
     p99 = ratio * occupancy + (latency - occupancy) * size / batch
     delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
@@ -185,6 +185,8 @@ def best_candidate(
 #: p99s within this of the lowest count as equal when picking the batch at the smallest share
 #: (about the batching table's noise at light load).
 NEAR_BEST_P99 = 0.02
+#: Share steps `best_candidates` tries above the first one that can carry a workload's rate.
+SHARE_WINDOW = 12
 #: Workloads evaluated together by `best_candidates` (bounds the temporary arrays to ~10 MB).
 CANDIDATE_CHUNK = 96
 
@@ -206,40 +208,62 @@ def best_candidates(
     groups: dict[tuple[str, str], list[int]] = {}
     for k, w in enumerate(workloads):
         groups.setdefault((w.model, w.arrivals), []).append(k)
-    batch = np.arange(1, MAX_BATCH + 1, dtype=float)
+    shares = len(cache.shares)
     for (model, arrivals), members in groups.items():
-        for lo in range(0, len(members), CANDIDATE_CHUNK):
-            chunk = members[lo : lo + CANDIDATE_CHUNK]
-            rate = np.array([rates[k] for k in chunk])
-            budget = np.array([budget_ms(workloads[k], options) for k in chunk])
-            modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None])
-            p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
-            ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
-            columns = ok.any(axis=(1, 2))  # (N, shares)
-            found = columns.any(axis=1)
-            first = np.argmax(columns, axis=1)
-            at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
-            # At the smallest share: the smallest batch whose p99 is within NEAR_BEST_P99 of the lowest
-            # (a larger max batch that buys nothing only makes the config look odd).
-            best = at.reshape(len(chunk), -1).min(axis=1)
-            near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
-            pick = np.argmax(near.any(axis=1), axis=1)  # smallest such batch
-            modes_at = np.argmax(np.where(near, -at, -np.inf)[np.arange(len(chunk)), :, pick], axis=1)
-            for n, k in enumerate(chunk):
-                if not found[n]:
-                    continue
-                mode, row = int(modes_at[n]), int(pick[n])
-                b, r = int(batch[row]), rates[k]
-                delay = _delay_ms(modes[mode], b, r)
-                out[k] = Item(
-                    workloads[k],
-                    r,
-                    b,
-                    float(cache.shares[first[n]]),
-                    stoke_target(workloads[k], r, b, delay, options),
-                    delay,
-                )
+        # The first share step whose best batch can carry each rate under the cap: nothing below
+        # it is feasible. Most workloads find their share within a window above it; the rest get
+        # a second pass over every step.
+        top = cache.solo_table(model)[1].max(axis=0)
+        start = {k: int(np.searchsorted(top, rates[k] / options.cap(arrivals) - EPS)) for k in members}
+        ordered = sorted((k for k in members if start[k] < shares), key=lambda k: start[k])
+        retry: list[int] = []
+        for lo in range(0, len(ordered), CANDIDATE_CHUNK):
+            chunk = ordered[lo : lo + CANDIDATE_CHUNK]
+            first = start[chunk[0]]
+            window = (first, min(shares, max(start[chunk[-1]], first) + SHARE_WINDOW))
+            retry += _pick(workloads, rates, chunk, cache, model, arrivals, options, window, out)
+        for lo in range(0, len(retry), CANDIDATE_CHUNK):
+            _pick(workloads, rates, retry[lo : lo + CANDIDATE_CHUNK], cache, model, arrivals, options, (0, shares), out)
     return out
+
+
+def _pick(
+    workloads: Sequence[Workload],
+    rates: Sequence[float],
+    chunk: Sequence[int],
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    options: StokeOptions,
+    window: tuple[int, int],
+    out: list[Item | None],
+) -> list[int]:
+    """Fill `out` for the workloads of `chunk` from the share steps in `window`; returns those not found."""
+    rate = np.array([rates[k] for k in chunk])
+    budget = np.array([budget_ms(workloads[k], options) for k in chunk])
+    modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None], window)
+    p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
+    ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
+    columns = ok.any(axis=(1, 2))  # (N, shares)
+    found = columns.any(axis=1)
+    first = np.argmax(columns, axis=1)
+    at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
+    # At the smallest share: the smallest batch whose p99 is within NEAR_BEST_P99 of the lowest
+    # (a larger max batch that buys nothing only makes the config look odd).
+    best = at.reshape(len(chunk), -1).min(axis=1)
+    near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
+    pick = np.argmax(near.any(axis=1), axis=1)  # smallest such batch
+    modes_at = np.argmax(np.where(near, -at, -np.inf)[np.arange(len(chunk)), :, pick], axis=1)
+    missing = []
+    for n, k in enumerate(chunk):
+        if not found[n]:
+            missing.append(k)
+            continue
+        b, r = int(pick[n]) + 1, rates[k]
+        delay = _delay_ms(modes[int(modes_at[n])], b, r)
+        share = float(cache.shares[window[0] + int(first[n])])
+        out[k] = Item(workloads[k], r, b, share, stoke_target(workloads[k], r, b, delay, options), delay)
+    return missing if window != (0, len(cache.shares)) else []
 
 
 def _delay_ms(mode: str, batch: int, rate_rps: float) -> float:
@@ -259,7 +283,8 @@ def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptio
     budget = budget_ms(workload, options)
 
     def feasible(rates: NDArray[Any]) -> NDArray[Any]:
-        _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], True)
+        whole_gpu = (len(cache.shares) - 1, len(cache.shares))
+        _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], whole_gpu)
         ok = (p99 <= budget + EPS) & (utilisation <= cap + EPS)
         return np.asarray(ok.any(axis=(0, 2, 3)), dtype=bool)
 
