@@ -6,7 +6,8 @@ and MPS share r. Its request latency distribution comes from the batching
 model (`interference.batching`): queueing behind earlier batches, the wait
 for a batch to fill, and the batch's co-located inference, for the
 workload's arrival kind. With a safety margin m (`StokeOptions`, default
-5% of the SLO) and a utilisation cap u (default the model's range, 0.95):
+5% of the SLO) and a utilisation cap u (0.95 for Poisson clients, the
+table's range; 0.98 for paced ones, which do not queue below 1):
 
     p99(b, d, r | rate, co-located) <= (1 - m) * T,     rate / h(b, r) <= u
 
@@ -14,8 +15,8 @@ Candidates are every b in 1..32, every share step, and d in {0 (greedy
 batching), the fill time (b-1)/rate} for Poisson clients, or d = the fill
 time plus half an interval for paced clients (batches then start full, and
 the p99 is exactly L(b) + (b-1)/rate). The whole table of one workload is
-evaluated at once; the smallest feasible share wins, ties going to the
-smallest p99.
+evaluated at once; the smallest feasible share wins, and at that share the
+smallest batch whose p99 is within 2% of the lowest.
 
 Replicas. One replica when one GPU can hold the SLO; otherwise the fewest
 that can: n = ceil(R / C), C the highest rate a whole GPU serves within the
@@ -72,8 +73,10 @@ class StokeOptions:
 
     safety_margin: share of the SLO kept free for what the model does not
     capture (prediction error, jitter, RPC overhead). max_utilisation: highest
-    planned utilisation of a replica, rate / throughput at its batch (the
-    batching model covers up to 0.953).
+    planned utilisation of a replica, rate / throughput at its batch, for
+    Poisson clients (the batching model covers up to 0.953).
+    max_paced_utilisation: the same for paced clients (no queueing below 1;
+    the rest is headroom for service jitter).
     """
 
     safety_margin: float = 0.05
