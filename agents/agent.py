@@ -20,7 +20,8 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   scrapes the figures (`observe`), then publishes a snapshot.
 
 The fleet is any object with `apply`, `observe`, `check_health`, `running`,
-`close` (see `agents.triton.TritonFleet`); the client any object with
+`close`, and optionally `serving_endpoints` (where clients reach each
+assignment; see `agents.triton.TritonFleet`); the client any object with
 `register` and `heartbeat` (see `controller.api.client.ControllerClient`).
 Time comes from the injected `clock`; waiting from the injected `sleep`.
 """
@@ -45,6 +46,7 @@ from controller.messages import (
     ModelAssignment,
     NodeDevice,
     Observation,
+    ServingEndpoint,
     Unauthenticated,
 )
 
@@ -123,6 +125,7 @@ class AgentState:
     applies: int = 0
     running: tuple[ModelAssignment, ...] = ()
     observed: tuple[Observation, ...] = ()
+    endpoints: tuple[ServingEndpoint, ...] = ()
     events: list[str] = field(default_factory=list)
 
 
@@ -187,6 +190,7 @@ class Agent:
                     errors=s.apply_errors,
                     applied_revision=s.applied_revision,
                     errors_revision=s.errors_revision,
+                    endpoints=s.endpoints,
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
@@ -257,8 +261,10 @@ class Agent:
             self._event(e)
         observed = tuple(observation_of(o) for o in self.fleet.observe())
         running = tuple(self.fleet.running())
+        endpoints_of = getattr(self.fleet, "serving_endpoints", None)
+        endpoints = tuple(endpoints_of().values()) if endpoints_of is not None else ()
         with self._lock:
-            s.observed, s.running = observed, running
+            s.observed, s.running, s.endpoints = observed, running, endpoints
 
     # ------------------------------------------------------------ threads
 

@@ -24,16 +24,21 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
     process (``reloaded``); Triton keeps the old version serving until the new
     one is ready, so no request fails;
   * share / device / model change -> a new process with the new share, model
-    loaded there, endpoint switched, then (after `drain_s`) the old process
-    stopped gracefully (``moved``);
+    loaded there, endpoint switched, then the old process stopped gracefully
+    (``moved``): with a `agents.router.Router`, once the calls in flight on it
+    have answered; without one, after `drain_s`;
   * a failed load keeps the previous config (or process) serving, and the
     error is reported in ``ApplyReport.errors`` as an `AssignmentError` (key, message; rollback).
+- Endpoints: each process listens on loopback. With a `Router` (the agent
+  always has one) every workload gets stable gRPC/HTTP/metrics endpoints on
+  the node's bind address that follow its processes (`serving_endpoints`).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
   counters -> observed figures (request rate, mean batch, queue / compute ms).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -56,7 +61,8 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from controller.messages import AssignmentError, ModelAssignment
+from agents.router import Backend, RouterError
+from controller.messages import AssignmentError, ModelAssignment, ServingEndpoint
 from controller.render import (
     CONFIG_NAME,
     ModelConfig,
@@ -70,6 +76,7 @@ from controller.render import (
 from stoke.errors import StokeError
 
 HOST = "127.0.0.1"
+log = logging.getLogger("stoke.triton")
 
 
 class TritonError(StokeError, RuntimeError):
@@ -598,7 +605,10 @@ class TritonFleet:
         cpu_instance_per_core: bool = True,
         drain_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        router: Any = None,
+        drain_timeout_s: float = 30.0,
     ) -> None:
+        """`router`: an `agents.router.Router` giving each workload stable endpoints (closed with the fleet)."""
         if device_kind not in ("cpu", "gpu"):
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
@@ -614,6 +624,8 @@ class TritonFleet:
         self.exit_timeout_s = exit_timeout_s
         self.cpu_instance_per_core = cpu_instance_per_core
         self.drain_s = drain_s
+        self.router: Any = router
+        self.drain_timeout_s = drain_timeout_s
         self._clock = clock
         self._base_config = base_config or self._default_base_config
         self._binary = find_tritonserver()
@@ -716,6 +728,8 @@ class TritonFleet:
         with self._lock:
             for key in sorted(set(self._slots) - set(desired)):
                 gone = self._slots.pop(key)
+                self._route(gone.assignment.workload)
+                self._drain(gone)
                 gone.process.unload_and_stop([gone.assignment.model])
                 stopped.append(key)
             for key in sorted(desired):
@@ -735,6 +749,7 @@ class TritonFleet:
                 if slot is None:
                     try:
                         self._slots[key] = self._spawn(a, config)
+                        self._route(a.workload)
                         started.append(key)
                     except (RuntimeError, OSError) as err:  # TritonError, MpsError
                         errors.append(AssignmentError(key, f"start failed: {err}"))
@@ -752,7 +767,8 @@ class TritonFleet:
                         )
                         continue
                     old, self._slots[key] = slot, new
-                    time.sleep(self.drain_s)  # clients that read the old endpoint have sent by now
+                    self._route(a.workload)  # new calls go to the new process from here on
+                    self._drain(old)
                     # unload (in-flight requests finish first), then SIGTERM
                     old.process.unload_and_stop([old.assignment.model])
                     moved.append(key)
@@ -768,9 +784,64 @@ class TritonFleet:
                 except TritonError as err:
                     errors.append(AssignmentError(key, f"reload failed, previous config keeps serving: {err}"))
                     self._rollback(slot)
+            for key in sorted(desired):  # every served workload has its endpoints (a failed port bind is retried)
+                if key in self._slots and (problem := self._route(desired[key].workload)):
+                    errors.append(AssignmentError(key, f"no stable endpoint: {problem}"))
         return ApplyReport(
             tuple(started), tuple(reloaded), tuple(moved), tuple(stopped), tuple(unchanged), tuple(errors)
         )
+
+    # -- stable endpoints (the router)
+    def _route(self, workload: str) -> str:
+        """Point the workload's stable endpoints at its processes (close them when none is left); "" or the error."""
+        if self.router is None:
+            return ""
+        backends = [
+            Backend(
+                key=k,
+                grpc=s.process.grpc_url,
+                http=f"{HOST}:{s.process.http_port}",
+                metrics=f"{HOST}:{s.process.metrics_port}",
+            )
+            for k, s in self._slots.items()
+            if s.assignment.workload == workload
+        ]
+        try:
+            if backends:
+                self.router.set_backends(workload, backends)
+            else:
+                self.router.remove(workload)
+        except RouterError as err:
+            return str(err)
+        return ""
+
+    def _drain(self, old: _Slot) -> None:
+        """Before stopping a process: with a router, wait until its calls in flight have answered."""
+        if self.router is None:
+            time.sleep(self.drain_s)  # clients that read the old endpoint have sent by now
+        elif not self.router.drain(old.process.grpc_url, self.drain_timeout_s):
+            log.warning(
+                "%s: stopping %s after %gs with %d call(s) still in flight",
+                old.assignment.key,
+                old.process.name,
+                self.drain_timeout_s,
+                self.router.in_flight(old.process.grpc_url),
+            )
+
+    def serving_endpoint(self, key: str) -> ServingEndpoint:
+        """Where clients reach one assignment: the router's stable endpoints, else the process's own."""
+        with self._lock:
+            slot = self._slots[key]
+            process = slot.process
+            routes = self.router.endpoints() if self.router is not None else {}
+            route = routes.get(slot.assignment.workload)
+            if route is None:
+                return ServingEndpoint(key, process.grpc_url, process.http_url, process.metrics_url, process.grpc_url)
+            return ServingEndpoint(key, route.grpc, route.http, route.metrics, process.grpc_url)
+
+    def serving_endpoints(self) -> dict[str, ServingEndpoint]:
+        with self._lock:
+            return {key: self.serving_endpoint(key) for key in sorted(self._slots)}
 
     def _rollback(self, slot: _Slot) -> None:
         """Triton keeps the old version after a failed reload; make sure, else load the old config."""
@@ -806,6 +877,7 @@ class TritonFleet:
                 try:
                     new = self._spawn(slot.assignment, slot.config, exclude=key)
                     self._slots[key] = new
+                    self._route(slot.assignment.workload)
                     events.append(
                         f"{key}: Triton pid {pid} exited with code {code}; restarted as pid "
                         f"{new.process.pid} on {new.process.grpc_url}"
@@ -862,6 +934,8 @@ class TritonFleet:
 
     def close(self) -> None:
         """Stop every process (graceful, then forceful), in parallel."""
+        if self.router is not None:
+            self.router.close()  # stop taking calls first
         with self._lock:
             slots, self._slots = list(self._slots.values()), {}
         threads = [

@@ -8,8 +8,8 @@ import contract holds it). It depends on nothing heavy: dataclasses and
 - `Replica`: the key of one replica of a workload, ``"name#replica"`` on the
   wire, in Triton's process names and in every report;
 - `ModelAssignment`: what a node is asked to run (the plan, cut per node);
-- `NodeDevice`, `Observation`, `AssignmentError`, `HeartbeatReport`,
-  `HeartbeatAnswer`: registration and the heartbeat;
+- `NodeDevice`, `Observation`, `AssignmentError`, `ServingEndpoint`,
+  `HeartbeatReport`, `HeartbeatAnswer`: registration and the heartbeat;
 - the errors the API answers with (`InvalidArgument`, `NotFound`,
   `FailedPrecondition`) and the ones a client meets on the way
   (`Unavailable`, `Unauthenticated`), all under `ApiError`.
@@ -159,6 +159,18 @@ class AssignmentError:
 
 
 @dataclass(frozen=True)
+class ServingEndpoint:
+    """Where clients reach one assignment (`key`): the node's stable endpoints of its workload
+    (`agents.router`: they survive share moves) and the Triton process behind them (`backend`)."""
+
+    key: str
+    grpc: str  # HOST:PORT, Triton's gRPC API
+    http: str = ""  # http://HOST:PORT, Triton's HTTP API
+    metrics: str = ""  # http://HOST:PORT/metrics, Prometheus
+    backend: str = ""  # the Triton process's own gRPC address (loopback; changes when the process does)
+
+
+@dataclass(frozen=True)
 class HeartbeatReport:
     node_id: str
     running: tuple[ModelAssignment, ...] = ()
@@ -167,6 +179,7 @@ class HeartbeatReport:
     errors: tuple[AssignmentError, ...] = ()
     applied_revision: int = 0
     errors_revision: int = 0  # the plan revision whose apply produced `errors`
+    endpoints: tuple[ServingEndpoint, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.config import ServiceConfig
-from controller.messages import AssignmentError, HeartbeatReport, ModelAssignment, NodeDevice, Observation
+from controller.messages import (
+    AssignmentError,
+    HeartbeatReport,
+    ModelAssignment,
+    NodeDevice,
+    Observation,
+    ServingEndpoint,
+)
 from controller.reconcile.slots import Binding
 
 
@@ -39,6 +46,7 @@ class NodeState:
     last_heartbeat: float = 0.0
     running: tuple[ModelAssignment, ...] = ()
     observed: dict[str, Observation] = field(default_factory=dict)
+    endpoints: dict[str, ServingEndpoint] = field(default_factory=dict)
     events: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
     errors: tuple[AssignmentError, ...] = ()
     applied_revision: int = 0
@@ -62,6 +70,7 @@ class NodeView:
     applied_revision: int
     errors: tuple[AssignmentError, ...] = ()
     observed: Mapping[str, Observation] = field(default_factory=dict)
+    endpoints: Mapping[str, ServingEndpoint] = field(default_factory=dict)
 
 
 def stamp(now: float) -> str:
@@ -127,6 +136,7 @@ class NodeRegistry:
             node.last_heartbeat = now
             node.running = tuple(report.running)
             node.observed = {o.key: o for o in report.observed}
+            node.endpoints = {e.key: e for e in report.endpoints}
             node.events.extend(report.events)
             node.errors = tuple(report.errors)
             node.applied_revision = report.applied_revision
@@ -194,6 +204,7 @@ class NodeRegistry:
                     applied_revision=n.applied_revision,
                     errors=n.errors,
                     observed=dict(n.observed),
+                    endpoints=dict(n.endpoints),
                 )
                 for n in sorted(self._nodes.values(), key=lambda n: n.node_id)
             ]

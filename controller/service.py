@@ -140,8 +140,10 @@ class ControlService:
 
     # ------------------------------------------------------------ workloads
 
-    def apply_workloads(self, items: Sequence[Mapping[str, Any] | Workload]) -> tuple[list[str], list[str], list[str]]:
-        """Create or update by name, all or nothing; returns (created, updated, unchanged)."""
+    def apply_workloads(
+        self, items: Sequence[Mapping[str, Any] | Workload], *, dry_run: bool = False
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Create or update by name, all or nothing; returns (created, updated, unchanged). `dry_run`: store nothing."""
         if not items:
             raise invalid("workloads", "give at least one workload")
         profiles, _ = self.profiles.snapshot()
@@ -153,8 +155,8 @@ class ControlService:
                 raise invalid(f"workloads[{i}].name", f"{w.name!r} appears twice in the request; keep one")
             seen.add(w.name)
             workloads.append(w)
-        result = self.store.upsert_workloads(workloads, self.clock())
-        if result[0] or result[1]:
+        result = self.store.upsert_workloads(workloads, self.clock(), dry_run=dry_run)
+        if (result[0] or result[1]) and not dry_run:
             self.wake()
         return result
 

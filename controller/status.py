@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.messages import AssignmentError, Observation, Replica
+from controller.messages import AssignmentError, Observation, Replica, ServingEndpoint
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
 from controller.solver import Workload
@@ -37,6 +37,7 @@ class ReplicaStatus:
     predicted_latency_ms: float
     serving: bool
     observed: Observation | None
+    endpoint: ServingEndpoint | None = None  # where clients reach it (reported by its node)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def planned_replicas(applied: PlanView, nodes: Mapping[str, NodeView]) -> dict[s
                     predicted_latency_ms=p.predicted_worst_ms,
                     serving=serving,
                     observed=node.observed.get(key) if node else None,
+                    endpoint=node.endpoints.get(key) if node else None,
                 )
             )
     return {name: tuple(sorted(reps, key=lambda r: r.replica)) for name, reps in out.items()}

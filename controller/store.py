@@ -101,8 +101,12 @@ class Store:
 
     # ------------------------------------------------------------ workloads
 
-    def upsert_workloads(self, workloads: Sequence[Workload], now: float) -> tuple[list[str], list[str], list[str]]:
-        """Create or update by name in one transaction; returns (created, updated, unchanged)."""
+    def upsert_workloads(
+        self, workloads: Sequence[Workload], now: float, *, dry_run: bool = False
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Create or update by name in one transaction; returns (created, updated, unchanged).
+
+        `dry_run`: the same transaction, rolled back (nothing stored)."""
         created, updated, unchanged = [], [], []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -122,7 +126,7 @@ class Store:
                     self._db.execute(
                         "INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)", (w.name, *values, now)
                     )
-                self._db.execute("COMMIT")
+                self._db.execute("ROLLBACK" if dry_run else "COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise

@@ -84,10 +84,9 @@ class ControllerClient:
 
     # ------------------------------------------------------------ users
 
-    def apply_workloads(self, workloads: Sequence[Workload]) -> pb.ApplyWorkloadsResponse:
-        return self._call(
-            self._ctl.ApplyWorkloads, pb.ApplyWorkloadsRequest(workloads=[convert.workload_to_pb(w) for w in workloads])
-        )
+    def apply_workloads(self, workloads: Sequence[Workload], *, dry_run: bool = False) -> pb.ApplyWorkloadsResponse:
+        request = pb.ApplyWorkloadsRequest(workloads=[convert.workload_to_pb(w) for w in workloads], dry_run=dry_run)
+        return self._call(self._ctl.ApplyWorkloads, request)
 
     def apply_raw(self, request: pb.ApplyWorkloadsRequest) -> pb.ApplyWorkloadsResponse:
         return self._call(self._ctl.ApplyWorkloads, request)

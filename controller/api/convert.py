@@ -16,6 +16,7 @@ from controller.messages import (
     ModelAssignment,
     NodeDevice,
     Observation,
+    ServingEndpoint,
 )
 from controller.solver import Workload
 
@@ -106,6 +107,14 @@ def observation_from_pb(m: pb.Observed) -> Observation:
     )
 
 
+def endpoint_to_pb(e: ServingEndpoint) -> pb.ServingEndpoint:
+    return pb.ServingEndpoint(key=e.key, grpc=e.grpc, http=e.http, metrics=e.metrics, backend=e.backend)
+
+
+def endpoint_from_pb(m: pb.ServingEndpoint) -> ServingEndpoint:
+    return ServingEndpoint(key=m.key, grpc=m.grpc, http=m.http, metrics=m.metrics, backend=m.backend)
+
+
 def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
     return pb.HeartbeatRequest(
         node_id=r.node_id,
@@ -115,6 +124,7 @@ def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
         errors=[pb.AssignmentError(key=e.key, message=e.message) for e in r.errors],
         applied_revision=r.applied_revision,
         errors_revision=r.errors_revision,
+        endpoints=[endpoint_to_pb(e) for e in r.endpoints],
     )
 
 
@@ -127,6 +137,7 @@ def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
         errors=tuple(AssignmentError(e.key, e.message) for e in m.errors),
         applied_revision=m.applied_revision,
         errors_revision=m.errors_revision,
+        endpoints=tuple(endpoint_from_pb(e) for e in m.endpoints),
     )
 
 

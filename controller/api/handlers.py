@@ -43,7 +43,7 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
     @_rpc
     def ApplyWorkloads(self, request, context):  # noqa: N802
         created, updated, unchanged = self.service.apply_workloads(
-            [convert.workload_fields(w) for w in request.workloads]
+            [convert.workload_fields(w) for w in request.workloads], dry_run=request.dry_run
         )
         return pb.ApplyWorkloadsResponse(created=created, updated=updated, unchanged=unchanged)
 

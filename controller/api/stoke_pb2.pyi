@@ -21,10 +21,12 @@ class Workload(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ...) -> None: ...
 
 class ApplyWorkloadsRequest(_message.Message):
-    __slots__ = ("workloads",)
+    __slots__ = ("workloads", "dry_run")
     WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     workloads: _containers.RepeatedCompositeFieldContainer[Workload]
-    def __init__(self, workloads: _Optional[_Iterable[_Union[Workload, _Mapping]]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, workloads: _Optional[_Iterable[_Union[Workload, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ApplyWorkloadsResponse(_message.Message):
     __slots__ = ("created", "updated", "unchanged")
@@ -220,8 +222,22 @@ class Observed(_message.Message):
     endpoint: str
     def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
+class ServingEndpoint(_message.Message):
+    __slots__ = ("key", "grpc", "http", "metrics", "backend")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    HTTP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    grpc: str
+    http: str
+    metrics: str
+    backend: str
+    def __init__(self, key: _Optional[str] = ..., grpc: _Optional[str] = ..., http: _Optional[str] = ..., metrics: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+
 class Node(_message.Message):
-    __slots__ = ("node_id", "devices", "state", "last_heartbeat_unix", "seconds_since_heartbeat", "assigned", "running", "events", "address", "applied_revision")
+    __slots__ = ("node_id", "devices", "state", "last_heartbeat_unix", "seconds_since_heartbeat", "assigned", "running", "events", "address", "applied_revision", "endpoints")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +248,7 @@ class Node(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     state: str
@@ -242,7 +259,8 @@ class Node(_message.Message):
     events: _containers.RepeatedScalarFieldContainer[str]
     address: str
     applied_revision: int
-    def __init__(self, node_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., state: _Optional[str] = ..., last_heartbeat_unix: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., assigned: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[ServingEndpoint]
+    def __init__(self, node_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., state: _Optional[str] = ..., last_heartbeat_unix: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., assigned: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., applied_revision: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -279,7 +297,7 @@ class AssignmentError(_message.Message):
     def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors")
+    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors", "endpoints")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +305,7 @@ class HeartbeatRequest(_message.Message):
     APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
     ERRORS_REVISION_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     running: _containers.RepeatedCompositeFieldContainer[Assignment]
     observed: _containers.RepeatedCompositeFieldContainer[Observed]
@@ -294,7 +313,8 @@ class HeartbeatRequest(_message.Message):
     applied_revision: int
     errors_revision: int
     errors: _containers.RepeatedCompositeFieldContainer[AssignmentError]
-    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[ServingEndpoint]
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s")
@@ -309,7 +329,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica", "node_id", "device", "share_pct", "batch", "predicted_latency_ms", "serving", "observed", "observed_latency_ms", "observed_rate_rps", "endpoint")
+    __slots__ = ("replica", "node_id", "device", "share_pct", "batch", "predicted_latency_ms", "serving", "observed", "observed_latency_ms", "observed_rate_rps", "endpoint", "http_endpoint", "metrics_endpoint", "backend")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +341,9 @@ class ReplicaStatus(_message.Message):
     OBSERVED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     replica: int
     node_id: str
     device: int
@@ -332,7 +355,10 @@ class ReplicaStatus(_message.Message):
     observed_latency_ms: float
     observed_rate_rps: float
     endpoint: str
-    def __init__(self, replica: _Optional[int] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., predicted_latency_ms: _Optional[float] = ..., serving: _Optional[bool] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., endpoint: _Optional[str] = ...) -> None: ...
+    http_endpoint: str
+    metrics_endpoint: str
+    backend: str
+    def __init__(self, replica: _Optional[int] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., predicted_latency_ms: _Optional[float] = ..., serving: _Optional[bool] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., endpoint: _Optional[str] = ..., http_endpoint: _Optional[str] = ..., metrics_endpoint: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class WorkloadStatus(_message.Message):
     __slots__ = ("name", "model", "slo_ms", "rate_rps", "state", "reason", "replicas", "predicted_latency_ms", "observed", "observed_latency_ms", "observed_rate_rps", "slo_attainment")

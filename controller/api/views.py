@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controller.api import stoke_pb2 as pb
-from controller.api.convert import assignment_to_pb, device_to_pb
+from controller.api.convert import assignment_to_pb, device_to_pb, endpoint_to_pb
 from controller.reconcile.diff import NodeChange
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
@@ -65,6 +65,7 @@ def node_to_pb(n: NodeView) -> pb.Node:
         events=list(n.events),
         address=n.address,
         applied_revision=n.applied_revision,
+        endpoints=[endpoint_to_pb(e) for _, e in sorted(n.endpoints.items())],
     )
 
 
@@ -73,7 +74,7 @@ def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
     for w in s.workloads:
         reps = []
         for r in w.replicas:
-            o = r.observed
+            o, e = r.observed, r.endpoint
             reps.append(
                 pb.ReplicaStatus(
                     replica=r.replica,
@@ -86,7 +87,10 @@ def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
                     observed=o is not None,
                     observed_latency_ms=o.latency_ms if o else 0.0,
                     observed_rate_rps=o.request_rate_rps if o else 0.0,
-                    endpoint=o.endpoint if o else "",
+                    endpoint=e.grpc if e else (o.endpoint if o else ""),
+                    http_endpoint=e.http if e else "",
+                    metrics_endpoint=e.metrics if e else "",
+                    backend=e.backend if e and e.backend else (o.endpoint if o else ""),
                 )
             )
         out.append(

@@ -9,8 +9,10 @@ import signal
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
-from stoke.commands.control import client_args, connect
+from stoke.client_options import add_client_options, connect, controller_address
+from stoke.commands.inputs import add_repo_option
 from stoke.errors import UserError
 
 
@@ -36,12 +38,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "agent",
         help="run the node agent (registers, heartbeats, runs Triton)",
-        description="Register this node with the controller and serve its assignments with Triton until Ctrl-C.",
+        description="Register this node with the controller and serve its assignments with Triton until Ctrl-C. "
+        "Each workload on the node gets stable gRPC, HTTP and metrics endpoints on --bind (a small router in "
+        "front of its Triton processes, so share moves do not change them); `stoke status` and `stoke nodes` "
+        "list them under the --advertise host.",
     )
-    client_args(p)
+    add_client_options(p)
     p.add_argument("--device", choices=("auto", "cpu", "nvml"), default="auto", help="device backend")
     p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: host name)")
-    p.add_argument("--repository", default="triton_repo", help="Triton model repository (path or s3://)")
+    add_repo_option(p, "Triton model repository: a directory or s3://[host:port/]bucket/path (default %(default)s)")
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address the workloads' endpoints listen on (default %(default)s: this machine only; "
+        "0.0.0.0 or :: for every interface)",
+    )
+    p.add_argument(
+        "--advertise",
+        metavar="HOST",
+        help="host name or address other machines reach the endpoints at (default: the --bind address, "
+        "or this machine's fully qualified name when --bind is a wildcard)",
+    )
+    p.add_argument(
+        "--ports",
+        default="0",
+        metavar="LOW-HIGH",
+        help="port range of the endpoints, two ports (gRPC, HTTP) per workload, chosen from the workload's "
+        "name so they stay put across restarts (default 0: any free ports)",
+    )
     p.add_argument("--workdir", help="where Triton processes keep their files (default: a temp dir)")
     p.add_argument(
         "--gpu-type",
@@ -118,17 +143,19 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.gpu_type:
         devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
     kind = "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
-    if "://" not in args.repository and not Path(args.repository).is_dir():
+    if "://" not in args.repo and not Path(args.repo).is_dir():
         raise UserError(
-            f"--repository {args.repository}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
+            f"--repo {args.repo}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
         )
+    router = open_router(args.bind, args.advertise, args.ports)
     client = connect(args)
     fleet = TritonFleet(
-        args.repository,
+        args.repo,
         device_kind=kind,
         workdir=args.workdir,
         ready_timeout_s=args.ready_timeout,
         latency_histogram=args.latency_histogram,
+        router=router,
     )
     exporter = None
     if args.metrics_port >= 0:
@@ -140,10 +167,11 @@ def run_agent(args: argparse.Namespace) -> int:
         except (DeviceError, OSError) as err:
             fleet.close()
             raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
-    agent = Agent(client, fleet, args.node_id, devices)
+    agent = Agent(client, fleet, args.node_id, devices, address=router.host)
     agent.start()
     print(
-        f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {args.controller}"
+        f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {controller_address(args)}, "
+        f"workload endpoints on {args.bind} as {router.host}"
         + (f", device metrics {exporter.url}" if exporter else ""),
         flush=True,
     )
@@ -154,6 +182,26 @@ def run_agent(args: argparse.Namespace) -> int:
     if exporter is not None:
         exporter.close()
     return 0
+
+
+def open_router(bind: str, advertise: str | None, ports: str) -> Any:
+    """The agent's router for stable per-workload endpoints; a bad --bind or --ports is one clear line."""
+    from agents.router import Router, parse_port_range
+
+    try:
+        port_range = parse_port_range(ports)
+    except ValueError as err:
+        raise UserError(f"--ports {ports}: {err}") from None
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((bind, 0))
+    except OSError as err:
+        raise UserError(
+            f"--bind {bind}: cannot listen there ({err.strerror or err}); give an address of this machine, "
+            f"127.0.0.1, or 0.0.0.0 for every interface"
+        ) from None
+    return Router(bind, advertise, port_range)
 
 
 def quiet_grpc() -> None:

@@ -1,0 +1,541 @@
+"""Stable per-workload endpoints on a node: a small gRPC and HTTP router in front of the Triton processes.
+
+Why. Each assignment runs in its own Triton process on free loopback ports,
+and a share move starts a new process (new ports), so a client cannot keep
+an address. The router gives each workload on this node two ports on the
+agent's ``--bind`` address that stay put while the workload stays on the
+node (share moves, batch reloads, crash restarts):
+
+- gRPC (``HOST:PORT``, Triton's KServe v2 gRPC API) and HTTP
+  (``http://HOST:PORT``, Triton's v2 HTTP API), forwarded per call (layer 7,
+  not per TCP connection) to one of the workload's current Triton processes
+  on this node, round robin when the node holds several replicas. Bytes pass
+  through untouched; gRPC metadata and deadlines are forwarded; so any stock
+  Triton client works against it.
+- ``http://HOST:PORT/metrics``: Triton's metrics of the workload's process
+  (with several replicas on the node, every sample gets a ``replica`` label),
+  so a Prometheus scrape target does not change with the process either.
+
+A move without a failed request: the fleet starts the new process, then
+`set_backends` switches the route (a call picks its backend and counts
+itself in flight atomically, so no call picks the old one afterwards), then
+`drain` waits until the calls in flight on the old process have answered,
+and only then is the old process stopped. A call whose backend vanished
+before it was sent (connection refused: a crash) is retried once on the
+current backend.
+
+Ports: with ``ports=(LOW, HIGH)`` a workload prefers the pair at
+``LOW + 2 * (crc32(name) % pairs)`` and probes upwards, so a workload keeps
+its ports across agent restarts as long as they are free; without a range,
+any free ports (kept for the agent's lifetime).
+
+Cost (measured on this project's 2-core machine): see the README, "Serving
+that other machines can use".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import http.server
+import logging
+import re
+import socket
+import threading
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from stoke.errors import StokeError
+
+log = logging.getLogger("stoke.router")
+
+WILDCARDS = ("0.0.0.0", "::", "")
+#: Triton's one streaming method; every other method of its gRPC service is unary.
+STREAMING_METHODS = ("/inference.GRPCInferenceService/ModelStreamInfer",)
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+#: Metadata a client sends that the proxy's own call sets itself.
+_SKIP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+}
+
+
+class RouterError(StokeError, RuntimeError):
+    """The router cannot listen where it was asked to."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One Triton process serving a replica of the workload: loopback addresses of its three ports."""
+
+    key: str  # the replica's assignment key, "name#replica"
+    grpc: str  # host:port
+    http: str  # host:port
+    metrics: str  # host:port
+
+
+@dataclass(frozen=True)
+class RouteEndpoints:
+    """Where other machines reach one workload on this node."""
+
+    workload: str
+    grpc: str  # HOST:PORT
+    http: str  # http://HOST:PORT
+    metrics: str  # http://HOST:PORT/metrics
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def advertised_host(bind: str, advertise: str | None) -> str:
+    """`advertise`, else the bind address, else (a wildcard bind) this machine's fully qualified name."""
+    if advertise:
+        return advertise
+    return socket.getfqdn() if bind in WILDCARDS else bind
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """'LOW-HIGH' -> (LOW, HIGH); '' or '0' -> None (any free port). ValueError when malformed."""
+    text = text.strip()
+    if text in ("", "0"):
+        return None
+    low_text, sep, high_text = text.partition("-")
+    if not sep or not low_text.isdigit() or not high_text.isdigit():
+        raise ValueError(f"must be LOW-HIGH (e.g. 8100-8199) or 0 for any free port, got {text!r}")
+    low, high = int(low_text), int(high_text)
+    if not 1 <= low < high <= 65535:
+        raise ValueError(f"must satisfy 1 <= LOW < HIGH <= 65535, got {text!r}")
+    return low, high
+
+
+# --------------------------------------------------------------------------- metrics merge
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?(\s.*)$")
+
+
+def label_metrics(texts: Sequence[tuple[str, str]], label: str = "replica") -> str:
+    """Prometheus texts of several processes as one, each sample labelled ``label="<value>"``.
+
+    `texts` is ``[(value, text), ...]``. Samples of one metric family stay together (the text
+    format requires it); HELP and TYPE lines are kept once.
+    """
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    for value, text in texts:
+        current = ""
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                    current = parts[2]
+                    head, _ = families.setdefault(current, ([], []))
+                    if line not in head:
+                        head.append(line)
+                continue
+            match = _SAMPLE.match(line)
+            if match is None:
+                continue
+            name, _, labels, rest = match.groups()
+            extra = f'{label}="{value}"'
+            labelled = f"{name}{{{labels + ',' if labels else ''}{extra}}}{rest}"
+            families.setdefault(current or name, ([], []))[1].append(labelled)
+    return "".join("\n".join(head + samples) + "\n" for head, samples in families.values())
+
+
+# --------------------------------------------------------------------------- one route
+
+
+@dataclass
+class _Route:
+    workload: str
+    backends: tuple[Backend, ...] = ()
+    turn: int = 0
+    grpc_port: int = 0
+    http_port: int = 0
+    grpc_server: Any = None
+    http_server: http.server.ThreadingHTTPServer | None = None
+    http_thread: threading.Thread | None = None
+    channels: dict[str, Any] = field(default_factory=dict)  # backend grpc address -> aio channel (loop thread only)
+
+
+class Router:
+    """Per-workload gRPC + HTTP endpoints on `bind`, forwarding to the workload's current Triton processes."""
+
+    def __init__(
+        self,
+        bind: str = "127.0.0.1",
+        advertise: str | None = None,
+        ports: tuple[int, int] | None = None,
+        *,
+        backend_timeout_s: float = 60.0,
+    ) -> None:
+        self.bind = bind
+        self.host = advertised_host(bind, advertise)
+        self.ports = ports
+        self.backend_timeout_s = backend_timeout_s
+        self._routes: dict[str, _Route] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._in_flight: dict[str, int] = {}  # backend grpc address -> calls in flight
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stoke-router", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    # -- the fleet's side
+
+    def set_backends(self, workload: str, backends: Sequence[Backend]) -> RouteEndpoints:
+        """Route `workload` to `backends` (opening its ports the first time); returns its endpoints."""
+        with self._lock:
+            route = self._routes.get(workload)
+        if route is None:
+            route = self._open(workload)
+        with self._lock:
+            route.backends = tuple(sorted(backends, key=lambda b: b.key))
+            self._changed.notify_all()
+        return self._endpoints(route)
+
+    def remove(self, workload: str) -> None:
+        """Close the workload's ports (it left this node)."""
+        with self._lock:
+            route = self._routes.pop(workload, None)
+        if route is not None:
+            self._close_route(route)
+
+    def in_flight(self, backend_grpc: str) -> int:
+        with self._lock:
+            return self._in_flight.get(backend_grpc, 0)
+
+    def drain(self, backend_grpc: str, timeout_s: float = 30.0) -> bool:
+        """Wait until no call is in flight on that backend (call after routing away from it)."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self._in_flight.get(backend_grpc, 0) == 0, timeout=timeout_s)
+
+    def endpoints(self) -> dict[str, RouteEndpoints]:
+        with self._lock:
+            routes = list(self._routes.values())
+        return {r.workload: self._endpoints(r) for r in routes}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            routes, self._routes = list(self._routes.values()), {}
+        for route in routes:
+            self._close_route(route)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # -- calls' side (thread-safe)
+
+    def _acquire(self, route: _Route) -> Backend | None:
+        with self._lock:
+            if not route.backends:
+                return None
+            backend = route.backends[route.turn % len(route.backends)]
+            route.turn += 1
+            self._in_flight[backend.grpc] = self._in_flight.get(backend.grpc, 0) + 1
+            return backend
+
+    def _release(self, backend: Backend) -> None:
+        with self._lock:
+            left = self._in_flight.get(backend.grpc, 0) - 1
+            if left > 0:
+                self._in_flight[backend.grpc] = left
+            else:
+                self._in_flight.pop(backend.grpc, None)
+                self._changed.notify_all()
+
+    def _still_current(self, route: _Route, backend: Backend) -> bool:
+        with self._lock:
+            return backend in route.backends
+
+    # -- opening and closing ports
+
+    def _endpoints(self, route: _Route) -> RouteEndpoints:
+        return RouteEndpoints(
+            workload=route.workload,
+            grpc=host_port(self.host, route.grpc_port),
+            http=f"http://{host_port(self.host, route.http_port)}",
+            metrics=f"http://{host_port(self.host, route.http_port)}/metrics",
+        )
+
+    def _candidates(self, workload: str) -> list[tuple[int, int]]:
+        if self.ports is None:
+            return [(0, 0)]
+        low, high = self.ports
+        pairs = (high - low + 1) // 2
+        if pairs < 1:
+            return []
+        start = zlib.crc32(workload.encode()) % pairs
+        return [(low + 2 * ((start + j) % pairs), low + 2 * ((start + j) % pairs) + 1) for j in range(pairs)]
+
+    def _open(self, workload: str) -> _Route:
+        route = _Route(workload)
+        tried = []
+        for grpc_port, http_port in self._candidates(workload):
+            try:
+                http_server = _http_server(self, route, self.bind, http_port)
+            except OSError as err:
+                tried.append(f"{http_port} ({err.strerror or err})")
+                continue
+            try:
+                server, bound = self._call(self._start_grpc(route, grpc_port))
+            except RuntimeError as err:
+                http_server.server_close()
+                tried.append(f"{grpc_port} ({err})")
+                continue
+            route.grpc_server, route.grpc_port = server, bound
+            route.http_server, route.http_port = http_server, http_server.server_address[1]
+            route.http_thread = threading.Thread(
+                target=http_server.serve_forever, name=f"stoke-router-http-{workload}", daemon=True
+            )
+            route.http_thread.start()
+            with self._lock:
+                self._routes[workload] = route
+            log.info("workload %s: gRPC %s, HTTP %s", workload, route.grpc_port, route.http_port)
+            return route
+        where = f"ports {self.ports[0]}-{self.ports[1]}" if self.ports else "any free port"
+        raise RouterError(
+            f"workload {workload}: cannot listen on {self.bind} ({where}; tried {', '.join(tried[:4]) or 'none'}); "
+            f"free some ports or widen the agent's --ports range"
+        )
+
+    def _call(self, coro: Any, timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start_grpc(self, route: _Route, port: int) -> tuple[Any, int]:
+        server = grpc.aio.server(options=[*_GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((_GrpcHandler(self, route),))
+        try:
+            bound = server.add_insecure_port(host_port(self.bind or "0.0.0.0", port))
+        except RuntimeError as err:
+            raise RuntimeError(str(err).splitlines()[0] or "bind failed") from None
+        if not bound:
+            raise RuntimeError("bind failed")
+        await server.start()
+        return server, bound
+
+    async def _stop_grpc(self, route: _Route) -> None:
+        if route.grpc_server is not None:
+            await route.grpc_server.stop(grace=1.0)
+        for channel in route.channels.values():
+            await channel.close()
+        route.channels.clear()
+
+    def _close_route(self, route: _Route) -> None:
+        if route.http_server is not None:
+            route.http_server.shutdown()
+            route.http_server.server_close()
+        try:
+            self._call(self._stop_grpc(route))
+        except Exception as err:  # noqa: BLE001 - closing only
+            log.warning("workload %s: closing its gRPC port: %s", route.workload, err)
+
+    def channel(self, route: _Route, backend: Backend) -> Any:
+        """The aio channel to a backend (created on the loop thread, on first use)."""
+        channel = route.channels.get(backend.grpc)
+        if channel is None:
+            channel = route.channels[backend.grpc] = grpc.aio.insecure_channel(backend.grpc, options=_GRPC_OPTIONS)
+            stale = [a for a in route.channels if a not in {b.grpc for b in route.backends} and a != backend.grpc]
+            for address in stale:  # processes that are gone
+                if self.in_flight(address) == 0:
+                    asyncio.ensure_future(route.channels.pop(address).close())
+        return channel
+
+
+# --------------------------------------------------------------------------- gRPC
+
+
+def _forwarded_metadata(context: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        (k, v)
+        for k, v in (context.invocation_metadata() or ())
+        if not k.startswith(":") and k.lower() not in _SKIP_METADATA
+    )
+
+
+class _GrpcHandler(grpc.GenericRpcHandler):
+    def __init__(self, router: Router, route: _Route) -> None:
+        self.router, self.route = router, route
+
+    def service(self, handler_call_details: Any) -> Any:
+        method = handler_call_details.method
+        if method in STREAMING_METHODS:
+            return grpc.stream_stream_rpc_method_handler(partial(self._stream, method))
+        return grpc.unary_unary_rpc_method_handler(partial(self._unary, method))
+
+    async def _unary(self, method: str, request: bytes, context: Any) -> bytes:
+        for attempt in (0, 1):
+            backend = self.router._acquire(self.route)
+            if backend is None:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
+                )
+            assert backend is not None
+            try:
+                call = self.router.channel(self.route, backend).unary_unary(method)
+                remaining = context.time_remaining()
+                return bytes(
+                    await call(
+                        request,
+                        metadata=_forwarded_metadata(context),
+                        timeout=remaining if remaining is not None else self.router.backend_timeout_s,
+                    )
+                )
+            except grpc.aio.AioRpcError as err:
+                # the process went away before the call reached it (a crash): once more on the current one
+                if (
+                    attempt == 0
+                    and err.code() == grpc.StatusCode.UNAVAILABLE
+                    and not self.router._still_current(self.route, backend)
+                ):
+                    continue
+                await context.abort(err.code(), err.details() or "")
+            finally:
+                self.router._release(backend)
+        raise AssertionError("unreachable")
+
+    async def _stream(self, method: str, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        backend = self.router._acquire(self.route)
+        if backend is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
+            )
+        assert backend is not None
+        try:
+            call = self.router.channel(self.route, backend).stream_stream(method)
+            async for response in call(requests, metadata=_forwarded_metadata(context)):
+                yield response
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), err.details() or "")
+        finally:
+            self.router._release(backend)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    router: Router
+    route: _Route
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _http_server(router: Router, route: _Route, bind: str, port: int) -> _Server:
+    server = (_Server6 if ":" in bind else _Server)((bind or "0.0.0.0", port), _HttpHandler)
+    server.router, server.route = router, route
+    return server
+
+
+class _HttpHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def do_HEAD(self) -> None:
+        self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
+
+    def _reply(self, status: int, body: bytes, headers: Sequence[tuple[str, str]] = ()) -> None:
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _forward(self) -> None:
+        router, route = self.server.router, self.server.route
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self._reply(411, b"send a Content-Length (chunked requests are not forwarded)\n")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if self.path.split("?", 1)[0] == "/metrics":
+            self._metrics(route)
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        for attempt in (0, 1):
+            backend = router._acquire(route)
+            if backend is None:
+                self._reply(503, f"workload {route.workload}: no Triton process serves it here\n".encode())
+                return
+            try:
+                host, _, port = backend.http.rpartition(":")
+                conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=router.backend_timeout_s)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    reply = conn.getresponse()
+                    data = reply.read()
+                finally:
+                    conn.close()
+            except ConnectionRefusedError:
+                if attempt == 0 and not router._still_current(route, backend):
+                    continue
+                self._reply(502, f"workload {route.workload}: its Triton process refused the connection\n".encode())
+                return
+            except OSError as err:
+                self._reply(502, f"workload {route.workload}: {err}\n".encode())
+                return
+            finally:
+                router._release(backend)
+            self._reply(reply.status, data, [(k, v) for k, v in reply.getheaders() if k.lower() not in _HOP_BY_HOP])
+            return
+
+    def _metrics(self, route: _Route) -> None:
+        with self.server.router._lock:
+            backends = route.backends
+        texts = []
+        for backend in backends:
+            try:
+                with urllib.request.urlopen(f"http://{backend.metrics}/metrics", timeout=5) as reply:
+                    texts.append((backend.key.rpartition("#")[2], reply.read().decode("utf-8", "replace")))
+            except (urllib.error.URLError, OSError):
+                continue
+        if not texts:
+            self._reply(503, f"workload {route.workload}: no metrics (no Triton process answered)\n".encode())
+            return
+        body = texts[0][1] if len(texts) == 1 else label_metrics(texts)
+        self._reply(200, body.encode(), [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
