@@ -136,15 +136,17 @@ class RepoStore(ABC):
     def read_text(self, path: str) -> str:
         return self.read_bytes(path).decode("utf-8")
 
-    def sync(self, local_dir: str | os.PathLike[str]) -> SyncReport:
-        """Make the store hold exactly the files of `local_dir`, writing only what changed."""
+    def sync(self, local_dir: str | os.PathLike[str], *, dry_run: bool = False) -> SyncReport:
+        """Make the store hold exactly the files of `local_dir`, writing only what changed.
+
+        `dry_run`: compare only, and report what would be uploaded and deleted."""
         wanted = scan_local(local_dir)
         present = self.listing()
         changed = [p for p, digest in wanted.items() if present.get(p) != digest]
         stale = [p for p in present if p not in wanted]
-        for path in upload_order(changed):
+        for path in upload_order(changed) if not dry_run else ():
             self.put_file(path, Path(local_dir) / path, wanted[path])
-        for path in delete_order(stale):
+        for path in delete_order(stale) if not dry_run else ():
             self.delete(path)
         unchanged = sorted(p for p in wanted if p not in changed)
         return SyncReport(tuple(upload_order(changed)), tuple(delete_order(stale)), tuple(unchanged))

@@ -29,6 +29,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import time
 import urllib.error
@@ -463,6 +464,13 @@ class RevocationWatcher:
         self.sleep = sleep
         self.interval_s = interval_s
         self._clients: dict[str, MetadataClient] = {}
+        self.watched = 0  # live spot workers at the last poll
+        self.job_started: float | None = None  # earliest launch time seen
+
+    def training_progress(self) -> tuple[float, float]:
+        """(seconds the job has run, its predicted run time): elapsed since the cluster's earliest launch."""
+        elapsed = max(0.0, self.clock() - self.job_started) if self.job_started is not None else 0.0
+        return elapsed, self.plan.predicted_time_s
 
     def _client(self, instance_id: str) -> MetadataClient:
         url = self.metadata_url.replace("{instance_id}", instance_id)
@@ -473,7 +481,12 @@ class RevocationWatcher:
     def poll(self) -> dict[str, dict[str, Any]]:
         """Notices of the cluster's live spot workers: {instance_id: notice}."""
         notices = {}
-        for inst in self.launcher.instances():
+        instances = self.launcher.instances()
+        self.watched = sum(1 for i in instances if i.role == "worker" and i.state in LIVE_STATES)
+        started = [i.launch_time for i in instances if i.launch_time]
+        if started:
+            self.job_started = min(self.job_started or math.inf, *started)
+        for inst in instances:
             if inst.role != "worker" or inst.state not in LIVE_STATES:
                 continue
             try:
@@ -517,8 +530,16 @@ class RevocationWatcher:
             self.plan = dataclasses.replace(new_plan, predicted_time_s=new_plan.predicted_time_s + elapsed)
         return RevocationResult(revoked=tuple(revoked_now), plan=new_plan, launch=launch)
 
-    def run(self, *, max_polls: int | None = None, on_event: Callable[[RevocationResult], None] | None = None) -> int:
-        """Poll every `interval_s` (injected sleep) until `max_polls`; returns how many notices were handled."""
+    def run(
+        self,
+        *,
+        max_polls: int | None = None,
+        on_event: Callable[[RevocationResult], None] | None = None,
+        on_poll: Callable[[int], None] | None = None,
+    ) -> int:
+        """Poll every `interval_s` (injected sleep) until `max_polls`; returns how many notices were handled.
+
+        `on_event(result)` follows each handled notice; `on_poll(polls)` each poll."""
         handled, polls = 0, 0
         while max_polls is None or polls < max_polls:
             notices = self.poll()
@@ -528,6 +549,8 @@ class RevocationWatcher:
                 handled += len(result.revoked)
                 if on_event is not None:
                     on_event(result)
+            if on_poll is not None:
+                on_poll(polls)
             if max_polls is None or polls < max_polls:
                 self.sleep(self.interval_s)
         return handled

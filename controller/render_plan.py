@@ -48,7 +48,22 @@ def render_plan(
     *,
     latency_histogram: bool = False,
 ) -> list[str]:
-    """Write the configs of a plan into a local model repository; returns the changed paths.
+    """Write the configs of a plan into a local model repository; returns the changed paths (see `plan_configs`)."""
+    changed: list[str] = []
+    for path, config in plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram).items():
+        if write_config(path, config):
+            changed.append(path)
+    return changed
+
+
+def plan_configs(
+    plan: Plan | Mapping[str, Any],
+    repo_dir: str | os.PathLike[str],
+    device_kind: str,
+    *,
+    latency_histogram: bool = False,
+) -> dict[str, ModelConfig]:
+    """{path: config} a plan asks of a local model repository (nothing written).
 
     Each model's ``config.pbtxt`` gets the first placement of that model (in
     plan order). When placements of one model differ (two workloads or
@@ -68,14 +83,10 @@ def render_plan(
         )
         by_model.setdefault(assignment.model, []).append(config)
         keyed.setdefault(assignment.model, []).append((f"{_safe(assignment.workload)}_{assignment.replica}", config))
-    changed: list[str] = []
+    out: dict[str, ModelConfig] = {}
     for model, configs in by_model.items():
-        path = repo / model / CONFIG_NAME
-        if write_config(path, configs[0]):
-            changed.append(str(path))
+        out[str(repo / model / CONFIG_NAME)] = configs[0]
         if len({config_to_text(c) for c in configs}) > 1:
             for name, config in keyed[model]:
-                path = repo / model / "configs" / f"{name}.pbtxt"
-                if write_config(path, config):
-                    changed.append(str(path))
-    return changed
+                out[str(repo / model / "configs" / f"{name}.pbtxt")] = config
+    return out

@@ -13,11 +13,18 @@
         gpu_type: V100         # optional preference
         arrivals: poisson      # optional: poisson (default, independent users) or constant (paced clients)
 
-Every error names the file, the field and the fix.
+The keys are declared once, below (`WorkloadEntry`, `GpuTypeEntry`,
+`WorkloadFileSpec`, each field a `stoke.validate.setting`): the loader's
+checks and wording, and the JSON Schema
+`controller/data/workloads.schema.json` (``make schema`` rewrites it; a test
+fails when it is stale) come from the same declarations. A file may also be
+a bare list of workloads. Every error names the file, the field and the fix.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -34,6 +41,8 @@ from stoke.errors import InputError
 #: Hourly on-demand price of the bundled GPU type (AWS p3.2xlarge, one V100, us-east-1).
 DEFAULT_GPU_PRICE = 3.06
 EXAMPLE_WORKLOADS = "example-workloads.yaml"
+SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "workloads.schema.json"
+ARRIVALS = ("poisson", "constant")
 
 
 class WorkloadFileError(InputError):
@@ -57,131 +66,179 @@ def default_gpu_types() -> tuple[GpuType, ...]:
     return (GpuType(name="V100", price_per_hour=DEFAULT_GPU_PRICE, profile=bundled_profile()),)
 
 
-def _number(item: dict[str, Any], key: str, where: str, source: str, positive: bool = True) -> float:
-    value = check.require(item, key, where=f"{source}: {where}", error=WorkloadFileError)
-    if positive:
-        return check.positive(value, f"{where}.{key}", where=source, error=WorkloadFileError)
-    return check.non_negative(value, f"{where}.{key}", where=source, error=WorkloadFileError)
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """One service to plan and serve."""
+
+    name: str = check.setting(rule=check.TEXT, doc="unique workload name")
+    model: str = check.setting(
+        rule=check.TEXT, doc="model name: in the GPU type's profile and in the Triton model repository"
+    )
+    slo_ms: float = check.setting(
+        rule=check.POSITIVE, doc="latency SLO of one request in ms; stoke plans for the p99 within it"
+    )
+    rate_rps: float = check.setting(rule=check.POSITIVE, doc="request rate, requests per second")
+    gpu_type: str | None = check.setting(None, check.TEXT, "only GPUs of this type (default: any)")
+    arrivals: str = check.setting(
+        "poisson", check.choice(ARRIVALS), "poisson (independent users) or constant (paced clients)"
+    )
 
 
-def _text(item: dict[str, Any], key: str, where: str, source: str) -> str:
-    return check.text(item.get(key), f"{where}.{key}", where=source, error=WorkloadFileError)
+@dataclass(frozen=True)
+class GpuTypeEntry:
+    """A GPU type the plan may use."""
+
+    name: str = check.setting(rule=check.TEXT, doc="GPU type name, as workloads' gpu_type names it")
+    price_per_hour: float = check.setting(rule=check.NON_NEGATIVE, doc="price of one GPU of this type per hour")
+    max_count: int | None = check.setting(None, doc="at most this many GPUs of this type (default: no limit)")
+    profile: str | None = check.setting(
+        None,
+        check.PATH,
+        "fitted profile JSON (`stoke profile fit`), relative to this file; "
+        "only the bundled type (V100) may leave it out",
+    )
 
 
-def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...]:
-    """Workloads from parsed YAML: a mapping with `workloads:` or a bare list."""
-    items = data.get("workloads") if isinstance(data, dict) else data
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFileSpec:
+    """A stoke workload file: the workloads and, optionally, the GPU types to plan them on."""
+
+    gpu_types: tuple[GpuTypeEntry, ...] | None = check.setting(
+        None, doc="GPU types to plan on (default: V100 at $3.06/h with the bundled profile)"
+    )
+    workloads: tuple[WorkloadEntry, ...] = check.setting(doc="the workloads (at least one; names unique)")
+
+
+def workloads_schema() -> dict[str, Any]:
+    schema = check.json_schema(WorkloadFileSpec, "stoke workload file")
+    schema["properties"]["workloads"]["minItems"] = 1
+    return schema
+
+
+def schema_text() -> str:
+    return json.dumps(workloads_schema(), indent=2) + "\n"
+
+
+def _spec(data: Any, source: str, base_dir: Path | None) -> WorkloadFileSpec:
+    if isinstance(data, list):  # a bare list of workloads
+        data = {"workloads": data}
+    items = data.get("workloads") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise WorkloadFileError(
             f"{source}: field 'workloads' must be a non-empty list of {{name, model, slo_ms, rate_rps}} entries"
         )
-    workloads, seen = [], set()
-    for i, item in enumerate(items):
-        where = f"workloads[{i}]"
-        if not isinstance(item, dict):
-            raise WorkloadFileError(f"{source}: {where} must be a mapping with name, model, slo_ms, rate_rps")
-        unknown = sorted(set(item) - {"name", "model", "slo_ms", "rate_rps", "gpu_type", "arrivals"})
-        if unknown:
+    spec = check.load(WorkloadFileSpec, data, where=source, error=WorkloadFileError, base_dir=base_dir)
+    seen: set[str] = set()
+    for i, w in enumerate(spec.workloads):
+        if w.name in seen:
             raise WorkloadFileError(
-                f"{source}: {where} has unknown field {unknown[0]!r}; "
-                f"allowed: name, model, slo_ms, rate_rps, gpu_type, arrivals"
+                f"{source}: workloads[{i}].name {w.name!r} is repeated; workload names must be unique"
             )
-        arrivals = item.get("arrivals", "poisson")
-        if arrivals not in ("poisson", "constant"):
-            raise WorkloadFileError(
-                f"{source}: {where}.arrivals must be 'poisson' (independent users, the default) "
-                f"or 'constant' (paced clients), got {arrivals!r}"
-            )
-        name = _text(item, "name", where, source)
-        if name in seen:
-            raise WorkloadFileError(f"{source}: {where}.name {name!r} is repeated; workload names must be unique")
-        seen.add(name)
-        gpu_type = item.get("gpu_type")
-        if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type):
-            raise WorkloadFileError(f"{source}: {where}.gpu_type must be a GPU type name, got {gpu_type!r}")
-        workloads.append(
-            Workload(
-                name=name,
-                model=_text(item, "model", where, source),
-                slo_ms=_number(item, "slo_ms", where, source),
-                rate_rps=_number(item, "rate_rps", where, source),
-                gpu_type=gpu_type,
-                arrivals=arrivals,
-            )
-        )
-    return tuple(workloads)
+        seen.add(w.name)
+    return spec
 
 
-def parse_gpu_types(data: Any, source: str, base_dir: Path) -> tuple[GpuType, ...]:
-    items = data.get("gpu_types") if isinstance(data, dict) else None
-    if items is None:
+def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...]:
+    """Workloads from parsed YAML: a mapping with `workloads:` or a bare list (gpu_types are not read)."""
+    if isinstance(data, dict):
+        data = {"workloads": data.get("workloads")}
+    return tuple(map(_workload, _spec(data, source, None).workloads))
+
+
+def _workload(w: WorkloadEntry) -> Workload:
+    return Workload(
+        name=w.name, model=w.model, slo_ms=w.slo_ms, rate_rps=w.rate_rps, gpu_type=w.gpu_type, arrivals=w.arrivals
+    )
+
+
+def _gpu_types(spec: WorkloadFileSpec, source: str) -> tuple[GpuType, ...]:
+    if spec.gpu_types is None:
         return default_gpu_types()
-    if not isinstance(items, list) or not items:
-        raise WorkloadFileError(
-            f"{source}: field 'gpu_types' must be a non-empty list of {{name, price_per_hour, profile?, max_count?}}"
-        )
     types = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(spec.gpu_types):
         where = f"gpu_types[{i}]"
-        if not isinstance(item, dict):
-            raise WorkloadFileError(f"{source}: {where} must be a mapping")
-        name = _text(item, "name", where, source)
-        price = _number(item, "price_per_hour", where, source, positive=False)
-        max_count = item.get("max_count")
-        if max_count is not None:
-            check.whole(max_count, f"{where}.max_count", where=source, error=WorkloadFileError)
-        if "profile" in item:
-            path = base_dir / str(item["profile"])
+        if item.profile is not None:
             try:
-                profile = load_profile(path)
+                profile = load_profile(item.profile)
             except ProfileFileError as err:
                 raise WorkloadFileError(f"{source}: {where}.profile: {err}") from None
         else:
             profile = bundled_profile()
-            if name != profile.gpu.name:
+            if item.name != profile.gpu.name:
                 # silently planning an A100 with V100 coefficients would be wrong by a wide margin
                 raise WorkloadFileError(
-                    f"{source}: {where} ({name!r}) has no profile; give `profile: FILE` "
+                    f"{source}: {where} ({item.name!r}) has no profile; give `profile: FILE` "
                     f"(fit one with `stoke profile fit`) - only {profile.gpu.name!r} has a "
                     f"bundled profile"
                 )
-        types.append(GpuType(name=name, price_per_hour=price, profile=profile, max_count=max_count))
+        types.append(
+            GpuType(name=item.name, price_per_hour=item.price_per_hour, profile=profile, max_count=item.max_count)
+        )
     return tuple(types)
 
 
-def _read_yaml(path: Path) -> Any:
+STDIN = "-"
+
+
+def _read_text(path: Path) -> str:
+    if str(path) == STDIN:
+        return sys.stdin.read()
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as err:
         raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror})") from None
+
+
+def _parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise WorkloadFileError(f"{path}: malformed YAML{at}; fix the syntax") from None
+        raise WorkloadFileError(f"{source}: malformed YAML{at}; fix the syntax") from None
+
+
+def _source(path: Path) -> str:
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
+def parse_workloads_text(text: str, source: str) -> tuple[Workload, ...]:
+    """Only the workloads of a file's text (its gpu_types are not read: a controller's nodes are the inventory)."""
+    return parse_workloads(_parse_yaml(text, source), source)
 
 
 def read_workloads(path: str | Path) -> tuple[Workload, ...]:
-    """Only the workloads of a file (its gpu_types are not read: a controller's nodes are the inventory)."""
-    return parse_workloads(_read_yaml(Path(path)), str(path))
+    """Only the workloads of a file (- = stdin); its gpu_types are not read."""
+    path = Path(path)
+    return parse_workloads_text(_read_text(path), _source(path))
 
 
 def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile | None = None) -> WorkloadsFile:
-    """Read a workload file (default: the bundled example) and check it against its inventory.
+    """Read a workload file (default: the bundled example; - = stdin, relative paths from the current
+    directory) and check it against its inventory.
 
     `profile`, when given, replaces every GPU type's profile before the check (`stoke plan
     --profile`): the workloads may name models only that profile knows.
     """
     path = Path(path) if path is not None else example_workloads_path()
-    source = str(path)
-    data = _read_yaml(path)
-    gpu_types = parse_gpu_types(data, source, path.parent)
+    source = _source(path)
+    data = _parse_yaml(_read_text(path), source)
+    base_dir = Path.cwd() if str(path) == STDIN else path.parent
+    spec = _spec(data, source, base_dir)
+    gpu_types = _gpu_types(spec, source)
     if profile is not None:
         gpu_types = tuple(replace(g, profile=profile) for g in gpu_types)
-    result = WorkloadsFile(parse_workloads(data, source), gpu_types)
+    result = WorkloadsFile(tuple(map(_workload, spec.workloads)), gpu_types)
     try:
         result.problem()
     except ProblemError as err:
         raise WorkloadFileError(f"{source}: {err}") from None
     return result
+
+
+if __name__ == "__main__":  # `make schema`: rewrite the committed JSON Schema
+    from stoke.files import atomic_write_text
+
+    print(
+        f"{SCHEMA_FILE}: {'written' if atomic_write_text(SCHEMA_FILE, schema_text()) else 'unchanged'}", file=sys.stderr
+    )

@@ -34,11 +34,17 @@ class ProfileFileError(InputError):
 
 def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Merge JSON lines ``{"section": {"key": value}}`` into one dict per section."""
-    sections: dict[str, dict[str, Any]] = {}
     try:
-        lines = Path(path).read_text().splitlines()
+        text = Path(path).read_text()
     except OSError as err:
         raise ProfileFileError(f"{path}: cannot read raw profile ({err.strerror})") from None
+    return parse_raw(text, str(path))
+
+
+def parse_raw(text: str, path: str) -> dict[str, dict[str, Any]]:
+    """`read_raw` of text already read (`path` names it in errors)."""
+    sections: dict[str, dict[str, Any]] = {}
+    lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

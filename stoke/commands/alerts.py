@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +26,8 @@ from controller.workload_file import load_workloads_file
 from stoke.commands.inputs import read_plan
 from stoke.errors import UserError
 from stoke.files import atomic_write_text
-from stoke.table import render_table
+from stoke.output import add_output_option, emit
+from stoke.table import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "WORKLOADS.yaml (default: the bundled example). Files are written only when "
         "their bytes change.",
     )
-    r.add_argument("workloads", nargs="?", metavar="WORKLOADS.yaml", help="workload file; default: bundled example")
+    r.add_argument(
+        "workloads", nargs="?", metavar="WORKLOADS.yaml", help="workload file (- reads stdin); default: bundled example"
+    )
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the generated files (created)")
     r.add_argument(
         "--objective",
@@ -97,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="UID",
         help="Grafana Prometheus data source uid (default prometheus)",
     )
-    r.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_output_option(r)
     r.set_defaults(run=run_render)
 
     c = sub.add_parser(
@@ -107,6 +109,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`stoke alerts render`. Needs promtool (`make tools`).",
     )
     c.add_argument("dir", metavar="DIR")
+    add_output_option(c)
     c.set_defaults(run=run_check)
 
 
@@ -152,16 +155,14 @@ def run_render(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserError(f"--out {out}: cannot write {name} ({err.strerror})") from None
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "out": str(out),
-                    "files": {n: ("written" if w else "unchanged") for n, w in written.items()},
-                    "workloads": summary_rows(workloads, options),
-                    "shared_selectors": shared_selectors(workloads, options),
-                },
-                indent=2,
-            )
+        emit(
+            args,
+            {
+                "out": str(out),
+                "files": {n: ("written" if w else "unchanged") for n, w in written.items()},
+                "workloads": summary_rows(workloads, options),
+                "shared_selectors": shared_selectors(workloads, options),
+            },
         )
         return 0
     rows = [
@@ -176,15 +177,9 @@ def run_render(args: argparse.Namespace) -> int:
         ]
         for r in summary_rows(workloads, options)
     ]
-    print(
-        render_table(
-            ["workload", "model", "SLO ms", "objective", "page if error >", "ticket if error >", "series"], rows
-        )
-    )
+    print_table(["workload", "model", "SLO ms", "objective", "page if error >", "ticket if error >", "series"], rows)
     print()
-    print(
-        render_table(["file", "status"], [[str(out / n), "written" if w else "unchanged"] for n, w in written.items()])
-    )
+    print_table(["file", "status"], [[str(out / n), "written" if w else "unchanged"] for n, w in written.items()])
     for sel, names in shared_selectors(workloads, options).items():
         print(
             f"note: {', '.join(names)} share the series {{{sel}}}: their SLIs measure the same traffic "
@@ -204,15 +199,27 @@ def run_check(args: argparse.Namespace) -> int:
             raise UserError(f"{folder / name}: missing; write it with `stoke alerts render --out {folder}`")
     results: list[list[Any]] = []
     status = 0
+    outputs: dict[str, str] = {}
     for cmd in (["check", "rules", RULES_FILE], ["test", "rules", RULES_TEST_FILE]):
         proc = subprocess.run([promtool, *cmd], cwd=folder, capture_output=True, text=True, timeout=300)
         ok = proc.returncode == 0
         status = status or (0 if ok else 1)
         results.append([f"promtool {' '.join(cmd)}", "ok" if ok else "FAILED"])
         if not ok:
-            print((proc.stdout + proc.stderr).strip())
-    print(render_table(["check", "result"], results))
-    for name in (DASHBOARD_FILE, GRAFANA_ALERTS_FILE):
-        if not (folder / name).is_file():
-            print(f"note: {folder / name} is missing")
+            outputs[results[-1][0]] = (proc.stdout + proc.stderr).strip()
+    missing = [str(folder / n) for n in (DASHBOARD_FILE, GRAFANA_ALERTS_FILE) if not (folder / n).is_file()]
+    if args.json:
+        emit(
+            args,
+            {
+                "checks": [{"check": c, "result": r, "output": outputs.get(c, "")} for c, r in results],
+                "missing": missing,
+            },
+        )
+        return status
+    for text in outputs.values():
+        print(text)
+    print_table(["check", "result"], results)
+    for path in missing:
+        print(f"note: {path} is missing")
     return status

@@ -1,49 +1,51 @@
 """Client commands of a running controller: `stoke workload ...`, `stoke nodes`, `stoke status`,
 `stoke profiles ...`, and `remote_plan` for `stoke plan --remote`.
 
-They take `--controller HOST:PORT` (default $STOKE_CONTROLLER or
-127.0.0.1:50051), `--token-file FILE` (default: $STOKE_TOKEN), `--tls-ca FILE`
-(TLS with that CA; `--tls` for the system roots) and `--json`. The daemons
-are in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
+They share the controller connection options (`stoke.client_options`:
+``--controller``, ``--token-file``, ``--tls-ca``, ``--tls``, with
+``$STOKE_CONTROLLER`` and ``$STOKE_TOKEN``) and the output format option
+(`stoke.output`: ``-o table|wide|json|yaml``, ``--json``). The daemons are
+in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from stoke.client_options import DEFAULT_CONTROLLER, add_client_options, connect, controller_address
+from stoke.commands.inputs import read_text_input
 from stoke.errors import UserError
-from stoke.table import render_table
+from stoke.live import Block, LiveView, Tab, render_blocks
+from stoke.output import add_output_option, emit
+from stoke.table import print_table, render_table
 
-DEFAULT_CONTROLLER = "127.0.0.1:50051"
+__all__ = ["DEFAULT_CONTROLLER", "connect", "format_nodes", "format_status", "register", "remote_plan", "to_dict"]
 
 
 # ------------------------------------------------------------------ registration
 
 
-def client_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
-    p.add_argument(
-        "--controller",
-        metavar="HOST:PORT",
-        default=os.environ.get("STOKE_CONTROLLER", DEFAULT_CONTROLLER),
-        help="controller address (default $STOKE_CONTROLLER or %(default)s)",
-    )
-    p.add_argument("--token-file", metavar="FILE", help="bearer token file (default: $STOKE_TOKEN)")
-    p.add_argument("--tls-ca", metavar="FILE", help="use TLS, trusting this CA certificate")
-    p.add_argument("--tls", action="store_true", help="use TLS with the system's trusted roots")
-    p.add_argument("--json", action="store_true", help=json_help)
+def client_args(p: argparse.ArgumentParser, wide: str = "") -> None:
+    """The controller connection options and the output format option."""
+    add_client_options(p)
+    add_output_option(p, wide=wide)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     w = subparsers.add_parser("workload", help="manage the workloads of a running controller")
     ws = w.add_subparsers(dest="workload_command", metavar="COMMAND", required=True)
     p = ws.add_parser("apply", help="create or update the workloads of a YAML file (all or nothing)")
-    p.add_argument("-f", "--file", required=True, metavar="FILE", help="workloads YAML (see `stoke plan`)")
+    p.add_argument(
+        "-f", "--file", required=True, metavar="FILE", help="workloads YAML (see `stoke plan`); - reads stdin"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the controller checks the file and says what would be created, updated or left; nothing is stored",
+    )
     client_args(p)
     p.set_defaults(run=run_workload_apply)
     p = ws.add_parser("rm", help="delete a workload")
@@ -54,26 +56,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     client_args(p)
     p.set_defaults(run=run_workload_ls)
 
-    p = subparsers.add_parser("nodes", help="list the nodes: devices, health, last heartbeat, what runs there")
-    client_args(p)
+    p = subparsers.add_parser(
+        "nodes", help="list the nodes: address, devices, health, last heartbeat, what runs there and its endpoints"
+    )
+    client_args(p, wide="every event, and the Triton process behind each endpoint")
     p.set_defaults(run=run_nodes)
 
-    p = subparsers.add_parser("status", help="per workload: planned share/batch/node, predicted vs observed")
-    client_args(p)
+    p = subparsers.add_parser(
+        "status", help="per workload: planned share/batch/node, predicted vs observed, and its endpoints"
+    )
+    client_args(p, wide="the Triton process behind each endpoint")
     p.add_argument(
         "--watch",
         nargs="?",
         const=2.0,
         type=float,
         metavar="S",
-        help="refresh every S seconds (default 2) until Ctrl-C",
+        help="refresh every S seconds (default 2) until Ctrl-C: in place on a terminal, one block per refresh "
+        "when piped",
     )
     p.set_defaults(run=run_status)
 
     pr = subparsers.add_parser("profiles", help="upload / list fitted profiles on a running controller")
     ps = pr.add_subparsers(dest="profiles_command", metavar="COMMAND", required=True)
     p = ps.add_parser("upload", help="upload a fitted profile (JSON from `stoke profile fit`)")
-    p.add_argument("file")
+    p.add_argument("file", help="fitted profile JSON; - reads stdin")
     p.add_argument("--gpu-type", default="", help="store under this GPU type (default: the profile's gpu.name)")
     client_args(p)
     p.set_defaults(run=run_profiles_upload)
@@ -85,16 +92,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ------------------------------------------------------------------ client helpers
 
 
-def connect(args: argparse.Namespace) -> Any:
-    from controller.api.auth import read_token
-    from controller.api.client import ControllerClient
-
-    token = read_token(getattr(args, "token_file", None))
-    return ControllerClient(
-        args.controller, token=token, tls_ca=getattr(args, "tls_ca", None), tls=bool(getattr(args, "tls", False))
-    )
-
-
 def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") -> Any:
     """Call the controller; its refusals become one line that says what to do (the fix depends on the call)."""
     from controller.messages import ApiError, FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
@@ -103,15 +100,18 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
     try:
         return fn(client)
     except Unavailable as err:
-        raise UserError(f"{err}; start it with `stoke controller` or pass --controller HOST:PORT") from None
+        raise UserError(
+            f"{err}; start it with `stoke controller`, or pass --controller HOST:PORT (or set $STOKE_CONTROLLER)"
+        ) from None
     except Unauthenticated as err:
         raise UserError(
-            f"controller {args.controller} refused the call ({err}); pass --token-file FILE or set $STOKE_TOKEN"
+            f"controller {controller_address(args)} refused the call ({err}); "
+            f"pass --token-file FILE or set $STOKE_TOKEN"
         ) from None
     except (InvalidArgument, FailedPrecondition) as err:
         raise UserError(f"{source + ': ' if source else ''}{err}") from None
     except ApiError as err:
-        raise UserError(f"controller {args.controller}: {err}") from None
+        raise UserError(f"controller {controller_address(args)}: {err}") from None
     finally:
         client.close()
 
@@ -143,26 +143,32 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from controller.workload_file import read_workloads
+    from controller.workload_file import parse_workloads_text
 
-    workloads = read_workloads(args.file)  # its gpu_types are ignored: the controller's nodes are the inventory
-    reply = _call(args, lambda c: c.apply_workloads(workloads), source=args.file)
+    text, source = read_text_input(args.file, "the workload file")
+    workloads = parse_workloads_text(
+        text, source
+    )  # its gpu_types are ignored: the controller's nodes are the inventory
+    reply = _call(args, lambda c: c.apply_workloads(workloads, dry_run=args.dry_run), source=source)
     if args.json:
-        print(json.dumps(to_dict(reply), indent=2))
-    else:
-        rows = (
-            [[n, "created"] for n in reply.created]
-            + [[n, "updated"] for n in reply.updated]
-            + [[n, "unchanged"] for n in reply.unchanged]
-        )
-        print(render_table(["workload", "result"], rows))
+        emit(args, {**to_dict(reply), "dry_run": bool(args.dry_run)})
+        return 0
+    would = "would be " if args.dry_run else ""
+    rows = (
+        [[n, f"{would}created"] for n in reply.created]
+        + [[n, f"{would}updated"] for n in reply.updated]
+        + [[n, "unchanged"] for n in reply.unchanged]
+    )
+    print_table(["workload", "result"], rows)
+    if args.dry_run:
+        print(f"dry run: the controller accepted {source}; nothing stored (apply without --dry-run to store it)")
     return 0
 
 
 def run_workload_rm(args: argparse.Namespace) -> int:
     deleted = _call(args, lambda c: c.delete_workload(args.name))
     if args.json:
-        print(json.dumps({"name": args.name, "deleted": deleted}))
+        emit(args, {"name": args.name, "deleted": deleted})
     elif deleted:
         print(f"workload {args.name} deleted")
     else:
@@ -173,27 +179,17 @@ def run_workload_rm(args: argparse.Namespace) -> int:
 def run_workload_ls(args: argparse.Namespace) -> int:
     workloads = _call(args, lambda c: c.list_workloads())
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "name": w.name,
-                        "model": w.model,
-                        "slo_ms": w.slo_ms,
-                        "rate_rps": w.rate_rps,
-                        "gpu_type": w.gpu_type,
-                    }
-                    for w in workloads
-                ],
-                indent=2,
-            )
+        emit(
+            args,
+            [
+                {"name": w.name, "model": w.model, "slo_ms": w.slo_ms, "rate_rps": w.rate_rps, "gpu_type": w.gpu_type}
+                for w in workloads
+            ],
         )
     else:
-        print(
-            render_table(
-                ["workload", "model", "slo_ms", "rate_rps", "gpu_type"],
-                [[w.name, w.model, w.slo_ms, w.rate_rps, w.gpu_type or "any"] for w in workloads],
-            )
+        print_table(
+            ["workload", "model", "slo_ms", "rate_rps", "gpu_type"],
+            [[w.name, w.model, w.slo_ms, w.rate_rps, w.gpu_type or "any"] for w in workloads],
         )
     return 0
 
@@ -224,26 +220,20 @@ def format_remote_plan(plan: Any) -> str:
                     p.predicted_latency_ms,
                 ]
             )
-    lines = [
-        head,
-        "",
-        render_table(
-            [
-                "node/device",
-                "type",
-                "workload",
-                "replica",
-                "model",
-                "slo_ms",
-                "rate_rps",
-                "share_%",
-                "batch",
-                "queue_ms",
-                "pred_ms",
-            ],
-            rows,
-        ),
+    headers = [
+        "node/device",
+        "type",
+        "workload",
+        "replica",
+        "model",
+        "slo_ms",
+        "rate_rps",
+        "share_%",
+        "batch",
+        "queue_ms",
+        "pred_ms",
     ]
+    lines = [head, "", render_table(headers, rows)]
     lines += [f"pending: {p.workload}: {p.reason}" for p in plan.pending]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
@@ -251,11 +241,10 @@ def format_remote_plan(plan: Any) -> str:
 
 def remote_plan(args: argparse.Namespace) -> int:
     """`stoke plan --remote`: the controller's applied plan (`--preview`: solve now without acting)."""
-    args.tls_ca = getattr(args, "tls_ca", None)
     preview = bool(getattr(args, "preview", False))
     reply = _call(args, lambda c: c.preview_plan() if preview else c.get_plan())
     if args.json:
-        print(json.dumps(to_dict(reply.plan), indent=2))
+        emit(args, to_dict(reply.plan))
     else:
         print(format_remote_plan(reply.plan))
     return 0
@@ -264,7 +253,7 @@ def remote_plan(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ nodes and status
 
 
-def format_nodes(reply: Any) -> str:
+def nodes_blocks(reply: Any, wide: bool = False) -> list[Block]:
     from controller.messages import Replica
 
     rows = []
@@ -272,118 +261,178 @@ def format_nodes(reply: Any) -> str:
         devices = ", ".join(f"{d.index}:{d.gpu_type or d.name}" for d in n.devices)
         running = ", ".join(str(Replica(a.workload, a.replica)) for a in n.running) or "-"
         rows.append(
-            [n.node_id, n.state, devices, _ago(n.seconds_since_heartbeat), len(n.assigned), running, n.applied_revision]
+            [
+                n.node_id,
+                n.state,
+                n.address or "-",
+                devices,
+                _ago(n.seconds_since_heartbeat),
+                len(n.assigned),
+                running,
+                n.applied_revision,
+            ]
         )
-    out = render_table(["node", "state", "devices", "heartbeat", "assigned", "running", "revision"], rows)
-    events = [f"  {n.node_id}: {e}" for n in reply.nodes for e in list(n.events)[-3:]]
-    return out + ("\n\nrecent events:\n" + "\n".join(events) if events else "")
+    blocks: list[Block] = [
+        Tab(["node", "state", "address", "devices", "heartbeat", "assigned", "running", "revision"], rows)
+    ]
+    endpoint_rows = [
+        [n.node_id, e.key, e.grpc, e.http, e.metrics] + ([e.backend] if wide else [])
+        for n in reply.nodes
+        for e in n.endpoints
+    ]
+    if endpoint_rows:
+        blocks += [
+            "",
+            "endpoints:",
+            Tab(["node", "assignment", "grpc", "http", "metrics"] + (["backend"] * wide), endpoint_rows),
+        ]
+    events = [f"  {n.node_id}: {e}" for n in reply.nodes for e in (list(n.events) if wide else list(n.events)[-3:])]
+    if events:
+        blocks += ["", "recent events:", *events]
+    return blocks
+
+
+def format_nodes(reply: Any, wide: bool = False) -> str:
+    return render_blocks(nodes_blocks(reply, wide))
 
 
 def run_nodes(args: argparse.Namespace) -> int:
     reply = _call(args, lambda c: c.list_nodes())
-    print(json.dumps(to_dict(reply)["nodes"], indent=2) if args.json else format_nodes(reply))
+    if args.json:
+        emit(args, to_dict(reply)["nodes"])
+    else:
+        _print_blocks(nodes_blocks(reply, args.wide))
     return 0
 
 
-def format_status(s: Any) -> str:
+#: Client-side figures per workload (`stoke up`'s load): p99 latency (ms), share of requests over the SLO, requests.
+ClientFigures = dict[str, tuple[float | None, float | None, int]]
+
+
+def status_blocks(s: Any, wide: bool = False, client: ClientFigures | None = None) -> list[Block]:
+    """The status view: a head line, one row per workload, why some do not serve, then the endpoints."""
     rows = []
     for w in s.workloads:
         nodes = ",".join(sorted({f"{r.node_id}/{r.device}" for r in w.replicas})) or "-"
         share = sum(r.share_pct for r in w.replicas) if w.replicas else None
         batch = "/".join(str(r.batch) for r in w.replicas) or "-"
-        rows.append(
-            [
-                w.name,
-                w.model,
-                w.state,
-                nodes,
-                share,
-                batch,
-                w.slo_ms,
-                w.predicted_latency_ms if w.replicas else None,
-                w.observed_latency_ms if w.observed else None,
-                w.rate_rps,
-                sum(r.observed_rate_rps for r in w.replicas) if any(r.observed for r in w.replicas) else None,
-                f"{w.slo_attainment:.0%}" if w.observed else "-",
-            ]
-        )
+        row = [
+            w.name,
+            w.model,
+            w.state,
+            nodes,
+            share,
+            batch,
+            w.slo_ms,
+            w.predicted_latency_ms if w.replicas else None,
+            w.observed_latency_ms if w.observed else None,
+            w.rate_rps,
+            sum(r.observed_rate_rps for r in w.replicas) if any(r.observed for r in w.replicas) else None,
+            f"{w.slo_attainment:.0%}" if w.observed else "-",
+        ]
+        if client is not None:
+            p99, over, _ = client.get(w.name, (None, None, 0))
+            row += [p99, None if over is None else f"{100 * over:.1f}%"]
+        rows.append(row)
     head = (
         f"plan revision {s.revision}: {s.gpus_in_use} device(s), ${s.cost_per_hour:,.2f}/hour; "
         f"nodes ready {s.nodes_ready}, lost {s.nodes_lost}"
     )
-    lines = [
-        head,
-        "",
-        render_table(
-            [
-                "workload",
-                "model",
-                "state",
-                "node/dev",
-                "share_%",
-                "batch",
-                "slo_ms",
-                "pred_ms",
-                "obs_ms",
-                "rate_rps",
-                "obs_rps",
-                "slo_ok",
-            ],
-            rows,
-        ),
+    headers = [
+        "workload",
+        "model",
+        "state",
+        "node/dev",
+        "share_%",
+        "batch",
+        "slo_ms",
+        "pred_ms",
+        "obs_ms",
+        "rate_rps",
+        "obs_rps",
+        "slo_ok",
     ]
-    lines += [f"{w.name}: {w.reason}" for w in s.workloads if w.reason and w.state != "serving"]
+    if client is not None:
+        headers += ["client_p99_ms", "over_slo"]
+    blocks: list[Block] = [head, "", Tab(headers, rows)]
+    blocks += [f"{w.name}: {w.reason}" for w in s.workloads if w.reason and w.state != "serving"]
     if s.last_error:
-        lines.append(f"last reconcile error: {s.last_error}")
-    lines.append(
+        blocks.append(f"last reconcile error: {s.last_error}")
+    legend = (
         "pred_ms: worst predicted latency (batch wait + inference); obs_ms: mean queue + compute "
         "time reported by Triton; slo_ok: observed replicas within the SLO"
     )
-    return "\n".join(lines)
+    if client is not None:
+        legend += (
+            "; client_p99_ms / over_slo: p99 latency and share of requests over the SLO seen by the load (last 10 s)"
+        )
+    blocks.append(legend)
+    endpoint_rows = [
+        [w.name, r.replica, r.node_id, r.endpoint, r.http_endpoint or "-", r.metrics_endpoint or "-"]
+        + ([r.backend or "-"] if wide else [])
+        for w in s.workloads
+        for r in w.replicas
+        if r.endpoint
+    ]
+    if endpoint_rows:
+        headers = ["workload", "replica", "node", "grpc", "http", "metrics"] + (["backend"] if wide else [])
+        blocks += ["", "endpoints (stable across share moves):", Tab(headers, endpoint_rows)]
+    return blocks
+
+
+def format_status(s: Any, wide: bool = False, client: ClientFigures | None = None) -> str:
+    return render_blocks(status_blocks(s, wide, client))
+
+
+def _print_blocks(blocks: Sequence[Block]) -> None:
+    with LiveView() as view:
+        view.show(blocks)
 
 
 def run_status(args: argparse.Namespace) -> int:
-    while True:
+    if args.watch is not None and args.watch <= 0:
+        raise UserError(f"--watch must be a positive number of seconds, got {args.watch:g}")
+    if not args.watch:
         reply = _call(args, lambda c: c.status())
         if args.json:
-            print(json.dumps(to_dict(reply), indent=2), flush=True)
+            emit(args, to_dict(reply))
         else:
-            if args.watch:
-                print("\033[2J\033[H", end="")
-            print(format_status(reply), flush=True)
-        if not args.watch:
-            return 0
-        time.sleep(args.watch)
+            _print_blocks(status_blocks(reply, args.wide))
+        return 0
+    with LiveView() as view:
+        while True:
+            reply = _call(args, lambda c: c.status())
+            stamp = time.strftime("%H:%M:%S")
+            if args.json:
+                emit(args, {"time": stamp, **to_dict(reply)})
+            else:
+                view.show([f"[{stamp}] every {args.watch:g}s, Ctrl-C stops", *status_blocks(reply, args.wide)])
+            time.sleep(args.watch)
 
 
 # ------------------------------------------------------------------ profiles
 
 
 def run_profiles_upload(args: argparse.Namespace) -> int:
-    try:
-        text = Path(args.file).read_text()
-    except OSError as err:
-        raise UserError(f"{args.file}: cannot read the profile ({err.strerror})") from None
-    reply = _call(args, lambda c: c.upload_profile(text, args.gpu_type), source=args.file)
+    text, source = read_text_input(args.file, "the profile")
+    reply = _call(args, lambda c: c.upload_profile(text, args.gpu_type), source=source)
     if args.json:
-        print(json.dumps(to_dict(reply), indent=2))
+        emit(args, to_dict(reply))
     else:
-        print(render_table(["gpu_type", "model"], [[p.gpu_type, p.model] for p in reply.profiles]))
+        print_table(["gpu_type", "model"], [[p.gpu_type, p.model] for p in reply.profiles])
     return 0
 
 
 def run_profiles_ls(args: argparse.Namespace) -> int:
     reply = _call(args, lambda c: c.list_profiles())
     if args.json:
-        print(json.dumps(to_dict(reply)["profiles"], indent=2))
+        emit(args, to_dict(reply)["profiles"])
     else:
-        print(
-            render_table(
-                ["model", "gpu_type", "uploaded"],
-                [
-                    [p.model, p.gpu_type, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(p.uploaded_unix))]
-                    for p in reply.profiles
-                ],
-            )
+        print_table(
+            ["model", "gpu_type", "uploaded"],
+            [
+                [p.model, p.gpu_type, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(p.uploaded_unix))]
+                for p in reply.profiles
+            ],
         )
     return 0

@@ -18,10 +18,12 @@ from controller.workload_file import WorkloadFileError, WorkloadsFile, default_g
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
-from interference.profile_io import ProfileFileError, bundled_profile, load_profile, read_raw, save_profile
+from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
-from stoke.commands.inputs import read_plan
+from stoke.client_options import add_client_options
+from stoke.commands.inputs import read_plan, read_text_input
 from stoke.errors import UserError
+from stoke.output import add_output_option, emit
 from stoke.table import render_table
 
 
@@ -36,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "workloads",
         nargs="?",
         metavar="WORKLOADS.yaml",
-        help="workload file (see controller/workload_file.py for the format); default: bundled example",
+        help="workload file (format: README, schema: controller/data/workloads.schema.json; - reads stdin); "
+        "default: bundled example",
     )
     p.add_argument(
         "--strategy",
@@ -66,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
         f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
     )
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_output_option(p)
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
@@ -79,8 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
-    p.add_argument("--controller", metavar="HOST:PORT", default="127.0.0.1:50051", help="controller address (--remote)")
-    p.add_argument("--token-file", metavar="FILE", help="bearer token file for the controller (--remote)")
+    add_client_options(p, group_title="controller connection (--remote)")
     p.set_defaults(run=run_plan)
 
     p = subparsers.add_parser(
@@ -90,8 +92,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Each output line is the same list with predicted_latency_ms and predicted_throughput_rps.",
     )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON (default: bundled V100)")
-    p.add_argument("--cases", metavar="CASES.jsonl", required=True, help="one GPU configuration per line")
-    p.add_argument("--json", action="store_true", help="JSON lines out (default: a table)")
+    p.add_argument(
+        "--cases", metavar="CASES.jsonl", required=True, help="one GPU configuration per line; - reads stdin"
+    )
+    add_output_option(p)
     p.set_defaults(run=run_predict)
 
     p = subparsers.add_parser(
@@ -100,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay PLAN.json (from `stoke plan --json`) with Poisson (or constant) arrivals and "
         "Triton-style dynamic batching; report p50/p99 latency, share over SLO, throughput.",
     )
-    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("plan", metavar="PLAN.json", help="output of `stoke plan --json`; - reads stdin")
     p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds (default 30)")
     p.add_argument(
         "--min-requests",
@@ -121,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--noise", type=float, default=0.0, help="log-normal sigma of multiplicative service-time noise (default 0)"
     )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
-    p.add_argument("--json", action="store_true")
+    add_output_option(p)
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
@@ -141,7 +145,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"1..{DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
         "exit 1 with the reason, or write it anyway with --force.",
     )
-    f.add_argument("raw", metavar="RAW.jsonl")
+    f.add_argument(
+        "raw", metavar="RAW.jsonl", help="raw measurements (iGniter JSON lines or `profile run` output); - reads stdin"
+    )
     f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
     f.add_argument(
@@ -152,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="refuse a model whose fit misses its points by more than this on average (default %(default)g%%)",
     )
     f.add_argument("--force", action="store_true", help="write the profile even when a check fails")
-    f.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    add_output_option(f, flags=("--format",))
     f.set_defaults(run=run_profile_fit)
     r = profile.add_parser(
         "run",
@@ -245,7 +251,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.explain and args.strategy != "stoke":
         raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
     if args.json:
-        print(json.dumps(plan_to_dict(plan), indent=2))
+        emit(args, plan_to_dict(plan))
     else:
         print(format_plan(plan))
     if args.explain:
@@ -393,15 +399,13 @@ def _case_list(line: str, where: str) -> list[dict[str, Any]]:
 
 def run_predict(args: argparse.Namespace) -> int:
     profile = _load_profile_arg(args.profile) or bundled_profile()
-    try:
-        lines = Path(args.cases).read_text().splitlines()
-    except OSError as err:
-        raise UserError(f"{args.cases}: cannot read cases ({err.strerror})") from None
+    text, source = read_text_input(args.cases, "cases")
+    lines = text.splitlines()
     rows, out = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{args.cases}:{number}"
+        where = f"{source}:{number}"
         items = _case_list(line, where)
         try:
             predictions = predict_gpu(profile, [(i["model"], int(i["batch"]), float(i["share_pct"])) for i in items])
@@ -423,7 +427,9 @@ def run_predict(args: argparse.Namespace) -> int:
             ]
             for r in result
         ]
-    if args.json:
+    if args.output_format == "yaml":
+        emit(args, out)
+    elif args.json:
         for result in out:
             print(json.dumps(result))
     else:
@@ -457,7 +463,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (ValueError, UnknownModelError) as err:
         raise UserError(f"{args.plan}: {err}") from None
     if args.json:
-        print(json.dumps(report_to_dict(report), indent=2))
+        emit(args, report_to_dict(report))
     else:
         print(format_report(report))
     missed = [w.name for w in report.workloads if not w.meets_slo]
@@ -527,13 +533,13 @@ def format_report(report: SimulationReport) -> str:
     )
 
 
-def _is_measurements(path: str) -> bool:
-    """`stoke profile run` output (one JSON object) rather than iGniter JSON lines."""
+def _measurements(text: str) -> dict[str, Any] | None:
+    """`stoke profile run` output (one JSON object) rather than iGniter JSON lines; None when it is not."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == MEASUREMENTS_FORMAT
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and data.get("format") == MEASUREMENTS_FORMAT else None
 
 
 def run_profile_run(args: argparse.Namespace) -> int:
@@ -661,30 +667,29 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
 def run_profile_fit(args: argparse.Namespace) -> int:
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
+    text, source = read_text_input(args.raw, "raw profile")
     try:
-        if _is_measurements(args.raw):
-            profile, reports = fit_measured(ProfileSession.from_dict(json.loads(Path(args.raw).read_text()), args.raw))
+        if (measurements := _measurements(text)) is not None:
+            profile, reports = fit_measured(ProfileSession.from_dict(measurements, source))
         else:
-            model = InterferenceModel(gpu_name=args.gpu_name).fit(read_raw(args.raw))
+            model = InterferenceModel(gpu_name=args.gpu_name).fit(parse_raw(text, source))
             profile, reports = model.profile_, model.reports_
     except (ProfileFileError, RawProfileError, ValueError) as err:
         message = str(err)
-        raise UserError(message if message.startswith(args.raw) else f"{args.raw}: {message}") from None
+        raise UserError(message if message.startswith(source) else f"{source}: {message}") from None
     failures = fit_failures(reports, args.max_mape)
     written = not failures or args.force
     if written:
         save_profile(profile, args.output)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "output": args.output,
-                    "written": written,
-                    "failures": failures,
-                    "models": {n: _report_dict(r) for n, r in sorted(reports.items())},
-                },
-                indent=2,
-            )
+        emit(
+            args,
+            {
+                "output": args.output,
+                "written": written,
+                "failures": failures,
+                "models": {n: _report_dict(r) for n, r in sorted(reports.items())},
+            },
         )
     else:
         rows = [

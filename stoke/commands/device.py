@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import threading
 import time
@@ -12,7 +11,8 @@ from typing import Any
 from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
 from agents.device_exporter import serve_device_metrics
 from stoke.errors import UserError
-from stoke.table import render_table
+from stoke.output import add_output_option, emit
+from stoke.table import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds between opening and sampling, the CPU utilisation window (default 0.5)",
     )
-    s.add_argument("--json", action="store_true", help="print devices and samples as JSON")
+    add_output_option(s)
     s.set_defaults(run=run_show)
 
     v = sub.add_parser(
@@ -79,15 +79,13 @@ def run_show(args: argparse.Namespace) -> int:
     finally:
         device.close()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "kind": device.kind,
-                    "devices": [info_to_dict(d) for d in infos],
-                    "samples": [sample_to_dict(s) for s in samples],
-                },
-                indent=2,
-            )
+        emit(
+            args,
+            {
+                "kind": device.kind,
+                "devices": [info_to_dict(d) for d in infos],
+                "samples": [sample_to_dict(s) for s in samples],
+            },
         )
         return 0
     by_index = {d.index: d for d in infos}
@@ -112,26 +110,24 @@ def run_show(args: argparse.Namespace) -> int:
                 (f"{len(s.processes)} ({len(s.mps_processes)} MPS)" if s.kind == "gpu" else None),
             ]
         )
-    print(
-        render_table(
-            [
-                "dev",
-                "kind",
-                "name",
-                "cores",
-                "util %",
-                "mem used MiB",
-                "mem total MiB",
-                "SM MHz",
-                "SM max MHz",
-                "power W",
-                "limit W",
-                "temp C",
-                "throttle",
-                "processes",
-            ],
-            rows,
-        )
+    print_table(
+        [
+            "dev",
+            "kind",
+            "name",
+            "cores",
+            "util %",
+            "mem used MiB",
+            "mem total MiB",
+            "SM MHz",
+            "SM max MHz",
+            "power W",
+            "limit W",
+            "temp C",
+            "throttle",
+            "processes",
+        ],
+        rows,
     )
     for s in samples:
         if s.per_core_utilization_pct:

@@ -1,8 +1,10 @@
-"""Files the commands read that `stoke plan --json` wrote: one reader, one wording."""
+"""What the commands read: plans (`stoke plan --json` output), any file given as ``-`` (stdin), and ``--repo``."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,18 +14,47 @@ if TYPE_CHECKING:
     from controller.solver.problem import Plan
 
 
+STDIN = "-"
+
+
+def source_name(path: str) -> str:
+    """How errors name a file given on the command line (``<stdin>`` for ``-``)."""
+    return "<stdin>" if path == STDIN else path
+
+
+def read_text_input(path: str, what: str) -> tuple[str, str]:
+    """(text, source name) of a file given on the command line; ``-`` reads standard input."""
+    if path == STDIN:
+        return sys.stdin.read(), source_name(path)
+    try:
+        return Path(path).read_text(), path
+    except OSError as err:
+        raise UserError(f"{path}: cannot read {what} ({err.strerror}); check the path") from None
+
+
 def read_plan(path: str) -> Plan:
-    """The plan in a JSON file; a missing, malformed or incomplete file raises a one-line error."""
+    """The plan in a JSON file (- = stdin); a missing, malformed or incomplete file raises a one-line error."""
     from controller.solver.problem import plan_from_dict  # the solver loads only for commands that need it
 
+    source = source_name(path)
     try:
-        data = json.loads(Path(path).read_text())
+        text = sys.stdin.read() if path == STDIN else Path(path).read_text()
+        data = json.loads(text)
     except OSError as err:
         raise UserError(
             f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`", "plan"
         ) from None
     except json.JSONDecodeError as err:
         raise UserError(
-            f"{path}: not valid JSON (line {err.lineno}: {err.msg}); write the plan with `stoke plan --json`", "plan"
+            f"{source}: not valid JSON (line {err.lineno}: {err.msg}); write the plan with `stoke plan --json`", "plan"
         ) from None
-    return plan_from_dict(data, source=path)
+    return plan_from_dict(data, source=source)
+
+
+def add_repo_option(p: argparse.ArgumentParser, help_text: str, *, required: bool = False) -> None:
+    """`--repo DIR` (the one spelling); `--repository` is still accepted, hidden from help."""
+    if required:
+        p.add_argument("--repo", required=True, help=help_text)
+    else:
+        p.add_argument("--repo", default="triton_repo", help=help_text)
+    p.add_argument("--repository", dest="repo", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

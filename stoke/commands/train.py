@@ -20,7 +20,6 @@ import math
 import shlex
 import sys
 import time
-from typing import Any
 
 import yaml
 
@@ -48,15 +47,11 @@ from controller.training.spot import provision_spot
 from stoke import validate as check
 from stoke.errors import UserError
 from stoke.files import atomic_write_text
+from stoke.output import add_output_option, emit
+from stoke.progress import Progress
+from stoke.table import print_table
 
 FIT_FORMAT_VERSION = 1
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
 def _fmt(value: float, digits: int = 1) -> str:
@@ -96,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", type=float, help="override job.deadline_s")
     p.add_argument("--loss", type=float, help="override job.target_loss")
     p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_output_option(p, flags=("--format",))
     p.add_argument("-o", "--output", help="also write the plan JSON here (input of `train launch`)")
     p.add_argument("--endpoint-url", help="EC2/pricing endpoint for --prices live")
     p.add_argument("--region", default="us-east-1")
@@ -107,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="global batch when the CSV has iterations but no batch column")
     p.add_argument("--target", type=float, help="also report the samples to reach this loss")
     p.add_argument("--r-weight", type=float, default=1.0, help="heterogeneous fit: weight of R (0 = R term off)")
-    p.add_argument("--json", action="store_true")
+    add_output_option(p, flags=("--format",))
     p.add_argument("-o", "--output", help="write the fitted coefficients (JSON) here")
     p.set_defaults(run=run_fit_loss)
 
@@ -117,7 +112,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_cloud_options(p)
     p.set_defaults(run=run_launch)
 
-    p = sub.add_parser("watch", help="poll spot interruption notices; re-plan and replace on a notice")
+    p = sub.add_parser(
+        "watch",
+        help="poll spot interruption notices; re-plan and replace on a notice",
+        description="Poll every live spot worker's interruption notice (IMDSv2) every --interval seconds; on a "
+        "notice, re-plan with the survivors and launch replacements. Progress shows the job's run time against "
+        "the plan's predicted time, with the ETA of its end (a bar on a terminal, a line per poll when piped).",
+    )
     p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
     p.add_argument("--spec", help="SPEC.yaml the plan came from (default: the bundled one)")
     p.add_argument(
@@ -167,7 +168,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", choices=("resnet50", "vgg19"), help="bundled profile to use when no file is given")
     p.add_argument("--scheduler", choices=SCHEDULERS + ("all",), default="all")
     p.add_argument("--bandwidth", type=float, help="override the profile's bandwidth (MB/s)")
-    p.add_argument("--json", action="store_true")
+    add_output_option(p)
     p.set_defaults(run=run_comm_sim)
 
 
@@ -229,7 +230,7 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
         return
     have = dict(plan.existing)
     rows = [[t, c, have.get(t, 0), c - have.get(t, 0)] for t, c in plan.counts]
-    print(_table(["instance type", "workers", "kept", "new"], rows))
+    print_table(["instance type", "workers", "kept", "new"], rows)
     print(f"parameter servers: {plan.ps_count} x {plan.ps_type}")
     print(
         f"predicted time {_fmt(plan.predicted_time_s)} s, cost ${_fmt(plan.predicted_cost, 2)}, "
@@ -263,7 +264,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
-        print(json.dumps(body, indent=2))
+        emit(args, body)
     else:
         _print_plan(plan, notes, f"{catalog.source} prices as of {catalog.prices_as_of}")
     return 0 if plan.feasible else 1
@@ -307,10 +308,10 @@ def run_fit_loss(args: argparse.Namespace) -> int:
     if args.output:
         atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
-        print(json.dumps(body, indent=2))
+        emit(args, body)
     else:
         print(f"{body['kind']} fitted on {body['points']} points, rmse {body['rmse']}")
-        print(_table(["coefficient", "value"], rows))
+        print_table(["coefficient", "value"], rows)
         print("paste into SPEC.yaml under " + ("homogeneous.curve" if body["kind"] == "loss_curve" else "spot.loss"))
     return 0
 
@@ -345,7 +346,7 @@ def run_launch(args: argparse.Namespace) -> int:
         print(f"stoke: error: {err}", file=sys.stderr)
         return 1
     print(f"cluster {launcher.cluster}: {report.summary()}")
-    print(_table(["instance", "type", "role", "state"], [[i.id, i.type, i.role, i.state] for i in running]))
+    print_table(["instance", "type", "role", "state"], [[i.id, i.type, i.role, i.state] for i in running])
     return 0
 
 
@@ -391,6 +392,18 @@ def run_watch(args: argparse.Namespace) -> int:
     check.positive(args.interval, "--interval", error=UserError, unit="seconds")
     watcher = RevocationWatcher(_launcher(args, plan), spec, plan, args.metadata_url, interval_s=args.interval)
 
+    bar = Progress(f"training {plan.job}", max(plan.predicted_time_s, 1.0), unit=" s", min_interval_s=0.0)
+
+    def polled(polls: int) -> None:
+        elapsed, predicted = watcher.training_progress()
+        bar.total = max(predicted, 1.0)
+        polls_text = f"{polls}/{args.max_polls}" if args.max_polls else str(polls)
+        bar.update(
+            elapsed,
+            f"poll {polls_text}, {watcher.watched} spot worker(s) watched",
+            eta_s=max(0.0, predicted - elapsed),
+        )
+
     def report(result) -> None:
         print(f"revoked: {', '.join(result.revoked)}")
         if result.plan is not None and result.plan.feasible:
@@ -405,7 +418,8 @@ def run_watch(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     try:
-        handled = watcher.run(max_polls=args.max_polls, on_event=report)
+        with bar:
+            handled = watcher.run(max_polls=args.max_polls, on_event=report, on_poll=polled)
     except CloudError as err:
         print(f"stoke: error: {err}", file=sys.stderr)
         return 1
@@ -479,26 +493,24 @@ def run_comm_sim(args: argparse.Namespace) -> int:
     planner_ms = (time.perf_counter() - t0) * 1000
     results = compare(profile, chosen)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "profile": profile.name,
-                    "bandwidth_mb_s": profile.bandwidth_mb_s,
-                    "planner_ms": round(planner_ms, 3),
-                    "blocks": len(blocks),
-                    "results": [
-                        {
-                            "scheduler": r.scheduler,
-                            "iteration_ms": round(r.iteration_ms, 3),
-                            "gpu_idle_ms": round(r.gpu_idle_ms, 3),
-                            "link_utilisation": round(r.link_utilisation, 4),
-                            "messages": r.messages,
-                        }
-                        for r in results
-                    ],
-                },
-                indent=2,
-            )
+        emit(
+            args,
+            {
+                "profile": profile.name,
+                "bandwidth_mb_s": profile.bandwidth_mb_s,
+                "planner_ms": round(planner_ms, 3),
+                "blocks": len(blocks),
+                "results": [
+                    {
+                        "scheduler": r.scheduler,
+                        "iteration_ms": round(r.iteration_ms, 3),
+                        "gpu_idle_ms": round(r.gpu_idle_ms, 3),
+                        "link_utilisation": round(r.link_utilisation, 4),
+                        "messages": r.messages,
+                    }
+                    for r in results
+                ],
+            },
         )
         return 0
     total_mb = sum(g.bytes for g in profile.gradients) / 1e6
@@ -520,6 +532,6 @@ def run_comm_sim(args: argparse.Namespace) -> int:
                 ", ".join(vs),
             ]
         )
-    print(_table(["scheduler", "iteration ms", "GPU idle ms", "link util", "messages", "speed-up"], rows))
+    print_table(["scheduler", "iteration ms", "GPU idle ms", "link util", "messages", "speed-up"], rows)
     print(f"block planner: {len(blocks)} blocks planned in {planner_ms:.2f} ms")
     return 0

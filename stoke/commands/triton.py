@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from stoke import validate as check
-from stoke.commands.inputs import read_plan
+from stoke.commands.inputs import add_repo_option, read_plan
 from stoke.errors import UserError
+from stoke.output import add_output_option, emit
+from stoke.table import print_table
 
 
 def _check_repo(repo: str) -> None:
@@ -24,30 +26,60 @@ def _check_repo(repo: str) -> None:
         )
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- render
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from controller.render_plan import render_plan
+    from controller.render import write_config
+    from controller.render_plan import plan_configs
 
     _check_repo(args.repo)
     plan = read_plan(args.plan)
-    changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
+    configs = plan_configs(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
+    if args.dry_run:
+        diffs = {path: diff for path, config in configs.items() if (diff := _config_diff(path, config))}
+        if args.json:
+            emit(args, {"dry_run": True, "would_change": list(diffs), "diff": diffs})
+        else:
+            for diff in diffs.values():
+                print(diff, end="")
+            print(
+                f"dry run: {len(diffs)} of {len(configs)} config(s) would change; nothing written"
+                if diffs
+                else f"{args.repo}: every config already matches the plan; nothing would change"
+            )
+        return 0
+    changed = [path for path, config in configs.items() if write_config(path, config)]
     if args.json:
-        print(json.dumps({"changed": changed}, indent=2))
+        emit(args, {"changed": changed})
     elif changed:
-        print(_table(["written"], [[p] for p in changed]))
+        print_table(["written"], [[p] for p in changed])
     else:
         print(f"{args.repo}: every config already matches the plan; nothing written")
     return 0
+
+
+def _config_diff(path: str, config: Any) -> str:
+    """A unified diff from the file at `path` (or nothing) to `config`'s text; "" when they match."""
+    import difflib
+
+    from controller.render import config_to_text
+
+    new = config_to_text(config)
+    try:
+        old = Path(path).read_text()
+    except FileNotFoundError:
+        old = None
+    if old == new:
+        return ""
+    return "".join(
+        difflib.unified_diff(
+            (old or "").splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=path if old is not None else "/dev/null",
+            tofile=path,
+        )
+    )
 
 
 # --------------------------------------------------------------------------- up
@@ -159,13 +191,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             for a in fleet.running()
         ]
         if args.json:
-            # one line, so a caller can read it while the servers keep running
-            print(
-                json.dumps({"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}),
-                flush=True,
-            )
+            data = {"endpoints": endpoints, "processes": procs, "errors": [str(e) for e in report.errors]}
+            if args.output_format == "yaml":
+                emit(args, data)
+            else:  # one line, so a caller can read it while the servers keep running
+                print(json.dumps(data), flush=True)
         else:
-            print(_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows))
+            print_table(["assignment", "model", "share", "batch", "delay_ms", "cores", "grpc endpoint"], rows)
             for error in report.errors:
                 print(f"error: {error}", file=sys.stderr)
             print(
@@ -199,19 +231,30 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     _check_repo(args.repo)
     store = open_store(args.dest, endpoint_url=args.endpoint_url)
-    if isinstance(store, S3Store) and args.create_bucket:
+    if isinstance(store, S3Store) and args.create_bucket and not args.dry_run:
         store.create_bucket()
-    report = store.sync(args.repo)
+    report = store.sync(args.repo, dry_run=args.dry_run)
     if args.json:
-        print(
-            json.dumps(
-                {"uploaded": report.uploaded, "deleted": report.deleted, "unchanged": len(report.unchanged)}, indent=2
-            )
+        emit(
+            args,
+            {
+                "uploaded": list(report.uploaded),
+                "deleted": list(report.deleted),
+                "unchanged": len(report.unchanged),
+                "dry_run": bool(args.dry_run),
+            },
         )
     else:
         rows = [["upload", p] for p in report.uploaded] + [["delete", p] for p in report.deleted]
-        print(_table(["action", "path"], rows) if rows else "already in sync")
-        print(f"{len(report.uploaded)} uploaded, {len(report.deleted)} deleted, {len(report.unchanged)} unchanged")
+        if rows:
+            print_table(["action", "path"], rows)
+        else:
+            print("already in sync")
+        would = "would be " if args.dry_run else ""
+        print(
+            f"{len(report.uploaded)} {would}uploaded, {len(report.deleted)} {would}deleted, "
+            f"{len(report.unchanged)} unchanged" + ("; dry run, nothing written" if args.dry_run else "")
+        )
     return 0
 
 
@@ -246,7 +289,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         if exporter is not None:
             exporter.close()
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        emit(args, report.to_dict())
         return 0 if report.ok else 1
     rows = [
         ["requested rate", f"{report.rate_rps:g} rps ({report.arrival})"],
@@ -258,7 +301,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     ]
     if report.over_slo_share is not None:
         rows.append([f"over SLO {report.slo_ms:g} ms", f"{100 * report.over_slo_share:.2f}%"])
-    print(_table(["figure", "value"], rows))
+    print_table(["figure", "value"], rows)
     for error in report.errors:
         print(f"error: {error}", file=sys.stderr)
     return 0 if report.ok else 1
@@ -269,8 +312,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = triton.add_subparsers(dest="triton_command", metavar="SUBCOMMAND", required=True)
 
     p = sub.add_parser("render", help="write config.pbtxt files for a plan")
-    p.add_argument("plan", metavar="PLAN.json", help="output of `stoke plan --json`")
-    p.add_argument("--repo", required=True, help="model repository directory")
+    p.add_argument("plan", metavar="PLAN.json", help="output of `stoke plan --json`; - reads stdin")
+    add_repo_option(p, "model repository directory", required=True)
     p.add_argument(
         "--device-kind",
         choices=("cpu", "gpu"),
@@ -282,11 +325,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="add model_metrics with an SLO bucket (needs Triton >= 2.52; 2.51 refuses it)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="show the diff of every config that would change; write none")
+    add_output_option(p)
     p.set_defaults(run=cmd_render)
 
     p = sub.add_parser("up", help="start Triton processes for a plan on this machine and print endpoints")
-    p.add_argument("--repo", required=True, help="model repository: a directory or s3://[host:port/]bucket/path")
+    add_repo_option(p, "model repository: a directory or s3://[host:port/]bucket/path", required=True)
     p.add_argument(
         "--plan",
         metavar="PLAN.json",
@@ -298,7 +342,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="where logs and the backend directory go (default a temp dir)")
     p.add_argument("--ready-timeout", type=float, default=30.0, help="seconds to wait for each server")
     p.add_argument("--seconds", type=float, help="stop after this many seconds (default: until Ctrl-C)")
-    p.add_argument("--json", action="store_true")
+    add_output_option(p)
     p.set_defaults(run=cmd_up)
 
     p = sub.add_parser("sync", help="sync a model repository into a store (S3 or a directory) by checksum")
@@ -306,7 +350,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dest", metavar="DEST", help="s3://bucket/path, s3://host:port/bucket/path or a directory")
     p.add_argument("--endpoint-url", help="S3 endpoint (default from the AWS environment)")
     p.add_argument("--create-bucket", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compare by checksum and list what would be uploaded and deleted; change nothing",
+    )
+    add_output_option(p)
     p.set_defaults(run=cmd_sync)
 
     p = subparsers.add_parser("load", help="open-loop load on a Triton model over gRPC; latency percentiles")
@@ -325,5 +374,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="export the SLO histogram stoke_request_latency_ms on this port while running (0 = any)",
     )
     p.add_argument("--workload", help="workload label of the exported histogram (default: the model)")
-    p.add_argument("--json", action="store_true")
+    add_output_option(p)
     p.set_defaults(run=cmd_load)

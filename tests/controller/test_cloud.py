@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -281,7 +282,13 @@ def test_cli_launch_watch_terminate(moto_url, metadata, tmp_path, capsys):
     assert main(watch) == 2  # a plan file needs the spec it came from
     assert "give --spec" in capsys.readouterr().err
     assert main([*watch, "--spec", str(readers.data_path("resnet110.yaml"))]) == 0
-    assert "0 revocation(s) handled" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "0 revocation(s) handled" in out
+    # progress (piped: one line per poll): the job's run time against the plan's prediction, with the ETA of its end
+    line = next(line for line in err.splitlines() if line.startswith("training "))
+    assert re.search(
+        r": [\d.,]+/[\d,]+ s \(\d+%\), .* elapsed, ETA (\d+h \d+m|\d+m \d+s|\d+ s); poll 1/1, \d+ spot", line
+    ), line
     assert main(["train", "terminate", *args]) == 0
     assert "terminated 5" in capsys.readouterr().out
 
