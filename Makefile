@@ -39,9 +39,11 @@ test-fast: $(BIN)/.installed
 bench: $(BIN)/.installed
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
-# The controller config's JSON Schema, generated from its classes (controller/config.py).
+# The JSON Schemas of the controller config and of workload files, generated from their classes
+# (controller/config.py, controller/workload_file.py).
 schema: $(BIN)/.installed
 	$(BIN)/python -m controller.config
+	$(BIN)/python -m controller.workload_file
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -8,14 +8,20 @@ back on gRPC's threads through `async_infer` callbacks.
 
 The target is an address or a callable returning the current address, so a
 run follows a model that the Triton fleet moves to another process.
+
+The schedule is one continuous stream (`arrival_stream`): a run of any length,
+or an open-ended run that ends when its `stop` event is set, draws every gap
+from one seeded generator, so long runs are not the same short window
+repeated.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -78,6 +84,26 @@ def arrival_offsets(rate_rps: float, seconds: float, arrival: str = "constant", 
     raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
 
 
+def arrival_stream(rate_rps: float, arrival: str = "constant", seed: int = 0) -> Iterator[float]:
+    """Send times (s from the start), without end: constant spacing, or Poisson gaps from one seeded generator."""
+    if rate_rps <= 0:
+        raise ValueError("rate_rps must be > 0")
+    if arrival == "constant":
+        return (i / rate_rps for i in itertools.count())
+    if arrival == "poisson":
+
+        def poisson() -> Iterator[float]:
+            rng = np.random.default_rng(seed)
+            t = 0.0
+            while True:
+                for gap in rng.exponential(1.0 / rate_rps, size=1024):
+                    t += float(gap)
+                    yield t
+
+        return poisson()
+    raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+
+
 def build_inputs(
     client: grpcclient.InferenceServerClient, model: str, batch: int = 1, seed: int = 0
 ) -> list[grpcclient.InferInput]:
@@ -118,11 +144,14 @@ class LoadGenerator:
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
         on_latency: Callable[[float], None] | None = None,
+        on_result: Callable[[float, bool], None] | None = None,
     ) -> None:
         """`on_latency(ms)` is called for every request, e.g. to feed
         `agents.latency_metrics.RequestLatencyExporter`; a failed request reports the client
-        timeout (it is as bad as the slowest answer the client would wait for)."""
+        timeout (it is as bad as the slowest answer the client would wait for).
+        `on_result(ms, ok)` is called for every request too, with whether it succeeded."""
         self._on_latency = on_latency
+        self._on_result = on_result
         self._target = target if callable(target) else (lambda: target)
         self.model = model
         self.batch = batch
@@ -156,13 +185,24 @@ class LoadGenerator:
                 raise LoadError(f"{url}: {err}") from None
 
     def run(
-        self, rate_rps: float, seconds: float, *, arrival: str = "constant", seed: int = 0, slo_ms: float | None = None
+        self,
+        rate_rps: float,
+        seconds: float,
+        *,
+        arrival: str = "constant",
+        seed: int = 0,
+        slo_ms: float | None = None,
+        stop: threading.Event | None = None,
     ) -> LoadReport:
+        """Send for `seconds` (``math.inf``: until `stop` is set) on one continuous schedule."""
+        if not seconds > 0 or (math.isinf(seconds) and stop is None):
+            raise ValueError("seconds must be > 0 (math.inf needs a stop event)")
         self.prepare()
         assert self._inputs is not None
-        offsets = arrival_offsets(rate_rps, seconds, arrival, seed)
-        n = len(offsets)
-        latency = np.full(n, np.nan)  # ms, NaN = failed / not answered
+        offsets = arrival_stream(rate_rps, arrival, seed)
+        if arrival == "constant" and math.isfinite(seconds):  # exactly floor(rate x seconds) requests
+            offsets = itertools.islice(offsets, int(math.floor(rate_rps * seconds + 1e-9)))
+        latency: list[float] = []  # ms per scheduled request, NaN = failed / not answered
         errors: dict[str, int] = {}
         lock = threading.Lock()
         pending = [0]
@@ -176,6 +216,8 @@ class LoadGenerator:
                 latency[i] = (now - scheduled) * 1000.0
             if self._on_latency is not None:
                 self._on_latency(latency[i] if error is None else self.timeout_s * 1000.0)
+            if self._on_result is not None:
+                self._on_result(latency[i] if error is None else self.timeout_s * 1000.0, error is None)
             if error is not None:
                 message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 with lock:
@@ -190,10 +232,18 @@ class LoadGenerator:
         sent = 0
         start = self._clock() + 0.005
         for i, offset in enumerate(offsets):
+            if offset >= seconds or (stop is not None and stop.is_set()):
+                break
+            latency.append(math.nan)
             due = start + offset
             wait = due - self._clock()
             if wait > 0.0005:
-                self._sleep(wait)
+                if stop is not None:
+                    if stop.wait(wait):
+                        latency.pop()
+                        break
+                else:
+                    self._sleep(wait)
             max_lag = max(max_lag, self._clock() - due)
             if pending[0] >= self.max_in_flight:
                 with lock:
@@ -202,6 +252,8 @@ class LoadGenerator:
                     )
                 if self._on_latency is not None:  # a dropped request is a failed one for the SLI
                     self._on_latency(self.timeout_s * 1000.0)
+                if self._on_result is not None:
+                    self._on_result(self.timeout_s * 1000.0, False)
                 continue
             with lock:
                 pending[0] += 1
@@ -216,13 +268,18 @@ class LoadGenerator:
                 sent += 1
             except Exception as err:  # noqa: BLE001 - a failed send is a failed request
                 on_done(i, due, None, err)
+        stopped = stop is not None and stop.is_set()
+        sent_for = min(seconds, max(0.0, self._clock() - start)) if stopped or math.isinf(seconds) else seconds
         with lock:
             finished[0] = True
             if pending[0] == 0:
                 all_done.set()
         all_done.wait(self.timeout_s + 5)
-        end = max(last_done[0], start + seconds)
-        good = latency[~np.isnan(latency)]
+        end = max(last_done[0], start + sent_for)
+        n = len(latency)
+        with lock:
+            values = np.array(latency, dtype=float)
+        good = values[~np.isnan(values)]
         ok = int(good.size)
         over = None
         if slo_ms is not None and n:
@@ -232,7 +289,7 @@ class LoadGenerator:
             target=self._target(),
             arrival=arrival,
             rate_rps=float(rate_rps),
-            seconds=float(seconds),
+            seconds=float(sent_for),
             sent=sent,
             ok=ok,
             failed=n - ok,

@@ -14,7 +14,6 @@ prints the model's speed on a planner-sized candidate table. Target: every point
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from interference.batching import ServiceCurve, fill_time_ms, latency_distribution, serve, table
 from interference.latency import batch_curve
 from interference.profile_io import bundled_profile
+from stoke.progress import Progress
 
 LOADS = (0.02, 0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 BATCHES = (1, 2, 4, 8, 16, 32)
@@ -84,26 +84,20 @@ def bench_accuracy(quick: bool) -> None:
     rng = np.random.default_rng(2026)
     rows, errors = [], []
     points = grid_points(quick)
-    began = time.monotonic()
-    for n, (arrivals, name, batch, delay, load) in enumerate(points, 1):
-        curve = truncate(shapes[name], batch)
-        rate = 1000.0 * load / curve.latency_ms[0]
-        delay_ms = 0.0 if delay == "zero" else fill_time_ms(batch, rate)
-        model = latency_distribution(rate, batch, delay_ms, arrivals, curve)
-        des, requests = simulated_p99(
-            curve, batch, rate, delay_ms, arrivals, model.utilisation, rng, scale=0.3 if quick else 1.0
-        )
-        error = model.p99_ms / des - 1.0
-        errors.append(error)
-        rows.append((arrivals, name, batch, delay, load, model.utilisation, model.p99_ms, des, error, requests))
-        spent = time.monotonic() - began
-        print(
-            f"\r[{n}/{len(points)}] {spent:.0f} s, ETA {spent / n * (len(points) - n):.0f} s   ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(file=sys.stderr)
+    # progress with an ETA on stderr (a bar on a terminal, a line per point otherwise)
+    with Progress("bench_batching: model vs simulation", len(points)) as bar:
+        for n, (arrivals, name, batch, delay, load) in enumerate(points, 1):
+            curve = truncate(shapes[name], batch)
+            rate = 1000.0 * load / curve.latency_ms[0]
+            delay_ms = 0.0 if delay == "zero" else fill_time_ms(batch, rate)
+            model = latency_distribution(rate, batch, delay_ms, arrivals, curve)
+            des, requests = simulated_p99(
+                curve, batch, rate, delay_ms, arrivals, model.utilisation, rng, scale=0.3 if quick else 1.0
+            )
+            error = model.p99_ms / des - 1.0
+            errors.append(error)
+            rows.append((arrivals, name, batch, delay, load, model.utilisation, model.p99_ms, des, error, requests))
+            bar.update(n, note=f"{arrivals} {name} batch {batch} load {load:g}")
     print(
         f"{'arrivals':9} {'curve':18} {'B':>2} {'delay':5} {'load':>5} {'u':>6} {'model p99':>10} "
         f"{'DES p99':>10} {'error':>7} {'requests':>9}"

@@ -37,6 +37,7 @@ from agents.agent import Agent  # noqa: E402
 from controller.api.client import ControllerClient  # noqa: E402
 from controller.messages import ModelAssignment, NodeDevice, Replica  # noqa: E402
 from controller.solver import Workload  # noqa: E402
+from stoke.progress import Progress  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -306,11 +307,16 @@ def main() -> int:
     parser.add_argument("--skip-triton", action="store_true", help="skip the real-Triton part")
     args = parser.parse_args()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    steps = [] if args.skip_triton else [("apply to serving (real Triton)", bench_apply_to_serving)]
+    nodes, workloads = (20, 100) if args.quick else (100, 500)
+    steps.append((f"{nodes} nodes x {workloads} workloads", lambda tmp: bench_scale(tmp, nodes, workloads)))
     with tempfile.TemporaryDirectory(prefix="bench-control-") as d:
-        tmp = Path(d)
-        if not args.skip_triton:
-            bench_apply_to_serving(tmp)
-        bench_scale(tmp, 20 if args.quick else 100, 100 if args.quick else 500)
+        # progress with an ETA on stderr (a bar on a terminal, a line per step otherwise)
+        with Progress("bench_control", len(steps)) as bar:
+            for name, step in steps:
+                step(Path(d))
+                sys.stdout.flush()
+                bar.advance(note=f"{name} done")
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import sys
 import time
 
 import numpy as np
@@ -30,6 +29,7 @@ from controller.solver import Problem, ProblemError, Workload, solve
 from controller.solver.random_mix import random_workloads
 from controller.workload_file import default_gpu_types
 from interference.latency import VectorPredictor
+from stoke.progress import Progress
 
 STRATEGIES = ("igniter", "ffd", "stoke")
 #: Requests each replica is simulated for at least: the p99 of a busy queue settles within ~2%
@@ -57,7 +57,9 @@ def mix(size: int, arrivals: str) -> tuple[Workload, ...]:
     return issue_mix(arrivals) if size == 300 else random_workloads(size, seed=2026, arrivals=arrivals)
 
 
-def bench_solver(sizes: list[int], seconds: float, arrivals: str, strategies: tuple[str, ...]) -> None:
+def bench_solver(
+    sizes: list[int], seconds: float, arrivals: str, strategies: tuple[str, ...], bar: Progress | None = None
+) -> None:
     types = default_gpu_types()
     profiles = {t.name: t.profile for t in types}
     # every replica runs for at least MIN_REQUESTS requests (the previous solver's simulator has no option)
@@ -80,8 +82,9 @@ def bench_solver(sizes: list[int], seconds: float, arrivals: str, strategies: tu
                     best = min(best, time.perf_counter() - started)
             except ProblemError as err:  # a baseline may refuse a mix
                 print(f"{size:5d} {strategy:8} refused: {err}")
+                if bar is not None:
+                    bar.advance(note=f"{arrivals} mix {size} x {strategy} refused")
                 continue
-            print(f"  simulating {size} x {strategy}...", end="\r", file=sys.stderr, flush=True)
             report = simulate(plan, profiles, seconds=seconds, seed=1, arrivals=arrivals, **long_enough)
             ratios = np.array([w.p99_ms / w.slo_ms for w in report.workloads if w.requests])
             late = sum(w.over_slo * w.requests for w in report.workloads) / max(
@@ -90,8 +93,11 @@ def bench_solver(sizes: list[int], seconds: float, arrivals: str, strategies: tu
             print(
                 f"{size:5d} {strategy:8} {best * 1000:9.1f} {plan.gpu_count:5d} {len(plan.slo_misses):9d} "
                 f"{100 * report.attainment:8.1f}% {np.median(ratios):11.2f} {np.quantile(ratios, 0.1):5.2f} "
-                f"{100 * late:7.2f}%"
+                f"{100 * late:7.2f}%",
+                flush=True,
             )
+            if bar is not None:
+                bar.advance(note=f"{arrivals} mix {size} x {strategy}")
 
 
 def bench_predictor() -> None:
@@ -125,8 +131,12 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     bench_predictor()
-    for arrivals in args.arrivals.split(","):
-        bench_solver(sizes, args.seconds, arrivals, tuple(args.strategies.split(",")))
+    strategies = tuple(args.strategies.split(","))
+    kinds = args.arrivals.split(",")
+    # progress with an ETA on stderr (a bar on a terminal, a line per plan otherwise); figures stay on stdout
+    with Progress("bench_core: solve + simulate", len(kinds) * len(sizes) * len(strategies)) as bar:
+        for arrivals in kinds:
+            bench_solver(sizes, args.seconds, arrivals, strategies, bar)
 
 
 if __name__ == "__main__":

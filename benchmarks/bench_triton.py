@@ -25,6 +25,7 @@ from agents.loadgen import LoadGenerator  # noqa: E402
 from agents.triton import TritonFleet, TritonProcess  # noqa: E402
 from controller.messages import ModelAssignment  # noqa: E402
 from controller.render import read_config, render_config  # noqa: E402
+from stoke.progress import Progress  # noqa: E402
 
 REPO = ROOT / "triton_repo"
 
@@ -163,12 +164,25 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
     args = parser.parse_args()
     repeats = 2 if args.quick else 4
+    steps = [
+        ("start and reload", lambda work: bench_start_and_reload(work, repeats)),
+        (
+            "changes under load",
+            lambda work: bench_changes(work, rate=200.0, seconds=3.0 if args.quick else 4.5, repeats=repeats),
+        ),
+        (
+            "load generator ceiling",
+            lambda work: bench_loadgen_ceiling(work, seconds=2.0, rates=[250, 500, 1000, 2000, 3000, 4000, 6000]),
+        ),
+        ("share effect", lambda work: bench_share_effect(work, seconds=3.0 if args.quick else 5.0)),
+    ]
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
-        work = Path(tmp)
-        bench_start_and_reload(work, repeats)
-        bench_changes(work, rate=200.0, seconds=3.0 if args.quick else 4.5, repeats=repeats)
-        bench_loadgen_ceiling(work, seconds=2.0, rates=[250, 500, 1000, 2000, 3000, 4000, 6000])
-        bench_share_effect(work, seconds=3.0 if args.quick else 5.0)
+        # progress with an ETA on stderr (a bar on a terminal, a line per step otherwise)
+        with Progress("bench_triton", len(steps)) as bar:
+            for name, step in steps:
+                step(Path(tmp))
+                sys.stdout.flush()
+                bar.advance(note=f"{name} done")
     return 0
 
 

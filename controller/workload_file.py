@@ -90,7 +90,7 @@ class GpuTypeEntry:
 
     name: str = check.setting(rule=check.TEXT, doc="GPU type name, as workloads' gpu_type names it")
     price_per_hour: float = check.setting(rule=check.NON_NEGATIVE, doc="price of one GPU of this type per hour")
-    max_count: int | None = check.setting(None, doc="at most this many GPUs of this type (default: no limit)")
+    max_count: int | None = check.setting(None, check.WHOLE, "at most this many GPUs of this type (default: no limit)")
     profile: str | None = check.setting(
         None,
         check.PATH,
@@ -101,7 +101,8 @@ class GpuTypeEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class WorkloadFileSpec:
-    """A stoke workload file: the workloads and, optionally, the GPU types to plan them on."""
+    """A stoke workload file: the workloads and, optionally, the GPU types to plan them on. (A bare list of
+    workloads is accepted too.)"""
 
     gpu_types: tuple[GpuTypeEntry, ...] | None = check.setting(
         None, doc="GPU types to plan on (default: V100 at $3.06/h with the bundled profile)"

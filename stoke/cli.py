@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "stoke.commands.alerts",
     "stoke.commands.device",
     "stoke.commands.train",
+    "stoke.commands.completion",
 )
 
 EXIT_USAGE = 2

@@ -123,6 +123,7 @@ POSITIVE_SECONDS = Rule(
     lambda v, f, w, e: positive(v, f, where=w, error=e, unit="seconds"), {"type": "number", "exclusiveMinimum": 0}
 )
 NON_NEGATIVE = Rule(lambda v, f, w, e: non_negative(v, f, where=w, error=e), {"type": "number", "minimum": 0})
+WHOLE = Rule(lambda v, f, w, e: whole(v, f, where=w, error=e), {"type": "integer", "minimum": 0})
 TEXT = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1})
 PATH = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1}, is_path=True)
 
@@ -206,6 +207,26 @@ def keys(cls: type) -> list[str]:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         out += keys(hints[f.name]) if f.metadata.get("flatten") else [f.name]
+    return out
+
+
+def key_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Every key of `cls` with its default and meaning, nested keys as ``a.b`` and ``a[].b`` (for documentation)."""
+    out: list[tuple[str, Any, str]] = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if f.metadata.get("flatten"):
+            out += key_docs(tp, prefix)
+            continue
+        default = None if f.default is dataclasses.MISSING else _jsonable(f.default)
+        out.append((prefix + f.name, default, str(f.metadata.get("doc", ""))))
+        inner = _optional(tp) or tp
+        item = _tuple_item(inner)
+        if _is_settings(inner):
+            out += key_docs(inner, f"{prefix}{f.name}.")
+        elif item is not None and _is_settings(item):
+            out += key_docs(item, f"{prefix}{f.name}[].")
     return out
 
 

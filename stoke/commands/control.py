@@ -309,8 +309,10 @@ def run_nodes(args: argparse.Namespace) -> int:
 ClientFigures = dict[str, tuple[float | None, float | None, int]]
 
 
-def status_blocks(s: Any, wide: bool = False, client: ClientFigures | None = None) -> list[Block]:
-    """The status view: a head line, one row per workload, why some do not serve, then the endpoints."""
+def status_blocks(
+    s: Any, wide: bool = False, client: ClientFigures | None = None, *, legend: bool = True, endpoints: bool = True
+) -> list[Block]:
+    """The status view: a head line, one row per workload, why some do not serve, the legend, the endpoints."""
     rows = []
     for w in s.workloads:
         nodes = ",".join(sorted({f"{r.node_id}/{r.device}" for r in w.replicas})) or "-"
@@ -358,15 +360,14 @@ def status_blocks(s: Any, wide: bool = False, client: ClientFigures | None = Non
     blocks += [f"{w.name}: {w.reason}" for w in s.workloads if w.reason and w.state != "serving"]
     if s.last_error:
         blocks.append(f"last reconcile error: {s.last_error}")
-    legend = (
-        "pred_ms: worst predicted latency (batch wait + inference); obs_ms: mean queue + compute "
-        "time reported by Triton; slo_ok: observed replicas within the SLO"
-    )
-    if client is not None:
-        legend += (
-            "; client_p99_ms / over_slo: p99 latency and share of requests over the SLO seen by the load (last 10 s)"
+    if legend:
+        text = (
+            "pred_ms: worst predicted latency (batch wait + inference); obs_ms: mean queue + compute "
+            "time reported by Triton; slo_ok: observed replicas within the SLO"
         )
-    blocks.append(legend)
+        if client is not None:
+            text += "; client_p99_ms / over_slo: p99 and share of requests over the SLO seen by the load (last 10 s)"
+        blocks.append(text)
     endpoint_rows = [
         [w.name, r.replica, r.node_id, r.endpoint, r.http_endpoint or "-", r.metrics_endpoint or "-"]
         + ([r.backend or "-"] if wide else [])
@@ -374,7 +375,7 @@ def status_blocks(s: Any, wide: bool = False, client: ClientFigures | None = Non
         for r in w.replicas
         if r.endpoint
     ]
-    if endpoint_rows:
+    if endpoint_rows and endpoints:
         headers = ["workload", "replica", "node", "grpc", "http", "metrics"] + (["backend"] if wide else [])
         blocks += ["", "endpoints (stable across share moves):", Tab(headers, endpoint_rows)]
     return blocks
@@ -400,14 +401,27 @@ def run_status(args: argparse.Namespace) -> int:
             _print_blocks(status_blocks(reply, args.wide))
         return 0
     with LiveView() as view:
+        shown: Any = None  # piped: the legend and endpoints print again only when they change
         while True:
             reply = _call(args, lambda c: c.status())
             stamp = time.strftime("%H:%M:%S")
             if args.json:
                 emit(args, {"time": stamp, **to_dict(reply)})
             else:
-                view.show([f"[{stamp}] every {args.watch:g}s, Ctrl-C stops", *status_blocks(reply, args.wide)])
+                again = view.terminal or shown != endpoint_key(reply)
+                shown = endpoint_key(reply)
+                head = f"[{stamp}] every {args.watch:g}s, Ctrl-C stops"
+                view.show([head, *status_blocks(reply, args.wide, legend=again, endpoints=again)])
             time.sleep(args.watch)
+
+
+def endpoint_key(s: Any) -> tuple[tuple[str, ...], ...]:
+    """What the endpoints table of a status shows (a live view prints it again when this changes)."""
+    return tuple(
+        (w.name, str(r.replica), r.node_id, r.endpoint, r.http_endpoint, r.backend)
+        for w in s.workloads
+        for r in w.replicas
+    )
 
 
 # ------------------------------------------------------------------ profiles

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import math
 import secrets
 import shutil
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from stoke.commands.control import format_status, to_dict
+from stoke.commands.control import endpoint_key, status_blocks, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
+from stoke.commands.inputs import add_repo_option
 from stoke.errors import UserError
+from stoke.live import LiveView, Tab
+from stoke.output import add_output_option, emit
 
 #: The bundled example workloads' models mapped to the demo models of triton_repo/.
 DEMO_MODEL_FOR = {"alexnet": "mlp_small", "resnet50": "conv_medium", "vgg19": "conv_medium", "ssd": "embed_large"}
@@ -32,11 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="run a complete local demo stack: controller, agent, Triton, load",
         description="Start a controller, one agent with Triton on the demo models, apply "
-        "demo workloads (the bundled examples scaled to CPU), send load, and "
-        "print the status table until Ctrl-C or --seconds.",
+        "demo workloads (the bundled examples scaled to CPU), send open-loop load (one continuous Poisson "
+        "schedule per workload, through the workload's stable endpoint), and show the status with the "
+        "client-side p99 and share of requests over the SLO until Ctrl-C or --seconds: redrawn in place on a "
+        "terminal, one block per refresh when piped. Ends with a summary of the whole run.",
     )
     p.add_argument("--seconds", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
-    p.add_argument("--repository", default="triton_repo", help="model repository (default %(default)s)")
+    add_repo_option(p, "model repository (default %(default)s)")
     p.add_argument("--workloads", metavar="FILE", help="workloads YAML instead of the demo set")
     p.add_argument("--profile", metavar="FILE", help="fitted CPU profile (default: the bundled 2-core CPU profile)")
     p.add_argument(
@@ -48,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-load", action="store_true", help="do not generate load")
     p.add_argument("--interval", type=float, default=3.0, help="status refresh seconds (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the final status as JSON")
+    add_output_option(p, wide="the Triton process behind each endpoint")
     p.set_defaults(run=run_up)
 
 
@@ -183,20 +189,22 @@ def _settled(status: Any) -> bool:
 def run_up(args: argparse.Namespace) -> int:
     quiet_grpc()
     from agents.agent import Agent, local_devices
-    from agents.latency_metrics import RequestLatencyExporter
+    from agents.latency_metrics import ClientLatencies, RequestLatencyExporter
+    from agents.router import Router
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
     from controller.server import ControllerServer
     from interference.profile_io import load_profile
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not Path(args.repository).is_dir():
+    if not Path(args.repo).is_dir():
         raise UserError(
-            f"--repository {args.repository}: no such model repository; run from the stoke checkout "
-            f"or pass --repository PATH"
+            f"--repo {args.repo}: no such model repository; run from the stoke checkout or pass --repo PATH"
         )
+    if args.interval <= 0:
+        raise UserError(f"--interval must be a positive number of seconds, got {args.interval:g}")
     tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
-    profile_path = find_cpu_profile(args.repository, args.profile, tmp)
+    profile_path = find_cpu_profile(args.repo, args.profile, tmp)
     profile = load_profile(profile_path)
     workloads = demo_workloads(args.workloads, args.count)
     started = time.monotonic()
@@ -205,49 +213,78 @@ def run_up(args: argparse.Namespace) -> int:
     (tmp / "token").write_text(token + "\n")
     loaders: list[threading.Thread] = []
     latency = RequestLatencyExporter(w.slo_ms for w in workloads)
+    clients = {w.name: ClientLatencies(w.slo_ms) for w in workloads}
     server = ControllerServer(demo_config(tmp, profile_path, profile.gpu.name)).start()
     client = ControllerClient(server.address, token=token)
     agent_client = ControllerClient(server.address, token=token)
     agent = None
     try:
-        fleet = TritonFleet(args.repository, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60)
-        agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0)
+        fleet = TritonFleet(
+            args.repo, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60, router=Router("127.0.0.1")
+        )
+        agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0, address="127.0.0.1")
         agent.start()
         _wait_for_agent(client, stop)
         client.apply_workloads(workloads)
         latency_url = latency.serve(0)
         print(
             f"controller {server.address} (token in {tmp / 'token'}), metrics "
-            f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repository}; "
+            f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repo}; "
             f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}",
             flush=True,
         )
         ready_at = None
         next_print = 0.0
-        while not stop.is_set():
-            status = client.status()
-            if ready_at is None and _settled(status):
-                ready_at = time.monotonic() - started
-                served = {w.name for w in status.workloads if w.state == "serving"}
-                print(
-                    f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
-                    f"{ready_at:.1f}s",
-                    flush=True,
-                )
-                if not args.no_load:
-                    for w in (w for w in workloads if w.name in served):
-                        t = threading.Thread(
-                            target=_drive_load, args=(fleet, w, stop, latency.recorder(w.name, w.model)), daemon=True
-                        )
-                        t.start()
-                        loaders.append(t)
-            if time.monotonic() >= next_print and not args.json:
-                print("\n" + format_status(status), flush=True)
-                next_print = time.monotonic() + args.interval
-            stop.wait(0.5)
+        shown: Any = None  # piped: the legend and endpoints print again only when they change
+        with LiveView(separator="") as view:
+            while not stop.is_set():
+                status = client.status()
+                if ready_at is None and _settled(status):
+                    ready_at = time.monotonic() - started
+                    served = {w.name for w in status.workloads if w.state == "serving"}
+                    view.print(
+                        f"{len(served)} of {len(status.workloads)} workload(s) serving their planned configs after "
+                        f"{ready_at:.1f}s" + ("" if args.no_load else "; load starts")
+                    )
+                    if not args.no_load:
+                        for w in (w for w in workloads if w.name in served):
+                            record = latency.recorder(w.name, w.model)
+                            t = threading.Thread(
+                                target=_drive_load,
+                                args=(fleet, w, stop, record, clients[w.name].record),
+                                daemon=True,
+                            )
+                            t.start()
+                            loaders.append(t)
+                if time.monotonic() >= next_print and not args.json:
+                    figures = {n: (f.p99_ms, f.over_slo, f.requests) for n, c in clients.items() if (f := c.window())}
+                    elapsed = f"[{time.monotonic() - started:.0f} s" + (
+                        f" of {args.seconds:g} s]" if args.seconds else "]"
+                    )
+                    again = view.terminal or shown != (endpoint_key(status), bool(loaders))
+                    shown = (endpoint_key(status), bool(loaders))
+                    blocks = status_blocks(
+                        status, args.wide, figures if loaders else None, legend=again, endpoints=again
+                    )
+                    view.show([elapsed, *blocks])
+                    next_print = time.monotonic() + args.interval
+                stop.wait(0.5)
+        stop.set()
+        for t in loaders:
+            t.join(timeout=15)
         final = client.status()
+        totals = {name: c.total() for name, c in clients.items()}
         if args.json:
-            print(json.dumps({"ready_after_s": ready_at, "status": to_dict(final)}, indent=2))
+            emit(
+                args,
+                {
+                    "ready_after_s": ready_at,
+                    "status": to_dict(final),
+                    "client": {name: asdict(t) for name, t in totals.items()} if loaders else {},
+                },
+            )
+        else:
+            print(format_summary(final, totals if loaders else {}, time.monotonic() - started, ready_at))
         return 0 if ready_at is not None else 1
     finally:
         stop.set()
@@ -262,18 +299,68 @@ def run_up(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drive_load(fleet: Any, workload: Any, stop: threading.Event, on_latency: Any = None) -> None:
-    """Open-loop load at the workload's rate, in 2-second windows, following the model across moves."""
+def format_summary(status: Any, totals: dict[str, Any], seconds: float, ready_at: float | None) -> str:
+    """The end of `stoke up`: per workload, the plan against what the load saw over the whole run."""
+    from stoke.live import render_blocks
+
+    rows = []
+    for w in status.workloads:
+        t = totals.get(w.name)
+        rows.append(
+            [
+                w.name,
+                w.state,
+                w.slo_ms,
+                w.rate_rps,
+                w.predicted_latency_ms if w.replicas else None,
+                t.requests if t else None,
+                t.failed if t else None,
+                t.p50_ms if t else None,
+                t.p99_ms if t else None,
+                None if t is None or t.over_slo is None else f"{100 * t.over_slo:.2f}%",
+            ]
+        )
+    head = f"summary after {seconds:.0f} s" + (
+        f" (serving after {ready_at:.1f} s)" if ready_at is not None else " (the workloads never all served)"
+    )
+    headers = [
+        "workload",
+        "state",
+        "slo_ms",
+        "rate_rps",
+        "pred_ms",
+        "requests",
+        "failed",
+        "client_p50_ms",
+        "client_p99_ms",
+        "over_slo",
+    ]
+    legend = (
+        "client figures cover the whole run of the load generator; over_slo counts failed requests as late"
+        if totals
+        else "no load was sent (--no-load, or nothing served)"
+    )
+    return render_blocks(["", head, Tab(headers, rows), legend])
+
+
+def _drive_load(
+    fleet: Any, workload: Any, stop: threading.Event, on_latency: Any = None, on_result: Any = None
+) -> None:
+    """Open-loop load at the workload's rate on one continuous Poisson schedule, through its stable endpoint."""
     from agents.loadgen import LoadError, LoadGenerator
     from controller.messages import Replica
 
     key = str(Replica(workload.name, 0))
-    gen = LoadGenerator(lambda: fleet.endpoint(key), workload.model, on_latency=on_latency)
+    gen = LoadGenerator(
+        lambda: fleet.serving_endpoint(key).grpc, workload.model, on_latency=on_latency, on_result=on_result
+    )
+    seed = 0
     try:
         while not stop.is_set():
             try:
-                gen.run(workload.rate_rps, 2.0, arrival="poisson", slo_ms=workload.slo_ms)
+                gen.run(workload.rate_rps, math.inf, arrival="poisson", slo_ms=workload.slo_ms, seed=seed, stop=stop)
             except (LoadError, KeyError):
+                seed += 1  # the endpoint was away (never the case after a move): go on with fresh draws
                 stop.wait(1.0)
     finally:
         gen.close()
