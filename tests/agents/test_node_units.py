@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.loadgen import arrival_offsets, percentile
+from agents.loadgen import arrival_offsets, arrival_stream, percentile
 from agents.mps import MpsControl, MpsError, parse_pids
 from agents.repo_store import (
     LocalStore,
@@ -281,3 +281,36 @@ def test_mps_daemon_already_running_is_reused_but_never_quit():
     assert mps.started and not mps.owned
     mps.quit()  # someone else's daemon: left alone
     assert ((), "quit") not in calls and not mps.started
+
+
+def test_one_continuous_arrival_schedule_not_the_same_window_again():
+    """`stoke up` used to send the same seeded 2-second window over and over (17.9 req/s offered as 20)."""
+    stream = arrival_stream(20.0, "poisson", seed=0)
+    times = np.array([t for t, _ in zip(stream, range(20 * 600))])  # ten minutes' worth
+    assert np.all(np.diff(times) > 0)
+    windows = [np.sort(times[(times >= s) & (times < s + 2)] - s) for s in range(0, 40, 2)]
+    assert len({tuple(np.round(w, 9)) for w in windows}) == len(windows)  # no window repeats
+    rate = len(times) / times[-1]
+    assert 19.0 < rate < 21.0  # offered at the asked rate over a long run
+    constant = arrival_stream(4.0, "constant")
+    assert [next(constant) for _ in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError):
+        arrival_stream(0.0, "poisson")
+
+
+def test_client_latencies_over_a_window_and_the_whole_run():
+    from agents.latency_metrics import ClientLatencies
+
+    now = [0.0]
+    figures = ClientLatencies(slo_ms=10.0, window_s=5.0, clock=lambda: now[0])
+    for i in range(100):
+        now[0] = i * 0.1  # 10 s of requests: the first half fast, then slow and one failure
+        figures.record(2.0 if i < 50 else 20.0, ok=i != 99)
+    recent = figures.window()
+    # the last 5 s: one fast request (at 4.9 s), 49 slow ones answered, one failed (late by definition)
+    assert (recent.requests, recent.failed, recent.p99_ms) == (51, 1, 20.0)
+    assert recent.over_slo == pytest.approx(50 / 51)
+    total = figures.total()
+    assert (total.requests, total.failed) == (100, 1) and total.over_slo == pytest.approx(0.5)
+    assert (total.p50_ms, total.p99_ms) == (2.0, 20.0)  # over the 99 answered requests
+    assert ClientLatencies(10.0).window().p99_ms is None

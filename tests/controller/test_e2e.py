@@ -5,12 +5,15 @@ One shared stack, tests run in file order (each builds on the state the one befo
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -149,12 +152,13 @@ def stack(tmp_path_factory):
                 n,
                 "--device",
                 "cpu",
-                "--repository",
+                "--repository",  # the old spelling of --repo still works (hidden alias)
                 str(ROOT / "triton_repo"),
                 "--workdir",
                 str(tmp / n),
                 "--log-level",
                 "WARNING",
+                *(["--bind", "127.0.0.1", "--advertise", "localhost"] if n == "n1" else []),
             ],
             tmp / f"{n}.log",
         )
@@ -265,8 +269,30 @@ def test_applied_workloads_are_served_with_planned_configs(stack):
     for w in status.workloads:
         r = w.replicas[0]
         assert (r.node_id, r.batch, r.share_pct) == planned[w.name]
+        # the stable endpoints (the agent's router) reach the Triton process (r.backend) serving the planned config
+        host = "localhost" if r.node_id == "n1" else "127.0.0.1"  # n1 runs with --advertise localhost
+        assert r.endpoint.startswith(f"{host}:") and r.http_endpoint.startswith(f"http://{host}:")
+        assert r.backend.startswith("127.0.0.1:") and r.backend != r.endpoint
         assert triton_config(r.endpoint, w.model).max_batch_size == r.batch
+        with urllib.request.urlopen(r.metrics_endpoint, timeout=10) as reply:
+            assert f'nv_inference_request_success{{model="{w.model}"' in reply.read().decode()
     stack["endpoints"] = {w.name: w.replicas[0].endpoint for w in status.workloads}
+    stack["backends"] = {w.name: w.replicas[0].backend for w in status.workloads}
+    # the CLI shows them: the status table (gRPC, HTTP, metrics per replica) and nodes --json
+    token = ["--controller", stack["address"], "--token-file", str(stack["tmp"] / "token")]
+    table = cli("status", *token)
+    assert table.returncode == 0, table.stderr
+    for w in status.workloads:
+        r = w.replicas[0]
+        row = next(line for line in table.stdout.splitlines() if line.startswith(w.name) and r.endpoint in line)
+        assert row.split()[3:] == [r.endpoint, r.http_endpoint, r.metrics_endpoint]
+    nodes = json.loads(cli("nodes", *token, "-o", "json").stdout)
+    listed = {e["key"]: e for n in nodes for e in n["endpoints"]}
+    assert {k: (e["grpc"], e["http"], e["metrics"]) for k, e in listed.items()} == {
+        f"{w.name}#0": (w.replicas[0].endpoint, w.replicas[0].http_endpoint, w.replicas[0].metrics_endpoint)
+        for w in status.workloads
+    }
+    assert {n["node_id"]: n["address"] for n in nodes} == {"n1": "localhost", "n2": "127.0.0.1"}
 
 
 def test_rate_change_changes_batch_and_reaches_triton(stack):
@@ -289,7 +315,9 @@ def test_rate_change_changes_batch_and_reaches_triton(stack):
     assert triton_config(web.replicas[0].endpoint, "mlp_small").max_batch_size == web.replicas[0].batch
     # a batch change reloads in place; the unrelated workload is untouched
     assert web.replicas[0].endpoint == before["web"] and emb.replicas[0].endpoint == before["emb"]
+    assert web.replicas[0].backend == stack["backends"]["web"]  # the same process, reloaded
     stack["endpoints"] = {w.name: w.replicas[0].endpoint for w in status.workloads}
+    stack["backends"] = {w.name: w.replicas[0].backend for w in status.workloads}
 
 
 def test_controller_restart_keeps_workloads_and_plan(stack):
@@ -307,7 +335,8 @@ def test_controller_restart_keeps_workloads_and_plan(stack):
     )
     status = wait_for("serving after the restart", lambda: serving(client), 30)
     assert status.revision == revision
-    assert {w.name: w.replicas[0].endpoint for w in status.workloads} == stack["endpoints"]  # no Triton restart
+    assert {w.name: w.replicas[0].backend for w in status.workloads} == stack["backends"]  # no Triton restart
+    assert {w.name: w.replicas[0].endpoint for w in status.workloads} == stack["endpoints"]
 
 
 def test_killed_agent_moves_its_workloads_to_the_other(stack):
@@ -353,17 +382,38 @@ def test_triton_crash_is_restarted_and_reported(stack):
     wait_for("serving again", lambda: serving(client), 30)
 
 
-def test_stoke_up_serves_the_demo_within_a_minute(tmp_path):
+def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_path):
+    """`stoke up` piped: plain blocks (no escape codes), the client-side p99 and share over the SLO, a summary."""
     result = subprocess.run(
-        [sys.executable, "-m", "stoke", "up", "--seconds", "12", "--json", "--no-load"],
+        [sys.executable, "-m", "stoke", "up", "--seconds", "16", "--interval", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    import json
-
-    report = json.loads(result.stdout[result.stdout.index("{\n") :])
-    assert report["ready_after_s"] is not None and report["ready_after_s"] < 60
-    assert {w["state"] for w in report["status"]["workloads"]} == {"serving"}
+    out = result.stdout
+    assert "\x1b" not in out
+    ready = re.search(r"(\d+) of (\d+) workload\(s\) serving their planned configs after ([\d.]+)s", out)
+    assert ready and ready.group(1) == ready.group(2) and float(ready.group(3)) < 60
+    assert "client_p99_ms  over_slo" in out  # the live view shows what the load sees
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("summary after"))
+    assert lines[head + 1].split() == [
+        "workload",
+        "state",
+        "slo_ms",
+        "rate_rps",
+        "pred_ms",
+        "requests",
+        "failed",
+        "client_p50_ms",
+        "client_p99_ms",
+        "over_slo",
+    ]
+    rows = [line.split() for line in lines[head + 3 :] if line and not line.startswith("client figures")]
+    assert len(rows) == 2
+    for row in rows:
+        state, rate, requests, failed = row[1], float(row[3]), int(row[5]), int(row[6])
+        assert state == "serving" and failed == 0
+        assert requests > rate * 5  # load ran on one continuous schedule for most of the 16 s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 
 import pytest
@@ -163,3 +164,43 @@ def test_overcommit_check_accepts_what_fits():
         "it needs GPU(s) 2 (z#0) but this node has 2 GPU(s)",
         "GPU 0 shares add up to 110% (x#0: 60%, y#0: 50%)",
     ]
+
+
+def test_render_dry_run_shows_the_diff_and_writes_nothing(parser, plan_file, demo_repo_copy, capsys, monkeypatch):
+    config = demo_repo_copy / "mlp_small" / "config.pbtxt"
+    before = config.read_text()
+    monkeypatch.setattr("sys.stdin", io.StringIO(plan_file.read_text()))  # the plan from stdin
+    assert run(parser, ["triton", "render", "-", "--repo", str(demo_repo_copy), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert config.read_text() == before  # nothing written
+    assert f"--- {config}\n+++ {config}\n" in out
+    assert "+max_batch_size: 8\n" in out and "max_queue_delay_microseconds: 23333" in out
+    assert out.rstrip().endswith("dry run: 1 of 1 config(s) would change; nothing written")
+    assert run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)]) == 0
+    capsys.readouterr()
+    assert (
+        run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy), "--dry-run", "-o", "json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out) == {"dry_run": True, "would_change": [], "diff": {}}
+
+
+def test_sync_dry_run_lists_changes_and_changes_nothing(parser, demo_repo_copy, tmp_path, capsys):
+    mirror = tmp_path / "mirror"
+    assert run(parser, ["triton", "sync", str(demo_repo_copy), str(mirror), "--dry-run", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert "tiny_echo/config.pbtxt" in planned["uploaded"] and planned["dry_run"] is True
+    assert not mirror.exists() or not any(mirror.rglob("*.pbtxt"))
+    assert run(parser, ["triton", "sync", str(demo_repo_copy), str(mirror)]) == 0
+    (demo_repo_copy / "tiny_echo" / "config.pbtxt").write_text("max_batch_size: 4\n")
+    (mirror / "stale.txt").write_text("old")
+    capsys.readouterr()
+    assert run(parser, ["triton", "sync", str(demo_repo_copy), str(mirror), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split() for line in out.splitlines()[2:4]] == [
+        ["upload", "tiny_echo/config.pbtxt"],
+        ["delete", "stale.txt"],
+    ]
+    assert "1 would be uploaded, 1 would be deleted" in out and "dry run, nothing written" in out
+    assert (mirror / "stale.txt").exists() and (
+        mirror / "tiny_echo" / "config.pbtxt"
+    ).read_text() != "max_batch_size: 4\n"

@@ -1,0 +1,167 @@
+"""How every command prints: the table renderer, -o formats, live views, progress, stdin, completion, options."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stoke.cli import build_parser, main
+from stoke.live import LiveView, Tab
+from stoke.progress import Progress
+from stoke.table import print_table, render_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal (rich then draws and redraws)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plain_tables_have_one_format_for_every_command():
+    text = render_table(
+        ["workload", "slo_ms", "share", "pred_ms", "note"],
+        [["a[b]", 30.0, "12.5%", None, "ok"], ["photo-tagging", 1200.5, "100%", 1234567.0, ":smile:"]],
+    )
+    # numbers (and strings that read as numbers) right aligned, text left, None as '-', no markup or emoji
+    assert text.splitlines() == [
+        "workload         slo_ms  share    pred_ms  note",
+        "-------------  --------  -----  ---------  -------",
+        "a[b]              30.00  12.5%          -  ok",
+        "photo-tagging  1,200.50   100%  1,234,567  :smile:",
+    ]
+    assert render_table(["a", "b"], []) == "a  b\n-  -"
+
+
+def test_on_a_terminal_the_same_table_is_drawn_by_rich():
+    screen = Terminal()
+    print_table(["workload", "slo"], [["photo-tagging", "MISS"]], file=screen)
+    drawn = screen.getvalue()
+    assert "─" in drawn and "photo-tagging" in drawn and "MISS" in drawn
+    piped = io.StringIO()
+    print_table(["workload", "slo"], [["photo-tagging", "MISS"]], file=piped)
+    assert piped.getvalue() == render_table(["workload", "slo"], [["photo-tagging", "MISS"]]) + "\n"
+
+
+def test_live_views_redraw_in_place_on_a_terminal_and_print_blocks_when_piped():
+    screen = Terminal()
+    with LiveView(screen) as view:
+        view.show(["frame one", Tab(["a"], [[1]])])
+        view.show(["frame two", Tab(["a"], [[2]])])
+    drawn = screen.getvalue()
+    assert "frame two" in drawn and re.search(r"\x1b\[\d*A", drawn)  # the cursor moves up: redrawn in place
+    assert "\x1b[2J" not in drawn  # never clears the screen
+    piped = io.StringIO()
+    with LiveView(piped, separator="") as view:
+        view.show(["frame one", Tab(["a"], [[1]])])
+        view.show(["frame two", Tab(["a"], [[2]])])
+    assert piped.getvalue() == "frame one\na\n-\n1\n\nframe two\na\n-\n2\n"
+
+
+def test_progress_prints_an_eta_per_step_when_piped():
+    now = [0.0]
+    out = io.StringIO()
+    with Progress("simulating", 4, file=out, min_interval_s=0.0, clock=lambda: now[0]) as bar:
+        for _ in range(4):
+            now[0] += 2.5
+            bar.advance(note="mix 100")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "simulating: 1/4 (25%), 2 s elapsed, ETA 8 s; mix 100"
+    assert lines[-1] == "simulating: 4/4 (100%), 10 s elapsed, ETA 0 s; mix 100"
+    screen = Terminal()
+    with Progress("simulating", 4, file=screen) as bar:
+        bar.advance()
+    assert "simulating" in screen.getvalue() and "1/4" in screen.getvalue()
+
+
+def test_output_formats_give_the_same_data(capsys):
+    code, as_json, _ = run(capsys, "plan", "--json")
+    assert code == 0
+    assert json.loads(run(capsys, "plan", "-o", "json")[1]) == json.loads(as_json)
+    assert yaml.safe_load(run(capsys, "plan", "-o", "yaml")[1]) == json.loads(as_json)
+    table = run(capsys, "plan", "-o", "wide")[1]
+    assert table.startswith("strategy stoke:") and table == run(capsys, "plan")[1]
+    with pytest.raises(SystemExit) as err:
+        main(["plan", "-o", "xml"])
+    assert err.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_a_dash_reads_stdin(capsys, monkeypatch):
+    plan = run(capsys, "plan", "--json")[1]
+    monkeypatch.setattr("sys.stdin", io.StringIO(plan))
+    code, out, err = run(capsys, "simulate", "-", "--seconds", "2", "-o", "json")
+    assert code == 0, err
+    names = {w["name"] for g in json.loads(plan)["gpus"] for w in g["workloads"]}
+    assert {w["name"] for w in json.loads(out)["workloads"]} == names
+    monkeypatch.setattr("sys.stdin", io.StringIO('[{"model": "alexnet", "batch": 4, "share_pct": 50}]\n'))
+    code, out, _ = run(capsys, "predict", "--cases", "-", "--json")
+    assert code == 0 and json.loads(out)[0]["predicted_latency_ms"] > 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: -1}\n"))
+    code, _, err = run(capsys, "plan", "-")
+    assert code == 2 and err.startswith("stoke: error: <stdin>: workloads[0].rate_rps must be a positive number")
+
+
+def test_repo_is_the_one_spelling_and_repository_still_works(capsys):
+    parser = build_parser()
+    for argv in (["up", "--repository", "x"], ["agent", "--repository", "x"], ["up", "--repo", "x"]):
+        assert parser.parse_args(argv).repo == "x"
+    for command in ("up", "agent"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "--repo REPO" in text and "--repository" not in text
+
+
+def test_bash_completion_completes_commands_options_and_formats(tmp_path):
+    script = tmp_path / "stoke.bash"
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "stoke"), "completion", "bash"], capture_output=True, text=True, check=True
+    )
+    script.write_text(result.stdout)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(words)
+        program = (
+            f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; "
+            f'COMP_LINE="{line}"; COMP_POINT={len(line)}; _shtab_stoke; echo "${{COMPREPLY[@]}}"'
+        )
+        return subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout.split()
+
+    assert complete("stoke", "pl") == ["plan"]
+    assert "--watch" in complete("stoke", "status", "--w")
+    assert complete("stoke", "status", "-o", "") == ["table", "wide", "json", "yaml"]
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_the_readme_documents_every_controller_config_key_and_workload_key():
+    from controller.config import ControllerConfig
+    from controller.workload_file import WorkloadFileSpec
+    from stoke.validate import key_docs
+
+    section = _readme_section("Controller configuration")
+    for key, _, doc in key_docs(ControllerConfig):
+        assert f"| `{key}` |" in section, f"README: controller key {key} is not documented"
+        assert doc in section, f"README: the meaning of {key} differs from controller/config.py"
+    workloads = _readme_section("Workload files")
+    for key, _, _ in key_docs(WorkloadFileSpec):
+        assert f"`{key}`" in workloads, f"README: workload key {key} is not documented"
