@@ -117,7 +117,8 @@ def _compiled_kernel() -> Callable[..., None]:
         from numba import njit
     except ImportError:
         return _kernel
-    return njit(cache=False, nogil=True)(_kernel)
+    compiled: Callable[..., None] = njit(cache=False, nogil=True)(_kernel)  # numba is untyped (or absent for mypy)
+    return compiled
 
 
 def simulate_rows(
