@@ -284,7 +284,8 @@ def run_up(args: argparse.Namespace) -> int:
                 },
             )
         else:
-            print(format_summary(final, totals if loaders else {}, time.monotonic() - started, ready_at))
+            with LiveView() as summary:  # drawn with rich on a terminal, plain text when piped
+                summary.show(summary_blocks(final, totals if loaders else {}, time.monotonic() - started, ready_at))
         return 0 if ready_at is not None else 1
     finally:
         stop.set()
@@ -299,10 +300,8 @@ def run_up(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def format_summary(status: Any, totals: dict[str, Any], seconds: float, ready_at: float | None) -> str:
+def summary_blocks(status: Any, totals: dict[str, Any], seconds: float, ready_at: float | None) -> list[Any]:
     """The end of `stoke up`: per workload, the plan against what the load saw over the whole run."""
-    from stoke.live import render_blocks
-
     rows = []
     for w in status.workloads:
         t = totals.get(w.name)
@@ -340,7 +339,7 @@ def format_summary(status: Any, totals: dict[str, Any], seconds: float, ready_at
         if totals
         else "no load was sent (--no-load, or nothing served)"
     )
-    return render_blocks(["", head, Tab(headers, rows), legend])
+    return ["", head, Tab(headers, rows), legend]
 
 
 def _drive_load(
