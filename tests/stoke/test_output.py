@@ -165,3 +165,31 @@ def test_the_readme_documents_every_controller_config_key_and_workload_key():
     workloads = _readme_section("Workload files")
     for key, _, _ in key_docs(WorkloadFileSpec):
         assert f"`{key}`" in workloads, f"README: workload key {key} is not documented"
+
+
+def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "python"),
+            str(ROOT / "benchmarks" / "bench_core.py"),
+            "--sizes",
+            "12",
+            "--seconds",
+            "1",
+            "--arrivals",
+            "poisson",
+            "--strategies",
+            "igniter,stoke",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(
+        r"^bench_core: solve \+ simulate: 2/2 \(100%\), .* elapsed, ETA 0 s; poisson mix 12 x stoke$",
+        result.stderr,
+        re.M,
+    )
+    assert "ETA" not in result.stdout and "   12 stoke" in result.stdout  # the figures stay on stdout
