@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
+from triton_helpers import DEMO_REPO, OUTPUT_SHAPES, REPO_MODELS, infer
 
 from agents.triton import find_tritonserver, free_ports, prepare_backend_dir, triton_env
 
@@ -73,13 +73,13 @@ def _index(http: str) -> dict[str, str]:
         return {m["name"]: m.get("state", "") for m in json.load(reply)}
 
 
-def test_plain_triton_in_default_mode_loads_every_demo_model(tmp_path: Path):
-    assert sorted(p.name for p in DEMO_REPO.iterdir() if p.is_dir()) == sorted(DEMO_MODELS)
+def test_plain_triton_in_default_mode_loads_every_repo_model(tmp_path: Path):
+    assert sorted(p.name for p in DEMO_REPO.iterdir() if p.is_dir()) == sorted(REPO_MODELS)
     with plain_triton(DEMO_REPO, tmp_path) as (proc, http, grpc):
         log = (tmp_path / "triton.log").read_text(errors="replace")
         assert proc.poll() is None, f"tritonserver exited with {proc.returncode}: {log[-2000:]}"
-        assert _index(http) == {m: "READY" for m in DEMO_MODELS}
-        for model in DEMO_MODELS:
+        assert _index(http) == {m: "READY" for m in REPO_MODELS}
+        for model in REPO_MODELS:
             assert infer(grpc, model, batch=2).shape == (2, *OUTPUT_SHAPES[model])
     assert "Poll failed" not in log and "failed to load" not in log.lower()
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from google.protobuf import text_format
-from triton_helpers import DEMO_MODELS, DEMO_REPO
+from triton_helpers import DEMO_REPO, REPO_MODELS
 from tritonclient.grpc import model_config_pb2
 
 from controller.messages import ModelAssignment
@@ -48,7 +48,7 @@ version_policy { latest { num_versions: 1 } }
 """
 
 
-@pytest.mark.parametrize("model", DEMO_MODELS)
+@pytest.mark.parametrize("model", REPO_MODELS)
 def test_demo_configs_round_trip_through_protobuf_text(model):
     path = DEMO_REPO / model / "config.pbtxt"
     config = read_config(path)
