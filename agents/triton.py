@@ -289,7 +289,7 @@ class TritonProcess:
 
     # -- life cycle
     def start(self) -> float:
-        """Start and wait until ready; returns the seconds it took. Retries on a port clash."""
+        """Start and wait until ready; returns the seconds it took. Retries on a port clash or a crash."""
         if self.alive():
             return self.started_s
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +320,11 @@ class TritonProcess:
             if self.proc.poll() is None:
                 self.stop(timeout_s=2)
                 raise TritonError(f"{self.name}: not ready within {self.ready_timeout_s:.0f} s; log tail: {last}")
-            if "address already in use" not in last.lower() and "failed to start" not in last.lower():
+            clash = "address already in use" in last.lower() or "failed to start" in last.lower()
+            # A start that died on a signal (tritonserver 2.51 aborts now and then in gRPC's epoll
+            # poller while it comes up on a busy machine) is a transient failure: try again.
+            crashed = self.proc.returncode is not None and self.proc.returncode < 0
+            if not clash and not crashed:
                 break
         raise TritonError(
             f"{self.name}: tritonserver exited with code {self.proc.returncode if self.proc else '?'}; log tail: {last}"

@@ -322,3 +322,23 @@ def test_cli_up_stops_every_triton_process_on_ctrl_c(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_start_that_crashes_is_tried_again(tmp_path):
+    """tritonserver 2.51 now and then aborts while it comes up on a busy machine; the next try serves."""
+    from agents.triton import find_tritonserver
+
+    marker = tmp_path / "crashed-once"
+    wrapper = tmp_path / "tritonserver"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ ! -e "{marker}" ]; then touch "{marker}"; kill -ABRT $$; fi\n'
+        f'exec "{find_tritonserver()}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    process = TritonProcess(str(DEMO_REPO), workdir=tmp_path / "work", name="crashy", binary=wrapper, device_kind="cpu")
+    try:
+        process.start()
+        assert marker.exists() and process.alive()
+    finally:
+        process.stop()
