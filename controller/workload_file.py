@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from controller.limits import MAX_RATE_RPS, MAX_SLO_MS
 from controller.solver.problem import GpuType, Problem, ProblemError, Workload
 from interference.profile import DeviceProfile
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile
@@ -70,15 +71,19 @@ def default_gpu_types() -> tuple[GpuType, ...]:
 class WorkloadEntry:
     """One service to plan and serve."""
 
-    name: str = check.setting(rule=check.TEXT, doc="unique workload name")
+    name: str = check.setting(rule=check.NAME, doc="unique workload name (A-Z a-z 0-9 . _ -, from a letter or digit)")
     model: str = check.setting(
-        rule=check.TEXT, doc="model name: in the GPU type's profile and in the Triton model repository"
+        rule=check.NAME, doc="model name: in the GPU type's profile and in the Triton model repository"
     )
     slo_ms: float = check.setting(
-        rule=check.POSITIVE, doc="latency SLO of one request in ms; stoke plans for the p99 within it"
+        rule=check.positive_up_to(MAX_SLO_MS),
+        doc="latency SLO of one request in ms (at most one hour); stoke plans for the p99 within it",
     )
-    rate_rps: float = check.setting(rule=check.POSITIVE, doc="request rate, requests per second")
-    gpu_type: str | None = check.setting(None, check.TEXT, "only GPUs of this type (default: any)")
+    rate_rps: float = check.setting(
+        rule=check.positive_up_to(MAX_RATE_RPS),
+        doc="request rate, requests per second (at most 1,000,000: split a larger service into several workloads)",
+    )
+    gpu_type: str | None = check.setting(None, check.NAME, "only GPUs of this type (default: any)")
     arrivals: str = check.setting(
         "poisson", check.choice(ARRIVALS), "poisson (independent users) or constant (paced clients)"
     )
@@ -88,7 +93,7 @@ class WorkloadEntry:
 class GpuTypeEntry:
     """A GPU type the plan may use."""
 
-    name: str = check.setting(rule=check.TEXT, doc="GPU type name, as workloads' gpu_type names it")
+    name: str = check.setting(rule=check.NAME, doc="GPU type name, as workloads' gpu_type names it")
     price_per_hour: float = check.setting(rule=check.NON_NEGATIVE, doc="price of one GPU of this type per hour")
     max_count: int | None = check.setting(None, check.WHOLE, "at most this many GPUs of this type (default: no limit)")
     profile: str | None = check.setting(
@@ -182,12 +187,18 @@ STDIN = "-"
 
 
 def _read_text(path: Path) -> str:
-    if str(path) == STDIN:
+    if str(path) == STDIN and not hasattr(sys.stdin, "buffer"):  # already text (a test's StringIO)
         return sys.stdin.read()
     try:
-        return path.read_text()
+        data = sys.stdin.buffer.read() if str(path) == STDIN else path.read_bytes()
     except OSError as err:
         raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise WorkloadFileError(
+            f"{_source(path)}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save it as UTF-8"
+        ) from None
 
 
 def _parse_yaml(text: str, source: str) -> Any:

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+from stoke import names
 from stoke import validate as check
 from stoke.errors import InputError
 from stoke.files import atomic_write_text
+from stoke.names import shown
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
@@ -127,21 +129,39 @@ def profile_from_dict(data: Any, source: str = "profile") -> DeviceProfile:
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise ProfileFileError(f"{source}: 'models' must be a non-empty object of fitted models")
-    return DeviceProfile(
-        gpu=gpu, models={n: _build(ModelProfile, m, f"{source}: models.{n}") for n, m in models.items()}
-    )
+    for n in models:
+        names.check_name(n, "a model name in 'models'", where=source, error=ProfileFileError)
+    built = {n: _build(ModelProfile, m, f"{source}: models.{n}") for n, m in models.items()}
+    for n, m in built.items():
+        if m.name != n:
+            raise ProfileFileError(
+                f"{source}: models.{n} field 'name' must be {n!r} (its key), got {shown(m.name)}; refit the profile"
+            )
+    return DeviceProfile(gpu=gpu, models=built)
 
 
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ProfileFileError(f"{path}: cannot read profile ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ProfileFileError(f"{path}: not UTF-8 text (byte {err.start}); a fitted profile is JSON") from None
+    return profile_from_dict(parse_profile_json(text, str(path)), str(path))
+
+
+def parse_profile_json(text: str, source: str) -> Any:
+    """JSON text -> data, or `ProfileFileError` naming `source` (never a traceback, however deep the nesting)."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ProfileFileError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
-    return profile_from_dict(data, str(path))
+        raise ProfileFileError(
+            f"{source}: not valid JSON (line {err.lineno}: {err.msg}); send a fitted profile"
+        ) from None
+    except RecursionError:
+        raise ProfileFileError(
+            f"{source}: JSON nested too deeply to be a fitted profile; send a fitted profile"
+        ) from None
 
 
 def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> bool:

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stoke.errors import InputError
+from stoke import names
+from stoke.names import shown
 
 T = TypeVar("T")
 E = type[InputError]
@@ -55,7 +57,7 @@ def fail(
     """The error for `value` of `field` not meeting `requirement` (raise it)."""
     head = f"{where}: " if where else ""
     tail = f"; {fix}" if fix else ""
-    return error(f"{head}{field} must be {requirement}, got {value!r}{tail}", field)
+    return error(f"{head}{field} must be {requirement}, got {shown(value)}{tail}", field)
 
 
 def _real(value: Any) -> bool:
@@ -68,10 +70,23 @@ def number(value: Any, field: str, *, where: str = "", error: E = InputError, fi
     return float(value)
 
 
-def positive(value: Any, field: str, *, where: str = "", error: E = InputError, unit: str = "", fix: str = "") -> float:
-    """A finite number > 0 (`unit`, e.g. "seconds", completes "a positive number of ...")."""
-    if not _real(value) or value <= 0:
-        raise fail(field, f"a positive number{' of ' + unit if unit else ''}", value, where=where, error=error, fix=fix)
+def positive(
+    value: Any,
+    field: str,
+    *,
+    where: str = "",
+    error: E = InputError,
+    unit: str = "",
+    fix: str = "",
+    maximum: float | None = None,
+) -> float:
+    """A finite number > 0, and <= `maximum` when given (`unit`, e.g. "seconds", completes "a positive number
+    of ...")."""
+    if not _real(value) or value <= 0 or (maximum is not None and value > maximum):
+        requirement = f"a positive number{' of ' + unit if unit else ''}"
+        if maximum is not None:
+            requirement += f" up to {maximum:g}"
+        raise fail(field, requirement, value, where=where, error=error, fix=fix)
     return float(value)
 
 
@@ -124,6 +139,39 @@ POSITIVE_SECONDS = Rule(
 )
 NON_NEGATIVE = Rule(lambda v, f, w, e: non_negative(v, f, where=w, error=e), {"type": "number", "minimum": 0})
 WHOLE = Rule(lambda v, f, w, e: whole(v, f, where=w, error=e), {"type": "integer", "minimum": 0})
+FRACTION = Rule(
+    lambda v, f, w, e: _fraction(v, f, w, e), {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+)
+
+
+def _fraction(value: Any, field: str, where: str, error: E) -> float:
+    if not _real(value) or not 0 < value < 1:
+        raise fail(field, "a number between 0 and 1 (exclusive)", value, where=where, error=error)
+    return float(value)
+
+
+def whole_at_least(minimum: int) -> Rule:
+    """A whole number >= `minimum`."""
+    return Rule(
+        lambda v, f, w, e: whole(v, f, minimum=minimum, where=w, error=e), {"type": "integer", "minimum": minimum}
+    )
+
+
+def positive_up_to(maximum: float, unit: str = "") -> Rule:
+    """A finite number > 0 and <= `maximum`."""
+    return Rule(
+        lambda v, f, w, e: positive(v, f, where=w, error=e, unit=unit, maximum=maximum),
+        {"type": "number", "exclusiveMinimum": 0, "maximum": maximum},
+    )
+
+
+#: A name under the one rule of `stoke.names` (workloads, models, GPU types, nodes).
+NAME = Rule(
+    lambda v, f, w, e: names.check_name(v, f, where=w, error=e),
+    {"type": "string", "pattern": f"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{names.NAME_MAX - 1}}}$"},
+)
+
+
 TEXT = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1})
 PATH = Rule(lambda v, f, w, e: text(v, f, where=w, error=e), {"type": "string", "minLength": 1}, is_path=True)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from controller.limits import MAX_REPLICAS
 from controller.solver.candidates import (
     EPS,
     MAX_BATCH,
@@ -34,7 +35,15 @@ from controller.solver.candidates import (
     with_replicas,
 )
 from controller.solver.packing import Bin, Packing
-from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, batch_queue_delay_ms
+from controller.solver.problem import (
+    GpuPlan,
+    Plan,
+    Problem,
+    ProblemError,
+    Workload,
+    batch_queue_delay_ms,
+    too_many_replicas,
+)
 
 #: Share of the solo throughput a dedicated GPU is loaded to (published value).
 DEDICATED_LOAD = 0.9
@@ -67,6 +76,8 @@ def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
         if dedicated is None:
             raise reject(workload, cache, half, "half the SLO (iGniter's inference target)")
         b_full, capacity = dedicated
+        if residual / capacity > MAX_REPLICAS:
+            raise too_many_replicas(workload, residual / capacity, cache.gpu_type.name)
         while share is None and residual > EPS:
             rate = min(capacity, residual)
             items.append(Item(workload, rate, b_full, 100.0, Target(half, rate), batch_queue_delay_ms(b_full, rate)))

@@ -11,13 +11,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.limits import MAX_RATE_RPS, MAX_REPLICAS, MAX_SLO_MS
 from interference.profile import DeviceProfile
+from stoke import names
 from stoke import validate as check
 from stoke.errors import InputError
 
 
 class ProblemError(InputError):
     """The problem cannot be solved as stated (bad input or an impossible SLO)."""
+
+
+def too_many_replicas(workload: Workload, needed: float, gpu_type: str) -> ProblemError:
+    """The error of a workload that would need more than `MAX_REPLICAS` replicas on `gpu_type`."""
+    count = f"{needed:.0f}" if needed < 1e15 else f"{needed:.3g}"
+    return ProblemError(
+        f"workload {workload.name!r} needs {count} replicas at {workload.rate_rps:g} req/s on a {gpu_type}, "
+        f"more than the limit of {MAX_REPLICAS} per workload; lower rate_rps, split it into several "
+        f"workloads, or use a faster GPU type"
+    )
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,20 @@ class Workload:
             raise ProblemError(
                 f"workload {self.name!r}: arrivals must be 'poisson' or 'constant', got {self.arrivals!r}"
             )
-        if not self.name or not isinstance(self.name, str):
-            raise ProblemError("workload name must be a non-empty string")
-        if not self.model or not isinstance(self.model, str):
-            raise ProblemError(f"workload {self.name!r}: model must be a non-empty string")
-        for attr in ("slo_ms", "rate_rps"):
-            check.positive(getattr(self, attr), attr, where=f"workload {self.name!r}", error=ProblemError)
+        names.check_name(self.name, "name", where="workload", error=ProblemError)
+        where = f"workload {self.name!r}"
+        names.check_name(self.model, "model", where=where, error=ProblemError)
+        if self.gpu_type is not None:
+            names.check_name(self.gpu_type, "gpu_type", where=where, error=ProblemError)
+        check.positive(self.slo_ms, "slo_ms", where=where, error=ProblemError, maximum=MAX_SLO_MS)
+        check.positive(
+            self.rate_rps,
+            "rate_rps",
+            where=where,
+            error=ProblemError,
+            maximum=MAX_RATE_RPS,
+            fix="split a larger service into several workloads",
+        )
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.limits import MAX_REPLICAS
 from controller.solver.candidates import (
     EPS,
     MAX_BATCH,
@@ -63,7 +64,7 @@ from controller.solver.candidates import (
     with_replicas,
 )
 from controller.solver.packing import Bin, Packing
-from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload
+from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, too_many_replicas
 from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
 
 
@@ -345,7 +346,10 @@ def stoke_items(
     full = best_candidate(workload, cache, capacity, options)
     if full is None:  # the capacity edge is feasible by construction; guard against rounding
         raise rejection(workload, cache, options)
-    count = max(2, math.ceil(workload.rate_rps / capacity - 1e-9))
+    needed = workload.rate_rps / capacity
+    if needed > MAX_REPLICAS:
+        raise too_many_replicas(workload, needed, cache.gpu_type.name)
+    count = max(2, math.ceil(needed - 1e-9))
     choices = []
     even = best_candidate(workload, cache, workload.rate_rps / count, options)
     if even is not None:

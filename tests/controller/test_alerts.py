@@ -29,7 +29,7 @@ from controller.alerts import (
     rule_tests,
     shared_selectors,
 )
-from controller.solver.problem import GpuPlan, Placement, Plan, Workload
+from controller.solver.problem import GpuPlan, Placement, Plan, ProblemError, Workload
 
 WORKLOADS = (
     Workload("photo-tagging", "alexnet", 15, 500),
@@ -140,7 +140,8 @@ def test_bad_workloads_are_refused():
         prometheus_rules([])
     with pytest.raises(AlertConfigError, match="unique"):
         prometheus_rules([WORKLOADS[0], WORKLOADS[0]])
-    with pytest.raises(AlertConfigError, match="label value"):
+    # a name that could not be a label value cannot even be a workload (stoke.names' rule)
+    with pytest.raises(ProblemError, match="must be a name"):
         prometheus_rules([Workload('we"ird', "alexnet", 10, 1)])
 
 

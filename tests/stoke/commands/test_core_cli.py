@@ -81,7 +81,16 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
         ("workloads:\n  - {name: a, model: bert, slo_ms: 10, rate_rps: 5}\n", "model 'bert' is not profiled"),
         (
             "workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: -5}\n",
-            "workloads[0].rate_rps must be a positive number, got -5",
+            "workloads[0].rate_rps must be a positive number up to 1e+06, got -5",
+        ),
+        (  # issue 10: 1e308 passed as "a positive number" and stopped every plan
+            "workloads:\n  - {name: a, model: vgg19, slo_ms: 10, rate_rps: 1.0e+308}\n",
+            "workloads[0].rate_rps must be a positive number up to 1e+06, got 1e+308",
+        ),
+        ("workloads:\n  - {name: '..', model: vgg19, slo_ms: 10, rate_rps: 5}\n", "workloads[0].name must be a name"),
+        (  # a terminal escape in a name is refused, and echoed escaped
+            'workloads:\n  - {name: "a\\e[31m", model: vgg19, slo_ms: 10, rate_rps: 5}\n',
+            "got 'a\\x1b[31m'",
         ),
         ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
         ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
@@ -93,6 +102,14 @@ def test_bad_workload_files_give_one_clear_line_and_exit_2(capsys, tmp_path, con
     code, out, err = run(capsys, "plan", str(path))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and str(path) in err and expected in err
+
+
+def test_a_workload_file_that_is_not_utf8_is_one_clear_line(capsys, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_bytes(b"workloads:\n  - {name: caf\xe9, model: vgg19, slo_ms: 10, rate_rps: 5}\n")
+    code, out, err = run(capsys, "plan", str(path))
+    assert code == 2 and err.count("\n") == 1
+    assert f"{path}: not UTF-8 text (byte 0xe9 at offset" in err and "save it as UTF-8" in err
 
 
 def test_profile_missing_a_field_is_named(capsys, tmp_path):

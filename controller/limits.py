@@ -1,0 +1,203 @@
+"""Every bound of the control plane in one place, and the checks of what agents and controller send. Pure.
+
+Both sides check what they receive against the same rules: the controller
+checks what an agent registers and reports (`check_devices`, `check_report`),
+and the agent checks the assignments a controller sends (`assignment_problems`),
+because neither trusts the other to stay within bounds. Names follow
+`stoke.names` everywhere; free text (events, error messages, device names) is
+capped and must be printable.
+
+A request outside the bounds is refused whole (`InvalidArgument` naming the
+field); nothing of it is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from controller.messages import (
+    AssignmentError,
+    HeartbeatReport,
+    ModelAssignment,
+    NodeDevice,
+    Observation,
+    Replica,
+    invalid,
+)
+from stoke.names import name_problem, shown
+
+# ---------------------------------------------------------------- workloads (checked with every Workload)
+
+#: Highest request rate of one workload (req/s). Larger services are several workloads; the bound keeps
+#: every figure derived from the rate (replicas, queue delays) finite and small.
+MAX_RATE_RPS = 1_000_000.0
+#: Longest latency SLO (ms): one hour.
+MAX_SLO_MS = 3_600_000.0
+#: Most replicas one workload may need on a GPU type; a workload needing more is refused on that type.
+MAX_REPLICAS = 256
+#: Most workloads one apply may carry.
+MAX_WORKLOADS_PER_APPLY = 10_000
+
+# ---------------------------------------------------------------- what an agent sends
+
+#: Most devices one node may register.
+MAX_DEVICES = 64
+#: Most CPU cores one device may report.
+MAX_CORES = 4096
+#: Most assignments, observations or errors one heartbeat may carry (and one node may be sent).
+MAX_ASSIGNMENTS = 256
+#: Most events one heartbeat may carry, and the longest event (characters).
+MAX_EVENTS = 50
+MAX_EVENT_CHARS = 1000
+#: Longest assignment error message, device name, address or endpoint (characters).
+MAX_MESSAGE_CHARS = 2000
+MAX_TEXT_CHARS = 256
+#: Largest figure an observation may carry (rates, milliseconds, counters).
+MAX_FIGURE = 1e15
+#: Largest batch and queue delay an assignment may ask for.
+MAX_BATCH = 4096
+MAX_QUEUE_DELAY_MS = MAX_SLO_MS
+#: Largest profile a user may upload (bytes of JSON).
+MAX_PROFILE_BYTES = 4 * 1024 * 1024
+#: The key an agent reports a refused assignment under when the assignment's own key is not safe to echo.
+REFUSED_KEY = "refused#0"
+
+
+def _name(value: Any, field: str) -> None:
+    problem = name_problem(value)
+    if problem:
+        raise invalid(field, problem)
+
+
+def _text(value: str, field: str, limit: int, allow_empty: bool = True) -> None:
+    if not allow_empty and not value:
+        raise invalid(field, "must not be empty")
+    if len(value) > limit:
+        raise invalid(field, f"must be at most {limit} characters, got {len(value)}")
+    if not value.isprintable():
+        raise invalid(field, f"must be printable text (no control or invisible characters), got {shown(value)}")
+
+
+def _count(items: Sequence[Any], field: str, limit: int) -> None:
+    if len(items) > limit:
+        raise invalid(field, f"must hold at most {limit} entries, got {len(items)}")
+
+
+def _figure(value: float, field: str, lo: float = 0.0, hi: float = MAX_FIGURE) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+        raise invalid(field, f"must be a finite number from {lo:g} to {hi:g}, got {shown(value)}")
+
+
+# ---------------------------------------------------------------- the controller checks the agent
+
+
+def check_devices(devices: Sequence[NodeDevice]) -> None:
+    """A node's registration: 1..`MAX_DEVICES` devices with unique indexes and bounded fields."""
+    if not devices:
+        raise invalid("devices", "report at least one device")
+    _count(devices, "devices", MAX_DEVICES)
+    for i, d in enumerate(devices):
+        where = f"devices[{i}]"
+        if not 0 <= d.index < MAX_DEVICES:
+            raise invalid(f"{where}.index", f"must be from 0 to {MAX_DEVICES - 1}, got {d.index}")
+        _text(d.name, f"{where}.name", MAX_TEXT_CHARS, allow_empty=False)
+        if d.kind not in ("gpu", "cpu"):
+            raise invalid(f"{where}.kind", f"must be 'gpu' or 'cpu', got {shown(d.kind)}")
+        if not 0 <= d.cores <= MAX_CORES:
+            raise invalid(f"{where}.cores", f"must be from 0 to {MAX_CORES}, got {d.cores}")
+        if d.memory_bytes < 0:
+            raise invalid(f"{where}.memory_bytes", f"must be >= 0, got {d.memory_bytes}")
+        if d.gpu_type:
+            _name(d.gpu_type, f"{where}.gpu_type")
+    indexes = [d.index for d in devices]
+    if len(set(indexes)) != len(indexes):
+        raise invalid("devices", f"device indexes must be unique, got {indexes[:MAX_DEVICES]}")
+
+
+def check_address(address: str) -> None:
+    _text(address, "address", MAX_TEXT_CHARS)
+
+
+def check_assignment(a: ModelAssignment, field: str) -> None:
+    """One assignment's names and figures (the same rule on both sides)."""
+    _name(a.workload, f"{field}.workload")
+    _name(a.model, f"{field}.model")
+    if not 0 <= a.replica < MAX_REPLICAS:
+        raise invalid(f"{field}.replica", f"must be from 0 to {MAX_REPLICAS - 1}, got {a.replica}")
+    if not 0 <= a.device < MAX_DEVICES:
+        raise invalid(f"{field}.device", f"must be from 0 to {MAX_DEVICES - 1}, got {a.device}")
+    if not (math.isfinite(a.share_pct) and 0 < a.share_pct <= 100):
+        raise invalid(f"{field}.share_pct", f"must be more than 0 and at most 100, got {shown(a.share_pct)}")
+    if not 1 <= a.batch <= MAX_BATCH:
+        raise invalid(f"{field}.batch", f"must be from 1 to {MAX_BATCH}, got {a.batch}")
+    _figure(a.queue_delay_ms, f"{field}.queue_delay_ms", 0.0, MAX_QUEUE_DELAY_MS)
+    _figure(a.slo_ms, f"{field}.slo_ms", 0.0, MAX_SLO_MS)
+    _figure(a.rate_rps, f"{field}.rate_rps", 0.0, MAX_RATE_RPS)
+
+
+def check_report(r: HeartbeatReport) -> None:
+    """A heartbeat: bounded counts, valid names, finite figures, printable text."""
+    _count(r.running, "running", MAX_ASSIGNMENTS)
+    _count(r.observed, "observed", MAX_ASSIGNMENTS)
+    _count(r.errors, "errors", MAX_ASSIGNMENTS)
+    _count(r.events, "events", MAX_EVENTS)
+    for i, a in enumerate(r.running):
+        check_assignment(a, f"running[{i}]")
+    for i, o in enumerate(r.observed):
+        _check_observation(o, f"observed[{i}]")
+    for i, e in enumerate(r.errors):
+        _key(e.key, f"errors[{i}].key")
+        _text(e.message, f"errors[{i}].message", MAX_MESSAGE_CHARS)
+    for i, text in enumerate(r.events):
+        _text(text, f"events[{i}]", MAX_EVENT_CHARS)
+    for name in ("applied_revision", "errors_revision"):
+        if getattr(r, name) < 0:
+            raise invalid(name, f"must be >= 0, got {getattr(r, name)}")
+
+
+def _key(key: str, field: str) -> None:
+    try:
+        replica = Replica.parse(key)
+    except ValueError:
+        raise invalid(field, f"must be an assignment key (name#replica), got {shown(key)}") from None
+    _name(replica.workload, field)
+
+
+def _check_observation(o: Observation, field: str) -> None:
+    _key(o.key, f"{field}.key")
+    _name(o.model, f"{field}.model")
+    for name in ("request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success"):
+        _figure(getattr(o, name), f"{field}.{name}")
+    _text(o.endpoint, f"{field}.endpoint", MAX_TEXT_CHARS)
+
+
+# ---------------------------------------------------------------- the agent checks the controller
+
+
+def assignment_problems(assignments: Sequence[ModelAssignment]) -> list[AssignmentError]:
+    """Why assignments sent by a controller cannot be run as they are: one error per refused key (empty when
+    all are fine). Names and figures follow `check_assignment`; keys must be unique; the list is bounded.
+    Whether they fit the node's devices is the fleet's own check (`agents.triton.overcommit_problems`)."""
+    problems: list[AssignmentError] = []
+    if len(assignments) > MAX_ASSIGNMENTS:
+        return [
+            AssignmentError(REFUSED_KEY, f"{len(assignments)} assignments, more than the {MAX_ASSIGNMENTS} allowed")
+        ]
+    seen: set[str] = set()
+    for i, a in enumerate(assignments):
+        try:
+            check_assignment(a, f"assignments[{i}]")
+        except ValueError as err:
+            problems.append(AssignmentError(_safe_key(a), f"refused: {err}"))
+            continue
+        if a.key in seen:
+            problems.append(AssignmentError(a.key, "refused: the assignment key appears twice"))
+        seen.add(a.key)
+    return problems
+
+
+def _safe_key(a: ModelAssignment) -> str:
+    """The key of an assignment to report it by, or a stand-in when its name is not safe to echo."""
+    return a.key if not name_problem(a.workload) and 0 <= a.replica < MAX_REPLICAS else REFUSED_KEY
