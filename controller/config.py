@@ -70,6 +70,21 @@ class ServiceConfig:
     failed_device_block_s: float = check.setting(
         120.0, check.POSITIVE_SECONDS, "a device where every assignment failed to start leaves the inventory this long"
     )
+    partition_fraction: float = check.setting(
+        0.5,
+        check.FRACTION,
+        "when more than this fraction of the nodes fall silent together, the plan is held (a network or "
+        "controller fault is assumed) instead of re-planning their workloads",
+    )
+    solver_budget_s: float = check.setting(
+        30.0,
+        check.NON_NEGATIVE,
+        "longest one solver run may take (a killable worker process); a workload that cannot be planned "
+        "within it is pending with the reason (0 = solve in the controller process, without a budget)",
+    )
+    solver_memory_mib: int = check.setting(
+        4096, check.whole_at_least(256), "memory limit of the solver worker process (MiB)"
+    )
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
@@ -163,9 +178,11 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the controller config ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (offset {err.start}); save the config as UTF-8") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
 

@@ -12,7 +12,7 @@ import contract holds it). It depends on nothing heavy: dataclasses and
   `HeartbeatReport`, `HeartbeatAnswer`: registration and the heartbeat;
 - the errors the API answers with (`InvalidArgument`, `NotFound`,
   `FailedPrecondition`) and the ones a client meets on the way
-  (`Unavailable`, `Unauthenticated`), all under `ApiError`.
+  (`Unavailable`, `Unauthenticated`, `PermissionDenied`), all under `ApiError`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoke.errors import InputError, StokeError
+from stoke.names import name_problem
 
-#: Longest workload, model, GPU type or node name.
-NAME_MAX = 128
 #: Separates the workload name from the replica index in a `Replica` key.
 REPLICA_SEPARATOR = "#"
 
@@ -55,20 +54,23 @@ class Unauthenticated(ApiError):
     """The controller refused the token."""
 
 
+class PermissionDenied(ApiError):
+    """The token is valid but may not make this call (a user token on the agent API, an agent token on
+    another node's behalf or on the user API)."""
+
+
 def invalid(field: str, problem: str) -> InvalidArgument:
     """The error for a bad request field, worded ``field: problem``."""
     return InvalidArgument(f"{field}: {problem}", field)
 
 
 def check_name(value: Any, field: str) -> str:
-    """A workload, model, GPU type or node name, stripped; refuses what would break a `Replica` key."""
-    if not isinstance(value, str) or not value.strip():
-        raise invalid(field, "must be a non-empty string")
-    name: str = value.strip()
-    # '#' separates a replica in assignment keys; ':' separated an error from its key on the wire
-    if len(name) > NAME_MAX or any(c.isspace() or c in "#:/\\" for c in name):
-        raise invalid(field, f"{name!r} must be at most {NAME_MAX} characters without spaces, '#', ':', '/' or '\\'")
-    return name
+    """A workload, model, GPU type or node name, stripped; the rule is `stoke.names` (shared with the agent)."""
+    name = value.strip() if isinstance(value, str) else value
+    problem = name_problem(name)
+    if problem:
+        raise invalid(field, problem)
+    return str(name)
 
 
 # ---------------------------------------------------------------- assignments
@@ -188,3 +190,6 @@ class HeartbeatAnswer:
     revision: int = 0
     assignments: tuple[ModelAssignment, ...] = ()
     heartbeat_interval_s: float = 0.0
+    #: True: keep running what runs and ignore `assignments` (the controller is re-planning with this node
+    #: back); never read as "stop everything"
+    hold: bool = False

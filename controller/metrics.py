@@ -7,7 +7,8 @@ scrape time by a collector, so there is no second copy of the state:
   stoke_workload_planned_share_pct (sum over replicas), stoke_workload_planned_batch
   (largest replica batch), stoke_workload_slo_attainment.
 Cluster: stoke_gpus_in_use, stoke_plan_cost_per_hour, stoke_plan_revision,
-  stoke_nodes{state}.
+  stoke_nodes{state} (ready, lost, silent), stoke_plan_held (1 while most nodes are silent together and
+  the plan is held: alert on it).
 Durations and errors (fed by the service through the Observer protocol):
   stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
   (histogram), stoke_reconcile_errors_total (counter).
@@ -75,7 +76,13 @@ class _StateCollector(Collector):
         nodes = GaugeMetricFamily("stoke_nodes", "Nodes by state", labels=["state"])
         nodes.add_metric(["ready"], status.nodes_ready)
         nodes.add_metric(["lost"], status.nodes_lost)
+        nodes.add_metric(["silent"], status.nodes_silent)
         yield nodes
+        yield GaugeMetricFamily(
+            "stoke_plan_held",
+            "1 while the plan is held because most nodes fell silent together (alert on it)",
+            value=1.0 if status.alerts else 0.0,
+        )
 
 
 class ControllerMetrics:

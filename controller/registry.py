@@ -9,6 +9,22 @@ are "waiting" (`restore`: their slots stay in the inventory) until they
 register again or miss twice the heartbeat timeout, so a restart does not
 reshuffle anything.
 
+Silence is measured on the monotonic `tick` clock (a wall-clock step changes
+nothing), and only while this controller runs: `watch_clock` notices when the
+process itself did not run for longer than `pause_threshold_s` (SIGSTOP, a
+suspended VM, a stalled loop) and silence then counts from the moment it
+resumed, so a paused controller never concludes that its nodes died. When
+more than `partition_fraction` of the nodes fall silent at once (past the
+timeout, or missing their last two heartbeats when the first one is), a
+controller-side or network fault is far likelier than that many node
+failures: they are marked "silent", their slots stay in the inventory (the
+plan is held) and `alerts()` says so; they become lost only once the silent
+share drops to the fraction or below. A node that comes back after being lost
+is held (`awaiting_plan`: its heartbeat answer says "keep what you run")
+until a reconcile pass that observed it back has planned, so it never
+receives a cut that was made while it was away (`returns` counts the
+returns, so the order of a return and a pass's observation is exact).
+
 Failures come back as constraints: when a node reports that every
 assignment of one of its devices failed to start, that device leaves the
 inventory for `failed_device_block_s` and the next solve places its
@@ -20,6 +36,8 @@ Every change that needs a reconcile calls `on_change`. Thread-safe.
 from __future__ import annotations
 
 import collections
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,21 +54,25 @@ from controller.messages import (
 )
 from controller.reconcile.slots import Binding
 
+log = logging.getLogger("stoke.controller.nodes")
+
 
 @dataclass
 class NodeState:
     node_id: str
     devices: tuple[NodeDevice, ...]
     address: str = ""
-    state: str = "ready"  # ready | lost | waiting
-    last_heartbeat: float = 0.0
+    state: str = "ready"  # ready | lost | waiting | silent
+    last_heartbeat: float = 0.0  # wall clock (unix), for people
+    last_seen: float = 0.0  # tick (monotonic) of the last heartbeat or registration: liveness
+    returned_at: int = 0  # `NodeRegistry.returns` count when it came back after being lost (0: never)
     running: tuple[ModelAssignment, ...] = ()
     observed: dict[str, Observation] = field(default_factory=dict)
     endpoints: dict[str, ServingEndpoint] = field(default_factory=dict)
     events: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
     errors: tuple[AssignmentError, ...] = ()
     applied_revision: int = 0
-    blocked: dict[int, float] = field(default_factory=dict)  # device index -> blocked until (clock)
+    blocked: dict[int, float] = field(default_factory=dict)  # device index -> blocked until (tick)
     registered: bool = True  # False while its devices are only known from the stored plan
 
 
@@ -78,22 +100,63 @@ def stamp(now: float) -> str:
 
 
 class NodeRegistry:
-    def __init__(self, config: ServiceConfig, clock: Callable[[], float], on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+        tick: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
-        self.clock = clock
+        self.clock = clock  # wall clock (unix seconds): what people read
+        self.tick = tick  # monotonic: every duration (silence, blocks, pauses)
         self._on_change = on_change
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
+        self._last_tick: float | None = None
+        self.resumed_at = -math.inf  # tick at which this process last resumed after a pause
+        self.pauses = 0
+        self.returns = 0  # counts nodes coming back after being lost (orders returns against plans)
+        self._hold = ""  # why the plan is held ("" = not held)
+
+    @property
+    def pause_threshold_s(self) -> float:
+        """A gap between two clock watches longer than this means the controller did not run.
+
+        Half the slack between timeout and interval, at most one interval: a pause too short to be
+        noticed cannot make a node look silent for the timeout on its own."""
+        c = self.config
+        return min(c.heartbeat_interval_s, (c.heartbeat_timeout_s - c.heartbeat_interval_s) / 2)
+
+    def watch_clock(self) -> float:
+        """One tick of the pause watch (the server calls it often; `check_nodes` too); returns the gap."""
+        now = self.tick()
+        with self._lock:
+            gap = 0.0 if self._last_tick is None else now - self._last_tick
+            self._last_tick = now
+            if gap <= self.pause_threshold_s:
+                return gap
+            self.resumed_at = now
+            self.pauses += 1
+            for node in self._nodes.values():
+                node.events.append(f"{stamp(self.clock())} controller resumed after {gap:.1f}s not running")
+        log.warning(
+            "this controller did not run for %.1fs (paused, suspended or stalled); silence of the nodes "
+            "counts from now, none is marked lost for it",
+            gap,
+        )
+        return gap
 
     def restore(self, bindings: Iterable[Binding | None]) -> None:
         """The nodes of the applied plan, after a restart: waiting for them before re-planning."""
-        now = self.clock()
+        now, seen = self.clock(), self.tick()
         with self._lock:
             for b in bindings:
                 if b is None:
                     continue
                 node = self._nodes.setdefault(
-                    b.node_id, NodeState(b.node_id, (), state="waiting", last_heartbeat=now, registered=False)
+                    b.node_id,
+                    NodeState(b.node_id, (), state="waiting", last_heartbeat=now, last_seen=seen, registered=False),
                 )
                 if all(d.index != b.device for d in node.devices):
                     device = NodeDevice(b.device, b.gpu_type, "unknown", gpu_type=b.gpu_type)
@@ -104,7 +167,7 @@ class NodeRegistry:
         resolved = tuple(
             sorted((replace(d, gpu_type=self.config.gpu_type_for(d)) for d in devices), key=lambda d: d.index)
         )
-        now = self.clock()
+        now, seen = self.clock(), self.tick()
         with self._lock:
             node = self._nodes.get(node_id)
             if node is None:
@@ -113,27 +176,35 @@ class NodeRegistry:
             else:
                 if node.state != "ready":
                     node.events.append(f"{stamp(now)} back ({node.state} before)")
+                if node.state == "lost":
+                    self.returns += 1
+                    node.returned_at = self.returns
                 node.devices = resolved
             node.address = address
             node.state = "ready"
             node.registered = True
-            node.last_heartbeat = now
+            node.last_heartbeat, node.last_seen = now, seen
         self._on_change()
 
     def heartbeat(self, report: HeartbeatReport, revision: int, assigned: Sequence[ModelAssignment]) -> bool:
         """Record a report; False when the node must register (unknown, or known only from the stored plan).
 
         `revision` and `assigned` are the applied plan's revision and this node's part of it."""
-        now = self.clock()
+        now, seen = self.clock(), self.tick()
         with self._lock:
             node = self._nodes.get(report.node_id)
             if node is None or not node.registered:
                 return False
             if node.state == "lost":
-                node.events.append(f"{stamp(now)} back after being lost")
+                node.events.append(f"{stamp(now)} back after being lost; held until the next plan")
                 node.state = "ready"
+                self.returns += 1
+                node.returned_at = self.returns
                 self._on_change()
-            node.last_heartbeat = now
+            elif node.state == "silent":
+                node.events.append(f"{stamp(now)} heard again after {seen - node.last_seen:.1f}s silent")
+                node.state = "ready"
+            node.last_heartbeat, node.last_seen = now, seen
             node.running = tuple(report.running)
             node.observed = {o.key: o for o in report.observed}
             node.endpoints = {e.key: e for e in report.endpoints}
@@ -143,8 +214,15 @@ class NodeRegistry:
             if report.errors_revision == revision:
                 # only errors of the current cut say something about its devices: errors of an
                 # older revision would block the device a workload has just been moved to
-                self._block_failed_devices(node, assigned, now)
+                self._block_failed_devices(node, assigned, seen)
             return True
+
+    def awaiting_plan(self, node_id: str, planned_at: int) -> bool:
+        """True while the node came back from lost after the last plan observed the registry (`returns` was
+        `planned_at` then): its cut was made while it was away, so it must keep what it runs until the next pass."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return node is not None and node.returned_at > planned_at
 
     def _block_failed_devices(self, node: NodeState, assigned: Sequence[ModelAssignment], now: float) -> None:
         """A device where every assignment failed to start leaves the inventory for `failed_device_block_s`."""
@@ -159,7 +237,7 @@ class NodeRegistry:
                 continue
             node.blocked[device] = now + block_s
             node.events.append(
-                f"{stamp(now)} device {device} blocked for {block_s:g}s: all {len(keys)} "
+                f"{stamp(self.clock())} device {device} blocked for {block_s:g}s: all {len(keys)} "
                 f"assignment(s) failed ({'; '.join(map(str, node.errors))[:300]})"
             )
             self._on_change()
@@ -171,24 +249,64 @@ class NodeRegistry:
             return {e.key: e for e in (node.errors if node else ())}
 
     def check_nodes(self) -> list[str]:
-        """Mark nodes lost that missed heartbeats for the timeout; returns their ids."""
-        now = self.clock()
-        lost = []
+        """Mark nodes lost that were silent for the timeout while this controller ran; returns their ids.
+
+        More than `partition_fraction` of the nodes silent at once: they are "silent" instead and the
+        plan is held (see the module docstring)."""
+        self.watch_clock()
+        now, wall = self.tick(), self.clock()
+        lost: list[str] = []
         with self._lock:
-            for node in self._nodes.values():
+            live = [n for n in self._nodes.values() if n.state != "lost"]
+            overdue, quiet = [], []
+            for node in live:
                 # nodes known only from the stored plan (after a restart) get twice the timeout to come back
                 limit = self.config.heartbeat_timeout_s * (2 if node.state == "waiting" else 1)
-                if node.state != "lost" and now - node.last_heartbeat > limit:
-                    node.state = "lost"
-                    node.events.append(f"{stamp(now)} lost: no heartbeat for {now - node.last_heartbeat:.1f}s")
-                    lost.append(node.node_id)
+                silence = now - max(node.last_seen, self.resumed_at)
+                if silence > limit:
+                    overdue.append(node)
+                # silenced at the same moment, nodes cross the timeout up to a heartbeat apart: those that
+                # missed their last two heartbeats count as falling silent together with the overdue ones
+                if silence > limit - min(2 * self.config.heartbeat_interval_s, limit / 2):
+                    quiet.append(node.node_id)
+            held = bool(overdue) and len(quiet) > self.config.partition_fraction * len(live)
+            for node in overdue:
+                silence = now - node.last_seen
+                if held:
+                    if node.state != "silent":
+                        node.events.append(f"{stamp(wall)} silent for {silence:.1f}s with most nodes: plan held")
+                        node.state = "silent"
+                    continue
+                node.events.append(f"{stamp(wall)} lost: no heartbeat for {silence:.1f}s")
+                node.state = "lost"
+                lost.append(node.node_id)
+            named = ", ".join(sorted(quiet)[:5]) + (", ..." if len(quiet) > 5 else "")
+            hold = (
+                f"{len(quiet)} of {len(live)} nodes fell silent together ({named}): a network or "
+                f"controller-side fault is likelier than "
+                f"that many node failures, so the plan is held and their workloads stay where they are; "
+                f"check the network between the controller and the nodes"
+                if held
+                else ""
+            )
+            started, ended = hold and not self._hold, self._hold and not hold
+            self._hold = hold
+        if started:
+            log.error("%s", hold)
+        elif ended:
+            log.warning("the plan is no longer held: %d node(s) heard again or marked lost", len(overdue))
         if lost:
             self._on_change()
         return lost
 
+    def alerts(self) -> tuple[str, ...]:
+        """What needs a person's attention now (the plan held for silent nodes)."""
+        with self._lock:
+            return (self._hold,) if self._hold else ()
+
     def views(self, cut: Mapping[str, tuple[ModelAssignment, ...]]) -> list[NodeView]:
         """Every node, sorted by id; `cut` is the applied plan per node (what each is assigned)."""
-        now = self.clock()
+        now = self.tick()
         with self._lock:
             return [
                 NodeView(
@@ -196,7 +314,7 @@ class NodeRegistry:
                     devices=n.devices,
                     state=n.state,
                     last_heartbeat_unix=n.last_heartbeat,
-                    seconds_since_heartbeat=max(0.0, now - n.last_heartbeat),
+                    seconds_since_heartbeat=max(0.0, now - n.last_seen),
                     assigned=cut.get(n.node_id, ()),
                     running=n.running,
                     events=tuple(n.events),
@@ -210,18 +328,19 @@ class NodeRegistry:
             ]
 
     def healthy_slots(self) -> tuple[Binding, ...]:
-        """The device slots of ready and waiting nodes that are not blocked, sorted (expired blocks lift)."""
-        now = self.clock()
+        """The device slots of ready, waiting and silent nodes that are not blocked, sorted (expired blocks
+        lift)."""
+        now = self.tick()
         with self._lock:
             for n in self._nodes.values():
                 for device, until in list(n.blocked.items()):
                     if until <= now:
                         del n.blocked[device]
-                        n.events.append(f"{stamp(now)} device {device} unblocked")
+                        n.events.append(f"{stamp(self.clock())} device {device} unblocked")
             slots = [
                 Binding(n.node_id, d.index, d.gpu_type or self.config.gpu_type_for(d))
                 for n in self._nodes.values()
-                if n.state in ("ready", "waiting")
+                if n.state in ("ready", "waiting", "silent")
                 for d in n.devices
                 if d.index not in n.blocked
             ]

@@ -19,17 +19,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controller.api import stoke_pb2, stoke_pb2_grpc
-from controller.api.auth import BearerTokenInterceptor, read_token, server_credentials
+from controller.api.auth import AuthInterceptor, is_loopback, read_token, server_credentials
 from controller.api.handlers import AgentHandlers, ControllerHandlers
 from controller.config import ConfigError, ControllerConfig
+from controller.identity import Verifier
 from controller.messages import InvalidArgument
 from controller.metrics import ControllerMetrics
+from controller.reconcile.budget import close_worker
 from controller.service import ControlService
 from controller.solver import solve
-from controller.store import Store
+from controller.store import DatabaseError, Store
 
 log = logging.getLogger("stoke.controller")
 SERVICES = ("", "stoke.v1.StokeController", "stoke.v1.AgentGateway")
+#: Largest request the server accepts (bytes); larger ones are refused by gRPC before any handler runs.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 class ControllerServer:
@@ -50,15 +54,23 @@ class ControllerServer:
             log.warning(
                 "no token (token_file / $STOKE_TOKEN): the API is open to anyone who can reach %s", config.listen
             )
+        elif config.tls is None and not is_loopback(config.listen):
+            log.warning(
+                "tokens travel in clear text: %s is not a loopback address and TLS is off; set tls in the config",
+                config.listen,
+            )
         self.store = Store(config.db)
         self.metrics = ControllerMetrics()
         self.service = ControlService(self.store, config.service, clock=clock, solver=solver, observer=self.metrics)
         self.metrics.attach(self.service)
         self._upload_profiles()
-        interceptors = [BearerTokenInterceptor(token)] if token else []
+        interceptors = (
+            [AuthInterceptor(Verifier(token, self.service.agent_key, self.service.token_generation))] if token else []
+        )
         self.grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stoke-rpc"),
             interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
         )
         self.port = self._serve_grpc()
         self.address = f"{config.listen.rsplit(':', 1)[0]}:{self.port}"
@@ -66,6 +78,7 @@ class ControllerServer:
         self._metrics_server: Any = None
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile_loop, name="stoke-reconcile", daemon=True)
+        self._watch = threading.Thread(target=self._watch_clock, name="stoke-clock", daemon=True)
 
     def _upload_profiles(self) -> None:
         for source in self.config.profiles:
@@ -79,6 +92,8 @@ class ControllerServer:
                 self.service.upload_profile(text, source.gpu_type)
             except InvalidArgument as err:
                 raise ConfigError(f"{source.path}: {err}", "profiles") from None
+            except DatabaseError as err:  # the database's fault, not the profile's: name the database
+                raise ConfigError(f"{err} (while storing the profile {source.path})", "db") from None
 
     def _serve_grpc(self) -> int:
         stoke_pb2_grpc.add_StokeControllerServicer_to_server(ControllerHandlers(self.service), self.grpc)
@@ -116,6 +131,7 @@ class ControllerServer:
         for name in SERVICES:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._loop.start()
+        self._watch.start()
         log.info(
             "controller on %s (auth %s, tls %s), metrics on %s",
             self.address,
@@ -125,9 +141,27 @@ class ControllerServer:
         )
         return self
 
+    def _watch_clock(self) -> None:
+        """Notice when this process did not run (SIGSTOP, suspend): see `NodeRegistry.watch_clock`."""
+        period = self.service.nodes.pause_threshold_s / 4
+        while not self._stop.wait(period):
+            self.service.nodes.watch_clock()
+
     def _reconcile_loop(self) -> None:
         tick = min(self.config.reconcile_interval_s, self.config.service.heartbeat_timeout_s / 4)
+        broken = False
         while not self._stop.is_set():
+            try:
+                self.store.check()
+            except DatabaseError as err:
+                if not broken:  # once, loudly; every API call says it too
+                    log.error("%s", err)
+                    for name in SERVICES:
+                        self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+                    self.service.reconciler.last_error = str(err)
+                broken = True
+                self.service.wait_for_change(tick)
+                continue
             try:
                 outcome = self.service.reconcile()
                 if outcome is not None and outcome.changed:
@@ -152,6 +186,9 @@ class ControllerServer:
         self.grpc.stop(grace_s).wait()
         if self._loop.is_alive():
             self._loop.join(timeout=30)
+        if self._watch.is_alive():
+            self._watch.join(timeout=5)
+        close_worker()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -61,10 +61,16 @@ class ClusterStatus:
     nodes_ready: int
     nodes_lost: int
     last_error: str
+    nodes_silent: int = 0  # silent together with most nodes: the plan is held for them
+    alerts: tuple[str, ...] = ()  # what needs a person now (the plan held, ...)
 
 
 def cluster_status(
-    applied: PlanView | None, workloads: Sequence[Workload], nodes: Sequence[NodeView], last_error: str
+    applied: PlanView | None,
+    workloads: Sequence[Workload],
+    nodes: Sequence[NodeView],
+    last_error: str,
+    alerts: Sequence[str] = (),
 ) -> ClusterStatus:
     by_id = {n.node_id: n for n in nodes}
     replicas = planned_replicas(applied, by_id) if applied else {}
@@ -79,6 +85,8 @@ def cluster_status(
         nodes_ready=sum(1 for n in nodes if n.state == "ready"),
         nodes_lost=sum(1 for n in nodes if n.state == "lost"),
         last_error=last_error,
+        nodes_silent=sum(1 for n in nodes if n.state == "silent"),
+        alerts=tuple(alerts),
     )
 
 
@@ -139,8 +147,10 @@ def workload_state(
     """(state, reason); see the module docstring."""
     if not replicas:
         return "pending", pending.get(w.name, "not planned yet")
-    if any(r.node_id not in nodes or nodes[r.node_id].state != "ready" for r in replicas):
-        return "degraded", "a node of this workload is not ready"
+    down = [r.node_id for r in replicas if r.node_id not in nodes or nodes[r.node_id].state != "ready"]
+    if down:
+        state = nodes[down[0]].state if down[0] in nodes else "unknown"
+        return "degraded", f"a node of this workload is not ready ({down[0]}: {state})"
     if w.name in pending:  # some replicas placed, the rest could not be
         return "degraded", pending[w.name]
     if all(r.serving for r in replicas):

@@ -6,26 +6,43 @@ Tables
   kept per (GPU type, model) so uploads merge model by model;
 - ``plans``: every applied plan with its revision (autoincrement), the plan
   JSON (`controller.solver.plan_to_dict`) and the binding of each plan GPU to a
-  (node, device, gpu_type) slot.
+  (node, device, gpu_type) slot;
+- ``agent_tokens``: the current token generation of each node (`controller.identity`),
+  and in ``meta`` the secret key agent tokens are signed with (created on first
+  use). The database file is therefore a secret: it is created 0600.
 
 Actual state (nodes, what runs) is not stored: it is rebuilt from the agents'
 reports after a restart. Every multi-row change runs in one transaction, so a
 bad request stores nothing.
+
+Nothing is lost silently: every call first checks that the file at `path` is
+still the one that was opened (same device and inode). A database deleted or
+replaced under a running controller would otherwise take every later write
+into an unlinked file, gone at the next start; instead every call from then
+on raises `DatabaseError` saying so. SQLite errors (a read-only file, a full
+disk) come back as `DatabaseError` naming the database file. A stored
+workload row that no longer passes the checks (written by an older version)
+is returned apart by `workload_rows`, so it cannot stop the planning of the
+others.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controller.reconcile.slots import Binding
 from controller.solver import Workload
-from stoke.errors import StokeError
+from stoke.errors import InputError, StokeError
+from stoke.names import shown
 
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
@@ -41,6 +58,8 @@ CREATE TABLE IF NOT EXISTS gpu_profiles (
 CREATE TABLE IF NOT EXISTS model_profiles (
     gpu_type TEXT NOT NULL, model TEXT NOT NULL, model_json TEXT NOT NULL, uploaded_unix REAL NOT NULL,
     PRIMARY KEY (gpu_type, model));
+CREATE TABLE IF NOT EXISTS agent_tokens (
+    node_id TEXT PRIMARY KEY, generation INTEGER NOT NULL, minted_unix REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS plans (
     revision INTEGER PRIMARY KEY AUTOINCREMENT, plan_json TEXT NOT NULL, bindings_json TEXT NOT NULL,
     pending_json TEXT NOT NULL, created_unix REAL NOT NULL);
@@ -73,7 +92,15 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                # it holds the key agent tokens are signed with: readable by the controller's user only
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            except OSError as err:
+                raise DatabaseError(
+                    f"{self.path}: cannot open the controller database for writing ({err.strerror}); make the file "
+                    f"and its directory writable by the controller, or point db at another path"
+                ) from None
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -90,14 +117,63 @@ class Store:
         except sqlite3.Error as err:
             raise DatabaseError(f"{self.path}: cannot open the controller database ({err})") from None
         self._lock = threading.Lock()
+        self._identity = self._file_identity()
+        self._broken = ""  # why every call fails from now on ("" = fine)
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        if self.path == ":memory:":
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return (-1, -1)
+        return (st.st_dev, st.st_ino)
+
+    def check(self) -> None:
+        """Raise `DatabaseError` when the file was deleted or replaced since it was opened."""
+        with self._lock:
+            self._check()
+
+    def _check(self) -> None:
+        if self._broken:
+            raise DatabaseError(self._broken)
+        if self._identity is None:
+            return
+        now = self._file_identity()
+        if now != self._identity:
+            what = "deleted" if now == (-1, -1) else "replaced by another file"
+            self._broken = (
+                f"{self.path}: the controller database was {what} while the controller ran; it refuses every "
+                f"read and write from now on, since they would go to the old, unlinked file and be lost at the "
+                f"next start. Put the file back (or restore it from a backup) and restart the controller"
+            )
+            raise DatabaseError(self._broken)
+
+    @contextmanager
+    def _use(self, action: str) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock, after the file check; SQLite errors become `DatabaseError`."""
+        with self._lock:
+            self._check()
+            try:
+                yield self._db
+            except sqlite3.Error as err:
+                raise DatabaseError(
+                    f"{self.path}: cannot {action} the controller database ({err}); check that the file and "
+                    f"its directory are writable by the controller and the disk has room"
+                ) from None
+
+    def _transaction(self, db: sqlite3.Connection, commit: bool = True) -> Any:
+        """BEGIN IMMEDIATE ... COMMIT (ROLLBACK when not `commit`: a dry run), rolled back on any error."""
+        return _Transaction(db, commit)
 
     def journal_mode(self) -> str:
-        with self._lock:
-            return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+        with self._use("read") as db:
+            return str(db.execute("PRAGMA journal_mode").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._broken = self._broken or f"{self.path}: the controller database is closed"
 
     # ------------------------------------------------------------ workloads
 
@@ -108,68 +184,73 @@ class Store:
 
         `dry_run`: the same transaction, rolled back (nothing stored)."""
         created, updated, unchanged = [], [], []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for w in workloads:
-                    row = self._db.execute(
-                        "SELECT model, slo_ms, rate_rps, gpu_type FROM workloads WHERE name=?", (w.name,)
-                    ).fetchone()
-                    values = (w.model, float(w.slo_ms), float(w.rate_rps), w.gpu_type)
-                    if row is None:
-                        created.append(w.name)
-                    elif tuple(row) == values:
-                        unchanged.append(w.name)
-                        continue
-                    else:
-                        updated.append(w.name)
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)", (w.name, *values, now)
-                    )
-                self._db.execute("ROLLBACK" if dry_run else "COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._use("write") as db, self._transaction(db, commit=not dry_run):
+            for w in workloads:
+                row = db.execute(
+                    "SELECT model, slo_ms, rate_rps, gpu_type FROM workloads WHERE name=?", (w.name,)
+                ).fetchone()
+                values = (w.model, float(w.slo_ms), float(w.rate_rps), w.gpu_type)
+                if row is None:
+                    created.append(w.name)
+                elif tuple(row) == values:
+                    unchanged.append(w.name)
+                    continue
+                else:
+                    updated.append(w.name)
+                db.execute("INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)", (w.name, *values, now))
         return created, updated, unchanged
 
     def delete_workload(self, name: str) -> bool:
-        with self._lock:
-            cur = self._db.execute("DELETE FROM workloads WHERE name=?", (name,))
+        with self._use("write") as db:
+            cur = db.execute("DELETE FROM workloads WHERE name=?", (name,))
             return cur.rowcount > 0
 
+    def has_workload(self, name: str) -> bool:
+        with self._use("read") as db:
+            return db.execute("SELECT 1 FROM workloads WHERE name=?", (name,)).fetchone() is not None
+
     def workloads(self) -> tuple[Workload, ...]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT name, model, slo_ms, rate_rps, gpu_type FROM workloads ORDER BY name"
-            ).fetchall()
-        return tuple(Workload(name=r[0], model=r[1], slo_ms=r[2], rate_rps=r[3], gpu_type=r[4]) for r in rows)
+        """The stored workloads that pass the checks (see `workload_rows`)."""
+        return self.workload_rows()[0]
+
+    def workload_rows(self) -> tuple[tuple[Workload, ...], tuple[tuple[str, str], ...]]:
+        """(the stored workloads, [(name as shown, why)] of the rows that fail today's checks)."""
+        with self._use("read") as db:
+            rows = db.execute("SELECT name, model, slo_ms, rate_rps, gpu_type FROM workloads ORDER BY name").fetchall()
+        good, bad = [], []
+        for r in rows:
+            try:
+                good.append(Workload(name=r[0], model=r[1], slo_ms=r[2], rate_rps=r[3], gpu_type=r[4]))
+            except InputError as err:
+                bad.append(
+                    (
+                        r[0] if isinstance(r[0], str) and r[0].isprintable() and len(r[0]) <= 200 else shown(r[0]),
+                        f"the stored row fails the checks ({err}); apply it again with valid fields or "
+                        f"delete it (`stoke workload rm`)",
+                    )
+                )
+        return tuple(good), tuple(bad)
 
     # ------------------------------------------------------------ profiles
 
     def put_profile(self, gpu_type: str, gpu: dict[str, Any], models: dict[str, dict[str, Any]], now: float) -> None:
         """Store a GPU type's coefficients and upsert its models (one transaction)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO gpu_profiles VALUES (?, ?, ?)",
-                    (gpu_type, json.dumps(gpu, sort_keys=True), now),
+        with self._use("write") as db, self._transaction(db):
+            db.execute(
+                "INSERT OR REPLACE INTO gpu_profiles VALUES (?, ?, ?)",
+                (gpu_type, json.dumps(gpu, sort_keys=True), now),
+            )
+            for model, data in models.items():
+                db.execute(
+                    "INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)",
+                    (gpu_type, model, json.dumps(data, sort_keys=True), now),
                 )
-                for model, data in models.items():
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)",
-                        (gpu_type, model, json.dumps(data, sort_keys=True), now),
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
 
     def profile_dicts(self) -> dict[str, dict[str, Any]]:
         """{gpu_type: {"gpu": {...}, "models": {model: {...}}}}: the stored fitted profiles."""
-        with self._lock:
-            gpus = self._db.execute("SELECT gpu_type, gpu_json FROM gpu_profiles ORDER BY gpu_type").fetchall()
-            models = self._db.execute(
+        with self._use("read") as db:
+            gpus = db.execute("SELECT gpu_type, gpu_json FROM gpu_profiles ORDER BY gpu_type").fetchall()
+            models = db.execute(
                 "SELECT gpu_type, model, model_json FROM model_profiles ORDER BY gpu_type, model"
             ).fetchall()
         out: dict[str, dict[str, Any]] = {g: {"gpu": json.loads(text), "models": {}} for g, text in gpus}
@@ -179,11 +260,34 @@ class Store:
         return out
 
     def profile_rows(self) -> list[ProfileRow]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._use("read") as db:
+            rows = db.execute(
                 "SELECT gpu_type, model, uploaded_unix FROM model_profiles ORDER BY model, gpu_type"
             ).fetchall()
         return [ProfileRow(*r) for r in rows]
+
+    # ------------------------------------------------------------ agent credentials
+
+    def agent_key(self) -> bytes:
+        """The secret agent tokens are signed with; created on first use."""
+        with self._use("write") as db, self._transaction(db):
+            row = db.execute("SELECT value FROM meta WHERE key='agent_key'").fetchone()
+            if row is None:
+                row = (secrets.token_hex(32),)
+                db.execute("INSERT INTO meta VALUES ('agent_key', ?)", row)
+        return bytes.fromhex(row[0])
+
+    def token_generations(self) -> dict[str, int]:
+        with self._use("read") as db:
+            return {str(n): int(g) for n, g in db.execute("SELECT node_id, generation FROM agent_tokens")}
+
+    def next_token_generation(self, node_id: str, now: float) -> int:
+        """Start a new token generation for `node_id` (revoking the one before); returns it."""
+        with self._use("write") as db, self._transaction(db):
+            row = db.execute("SELECT generation FROM agent_tokens WHERE node_id=?", (node_id,)).fetchone()
+            generation = (int(row[0]) if row else 0) + 1
+            db.execute("INSERT OR REPLACE INTO agent_tokens VALUES (?, ?, ?)", (node_id, generation, now))
+        return generation
 
     # ------------------------------------------------------------ plans
 
@@ -197,39 +301,62 @@ class Store:
     ) -> int:
         """Store a new applied plan; returns its revision. Only the last `keep` revisions are kept."""
         bindings_json = json.dumps([None if b is None else [b.node_id, b.device, b.gpu_type] for b in bindings])
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                cur = self._db.execute(
-                    "INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) VALUES (?, ?, ?, ?)",
-                    (json.dumps(plan, sort_keys=True), bindings_json, json.dumps([list(p) for p in pending]), now),
-                )
-                revision = int(cur.lastrowid or 0)  # AUTOINCREMENT: always set after an INSERT
-                self._db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            return revision
+        with self._use("write") as db, self._transaction(db):
+            cur = db.execute(
+                "INSERT INTO plans (plan_json, bindings_json, pending_json, created_unix) VALUES (?, ?, ?, ?)",
+                (json.dumps(plan, sort_keys=True), bindings_json, json.dumps([list(p) for p in pending]), now),
+            )
+            revision = int(cur.lastrowid or 0)  # AUTOINCREMENT: always set after an INSERT
+            db.execute("DELETE FROM plans WHERE revision <= ?", (revision - keep,))
+        return revision
 
     def latest_plan(self) -> StoredPlan | None:
-        with self._lock:
-            row = self._db.execute(
+        """The last applied plan; `DatabaseError` naming the revision when its row cannot be read."""
+        with self._use("read") as db:
+            row = db.execute(
                 "SELECT revision, plan_json, bindings_json, pending_json, created_unix "
                 "FROM plans ORDER BY revision DESC LIMIT 1"
             ).fetchone()
         if row is None:
             return None
-        bindings = tuple(None if b is None else Binding(str(b[0]), int(b[1]), str(b[2])) for b in json.loads(row[2]))
-        pending = tuple((str(p[0]), str(p[1])) for p in json.loads(row[3]))
-        return StoredPlan(
-            revision=int(row[0]),
-            plan=json.loads(row[1]),
-            bindings=bindings,
-            pending=pending,
-            created_unix=float(row[4]),
-        )
+        try:
+            plan = json.loads(row[1])
+            bindings = tuple(
+                None if b is None else Binding(str(b[0]), int(b[1]), str(b[2])) for b in json.loads(row[2])
+            )
+            pending = tuple((str(p[0]), str(p[1])) for p in json.loads(row[3]))
+            if not isinstance(plan, dict):
+                raise TypeError(f"the plan is a JSON {type(plan).__name__}, not an object")
+            return StoredPlan(
+                revision=int(row[0]), plan=plan, bindings=bindings, pending=pending, created_unix=float(row[4])
+            )
+        except (ValueError, TypeError, IndexError, KeyError, RecursionError) as err:
+            raise DatabaseError(
+                f"{self.path}: stored plan revision {row[0]} cannot be read ({type(err).__name__}: "
+                f"{shown(str(err), 200)})"
+            ) from None
 
     def plan_count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
+        with self._use("read") as db:
+            return int(db.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE on enter; COMMIT on a clean exit, ROLLBACK on any error."""
+
+    def __init__(self, db: sqlite3.Connection, commit: bool = True) -> None:
+        self.db = db
+        self.commit = commit
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if kind is None:
+            self.db.execute("COMMIT" if self.commit else "ROLLBACK")
+        else:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

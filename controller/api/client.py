@@ -9,6 +9,7 @@ with one readable line.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import grpc
 from controller.api import convert
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
-from controller.api.auth import channel_credentials
+from controller.api.auth import channel_credentials, is_loopback
 from controller.messages import (
     ApiError,
     FailedPrecondition,
@@ -27,19 +28,41 @@ from controller.messages import (
     ModelAssignment,
     NodeDevice,
     NotFound,
+    PermissionDenied,
     Unauthenticated,
     Unavailable,
 )
 from controller.solver import Workload
 
+log = logging.getLogger("stoke.client")
 _ERRORS: dict[Any, type[ApiError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
 }
+#: Substrings of gRPC's UNAVAILABLE details that mean TLS on one side only, not an unreachable controller
+#: (checked against a real server: a plaintext client meets "Socket closed", a TLS one a failed handshake).
+_PLAIN_TO_TLS = ("Socket closed", "Connection reset")
+_TLS_TO_PLAIN = ("handshake", "SSL_ERROR", "WRONG_VERSION_NUMBER")
+
+
+def unavailable_detail(address: str, detail: str, tls: bool) -> str:
+    """The one line for an UNAVAILABLE answer: unreachable, or (likely) TLS on one side only."""
+    if tls and any(m in detail for m in _TLS_TO_PLAIN):
+        return (
+            f"controller at {address} did not complete a TLS handshake ({detail}); it may serve plaintext: "
+            f"drop --tls/--tls-ca, or check the CA"
+        )
+    if not tls and any(m in detail for m in _PLAIN_TO_TLS) and "Connection refused" not in detail:
+        return (
+            f"controller at {address} closed the connection ({detail}); it may serve TLS: pass --tls-ca FILE "
+            f"(or --tls for the system's roots)"
+        )
+    return f"controller at {address} is unreachable ({detail})"
 
 
 class ControllerClient:
@@ -54,10 +77,17 @@ class ControllerClient:
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        if tls or tls_ca:
+        self.tls = bool(tls or tls_ca)
+        if self.tls:
             self._channel = grpc.secure_channel(address, channel_credentials(tls_ca))
         else:
             self._channel = grpc.insecure_channel(address)
+            if token and not is_loopback(address):
+                log.warning(
+                    "sending the token to %s without TLS: anyone on the path can read it; pass --tls-ca FILE "
+                    "(or --tls)",
+                    address,
+                )
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._ctl = pb_grpc.StokeControllerStub(self._channel)
         self._agent = pb_grpc.AgentGatewayStub(self._channel)
@@ -79,7 +109,7 @@ class ControllerClient:
             detail = err.details() if hasattr(err, "details") else str(err)
             cls = _ERRORS.get(code, ApiError)
             if cls is Unavailable:
-                detail = f"controller at {self.address} is unreachable ({detail})"
+                detail = unavailable_detail(self.address, detail, self.tls)
             raise cls(detail) from None
 
     # ------------------------------------------------------------ users
@@ -120,6 +150,9 @@ class ControllerClient:
 
     def list_profiles(self) -> pb.ListProfilesResponse:
         return self._call(self._ctl.ListProfiles, pb.ListProfilesRequest())
+
+    def mint_agent_token(self, node_id: str) -> pb.MintAgentTokenResponse:
+        return self._call(self._ctl.MintAgentToken, pb.MintAgentTokenRequest(node_id=node_id))
 
     # ------------------------------------------------------------ agents
 

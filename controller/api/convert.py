@@ -147,6 +147,7 @@ def answer_to_pb(a: HeartbeatAnswer) -> pb.HeartbeatResponse:
         revision=a.revision,
         assignments=[assignment_to_pb(x) for x in a.assignments],
         heartbeat_interval_s=a.heartbeat_interval_s,
+        hold=a.hold,
     )
 
 
@@ -156,4 +157,5 @@ def answer_from_pb(m: pb.HeartbeatResponse) -> HeartbeatAnswer:
         revision=m.revision,
         assignments=tuple(assignment_from_pb(x) for x in m.assignments),
         heartbeat_interval_s=m.heartbeat_interval_s,
+        hold=m.hold,
     )

@@ -1,4 +1,8 @@
-"""Thin gRPC handlers: convert wire types, call `ControlService`, map its errors to status codes."""
+"""Thin gRPC handlers: convert wire types, call `ControlService`, map its errors to status codes.
+
+Every error detail is cut to `MAX_DETAIL` characters: gRPC carries it in a
+metadata trailer (16 KiB by default), and an echoed value must never push the
+real error out of it."""
 
 from __future__ import annotations
 
@@ -14,8 +18,16 @@ from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
 from controller.messages import FailedPrecondition, InvalidArgument, NotFound
 from controller.service import ControlService
+from controller.store import DatabaseError
 
 log = logging.getLogger("stoke.controller.api")
+#: Longest error detail sent back (characters).
+MAX_DETAIL = 4000
+
+
+def detail(text: str) -> str:
+    """`text` cut to `MAX_DETAIL` characters, saying so."""
+    return text if len(text) <= MAX_DETAIL else f"{text[: MAX_DETAIL - 40]}... ({len(text)} characters, cut)"
 
 
 def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,14 +36,17 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, request, context)
         except InvalidArgument as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail(str(err)))
         except NotFound as err:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+            context.abort(grpc.StatusCode.NOT_FOUND, detail(str(err)))
         except FailedPrecondition as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, detail(str(err)))
+        except DatabaseError as err:  # the store refuses: say why, it is the operator's to fix
+            log.error("%s failed: %s", fn.__name__, err)
+            context.abort(grpc.StatusCode.INTERNAL, detail(str(err)))
         except Exception as err:  # reported to the caller, logged here with its traceback
             log.exception("%s failed", fn.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+            context.abort(grpc.StatusCode.INTERNAL, detail(f"{type(err).__name__}: {err}"))
 
     return wrapper
 
@@ -91,6 +106,11 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
     @_rpc
     def ListProfiles(self, request, context):  # noqa: N802
         return pb.ListProfilesResponse(profiles=[views.profile_row_to_pb(r) for r in self.service.list_profiles()])
+
+    @_rpc
+    def MintAgentToken(self, request, context):  # noqa: N802
+        token, node_id, generation = self.service.mint_agent_token(request.node_id)
+        return pb.MintAgentTokenResponse(token=token, node_id=node_id, generation=generation)
 
 
 class AgentHandlers(pb_grpc.AgentGatewayServicer):

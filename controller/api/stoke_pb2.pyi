@@ -317,16 +317,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s")
+    __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s", "hold")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     registered: bool
     revision: int
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     heartbeat_interval_s: float
-    def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    hold: bool
+    def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("replica", "node_id", "device", "share_pct", "batch", "predicted_latency_ms", "serving", "observed", "observed_latency_ms", "observed_rate_rps", "endpoint", "http_endpoint", "metrics_endpoint", "backend")
@@ -393,7 +395,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("revision", "workloads", "gpus_in_use", "cost_per_hour", "nodes_ready", "nodes_lost", "last_error")
+    __slots__ = ("revision", "workloads", "gpus_in_use", "cost_per_hour", "nodes_ready", "nodes_lost", "last_error", "nodes_silent", "alerts")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     GPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +403,8 @@ class StatusResponse(_message.Message):
     NODES_READY_FIELD_NUMBER: _ClassVar[int]
     NODES_LOST_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODES_SILENT_FIELD_NUMBER: _ClassVar[int]
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
     revision: int
     workloads: _containers.RepeatedCompositeFieldContainer[WorkloadStatus]
     gpus_in_use: int
@@ -408,7 +412,9 @@ class StatusResponse(_message.Message):
     nodes_ready: int
     nodes_lost: int
     last_error: str
-    def __init__(self, revision: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[WorkloadStatus, _Mapping]]] = ..., gpus_in_use: _Optional[int] = ..., cost_per_hour: _Optional[float] = ..., nodes_ready: _Optional[int] = ..., nodes_lost: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+    nodes_silent: int
+    alerts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, revision: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[WorkloadStatus, _Mapping]]] = ..., gpus_in_use: _Optional[int] = ..., cost_per_hour: _Optional[float] = ..., nodes_ready: _Optional[int] = ..., nodes_lost: _Optional[int] = ..., last_error: _Optional[str] = ..., nodes_silent: _Optional[int] = ..., alerts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UploadProfileRequest(_message.Message):
     __slots__ = ("profile_json", "gpu_type")
@@ -443,3 +449,19 @@ class ListProfilesResponse(_message.Message):
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileInfo]
     def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ...) -> None: ...
+
+class MintAgentTokenRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class MintAgentTokenResponse(_message.Message):
+    __slots__ = ("token", "node_id", "generation")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    node_id: str
+    generation: int
+    def __init__(self, token: _Optional[str] = ..., node_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...

@@ -86,6 +86,11 @@ class StokeControllerStub:
                 request_serializer=controller_dot_api_dot_stoke__pb2.ListProfilesRequest.SerializeToString,
                 response_deserializer=controller_dot_api_dot_stoke__pb2.ListProfilesResponse.FromString,
                 _registered_method=True)
+        self.MintAgentToken = channel.unary_unary(
+                '/stoke.v1.StokeController/MintAgentToken',
+                request_serializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.SerializeToString,
+                response_deserializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.FromString,
+                _registered_method=True)
 
 
 class StokeControllerServicer:
@@ -153,6 +158,12 @@ class StokeControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MintAgentToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StokeControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +216,11 @@ def add_StokeControllerServicer_to_server(servicer, server):
                     servicer.ListProfiles,
                     request_deserializer=controller_dot_api_dot_stoke__pb2.ListProfilesRequest.FromString,
                     response_serializer=controller_dot_api_dot_stoke__pb2.ListProfilesResponse.SerializeToString,
+            ),
+            'MintAgentToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.MintAgentToken,
+                    request_deserializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.FromString,
+                    response_serializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +495,33 @@ class StokeController:
             '/stoke.v1.StokeController/ListProfiles',
             controller_dot_api_dot_stoke__pb2.ListProfilesRequest.SerializeToString,
             controller_dot_api_dot_stoke__pb2.ListProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MintAgentToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoke.v1.StokeController/MintAgentToken',
+            controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.SerializeToString,
+            controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

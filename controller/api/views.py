@@ -7,7 +7,7 @@ from controller.api.convert import assignment_to_pb, device_to_pb, endpoint_to_p
 from controller.reconcile.diff import NodeChange
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
-from controller.status import ClusterStatus
+from controller.status import ClusterStatus, ReplicaStatus
 from controller.store import ProfileRow
 
 
@@ -69,30 +69,30 @@ def node_to_pb(n: NodeView) -> pb.Node:
     )
 
 
+def _replica_to_pb(r: ReplicaStatus) -> pb.ReplicaStatus:
+    o, e = r.observed, r.endpoint
+    return pb.ReplicaStatus(
+        replica=r.replica,
+        node_id=r.node_id,
+        device=r.device,
+        share_pct=r.share_pct,
+        batch=r.batch,
+        predicted_latency_ms=r.predicted_latency_ms,
+        serving=r.serving,
+        observed=o is not None,
+        observed_latency_ms=o.latency_ms if o else 0.0,
+        observed_rate_rps=o.request_rate_rps if o else 0.0,
+        endpoint=e.grpc if e else (o.endpoint if o else ""),
+        http_endpoint=e.http if e else "",
+        metrics_endpoint=e.metrics if e else "",
+        backend=e.backend if e and e.backend else (o.endpoint if o else ""),
+    )
+
+
 def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
     out = []
     for w in s.workloads:
-        reps = []
-        for r in w.replicas:
-            o, e = r.observed, r.endpoint
-            reps.append(
-                pb.ReplicaStatus(
-                    replica=r.replica,
-                    node_id=r.node_id,
-                    device=r.device,
-                    share_pct=r.share_pct,
-                    batch=r.batch,
-                    predicted_latency_ms=r.predicted_latency_ms,
-                    serving=r.serving,
-                    observed=o is not None,
-                    observed_latency_ms=o.latency_ms if o else 0.0,
-                    observed_rate_rps=o.request_rate_rps if o else 0.0,
-                    endpoint=e.grpc if e else (o.endpoint if o else ""),
-                    http_endpoint=e.http if e else "",
-                    metrics_endpoint=e.metrics if e else "",
-                    backend=e.backend if e and e.backend else (o.endpoint if o else ""),
-                )
-            )
+        reps = [_replica_to_pb(r) for r in w.replicas]
         out.append(
             pb.WorkloadStatus(
                 name=w.workload.name,
@@ -117,6 +117,8 @@ def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
         nodes_ready=s.nodes_ready,
         nodes_lost=s.nodes_lost,
         last_error=s.last_error,
+        nodes_silent=s.nodes_silent,
+        alerts=list(s.alerts),
     )
 
 

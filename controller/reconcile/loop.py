@@ -16,10 +16,21 @@ One pass (`Reconciler.reconcile`):
 A failed solve is recorded as `last_error` and raised; the next pass solves
 again only when an input changes. Each pass reports its duration to the
 `Observer` (the Prometheus metrics).
+
+Nothing stored can stop the loop: the solver runs under a time and memory
+budget (`controller.reconcile.budget`; a workload it cannot plan within it is
+pending with the reason), a stored workload row that no longer passes the
+checks is pending with the reason instead of failing every pass, and an
+applied plan that cannot be read back at start is set aside (logged, and
+`last_error`) and re-planned from the workloads. `planned_at` is the registry's
+`returns` count when the last completed pass observed its inputs: a node that
+came back after being lost is held until a pass has observed it back (see
+`NodeRegistry.awaiting_plan`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +39,7 @@ from typing import Any, Protocol
 
 from controller.config import ServiceConfig
 from controller.messages import ModelAssignment
+from controller.reconcile.budget import budgeted
 from controller.reconcile.diff import NodeChange, diff_assignments
 from controller.reconcile.planning import Observed, PlanView, plan_observed
 from controller.reconcile.slots import node_assignments
@@ -35,6 +47,9 @@ from controller.registry import NodeRegistry
 from controller.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
 from controller.store import Store, StoredPlan
 from interference.profile import DeviceProfile
+from stoke.errors import StokeError
+
+log = logging.getLogger("stoke.controller.reconcile")
 
 Solver = Callable[..., Plan]
 Profiles = Callable[[], tuple[Mapping[str, DeviceProfile], int]]  # () -> (profiles by GPU type, version)
@@ -85,14 +100,27 @@ class Reconciler:
         self.config = config
         self.clock = clock
         self.solver = solver
+        self._budgeted = budgeted(solver, config.solver_budget_s, config.solver_memory_mib)
         self.observer: Observer = observer or NullObserver()
         self._lock = threading.Lock()  # guards the applied plan and its cut
         self._pass_lock = threading.Lock()  # one pass at a time
-        stored = store.latest_plan()
-        self._applied: PlanView | None = view_of(stored) if stored else None
-        self._cut = node_assignments(self._applied.plan, self._applied.bindings) if self._applied else {}
         self._last_inputs: Any = None
         self.last_error = ""
+        self.planned_at = 0  # `registry.returns` when the last completed pass observed its inputs
+        self._applied: PlanView | None = self._read_applied()
+        self._cut = node_assignments(self._applied.plan, self._applied.bindings) if self._applied else {}
+
+    def _read_applied(self) -> PlanView | None:
+        """The stored applied plan, or None when there is none or it cannot be read (then re-planned)."""
+        try:
+            stored = self.store.latest_plan()
+            return view_of(stored) if stored else None
+        except (StokeError, ValueError, TypeError, KeyError) as err:
+            self.last_error = (
+                f"the stored applied plan cannot be read ({err}); it is set aside and the workloads are planned again"
+            )
+            log.error("%s", self.last_error)
+            return None
 
     # ------------------------------------------------------------ the applied plan
 
@@ -106,21 +134,24 @@ class Reconciler:
         with self._lock:
             return dict(self._cut)
 
-    def assigned_to(self, node_id: str) -> tuple[int, tuple[ModelAssignment, ...]]:
-        """(applied revision, the node's assignments), read together."""
+    def assigned_to(self, node_id: str) -> tuple[int, tuple[ModelAssignment, ...], int]:
+        """(applied revision, the node's assignments, `planned_at`), read together."""
         with self._lock:
-            return (self._applied.revision if self._applied else 0), self._cut.get(node_id, ())
+            revision = self._applied.revision if self._applied else 0
+            return revision, self._cut.get(node_id, ()), self.planned_at
 
     # ------------------------------------------------------------ one pass
 
     def observe(self) -> Observed:
         profiles, version = self.profiles()
+        workloads, rejected = self.store.workload_rows()
         return Observed(
-            workloads=self.store.workloads(),
+            workloads=workloads,
             profiles=profiles,
             profiles_version=version,
             slots=self.registry.healthy_slots(),
             applied=self.applied,
+            rejected=rejected,
         )
 
     def solve(self, observed: Observed | None = None) -> PlanView:
@@ -130,7 +161,7 @@ class Reconciler:
     def _run_solver(self, problem: Problem, current: Plan | None) -> Plan:
         started = time.perf_counter()
         try:
-            return self.solver(problem, self.config.strategy, current=current)
+            return self._budgeted(problem, self.config.strategy, current=current)
         finally:
             self.observer.solved(time.perf_counter() - started)
 
@@ -142,14 +173,18 @@ class Reconciler:
             fingerprint = None
             try:
                 self.registry.check_nodes()
+                observed_at = self.registry.returns  # read before the slots: a return after it waits a pass
                 observed = self.observe()
                 fingerprint = observed.fingerprint()
                 if not force and fingerprint == self._last_inputs:
                     skipped = True
+                    if not self.last_error:  # the applied plan was solved from these same inputs
+                        self.planned_at = observed_at
                     return None
                 outcome = self._act(self.solve(observed))
                 # what was just solved, with the revision it produced (a change meanwhile triggers another pass)
-                self._last_inputs = fingerprint[:3] + (outcome.plan.revision,)
+                self._last_inputs = fingerprint[:3] + (outcome.plan.revision,) + fingerprint[4:]
+                self.planned_at = observed_at
                 self.last_error = ""
                 return outcome
             except ProblemError as err:

@@ -3,12 +3,14 @@
 `plan_observed(observed, config, run_solver, now)`:
 
 1. `split_schedulable`: a workload whose GPU type (or any type with its model
-   profiled) has no ready device is pending with the reason;
+   profiled) has no ready device is pending with the reason, and so is a
+   stored row that fails today's checks (`Observed.rejected`);
 2. `solve_with_fallback`: the solver runs on the inventory of the ready
    devices, asked to keep the applied placements on the healthy slots
    (`current=`). Not enough devices: plan as if there were (the GPUs beyond
    the ready devices stay unbound and their workloads pending); a workload
-   infeasible on its own is pending with the solver's reason;
+   infeasible on its own, or one the solver cannot plan within its budget
+   (`BudgetExceeded`), is pending with the reason and the rest is planned;
 3. `bind_plan`: each plan GPU gets a node device (`slots.bind_gpus`, stable),
    keeps the slot as its identity for the next solve, and every workload
    left unplaced is pending with its reason.
@@ -30,6 +32,10 @@ from interference.profile import DeviceProfile
 
 RunSolver = Callable[[Problem, "Plan | None"], Plan]
 Pending = list[tuple[str, str]]  # (workload, reason)
+
+
+class BudgetExceeded(ProblemError):
+    """The solver did not finish within its time or memory budget (`controller.reconcile.budget`)."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,12 @@ class Observed:
     profiles_version: int
     slots: tuple[Binding, ...]  # healthy device slots, sorted
     applied: PlanView | None
+    rejected: tuple[tuple[str, str], ...] = ()  # stored workload rows that fail the checks: (name, why)
 
     def fingerprint(self) -> tuple[Any, ...]:
         """Equal fingerprints, equal plans: a pass whose inputs did not change has nothing to do."""
-        return (self.workloads, self.profiles_version, self.slots, self.applied.revision if self.applied else 0)
+        applied = self.applied.revision if self.applied else 0
+        return (self.workloads, self.profiles_version, self.slots, applied, self.rejected)
 
 
 def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:
@@ -78,6 +86,7 @@ def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolv
     counts = collections.Counter(s.gpu_type for s in observed.slots)
     usable = {t: p for t, p in observed.profiles.items() if counts.get(t)}
     schedulable, pending = split_schedulable(observed.workloads, observed.profiles, usable)
+    pending += observed.rejected
     plan = Plan(strategy=config.strategy, gpus=())
     if schedulable:
         inventory = tuple(
@@ -137,22 +146,30 @@ def _current(kept: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
 def solve_with_fallback(
     workloads: list[Workload], inventory: tuple[GpuType, ...], kept: Plan | None, run_solver: RunSolver
 ) -> tuple[Plan | None, list[Workload], Pending]:
-    """(plan or None, the workloads it was solved for, [(workload, reason)] infeasible on their own).
+    """(plan or None, the workloads it was solved for, [(workload, reason)] left pending).
 
-    Raises the solver's ProblemError when the workloads are feasible one by one but not together."""
+    Not enough devices: solve as if the GPU types had no count limit. A failure together, or a
+    solve over its budget (`BudgetExceeded`), is narrowed down: each workload is solved alone,
+    and one that fails or runs over the budget alone is pending with the reason; the rest is
+    solved together, and if that still runs over the budget, the longest leading run of them
+    that solves within it is planned (binary search) and the others are pending. So one bad
+    workload never blocks the plan of the others. Raises the solver's ProblemError when the
+    workloads are feasible one by one but not together."""
 
     def run(ws: Sequence[Workload], types: tuple[GpuType, ...]) -> Plan:
         return run_solver(Problem(tuple(ws), types), _current(kept, ws))
 
+    unbounded = tuple(replace(g, max_count=None) for g in inventory)
+    failure: ProblemError | None = None
     try:
         return run(workloads, inventory), workloads, []
+    except BudgetExceeded as err:
+        failure = err
     except ProblemError:
-        pass
-    unbounded = tuple(replace(g, max_count=None) for g in inventory)
-    try:
-        return run(workloads, unbounded), workloads, []
-    except ProblemError as together:
-        failure = together
+        try:
+            return run(workloads, unbounded), workloads, []
+        except ProblemError as together:
+            failure = together
     feasible, infeasible = [], []
     for w in workloads:
         try:
@@ -160,9 +177,29 @@ def solve_with_fallback(
             feasible.append(w)
         except ProblemError as err:
             infeasible.append((w.name, str(err)))
-    if not infeasible:
-        raise failure
-    return (run(feasible, unbounded) if feasible else None), feasible, infeasible
+    if not infeasible and not isinstance(failure, BudgetExceeded):
+        raise failure  # feasible one by one, not together
+    if not feasible:
+        return None, [], infeasible
+    try:
+        return run(feasible, unbounded), feasible, infeasible
+    except BudgetExceeded as over:
+        plan, count = _longest_plannable(feasible, lambda ws: run(ws, unbounded))
+        reason = f"not planned together with the {count} workload(s) before it: {over}"
+        return plan, feasible[:count], infeasible + [(w.name, reason) for w in feasible[count:]]
+
+
+def _longest_plannable(workloads: list[Workload], run: Callable[[Sequence[Workload]], Plan]) -> tuple[Plan | None, int]:
+    """(plan, n): the longest leading run `workloads[:n]` that solves (within the budget), by binary search;
+    the whole list is known not to."""
+    plan, lo, hi = None, 0, len(workloads)  # workloads[:lo] solves, workloads[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            plan, lo = run(workloads[:mid]), mid
+        except ProblemError:
+            hi = mid
+    return plan, lo
 
 
 def bind_plan(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -126,7 +127,28 @@ def test_tls_serves_and_refuses_plaintext(tmp_path):
         with ControllerClient(server.address, tls_ca=str(tmp_path / "cert.pem")) as secure:
             assert secure.list_workloads() == []
         with ControllerClient(server.address, timeout_s=2) as plain:
-            with pytest.raises(Unavailable):
+            with pytest.raises(Unavailable) as err:
                 plain.list_workloads()
+        # issue 10: a plaintext client was told the controller is unreachable; it is there and serves TLS
+        assert "it may serve TLS: pass --tls-ca FILE" in str(err.value) and "unreachable" not in str(err.value)
     finally:
         server.stop()
+    (tmp_path / "p.yaml").write_text("listen: 127.0.0.1:0\nmetrics_listen: ''\ndb: p.db\n")
+    plain_server = ControllerServer(load_config(tmp_path / "p.yaml")).start()
+    try:
+        with ControllerClient(plain_server.address, tls_ca=str(tmp_path / "cert.pem"), timeout_s=2) as secure:
+            with pytest.raises(Unavailable) as err:
+                secure.list_workloads()
+        assert "did not complete a TLS handshake" in str(err.value) and "may serve plaintext" in str(err.value)
+    finally:
+        plain_server.stop()
+
+
+def test_a_token_served_without_tls_off_loopback_is_warned_about(tmp_path, caplog):
+    (tmp_path / "token").write_text("t\n")
+    (tmp_path / "token").chmod(0o600)
+    (tmp_path / "c.yaml").write_text("listen: 0.0.0.0:0\nmetrics_listen: ''\ndb: c.db\ntoken_file: token\n")
+    with caplog.at_level(logging.WARNING, logger="stoke.controller"):
+        server = ControllerServer(load_config(tmp_path / "c.yaml"))
+    server.stop()
+    assert "tokens travel in clear text" in caplog.text

@@ -31,8 +31,22 @@ CONFIG = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 
 def make(tmp_path, clock=None, config=CONFIG):
     clock = clock or Clock()
-    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock)
+    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock, tick=clock)
     return svc, clock
+
+
+def run_for(svc, clock, seconds, step=0.25, alive=()):
+    """Let `seconds` pass with the controller running: its clock watch ticks (as the server's thread does),
+    and the nodes in `alive` heartbeat every second."""
+    end = clock.t + seconds
+    beat = clock.t
+    while clock.t < end:
+        clock.advance(min(step, end - clock.t))
+        svc.nodes.watch_clock()
+        if clock.t - beat >= 1.0:
+            beat = clock.t
+            for node in alive:
+                svc.heartbeat(HeartbeatReport(node_id=node))
 
 
 @pytest.fixture
@@ -123,19 +137,22 @@ def test_lost_node_is_replanned_and_reconciled_when_back(svc):
     used = {v[0] for v in where(svc).values()}
     victim = sorted(used)[0]
     survivor = ({"node-a", "node-b"} - {victim}).pop()
-    clock.advance(3)
+    run_for(svc, clock, 3)
     svc.heartbeat(HeartbeatReport(node_id=survivor))
-    clock.advance(3)  # victim silent for 6 s > 5 s timeout
+    run_for(svc, clock, 3)  # victim silent for 6 s > 5 s timeout
     svc.heartbeat(HeartbeatReport(node_id=survivor))
     outcome = svc.reconcile()
     assert outcome is not None and outcome.changed
     assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "lost"
     assert {v[0] for v in where(svc).values()} == {survivor}
     assert {w.workload.name: w.state for w in svc.status().workloads} == {"a": "starting", "b": "starting"}
-    # back: told the current plan (nothing for it now), marked ready
+    # back: held (its part of the plan was cut while it was away) until a pass that sees it back has planned
     answer = svc.heartbeat(HeartbeatReport(node_id=victim))
-    assert answer.registered and answer.assignments == ()
+    assert answer.registered and answer.hold and answer.assignments == ()
     assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "ready"
+    svc.reconcile()
+    answer = svc.heartbeat(HeartbeatReport(node_id=victim))
+    assert answer.registered and not answer.hold
 
 
 def test_restart_keeps_workloads_and_plan(tmp_path):
@@ -145,7 +162,7 @@ def test_restart_keeps_workloads_and_plan(tmp_path):
     svc.apply_workloads([wl("a"), wl("b", "embed_large", 100, 10)])
     first = svc.reconcile()
     svc.store.close()
-    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
+    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock, tick=clock)
     assert [w.name for w in again.list_workloads()] == ["a", "b"]
     assert again.current_plan().revision == first.plan.revision
     assert [n.state for n in again.list_nodes()] == ["waiting"]
@@ -164,15 +181,16 @@ def test_node_lost_while_waiting_after_restart_must_register_its_real_devices(tm
     svc.apply_workloads([wl("a")])
     svc.reconcile()
     svc.store.close()
-    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock)
-    clock.advance(1000)  # silent far past the timeout: waiting -> lost
+    again = ControlService(Store(tmp_path / "stoke.db"), CONFIG, clock=clock, tick=clock)
+    again.register("node-b", CPU)
+    run_for(again, clock, 11, alive=["node-b"])  # node-a silent past twice the timeout: waiting -> lost
     again.check_nodes()
-    assert [n.state for n in again.list_nodes()] == ["lost"]
+    assert [n.state for n in again.list_nodes()] == ["lost", "ready"]
     # its devices are only stand-ins from the stored plan: a heartbeat must not revive them
     assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is False
     again.register("node-a", CPU)
     assert again.heartbeat(HeartbeatReport(node_id="node-a")).registered is True
-    assert [n.state for n in again.list_nodes()] == ["ready"]
+    assert [n.state for n in again.list_nodes()] == ["ready", "ready"]
 
 
 def test_status_merges_observed_figures(svc):

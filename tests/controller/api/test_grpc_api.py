@@ -43,6 +43,11 @@ def client(server):
         yield c
 
 
+def agent_client(server, client, node_id):
+    """A client holding the node's own agent token, minted with the user token."""
+    return ControllerClient(server.address, token=client.mint_agent_token(node_id).token)
+
+
 def test_call_without_or_with_wrong_token_is_unauthenticated(server):
     for token in (None, "wrong"):
         with ControllerClient(server.address, token=token) as anon:
@@ -87,12 +92,14 @@ def test_flow_validation_and_metrics(client, server):
         client.apply_raw(bad)
     assert "workloads[1].rate_rps" in str(err.value)
     assert client.list_workloads() == []
-    assert client.register("n1", [NodeDevice(0, "cpu", "cpu", cores=2)]) == pytest.approx(0.2)
+    agent = agent_client(server, client, "n1")
+    assert agent.register("n1", [NodeDevice(0, "cpu", "cpu", cores=2)]) == pytest.approx(0.2)
     reply = client.apply_workloads([Workload("web", "mlp_small", 100, 20)])
     assert list(reply.created) == ["web"]
     plan = client.apply_plan().plan
     assert plan.revision >= 1 and plan.gpus[0].node_id == "n1"
-    answer = client.heartbeat(HeartbeatReport(node_id="n1"))
+    answer = agent.heartbeat(HeartbeatReport(node_id="n1"))
+    agent.close()
     assert [a.key for a in answer.assignments] == ["web#0"]
     status = client.status()
     assert status.workloads[0].name == "web" and status.workloads[0].state == "starting"
@@ -111,7 +118,8 @@ def test_remote_plan_for_stoke_plan_remote(client, server, capsys, tmp_path):
     from stoke.commands.control import remote_plan
 
     client.upload_profile(cpu_profile_json())
-    client.register("n9", [NodeDevice(0, "cpu", "cpu", cores=2)])
+    with agent_client(server, client, "n9") as agent:
+        agent.register("n9", [NodeDevice(0, "cpu", "cpu", cores=2)])
     client.apply_workloads([Workload("api", "tiny_echo", 50, 10)])
     client.apply_plan()
     (tmp_path / "tok").write_text(TOKEN)

@@ -1,0 +1,249 @@
+"""The solver under a time and memory budget: it runs in a worker process that the controller can kill.
+
+A solve is a pure function, but not a cheap one in every case: a pathological
+workload could keep it busy, and a Python thread cannot be stopped. So the
+controller runs the solver in one long-lived worker process
+(``python -m controller.reconcile.budget``) and waits at most ``budget_s``
+for each answer. Past the budget the worker is killed (SIGKILL) and the call
+raises `BudgetExceeded` (a `ProblemError`), which the planning step turns
+into "pending, with the reason" for the workload(s) that caused it while the
+rest is planned (`controller.reconcile.planning.solve_with_fallback`). The
+worker also runs under a memory limit (``RLIMIT_DATA``), so a solve that
+would eat the machine fails with `BudgetExceeded` instead. The next call
+starts a new worker.
+
+The protocol is length-prefixed pickles over the worker's stdin/stdout
+(it is the controller's own child: nothing else writes there). The solver is
+sent by reference, so it must be a module-level function (`controller.solver.solve`
+or a test's). Any exception inside a solve comes back as a `ProblemError`
+naming it, so one workload that trips a solver bug is pending instead of
+blocking every plan. One worker serves the whole process (calls are
+serialised), started on first use and stopped by `close_worker()` or when
+the process exits (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import copyreg
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from controller.reconcile.planning import BudgetExceeded
+from controller.solver import Plan, Problem, ProblemError
+
+log = logging.getLogger("stoke.controller.solver")
+_HEADER = struct.Struct("!Q")
+
+
+def _read_only(data: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
+    return types.MappingProxyType(data)
+
+
+# profiles freeze their models in a read-only mapping: it travels as the dict it wraps
+copyreg.pickle(types.MappingProxyType, lambda m: (_read_only, (dict(m),)))
+#: Largest message either side accepts (a problem of 10,000 workloads is a few MB).
+MAX_MESSAGE = 256 * 1024 * 1024
+
+
+class _Dead(Exception):
+    """The worker went away (crashed, killed) before answering."""
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _write(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+class SolverWorker:
+    """One worker process; `run` sends it one solve and waits at most the budget."""
+
+    def __init__(self, memory_mib: int = 4096) -> None:
+        self.memory_mib = memory_mib
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.started = 0  # worker processes started (a new one after each kill)
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        env = dict(os.environ)
+        # the child imports the solver (and a test's solver) from the same places as this process
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "controller.reconcile.budget", str(self.memory_mib)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self.started += 1
+        return self._proc
+
+    def run(self, solver: Callable[..., Plan], budget_s: float, *args: Any, **kwargs: Any) -> Plan:
+        """`solver(*args, **kwargs)` in the worker; `BudgetExceeded` after `budget_s` seconds."""
+        with self._lock:
+            for attempt in range(2):
+                proc = self._ensure()
+                try:
+                    return self._call(proc, budget_s, (solver, args, kwargs))
+                except _Dead:
+                    self._kill()
+                    if attempt:
+                        raise BudgetExceeded(
+                            f"the solver process died (exit code {proc.returncode}) before answering; "
+                            f"its memory budget is {self.memory_mib} MiB (solver_memory_mib)"
+                        ) from None
+            raise AssertionError("unreachable")
+
+    def _call(self, proc: subprocess.Popen[bytes], budget_s: float, request: Any) -> Plan:
+        assert proc.stdin is not None and proc.stdout is not None
+        deadline = time.monotonic() + budget_s
+        try:
+            _write(proc.stdin, request)  # type: ignore[arg-type]
+        except (BrokenPipeError, OSError):
+            raise _Dead from None
+        header = self._read(proc, _HEADER.size, deadline, budget_s)
+        (size,) = _HEADER.unpack(header)
+        if size > MAX_MESSAGE:
+            self._kill()
+            raise BudgetExceeded(f"the solver answered with {size} bytes, more than {MAX_MESSAGE}")
+        kind, value = pickle.loads(self._read(proc, size, deadline, budget_s))
+        if kind == "ok":
+            return value  # type: ignore[no-any-return]
+        if kind == "budget":
+            raise BudgetExceeded(value)
+        raise ProblemError(value[0], value[1])
+
+    def _read(self, proc: subprocess.Popen[bytes], size: int, deadline: float, budget_s: float) -> bytes:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        data = b""
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                self._kill()
+                raise BudgetExceeded(f"the solver did not finish within its budget of {budget_s:g} s (solver_budget_s)")
+            chunk = os.read(fd, min(size - len(data), 1 << 20))
+            if not chunk:
+                raise _Dead
+            data += chunk
+        return data
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+
+_shared: SolverWorker | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_worker(memory_mib: int) -> SolverWorker:
+    """The process's solver worker (created on first use; a new memory limit replaces it)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.memory_mib != memory_mib:
+            if _shared is not None:
+                _shared.close()
+            _shared = SolverWorker(memory_mib)
+        return _shared
+
+
+def close_worker() -> None:
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close()
+            _shared = None
+
+
+atexit.register(close_worker)
+
+
+def budgeted(solver: Callable[..., Plan], budget_s: float, memory_mib: int) -> Callable[..., Plan]:
+    """`solver` with the same signature, run in the shared worker under the budget (0 = in this process)."""
+    if budget_s <= 0:
+        return solver
+
+    def run(problem: Problem, strategy: str = "stoke", *, current: Plan | None = None) -> Plan:
+        return shared_worker(memory_mib).run(solver, budget_s, problem, strategy, current=current)
+
+    return run
+
+
+# ---------------------------------------------------------------- the worker side
+
+
+def _serve(memory_mib: int) -> None:
+    import resource
+
+    limit = memory_mib * 1024 * 1024
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    except (ValueError, OSError):  # a lower hard limit already: keep it
+        pass
+    # the protocol owns the real stdout; anything the solver prints goes to stderr
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    source = sys.stdin.buffer
+    while True:
+        try:
+            (size,) = _HEADER.unpack(_read_exact(source, _HEADER.size))
+            solver, args, kwargs = pickle.loads(_read_exact(source, size))
+        except EOFError:
+            return  # the controller closed the pipe (or exited)
+        try:
+            answer: tuple[str, Any] = ("ok", solver(*args, **kwargs))
+        except ProblemError as err:
+            answer = ("problem", (str(err), err.field))
+        except MemoryError:
+            answer = ("budget", f"the solver ran out of its memory budget of {memory_mib} MiB (solver_memory_mib)")
+        except Exception as err:  # noqa: BLE001 - a solver bug becomes this solve's error, not the controller's
+            answer = ("problem", (f"the solver failed: {type(err).__name__}: {err}", ""))
+        _write(out, answer)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 4096)
