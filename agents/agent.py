@@ -11,7 +11,15 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   the controller is unreachable it retries with exponential backoff
   (`backoff_s` doubling up to `max_backoff_s`) while Triton keeps serving;
   an answer ``registered=False`` (a restarted controller) makes it register
-  again.
+  again. Both waits get random jitter (the heartbeat +-`jitter`, the backoff
+  up to `backoff_jitter` shorter), from the injected `rng`, so agents started
+  or cut off together do not heartbeat or reconnect in lockstep.
+- it trusts no controller to name a path or size a process: every answer is
+  checked (`controller.limits.assignment_problems`: the shared name rule,
+  bounded figures, unique keys) before anything is applied. A refused answer
+  changes nothing that runs; the refusal is reported as the errors of that
+  revision. An answer ``hold=True`` (the controller is re-planning with this
+  node back) keeps what runs as it is.
 - the *fleet* thread (`fleet_once`) is the only one touching the Triton fleet:
   it applies the latest assignments when they differ from what it applied
   last (idempotent: `TritonFleet.apply` reloads on a batch change, moves on a
@@ -19,8 +27,9 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   `retry_apply_s`, restarts crashed Triton processes (`check_health`) and
   scrapes the figures (`observe`), then publishes a snapshot.
 
-The fleet is any object with `apply`, `observe`, `check_health`, `running`,
-`close`, and optionally `serving_endpoints` (where clients reach each
+The fleet is any object with `refusals` (why it will not run assignments: asked
+before every apply, e.g. a device they over-commit), `apply`, `observe`, `check_health`,
+`running`, `close`, and optionally `serving_endpoints` (where clients reach each
 assignment; see `agents.triton.TritonFleet`); the client any object with
 `register` and `heartbeat` (see `controller.api.client.ControllerClient`).
 Time comes from the injected `clock`; waiting from the injected `sleep`.
@@ -29,14 +38,17 @@ Time comes from the injected `clock`; waiting from the injected `sleep`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controller import limits
 from controller.messages import (
     AssignmentError,
     FailedPrecondition,
@@ -46,14 +58,17 @@ from controller.messages import (
     ModelAssignment,
     NodeDevice,
     Observation,
+    PermissionDenied,
     ServingEndpoint,
     Unauthenticated,
 )
+from stoke.names import clean_text
 
 log = logging.getLogger("stoke.agent")
 
 
 class Fleet(Protocol):
+    def refusals(self, assignments: Sequence[ModelAssignment]) -> list[AssignmentError]: ...
     def apply(self, assignments: Sequence[ModelAssignment]) -> Any: ...
     def observe(self) -> list[Any]: ...
     def check_health(self) -> list[str]: ...
@@ -94,19 +109,29 @@ def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
     )
 
 
+def _figure(value: Any) -> float:
+    """A figure the controller accepts: finite, >= 0 and bounded (a NaN from a broken scrape becomes 0)."""
+    x = float(value)
+    return min(x, limits.MAX_FIGURE) if math.isfinite(x) and x >= 0 else 0.0
+
+
 def observation_of(o: Any) -> Observation:
     """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation."""
     return Observation(
         key=o.key,
         model=o.model,
-        request_rate_rps=float(o.request_rate_rps),
-        mean_batch=float(o.mean_batch),
-        mean_queue_ms=float(o.mean_queue_ms),
-        mean_compute_ms=float(o.mean_compute_ms),
-        failures=int(o.failures),
-        success=int(o.success),
-        endpoint=str(o.endpoint),
+        request_rate_rps=_figure(o.request_rate_rps),
+        mean_batch=_figure(o.mean_batch),
+        mean_queue_ms=_figure(o.mean_queue_ms),
+        mean_compute_ms=_figure(o.mean_compute_ms),
+        failures=int(_figure(o.failures)),
+        success=int(_figure(o.success)),
+        endpoint=clean_text(str(o.endpoint), limits.MAX_TEXT_CHARS - 3),
     )
+
+
+def _error(e: AssignmentError) -> AssignmentError:
+    return AssignmentError(e.key, clean_text(e.message, limits.MAX_MESSAGE_CHARS - 3))
 
 
 @dataclass
@@ -127,6 +152,8 @@ class AgentState:
     observed: tuple[Observation, ...] = ()
     endpoints: tuple[ServingEndpoint, ...] = ()
     events: list[str] = field(default_factory=list)
+    refused: tuple[AssignmentError, ...] = ()  # why the last answer was refused (nothing of it applied)
+    refused_revision: int = 0
 
 
 class Agent:
@@ -142,6 +169,9 @@ class Agent:
         backoff_s: float = 0.5,
         max_backoff_s: float = 2.0,
         retry_apply_s: float = 10.0,
+        jitter: float = 0.1,
+        backoff_jitter: float = 0.5,
+        rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -153,6 +183,9 @@ class Agent:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.retry_apply_s = retry_apply_s
+        self.jitter = jitter
+        self.backoff_jitter = backoff_jitter
+        self.rng = rng or random.Random()
         self.clock = clock
         self.state = AgentState()
         self._lock = threading.Lock()
@@ -162,10 +195,19 @@ class Agent:
 
     # ------------------------------------------------------------ control side
 
+    def note(self, text: str) -> None:
+        """An event for the controller (sent with the next heartbeat)."""
+        self._event(text)
+
     def _event(self, text: str) -> None:
+        line = clean_text(f"{time.strftime('%H:%M:%S', time.gmtime())} {text}", limits.MAX_EVENT_CHARS - 3)
         with self._lock:
-            self.state.events.append(f"{time.strftime('%H:%M:%S', time.gmtime())} {text}")
-            del self.state.events[:-50]
+            self.state.events.append(line)
+            del self.state.events[: -limits.MAX_EVENTS]
+
+    def _next_beat(self) -> float:
+        """The heartbeat interval, +-`jitter` at random."""
+        return self.interval_s * (1.0 + self.jitter * (2.0 * self.rng.random() - 1.0))
 
     def heartbeat_once(self) -> float:
         """Register if needed, heartbeat once; returns the seconds to wait before the next call."""
@@ -182,25 +224,29 @@ class Agent:
                 log.info("registered %s with %d device(s)", self.node_id, len(self.devices))
             with self._lock:
                 events = list(s.events)
+                errors, errors_revision = (
+                    (s.refused, s.refused_revision) if s.refused else (s.apply_errors, s.errors_revision)
+                )
                 report = HeartbeatReport(
                     node_id=self.node_id,
-                    running=s.running,
-                    observed=s.observed,
+                    running=s.running[: limits.MAX_ASSIGNMENTS],
+                    observed=s.observed[: limits.MAX_ASSIGNMENTS],
                     events=tuple(events),
-                    errors=s.apply_errors,
+                    errors=tuple(_error(e) for e in errors[: limits.MAX_ASSIGNMENTS]),
                     applied_revision=s.applied_revision,
-                    errors_revision=s.errors_revision,
-                    endpoints=s.endpoints,
+                    errors_revision=errors_revision,
+                    endpoints=s.endpoints[: limits.MAX_ASSIGNMENTS],
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
-            if isinstance(err, (Unauthenticated, InvalidArgument, FailedPrecondition)):
+            delay *= 1.0 - self.backoff_jitter * self.rng.random()
+            if isinstance(err, (Unauthenticated, PermissionDenied, InvalidArgument, FailedPrecondition)):
                 # retrying cannot help until someone fixes the token or the node's identity: say so loudly
                 log.error(
-                    "the controller refuses this agent (%s); fix the token (--token-file / $STOKE_TOKEN) or "
-                    "the node id; retrying in %.1fs, Triton keeps serving",
+                    "the controller refuses this agent (%s); fix the token (--token-file: this node's agent "
+                    "token, `stoke token agent NODE`) or the node id; retrying in %.1fs, Triton keeps serving",
                     err,
                     delay,
                 )
@@ -219,11 +265,24 @@ class Agent:
             return 0.0
         if answer.heartbeat_interval_s > 0:
             self.interval_s = answer.heartbeat_interval_s
+        if answer.hold:  # the controller re-plans with this node back: keep what runs
+            return self._next_beat()
+        refused = limits.assignment_problems(answer.assignments)
         with self._lock:
-            if s.desired != tuple(answer.assignments) or s.desired_revision != answer.revision:
-                s.desired, s.desired_revision = tuple(answer.assignments), answer.revision
-                self._wake_fleet.set()
-        return self.interval_s
+            if refused:
+                if (s.refused, s.refused_revision) != (tuple(refused), answer.revision):
+                    log.error(
+                        "refused revision %d from the controller, nothing of it applied: %s",
+                        answer.revision,
+                        "; ".join(map(str, refused[:3])),
+                    )
+                s.refused, s.refused_revision = tuple(refused), answer.revision
+            else:
+                s.refused = ()
+                if s.desired != tuple(answer.assignments) or s.desired_revision != answer.revision:
+                    s.desired, s.desired_revision = tuple(answer.assignments), answer.revision
+                    self._wake_fleet.set()
+        return self._next_beat()
 
     # ------------------------------------------------------------ fleet side
 
@@ -238,6 +297,14 @@ class Agent:
         )
         if due:
             assert desired is not None
+            refused = self.fleet.refusals(desired)
+            if refused:  # nothing applied: what runs keeps running; retried after retry_apply_s
+                s.last_apply, s.applied = now, desired
+                with self._lock:
+                    s.apply_errors, s.errors_revision = tuple(refused), revision
+                self._event(f"refused revision {revision}: {refused[0].message}")
+                desired = None
+        if due and desired is not None:
             report = self.fleet.apply(desired)
             s.last_apply, s.applies = now, s.applies + 1
             s.applied = desired

@@ -34,10 +34,27 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
   the node's bind address that follow its processes (`serving_endpoints`).
 - `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
   counters -> observed figures (request rate, mean batch, queue / compute ms).
+
+What a fleet refuses (`TritonFleet.refusals`, asked by the agent before
+every apply; nothing changes then, every assignment gets the error): a
+workload or model name outside `stoke.names`'s rule, a model folder that
+resolves outside the repository (``../x``, a symlink out), and assignments
+that over-commit a device (`overcommit_problems`). So a controller cannot make
+this node run code from outside its model repository, nor start processes it
+has no room for. `apply` itself always refuses the names and paths.
+
+Processes outlive a crash of the agent (each Triton is its own session, so
+Ctrl-C of a CLI does not hit it, and a crash of the agent does not stop
+serving). Each one is recorded in ``WORKDIR/pids/`` (pid, start time,
+command), and a fleet opened on the same workdir first reaps what a previous,
+crashed agent left there (`reap_orphans`: SIGTERM to the process group, then
+SIGKILL), checking the start time and command line so a recycled pid is
+never hit.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -62,6 +79,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from agents.router import Backend, RouterError
+from controller.limits import REFUSED_KEY
 from controller.messages import AssignmentError, ModelAssignment, ServingEndpoint
 from controller.render import (
     CONFIG_NAME,
@@ -74,6 +92,7 @@ from controller.render import (
     render_config,
 )
 from stoke.errors import StokeError
+from stoke.names import name_problem
 
 HOST = "127.0.0.1"
 log = logging.getLogger("stoke.triton")
@@ -204,6 +223,66 @@ def overcommit_problems(
     return problems
 
 
+# --------------------------------------------------------------------------- the pid ledger
+
+LEDGER = "pids"
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _record(workdir: Path, name: str, pid: int, command: Sequence[str]) -> Path:
+    folder = workdir / LEDGER
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = folder / f"{name}.json"
+    entry.write_text(json.dumps({"pid": pid, "start": _start_time(pid), "binary": command[0], "name": name}))
+    return entry
+
+
+def reap_orphans(workdir: str | os.PathLike[str], timeout_s: float = 5.0) -> list[int]:
+    """Stop the Triton processes a previous agent recorded in `workdir` and left running; returns their pids.
+
+    A record counts only when its pid still runs with the recorded start time and binary, so a pid the
+    kernel gave to another process since is left alone. Each is stopped with its process group (its Python
+    backend stubs): SIGTERM, then SIGKILL after `timeout_s`."""
+    folder = Path(workdir) / LEDGER
+    victims = []
+    for entry in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            info = json.loads(entry.read_text())
+            pid, start, binary = int(info["pid"]), info["start"], str(info["binary"])
+        except (OSError, ValueError, KeyError, TypeError):
+            entry.unlink(missing_ok=True)
+            continue
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            argv0 = ""
+        if start is not None and _start_time(pid) == start and argv0 == binary:
+            victims.append(pid)
+        else:
+            entry.unlink(missing_ok=True)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in victims:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(_start_time(p) is not None for p in victims):
+            time.sleep(0.05)
+    for entry in folder.glob("*.json") if folder.is_dir() else []:
+        entry.unlink(missing_ok=True)
+    return victims
+
+
 # --------------------------------------------------------------------------- one process
 
 
@@ -241,6 +320,7 @@ class TritonProcess:
         self.log_path = self.workdir / f"{name}.log"
         self.started_s = 0.0  # seconds from spawn to ready (last start)
         self._client: grpcclient.InferenceServerClient | None = None
+        self._ledger: Path | None = None
 
     # -- addresses
     @property
@@ -309,6 +389,7 @@ class TritonProcess:
                     cwd=self.workdir,
                     start_new_session=True,
                 )  # Ctrl-C of the CLI does not hit it
+            self._ledger = _record(self.workdir, self.name, self.proc.pid, self.command())
             while time.monotonic() - t0 < self.ready_timeout_s:
                 if self.proc.poll() is not None:
                     break
@@ -364,6 +445,9 @@ class TritonProcess:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout=10)
+        if self._ledger is not None:
+            self._ledger.unlink(missing_ok=True)
+            self._ledger = None
         if self._client is not None:
             try:
                 self._client.close()
@@ -608,6 +692,7 @@ class TritonFleet:
         exit_timeout_s: int = 5,
         cpu_instance_per_core: bool = True,
         drain_s: float = 0.2,
+        devices: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         router: Any = None,
         drain_timeout_s: float = 30.0,
@@ -617,9 +702,12 @@ class TritonFleet:
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
         self.device_kind = device_kind
+        self.devices = devices  # GPUs of the node (None: not checked); a CPU node is one device
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="stoke-triton-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        #: Triton processes a crashed agent left in this workdir, stopped before anything starts
+        self.reaped = reap_orphans(self.workdir)
         self.ready_timeout_s = ready_timeout_s
         self.env = dict(env or {})
         self.mps: Any = mps
@@ -639,6 +727,43 @@ class TritonFleet:
         self._counter = 0
         self._mps_started = False
         self._store: Any = None  # the S3 store of a remote repository, opened on first use
+
+    # -- what this node refuses to run
+    def refusals(self, assignments: Sequence[ModelAssignment]) -> list[AssignmentError]:
+        """Why a controller's assignments must not run here (see the module docstring); empty when they may.
+
+        The agent asks before every apply. `apply` itself refuses only the names and paths: `stoke
+        triton up` without a plan serves every model on the whole machine on purpose."""
+        errors = self._path_refusals(assignments)
+        if errors:
+            return errors
+        problems = overcommit_problems(
+            assignments,
+            device_kind=self.device_kind,
+            devices=self.devices if self.devices is not None else 1 + max((a.device for a in assignments), default=0),
+            cores=self.cpu_cores,
+        )
+        if problems:
+            text = f"refused: the assignments over-commit this node, nothing changed: {'; '.join(problems)}"
+            return [AssignmentError(a.key, text) for a in assignments]
+        return []
+
+    def _path_refusals(self, assignments: Sequence[ModelAssignment]) -> list[AssignmentError]:
+        errors = []
+        for a in assignments:
+            problem = name_problem(a.workload) or name_problem(a.model)
+            if problem:
+                key = REFUSED_KEY if name_problem(a.workload) else a.key
+                errors.append(AssignmentError(key, f"refused: a workload or model name {problem}"))
+            elif "://" not in self.repository and not self._inside_repository(a.model):
+                errors.append(
+                    AssignmentError(a.key, f"refused: model folder {a.model!r} resolves outside the repository")
+                )
+        return errors
+
+    def _inside_repository(self, model: str) -> bool:
+        root = Path(self.repository).resolve()
+        return (root / model).resolve().is_relative_to(root) and (root / model).resolve() != root
 
     # -- base configs
     def _default_base_config(self, model: str) -> ModelConfig:
@@ -728,6 +853,10 @@ class TritonFleet:
                 errors.append(AssignmentError(a.key, "duplicate assignment key; kept the first"))
                 continue
             desired[a.key] = a
+        refused = self._path_refusals(list(desired.values()))
+        if refused:
+            with self._lock:
+                return ApplyReport(unchanged=tuple(sorted(self._slots)), errors=tuple(errors + refused))
         started, reloaded, moved, stopped, unchanged = [], [], [], [], []
         with self._lock:
             for key in sorted(set(self._slots) - set(desired)):

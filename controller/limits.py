@@ -143,6 +143,7 @@ def check_report(r: HeartbeatReport) -> None:
     _count(r.observed, "observed", MAX_ASSIGNMENTS)
     _count(r.errors, "errors", MAX_ASSIGNMENTS)
     _count(r.events, "events", MAX_EVENTS)
+    _count(r.endpoints, "endpoints", MAX_ASSIGNMENTS)
     for i, a in enumerate(r.running):
         check_assignment(a, f"running[{i}]")
     for i, o in enumerate(r.observed):
@@ -152,6 +153,10 @@ def check_report(r: HeartbeatReport) -> None:
         _text(e.message, f"errors[{i}].message", MAX_MESSAGE_CHARS)
     for i, text in enumerate(r.events):
         _text(text, f"events[{i}]", MAX_EVENT_CHARS)
+    for i, ep in enumerate(r.endpoints):
+        _key(ep.key, f"endpoints[{i}].key")
+        for name in ("grpc", "http", "metrics", "backend"):
+            _text(getattr(ep, name), f"endpoints[{i}].{name}", MAX_TEXT_CHARS)
     for name in ("applied_revision", "errors_revision"):
         if getattr(r, name) < 0:
             raise invalid(name, f"must be >= 0, got {getattr(r, name)}")

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "stoke.commands.triton",
     "stoke.commands.daemons",
     "stoke.commands.control",
+    "stoke.commands.tokens",
     "stoke.commands.demo",
     "stoke.commands.alerts",
     "stoke.commands.device",

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stoke.errors import InputError
 from stoke import names
+from stoke.errors import InputError
 from stoke.names import shown
 
 T = TypeVar("T")

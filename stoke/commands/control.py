@@ -100,6 +100,8 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
     try:
         return fn(client)
     except Unavailable as err:
+        if "may serve" in str(err):  # reached, but TLS on one side only: the message says what to pass
+            raise UserError(str(err)) from None
         raise UserError(
             f"{err}; start it with `stoke controller`, or pass --controller HOST:PORT (or set $STOKE_CONTROLLER)"
         ) from None
@@ -338,7 +340,7 @@ def status_blocks(
         rows.append(row)
     head = (
         f"plan revision {s.revision}: {s.gpus_in_use} device(s), ${s.cost_per_hour:,.2f}/hour; "
-        f"nodes ready {s.nodes_ready}, lost {s.nodes_lost}"
+        f"nodes ready {s.nodes_ready}, lost {s.nodes_lost}" + (f", silent {s.nodes_silent}" if s.nodes_silent else "")
     )
     headers = [
         "workload",
@@ -358,6 +360,7 @@ def status_blocks(
         headers += ["client_p99_ms", "over_slo"]
     blocks: list[Block] = [head, "", Tab(headers, rows)]
     blocks += [f"{w.name}: {w.reason}" for w in s.workloads if w.reason and w.state != "serving"]
+    blocks += [f"ALERT: {a}" for a in s.alerts]
     if s.last_error:
         blocks.append(f"last reconcile error: {s.last_error}")
     if legend:

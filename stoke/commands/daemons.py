@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_client_options(p)
     p.add_argument("--device", choices=("auto", "cpu", "nvml"), default="auto", help="device backend")
-    p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: host name)")
+    p.add_argument("--node-id", help="node id (default: the node its agent token is bound to, else the host name)")
     add_repo_option(p, "Triton model repository: a directory or s3://[host:port/]bucket/path (default %(default)s)")
     p.add_argument(
         "--bind",
@@ -67,7 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="port range of the endpoints, two ports (gRPC, HTTP) per workload, chosen from the workload's "
         "name so they stay put across restarts (default 0: any free ports)",
     )
-    p.add_argument("--workdir", help="where Triton processes keep their files (default: a temp dir)")
+    p.add_argument(
+        "--workdir",
+        help="where Triton processes keep their files and pids, kept across restarts so a restarted agent reaps "
+        "what a crashed one left (default: $XDG_STATE_HOME/stoke/agent-NODE, else ~/.local/state/stoke/agent-NODE)",
+    )
     p.add_argument(
         "--gpu-type",
         default="",
@@ -139,6 +143,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    node_id = agent_node_id(args)
     devices = local_devices(args.device)
     if args.gpu_type:
         devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
@@ -152,10 +157,11 @@ def run_agent(args: argparse.Namespace) -> int:
     fleet = TritonFleet(
         args.repo,
         device_kind=kind,
-        workdir=args.workdir,
+        workdir=args.workdir or str(default_workdir(node_id)),
         ready_timeout_s=args.ready_timeout,
         latency_histogram=args.latency_histogram,
         router=router,
+        devices=sum(1 for d in devices if d.kind == "gpu") if kind == "gpu" else None,
     )
     exporter = None
     if args.metrics_port >= 0:
@@ -167,10 +173,15 @@ def run_agent(args: argparse.Namespace) -> int:
         except (DeviceError, OSError) as err:
             fleet.close()
             raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
-    agent = Agent(client, fleet, args.node_id, devices, address=router.host)
+    agent = Agent(client, fleet, node_id, devices, address=router.host)
+    if fleet.reaped:
+        agent.note(
+            f"reaped {len(fleet.reaped)} Triton process(es) a previous agent left running in {fleet.workdir} "
+            f"(pids {', '.join(map(str, fleet.reaped))})"
+        )
     agent.start()
     print(
-        f"stoke agent {args.node_id}: {len(devices)} {kind} device(s), controller {controller_address(args)}, "
+        f"stoke agent {node_id}: {len(devices)} {kind} device(s), controller {controller_address(args)}, "
         f"workload endpoints on {args.bind} as {router.host}"
         + (f", device metrics {exporter.url}" if exporter else ""),
         flush=True,
@@ -202,6 +213,27 @@ def open_router(bind: str, advertise: str | None, ports: str) -> Any:
             f"127.0.0.1, or 0.0.0.0 for every interface"
         ) from None
     return Router(bind, advertise, port_range)
+
+
+def agent_node_id(args: argparse.Namespace) -> str:
+    """--node-id, else the node the agent token is bound to, else the host name; a mismatch is refused."""
+    from controller.api.auth import read_token
+    from controller.identity import agent_token_node
+
+    token = read_token(getattr(args, "token_file", None))
+    bound = agent_token_node(token) if token else None
+    if args.node_id and bound and args.node_id != bound:
+        raise UserError(
+            f"--node-id {args.node_id}: the agent token is bound to node {bound!r}; drop --node-id or mint a token "
+            f"for {args.node_id} (`stoke token agent {args.node_id}`)"
+        )
+    return str(args.node_id or bound or socket.gethostname())
+
+
+def default_workdir(node_id: str) -> Path:
+    """A stable per-node state folder, so a restarted agent finds (and reaps) what a crashed one left."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "stoke" / f"agent-{node_id}"
 
 
 def quiet_grpc() -> None:

@@ -216,7 +216,8 @@ def run_up(args: argparse.Namespace) -> int:
     clients = {w.name: ClientLatencies(w.slo_ms) for w in workloads}
     server = ControllerServer(demo_config(tmp, profile_path, profile.gpu.name)).start()
     client = ControllerClient(server.address, token=token)
-    agent_client = ControllerClient(server.address, token=token)
+    agent_token = client.mint_agent_token("local").token  # the agent holds its node's own credential
+    agent_client = ControllerClient(server.address, token=agent_token)
     agent = None
     try:
         fleet = TritonFleet(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import random
+from dataclasses import dataclass, replace
+
+import pytest
 
 from agents.agent import Agent
+from controller import limits
 from controller.messages import AssignmentError, HeartbeatAnswer, ModelAssignment, NodeDevice
 
 
@@ -37,6 +42,9 @@ class FakeFleet:
         self.applies = 0
         self.fail_next = False
         self.health_events: list[str] = []
+
+    def refusals(self, assignments):
+        return [AssignmentError(a.key, "refused: over-commit") for a in assignments if a.share_pct > 100]
 
     def apply(self, assignments):
         self.applies += 1
@@ -110,6 +118,8 @@ def make():
         backoff_s=1.0,
         max_backoff_s=4.0,
         retry_apply_s=5.0,
+        jitter=0.0,
+        backoff_jitter=0.0,
         clock=clock,
     )
     return agent, client, fleet, clock
@@ -166,3 +176,116 @@ def test_failed_apply_is_retried_after_delay_and_crash_events_reported():
     agent.heartbeat_once()
     events = client.reports[-1].events
     assert any("restarted as pid 2" in e for e in events) and client.reports[-1].errors == ()
+
+
+# ------------------------------------------------------------------ issue 10: what the agent trusts
+
+
+def test_a_controller_naming_a_path_gets_nothing_applied_and_the_refusal_reported():
+    """The probe: model "../evilrel" made Triton load model.py from outside the repository."""
+    agent, client, fleet, clock = make()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    assert set(fleet.serving) == {"a#0"}
+    for bad in ("../evilrel", "..", "a\x00b", "x\u202ey", "/etc"):
+        client.revision += 1
+        client.assignments = (A, ModelAssignment("b", bad, 0, 20.0, 1, 0.0, 100.0, 10.0))
+        agent.heartbeat_once()
+        agent.fleet_once()
+        assert fleet.applies == 1 and set(fleet.serving) == {"a#0"}  # nothing applied, a#0 keeps serving
+        agent.heartbeat_once()
+        report = client.reports[-1]
+        assert [e.key for e in report.errors] == ["b#0"] and report.errors_revision == client.revision
+        assert "refused: assignments[1].model: must be a name" in report.errors[0].message
+        assert report.errors[0].message.isprintable()
+    # a good revision again: applied, the refusal cleared
+    client.revision += 1
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert client.reports[-1].errors == ()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("share_pct", 0.0), ("share_pct", 250.0), ("share_pct", math.nan), ("batch", 0), ("device", 10_000)],
+)
+def test_assignments_out_of_bounds_are_refused(field, value):
+    agent, client, fleet, clock = make()
+    client.assignments = (replace(A, **{field: value}),)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    assert fleet.applies == 0 and agent.state.refused and field in agent.state.refused[0].message
+
+
+def test_assignments_the_fleet_refuses_are_not_applied():
+    agent, client, fleet, clock = make()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    client.revision = 2
+    client.assignments = (A, replace(A, workload="b", share_pct=100.0), replace(A, workload="c", share_pct=100.0))
+    fleet.refusals = lambda assignments: [AssignmentError(a.key, "refused: over-commit") for a in assignments]
+    agent.heartbeat_once()
+    agent.fleet_once()
+    assert fleet.applies == 1 and set(fleet.serving) == {"a#0"}
+    agent.heartbeat_once()
+    assert {e.key for e in client.reports[-1].errors} == {"a#0", "b#0", "c#0"}
+    assert client.reports[-1].applied_revision == 1
+
+
+def test_hold_keeps_what_runs():
+    agent, client, fleet, clock = make()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    client.heartbeat = lambda report: HeartbeatAnswer(True, 2, (), 0.5, hold=True)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    assert set(fleet.serving) == {"a#0"} and fleet.applies == 1
+
+
+def test_observations_and_texts_are_made_safe_to_send():
+    agent, client, fleet, clock = make()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    fleet.observe = lambda: [Obs("a#0", "mlp_small", request_rate_rps=math.nan, mean_queue_ms=math.inf)]
+    agent.fleet_once()
+    agent.note("bell\x07 and escape \x1b[2J" + "x" * 5000)
+    agent.heartbeat_once()
+    report = client.reports[-1]
+    assert report.observed[0].request_rate_rps == 0.0 and report.observed[0].mean_queue_ms == 0.0
+    assert all(e.isprintable() and len(e) <= limits.MAX_EVENT_CHARS for e in report.events)
+    limits.check_report(report)  # what the controller checks: it passes
+
+
+# ------------------------------------------------------------------ issue 10 / 12: jitter
+
+
+def beats(seed, n=20):
+    agent, client, fleet, clock = make()
+    agent.jitter, agent.rng = 0.1, random.Random(seed)
+    client.assignments = (A,)
+    return [agent.heartbeat_once() for _ in range(n)]
+
+
+def test_heartbeats_are_jittered_so_agents_started_together_drift_apart():
+    a, b = beats(1), beats(2)
+    assert all(0.45 <= x <= 0.55 for x in a[1:] + b[1:])  # interval 0.5 +-10%
+    assert len(set(a[1:])) > 10 and a != b
+    # started in phase, after 20 beats they are apart by far more than a scheduler's noise
+    assert abs(sum(a) - sum(b)) > 0.05
+    assert beats(1) == a  # a seeded rng: deterministic
+
+
+def test_reconnect_backoff_is_jittered():
+    agent, client, fleet, clock = make()
+    agent.backoff_jitter, agent.rng = 0.5, random.Random(7)
+    client.up = False
+    delays = []
+    for _ in range(6):
+        delays.append(agent.heartbeat_once())
+        clock.t += delays[-1]
+    caps = [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    assert all(cap / 2 <= d <= cap for d, cap in zip(delays, caps)) and len(set(delays)) == 6

@@ -96,7 +96,9 @@ def test_workload_apply_dry_run_stores_nothing_and_reads_stdin(env, capsys, monk
 
 def _node_reporting_endpoints(address: str) -> None:
     """A node that runs the plan's assignment and reports where it is reached (what an agent does)."""
-    with ControllerClient(address, token=TOKEN) as c:
+    with ControllerClient(address, token=TOKEN) as user:
+        token = user.mint_agent_token("n1").token  # an agent holds its node's own token
+    with ControllerClient(address, token=token) as c:
         c.register("n1", (NodeDevice(0, "cpu", "cpu", cores=2),), "node-a.example")
         deadline = time.monotonic() + 20
         while True:
