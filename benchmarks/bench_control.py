@@ -84,7 +84,7 @@ def bench_apply_to_serving(tmp: Path) -> None:
     client = ControllerClient(server.address, token=TOKEN)
     fleet = TritonFleet(str(ROOT / "triton_repo"), device_kind="cpu", workdir=str(tmp / "triton"))
     agent = Agent(
-        ControllerClient(server.address, token=TOKEN),
+        ControllerClient(server.address, token=client.mint_agent_token("n1").token),
         fleet,
         "n1",
         (NodeDevice(0, "cpu", "cpu"),),
@@ -139,6 +139,9 @@ class SimFleet:
     def __init__(self) -> None:
         self.serving: dict[str, ModelAssignment] = {}
 
+    def refusals(self, assignments):
+        return []
+
     def apply(self, assignments):
         self.serving = {a.key: a for a in assignments}
         return type("Report", (), {"errors": (), "started": tuple(self.serving)})()
@@ -192,7 +195,7 @@ def bench_scale(tmp: Path, nodes: int, workloads: int) -> None:
         devices = (NodeDevice(0, "Tesla V100-SXM2-16GB", "gpu"), NodeDevice(1, "Tesla V100-SXM2-16GB", "gpu"))
         for i in range(nodes):
             a = Agent(
-                ControllerClient(address, token=TOKEN, timeout_s=30),
+                ControllerClient(address, token=client.mint_agent_token(f"node-{i:03d}").token, timeout_s=30),
                 SimFleet(),
                 f"node-{i:03d}",
                 devices,

@@ -126,6 +126,7 @@ def wait_for(what: str, fn, timeout: float, interval: float = 0.2):
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     (tmp / "token").write_text(TOKEN + "\n")
+    (tmp / "token").chmod(0o600)
     (tmp / "cpu.json").write_text(cpu_profile_json())
     port = free_port()
     (tmp / "controller.yaml").write_text(
@@ -147,7 +148,7 @@ def stack(tmp_path_factory):
                 "--controller",
                 address,
                 "--token-file",
-                str(tmp / "token"),
+                str(tmp / f"{n}.token"),
                 "--node-id",
                 n,
                 "--device",
@@ -169,7 +170,9 @@ def stack(tmp_path_factory):
     try:
         controller.start()
         wait_for("the controller", lambda: client.list_workloads() == [] or True, 30)
-        for a in agents.values():
+        for n, a in agents.items():  # each agent holds its own node's token
+            (tmp / f"{n}.token").write_text(client.mint_agent_token(n).token + "\n")
+            (tmp / f"{n}.token").chmod(0o600)
             a.start()
         wait_for(
             "two ready nodes",
