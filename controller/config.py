@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from controller.messages import NodeDevice
 from controller.solver import STRATEGIES
 from stoke import validate as check
 from stoke.errors import InputError
+from stoke.names import NAME_MAX
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "controller-config.schema.json"
 
@@ -103,9 +105,10 @@ class ServiceConfig:
                 return t.name
         if device.kind == "cpu":
             return self.cpu_gpu_type
-        # an unconfigured GPU: its NVML name ("NVIDIA H200") made into a valid GPU type name ("NVIDIA-H200"),
-        # so profiles and workloads can name it
-        return "-".join(device.name.split()).replace("#", "-").replace(":", "-").replace("/", "-") or "gpu"
+        # an unconfigured GPU: its NVML name ("NVIDIA H200") made into a valid GPU type name ("NVIDIA-H200",
+        # `stoke.names`' rule), so profiles and workloads can name it
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", device.name).strip("-._")[:NAME_MAX]
+        return name or "gpu"
 
     def price(self, gpu_type: str) -> float:
         for t in self.gpu_types:

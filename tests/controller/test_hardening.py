@@ -243,6 +243,15 @@ def test_names_that_leave_a_folder_or_hide_characters_are_refused(tmp_path, name
         assert err.value.field == f"workloads[0].{field}" and str(err.value).isprintable()
 
 
+def test_an_unconfigured_gpu_gets_a_gpu_type_name_that_follows_the_rule():
+    from stoke.names import is_name
+
+    config = ServiceConfig()
+    for raw in ("NVIDIA GeForce RTX 3090 (tm)", "NVIDIA H200", "  ", "a#b:c/d\\e\x1b"):
+        assert is_name(config.gpu_type_for(NodeDevice(0, raw, "gpu")))
+    assert config.gpu_type_for(NodeDevice(0, "NVIDIA H200", "gpu")) == "NVIDIA-H200"
+
+
 def test_profile_model_names_follow_the_name_rule(tmp_path):
     svc, _ = make(tmp_path)
     data = json.loads(cpu_profile_json("GPUX"))
