@@ -227,7 +227,7 @@ class Cluster:
                 str(token or self.agent_token(node_id)),
                 "--device",
                 "cpu",
-                "--repository",
+                "--repo",
                 str(repository or ROOT / "triton_repo"),
                 "--workdir",
                 str(self.tmp / f"work-{node_id}"),

@@ -45,7 +45,7 @@ def test_a_controller_paused_past_the_timeout_keeps_every_node_and_every_triton(
     try:
         controller.signal(signal.SIGSTOP)
         time.sleep(TIMEOUT_S * 2.5)  # far past the heartbeat timeout
-        infer(status.workloads[0].replicas[0].endpoint, "tiny_echo")  # Triton serves while it is away
+        infer(status.workloads[0].replicas[0].endpoint, "tiny_echo", batch=1)  # served while it is away
     finally:
         controller.signal(signal.SIGCONT)
     time.sleep(HEARTBEAT_S * 5)  # heartbeats and reconcile passes after the resume
@@ -73,9 +73,11 @@ def test_every_node_silent_at_once_holds_the_plan_and_alerts(cluster):
         time.sleep(TIMEOUT_S)  # longer still: nothing is planned away
         status_now = client.status()
         assert status_now.revision == revision and status_now.nodes_silent == 3 and status_now.nodes_lost == 0
-        infer(status.workloads[0].replicas[0].endpoint, "tiny_echo")
+        # the agent (and its router) is stopped; its Triton serves on its own address
+        infer(status.workloads[0].replicas[0].backend, "tiny_echo", batch=1)
     finally:
         real.signal(signal.SIGCONT)
     wait_for("n1 heard again", lambda: {n.node_id: n.state for n in client.list_nodes().nodes}["n1"] == "ready", 10)
     after = wait_for("serving again", lambda: serving(client), 10)
     assert after.revision == revision and tritons_of(real.pid) == tritons
+    infer(after.workloads[0].replicas[0].endpoint, "tiny_echo", batch=1)
