@@ -46,6 +46,9 @@ DELAY_MODES = ("zero", "fill")
 REL_TOLERANCE, ABS_TOLERANCE_MS = 0.10, 2.0
 #: A run whose load generator sent a request this late (ms) was stalled by the machine; it is measured again.
 LAG_LIMIT_MS = 15.0
+#: A run during which other processes used more CPU than this (cores) measured the machine, not
+#: Triton: the server's service time was no longer its own (seen: +11% at p99 with 1.3 cores busy).
+OTHERS_LIMIT_CORES = 0.5
 
 
 class CheckError(RuntimeError):
@@ -194,8 +197,9 @@ class PointResult:
 
     @property
     def disturbed(self) -> bool:
-        """The load generator fell behind its schedule by more than `LAG_LIMIT_MS`: the machine stalled it."""
-        return self.max_send_lag_ms > LAG_LIMIT_MS
+        """The machine interfered: the load generator fell behind its schedule by more than
+        `LAG_LIMIT_MS`, or other processes used more than `OTHERS_LIMIT_CORES`."""
+        return self.max_send_lag_ms > LAG_LIMIT_MS or self.others_cores > OTHERS_LIMIT_CORES
 
     @property
     def p50_error(self) -> float:
@@ -465,18 +469,19 @@ class BatchingCheck:
         )
 
     def measure_undisturbed(self, point: Point, overhead: Overhead, *, seed: int = 1, attempts: int = 3) -> PointResult:
-        """`measure`, again (new arrivals) while the load generator was stalled, at most `attempts` times;
-        the least stalled run. The rule looks at the generator's lag only, never at the error."""
+        """`measure`, again (new arrivals) while the machine disturbed the run, at most `attempts` times;
+        the least disturbed run. The rule looks at the machine only (the generator's lag, other
+        processes' CPU), never at the error."""
         best: PointResult | None = None
         for attempt in range(attempts):
             result = self.measure(point, overhead, seed=seed + 100 * attempt)
-            if best is None or result.max_send_lag_ms < best.max_send_lag_ms:
+            if best is None or (result.disturbed, result.others_cores) < (best.disturbed, best.others_cores):
                 best = result
             if not result.disturbed:
                 break
             self.log(
-                f"{point.label}: the load generator was stalled {result.max_send_lag_ms:.0f} ms "
-                f"(others used {result.others_cores:.2f} cores); measuring again"
+                f"{point.label}: the machine disturbed the run (load generator {result.max_send_lag_ms:.0f} ms "
+                f"late, others used {result.others_cores:.2f} cores); measuring again"
             )
         assert best is not None
         return replace(best, attempts=attempt + 1)

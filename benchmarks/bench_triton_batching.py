@@ -114,7 +114,7 @@ def row(r: PointResult, spread_ms: float) -> list[object]:
     if p.utilisation > 0.7 + 1e-9:
         verdict = f"({verdict}, u > 0.7)"
     if r.disturbed:
-        verdict += " stalled"
+        verdict += " disturbed"
     return [
         p.batch,
         p.delay,

@@ -44,8 +44,9 @@ def test_triton_batcher_matches_the_model_at_batch_4(tmp_path):
 
     if result.disturbed:
         pytest.skip(
-            f"the machine stalled the load generator {result.max_send_lag_ms:.0f} ms in "
-            f"{result.attempts} runs (other processes used {result.others_cores:.2f} cores): no valid p99"
+            f"the machine disturbed all {result.attempts} runs (load generator up to "
+            f"{result.max_send_lag_ms:.0f} ms late, other processes used {result.others_cores:.2f} cores): "
+            f"no valid p99"
         )
     where = (
         f"rate {rate:.1f}/s, d {result.delay_ms:.2f} ms; measured p50/p99 {result.measured_p50_ms:.2f}/"
