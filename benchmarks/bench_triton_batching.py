@@ -51,10 +51,10 @@ when a request reaches the scheduler (after gRPC), not when it was sent, a
 constant shift inside the latency-only overhead; and its wake-up, like every
 thread hand-over, waits for the OS scheduler, which a busy machine delays.
 
-A run whose load generator fell more than 15 ms behind its schedule was
-stalled by the machine; the point is measured again with new arrivals (at
-most 3 runs, the least stalled kept; the rule looks at the lag only, never at
-the error). On a busy machine expect noise anyway: the figures to quote come
+A run whose load generator fell more than 15 ms behind its schedule, or during
+which other processes used over half a core, was disturbed by the machine; the
+point is measured again with new arrivals (at most 3 runs, the least disturbed
+kept; the rule looks at the machine only, never at the error). On a busy machine expect noise anyway: the figures to quote come
 from a quiet one.
 
     .venv/bin/python benchmarks/bench_triton_batching.py [--quick] [--scale F]
@@ -235,7 +235,7 @@ def main() -> int:
     print(
         f"{sum(r.passed for r in goal)}/{len(goal)} points with u <= 0.7 within the goal; "
         f"{sum(r.passed for r in results)}/{len(results)} in all; "
-        f"{sum(r.attempts - 1 for r in results)} run(s) repeated after a stalled load generator; "
+        f"{sum(r.attempts - 1 for r in results)} run(s) repeated after the machine disturbed them; "
         f"{(time.monotonic() - started) / 60:.1f} min"
     )
     return 0
