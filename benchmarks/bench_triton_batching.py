@@ -54,8 +54,8 @@ thread hand-over, waits for the OS scheduler, which a busy machine delays.
 A run whose load generator fell more than 15 ms behind its schedule, or during
 which other processes used over half a core, was disturbed by the machine; the
 point is measured again with new arrivals (at most 3 runs, the least disturbed
-kept; the rule looks at the machine only, never at the error). On a busy machine expect noise anyway: the figures to quote come
-from a quiet one.
+kept; the rule looks at the machine only, never at the error). On a busy
+machine expect noise anyway: the figures to quote come from a quiet one.
 
     .venv/bin/python benchmarks/bench_triton_batching.py [--quick] [--scale F]
 """
