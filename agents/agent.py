@@ -50,7 +50,9 @@ from typing import Any, Protocol
 
 from controller import limits
 from controller.messages import (
+    MAX_BATCH_STATS,
     AssignmentError,
+    BatchStat,
     FailedPrecondition,
     HeartbeatAnswer,
     HeartbeatReport,
@@ -115,8 +117,27 @@ def _figure(value: Any) -> float:
     return min(x, limits.MAX_FIGURE) if math.isfinite(x) and x >= 0 else 0.0
 
 
-def observation_of(o: Any) -> Observation:
-    """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation."""
+def _optional(value: Any) -> float | None:
+    """A figure the node may not have: None stays None, and so does one that is not a finite figure."""
+    if value is None:
+        return None
+    x = float(value)
+    return min(x, limits.MAX_FIGURE) if math.isfinite(x) and x >= 0 else None
+
+
+def _batch_stats(stats: Any) -> tuple[BatchStat, ...]:
+    """Per batch size executions and durations, bounded like everything an agent sends."""
+    return tuple(
+        BatchStat(int(b.batch), int(_figure(b.executions)), _figure(b.compute_ms))
+        for b in tuple(stats)[:MAX_BATCH_STATS]
+        if 1 <= int(b.batch) <= limits.MAX_BATCH
+    )
+
+
+def observation_of(o: Any, latency: Any = None, device: Any = None) -> Observation:
+    """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation,
+    with the window's SLI latency (`agents.latency_metrics.LatencyWindow`) and device reading
+    (`agents.device.DeviceSample`) when the node has them."""
     return Observation(
         key=o.key,
         model=o.model,
@@ -127,11 +148,63 @@ def observation_of(o: Any) -> Observation:
         failures=int(_figure(o.failures)),
         success=int(_figure(o.success)),
         endpoint=clean_text(str(o.endpoint), limits.MAX_TEXT_CHARS - 3),
+        seq=int(_figure(getattr(o, "seq", 0))),
+        window_s=_figure(getattr(o, "window_s", 0.0)),
+        requests=int(_figure(getattr(o, "requests", 0))),
+        window_failures=int(_figure(getattr(o, "window_failures", 0))),
+        pending=int(_figure(getattr(o, "pending", 0))),
+        batch_stats=_batch_stats(getattr(o, "batch_stats", ())),
+        compute_input_ms=_figure(getattr(o, "compute_input_ms", 0.0)),
+        compute_infer_ms=_figure(getattr(o, "compute_infer_ms", 0.0)),
+        compute_output_ms=_figure(getattr(o, "compute_output_ms", 0.0)),
+        instances=max(1, int(_figure(getattr(o, "instances", 1)))),
+        latency_count=int(_figure(latency.count)) if latency is not None else 0,
+        latency_p50_ms=_optional(latency.p50_ms) if latency is not None else None,
+        latency_p95_ms=_optional(latency.p95_ms) if latency is not None else None,
+        latency_p99_ms=_optional(latency.p99_ms) if latency is not None else None,
+        over_slo_ratio=_optional(latency.over_slo_ratio) if latency is not None else None,
+        device_utilization_pct=_optional(getattr(device, "utilization_pct", None)),
+        sm_clock_mhz=_optional(getattr(device, "sm_clock_mhz", None)),
+        power_w=_optional(getattr(device, "power_w", None)),
     )
 
 
 def _error(e: AssignmentError) -> AssignmentError:
     return AssignmentError(e.key, clean_text(e.message, limits.MAX_MESSAGE_CHARS - 3))
+
+
+class SliReader:
+    """The SLI histogram of the serving path (`stoke_request_latency_ms`), read from its sources each
+    window; `window(workload, slo_ms)` gives that workload's latency since the previous `read`."""
+
+    def __init__(self, sources: Sequence[Callable[[], str]]) -> None:
+        self.sources = tuple(sources)
+        self._before: dict[str, dict[float, float]] = {}
+        self._after: dict[str, dict[float, float]] = {}
+
+    def read(self) -> None:
+        from agents.latency_metrics import parse_sli
+
+        merged: dict[str, dict[float, float]] = {}
+        for source in self.sources:
+            try:
+                text = source()
+            except Exception as err:  # noqa: BLE001 - an SLI endpoint that is down costs its figures, not the window
+                log.debug("SLI source failed: %s", err)
+                continue
+            for workload, buckets in parse_sli(text).items():
+                row = merged.setdefault(workload, {})
+                for bound, count in buckets.items():
+                    row[bound] = row.get(bound, 0.0) + count
+        self._before, self._after = self._after, merged
+
+    def window(self, workload: str, slo_ms: float | None) -> Any:
+        from agents.latency_metrics import latency_window
+
+        after = self._after.get(workload)
+        if after is None or workload not in self._before:
+            return None  # the first read of a workload has no window yet
+        return latency_window(self._before.get(workload), after, slo_ms)
 
 
 @dataclass
@@ -173,7 +246,11 @@ class Agent:
         backoff_jitter: float = 0.5,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sli_sources: Sequence[Callable[[], str]] = (),
+        device: Any = None,
     ) -> None:
+        """`sli_sources` return the serving path's SLI histogram as Prometheus text (URLs, an in-process
+        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`)."""
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -187,6 +264,8 @@ class Agent:
         self.backoff_jitter = backoff_jitter
         self.rng = rng or random.Random()
         self.clock = clock
+        self.sli = SliReader(sli_sources)
+        self.device = device
         self.state = AgentState()
         self._lock = threading.Lock()
         self._wake_fleet = threading.Event()
@@ -326,12 +405,32 @@ class Agent:
                 )
         for e in self.fleet.check_health():
             self._event(e)
-        observed = tuple(observation_of(o) for o in self.fleet.observe())
+        observed = self._observe()
         running = tuple(self.fleet.running())
         endpoints_of = getattr(self.fleet, "serving_endpoints", None)
         endpoints = tuple(endpoints_of().values()) if endpoints_of is not None else ()
         with self._lock:
             s.observed, s.running, s.endpoints = observed, running, endpoints
+
+    def _observe(self) -> tuple[Observation, ...]:
+        """One window: Triton's figures per assignment, with the SLI latency and the device reading."""
+        models = self.fleet.observe()
+        if self.sli.sources:
+            self.sli.read()
+        samples: dict[int, Any] = {}
+        if self.device is not None:
+            try:
+                samples = {int(d.index): d for d in self.device.sample()}
+            except Exception as err:  # noqa: BLE001 - a failed reading costs the device figures only
+                log.debug("device sample failed: %s", err)
+        assigned = {a.key: a for a in (self.state.applied or ())}
+        out = []
+        for o in models:
+            a = assigned.get(o.key)
+            workload = a.workload if a else o.key.rpartition("#")[0]
+            latency = self.sli.window(workload, a.slo_ms if a else None) if self.sli.sources else None
+            out.append(observation_of(o, latency, samples.get(a.device if a else 0)))
+        return tuple(out)
 
     # ------------------------------------------------------------ threads
 

@@ -9,6 +9,10 @@ bucket at every workload's SLO. A failed request is recorded as the client's
 timeout (the load generator does this): for an SLO it is as bad as a late one,
 and the histogram's sum stays finite. The generated alert rules read this histogram
 by default (`controller.alerts`).
+
+The node agent reads the same histogram back (`parse_sli`, from a URL or an
+in-process exporter) and reports each window's percentiles and share over the
+SLO per replica (`latency_window`): the closed loop's observed p99.
 """
 
 from __future__ import annotations
@@ -152,3 +156,93 @@ def _figures(requests: int, failed: int, answered: list[float], slo_ms: float) -
     p50 = float(np.percentile(answered, 50)) if answered else None
     p99 = float(np.percentile(answered, 99)) if answered else None
     return ClientFigures(requests, failed, p50, p99, over / requests)
+
+
+# ---------------------------------------------------------------- reading it back (the agent's SLI window)
+
+#: Most workloads and buckets read from one SLI scrape (bounds what a misbehaving endpoint can make an agent hold).
+MAX_SLI_WORKLOADS = 1024
+MAX_SLI_BUCKETS = 64
+
+Buckets = dict[float, float]  # upper bound (ms; inf for +Inf) -> cumulative count
+
+
+def parse_sli(text: str) -> dict[str, Buckets]:
+    """`stoke_request_latency_ms` buckets per workload from Prometheus text (summed over other labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Buckets] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != METRIC:
+            continue
+        for sample in family.samples:
+            workload = sample.labels.get("workload")
+            if sample.name != METRIC + "_bucket" or not workload or "le" not in sample.labels:
+                continue
+            if workload not in out and len(out) >= MAX_SLI_WORKLOADS:
+                continue
+            row = out.setdefault(workload, {})
+            bound = float(sample.labels["le"])
+            if bound in row or len(row) < MAX_SLI_BUCKETS:
+                row[bound] = row.get(bound, 0.0) + float(sample.value)
+    return out
+
+
+def registry_source(exporter: RequestLatencyExporter):
+    """An SLI source (a callable returning Prometheus text) reading an in-process exporter."""
+    from prometheus_client import generate_latest
+
+    return lambda: generate_latest(exporter.registry).decode()
+
+
+def url_source(url: str, timeout_s: float = 2.0):
+    """An SLI source scraping a /metrics URL (e.g. `stoke load --metrics-port`)."""
+    import urllib.request
+
+    def read() -> str:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return reply.read(8 * 1024 * 1024).decode("utf-8", errors="replace")
+
+    return read
+
+
+@dataclass(frozen=True)
+class LatencyWindow:
+    """Request latency over one window, from the difference of two cumulative histograms."""
+
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    over_slo_ratio: float | None  # exact when the histogram has a bucket at the SLO, else None
+
+
+def _quantile(deltas: list[tuple[float, float]], total: float, q: float) -> float:
+    """Linear interpolation inside the bucket holding the q-quantile (Prometheus' histogram_quantile)."""
+    lower, below = 0.0, 0.0
+    for bound, count in deltas:
+        if count >= q * total:
+            if math.isinf(bound):
+                return lower  # beyond the last finite bucket: its bound, as Prometheus does
+            inside = count - below
+            return lower + (bound - lower) * ((q * total - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def latency_window(before: Buckets | None, after: Buckets, slo_ms: float | None = None) -> LatencyWindow:
+    """Percentiles and the share over `slo_ms` of the requests recorded between two scrapes (a counter
+    that went down, a restarted exporter, counts from zero)."""
+    before = before or {}
+    reset = any(after.get(b, 0.0) < v for b, v in before.items())
+    deltas = sorted((b, max(0.0, v - (0.0 if reset else before.get(b, 0.0)))) for b, v in after.items())
+    total = deltas[-1][1] if deltas and math.isinf(deltas[-1][0]) else max((c for _, c in deltas), default=0.0)
+    if total < 1:
+        return LatencyWindow(0, None, None, None, None)
+    over = None
+    if slo_ms is not None:
+        at = [c for b, c in deltas if abs(b - slo_ms) <= 1e-9 * max(1.0, slo_ms)]
+        over = (total - at[0]) / total if at else None
+    return LatencyWindow(
+        int(total), _quantile(deltas, total, 0.5), _quantile(deltas, total, 0.95), _quantile(deltas, total, 0.99), over
+    )

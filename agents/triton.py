@@ -24,16 +24,20 @@ The one module that runs `tritonserver` and talks to it (`tritonclient`).
     process (``reloaded``); Triton keeps the old version serving until the new
     one is ready, so no request fails;
   * share / device / model change -> a new process with the new share, model
-    loaded there, endpoint switched, then the old process stopped gracefully
-    (``moved``): with a `agents.router.Router`, once the calls in flight on it
-    have answered; without one, after `drain_s`;
+    loaded there and pre-warmed (a few requests at batch 1 and the max batch),
+    endpoint switched, then the old process stopped gracefully (``moved``):
+    with a `agents.router.Router`, once the calls in flight on it have
+    answered; without one, after `drain_s`;
   * a failed load keeps the previous config (or process) serving, and the
     error is reported in ``ApplyReport.errors`` as an `AssignmentError` (key, message; rollback).
 - Endpoints: each process listens on loopback. With a `Router` (the agent
   always has one) every workload gets stable gRPC/HTTP/metrics endpoints on
   the node's bind address that follow its processes (`serving_endpoints`).
-- `parse_metrics` / `observe_models`: Triton's Prometheus text -> per-model
-  counters -> observed figures (request rate, mean batch, queue / compute ms).
+- `parse_metrics` / `parse_statistics` / `observe_model`: Triton's Prometheus text and its
+  statistics extension -> per-model counters -> the figures of one window (request rate,
+  mean batch, queue / compute ms, per batch size executions and mean duration, pending).
+- A base config may fix its CPU instance count with the parameter ``stoke_cpu_instances``
+  (the demo's simulated accelerator uses the cores of its share itself).
 
 What a fleet refuses (`TritonFleet.refusals`, asked by the agent before
 every apply; nothing changes then, every assignment gets the error): a
@@ -70,7 +74,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +84,7 @@ from tritonclient.utils import InferenceServerException
 
 from agents.router import Backend, RouterError
 from controller.limits import REFUSED_KEY
-from controller.messages import AssignmentError, ModelAssignment, ServingEndpoint
+from controller.messages import AssignmentError, BatchStat, ModelAssignment, ServingEndpoint
 from controller.render import (
     CONFIG_NAME,
     ModelConfig,
@@ -96,6 +100,8 @@ from stoke.names import name_problem
 
 HOST = "127.0.0.1"
 log = logging.getLogger("stoke.triton")
+#: Requests per batch size that pre-warm a new process before a move switches traffic to it.
+WARM_UP_REQUESTS = 2
 
 
 class TritonError(StokeError, RuntimeError):
@@ -513,6 +519,13 @@ class TritonProcess:
             raise TritonError(f"{self.name}: get_model_config({model!r}) failed: {_one_line(err)}") from None
         return config_from_json(reply["config"])
 
+    def statistics(self, model: str) -> dict[str, Any]:
+        """Triton's statistics extension for `model` (cumulative counts and durations, per batch size too)."""
+        try:
+            return dict(self.client.get_inference_statistics(model, as_json=True, client_timeout=2.0))
+        except InferenceServerException as err:
+            raise TritonError(f"{self.name}: statistics of {model!r} failed: {_one_line(err)}") from None
+
     def metrics_text(self, timeout_s: float = 2.0) -> str:
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as reply:
@@ -553,6 +566,10 @@ COUNTERS = {
     "nv_inference_compute_output_duration_us": "compute_output_us",
 }
 HISTOGRAM = "nv_inference_first_response_histogram_ms"
+#: Gauges read as they are (not as counters over the window).
+GAUGES = {"nv_inference_pending_request_count": "pending"}
+#: Most batch sizes read from one model's statistics (Triton keeps one entry per size executed).
+MAX_BATCH_SIZES = 256
 
 
 def parse_metrics(text: str) -> dict[str, dict[str, float]]:
@@ -568,13 +585,33 @@ def parse_metrics(text: str) -> dict[str, dict[str, float]]:
                 continue
             # prometheus_client names counter samples `<family>_total`; Triton's lack the suffix
             sample_name = family.name if sample.name == family.name + "_total" else sample.name
-            name = COUNTERS.get(sample_name)
+            name = COUNTERS.get(sample_name) or GAUGES.get(sample_name)
             if name is None and sample_name == HISTOGRAM + "_bucket":
                 name = f"le:{sample.labels.get('le')}"
             if name is None:
                 continue
             row = out.setdefault(model, {})
             row[name] = row.get(name, 0.0) + float(sample.value)
+    return out
+
+
+def parse_statistics(stats: Mapping[str, Any], model: str) -> dict[str, float]:
+    """Triton's statistics JSON -> per batch size, cumulative ``exec:<b>`` executions and ``exec_ns:<b>``
+    nanoseconds (compute input + infer + output), summed over versions; at most `MAX_BATCH_SIZES` sizes."""
+    out: dict[str, float] = {}
+    for entry in stats.get("model_stats", ()):
+        if entry.get("name") != model:
+            continue
+        for b in entry.get("batch_stats", ())[:MAX_BATCH_SIZES]:
+            size = int(b.get("batch_size", 0))
+            if size < 1:
+                continue
+            count = float(b.get("compute_infer", {}).get("count", 0))
+            ns = sum(
+                float(b.get(part, {}).get("ns", 0)) for part in ("compute_input", "compute_infer", "compute_output")
+            )
+            out[f"exec:{size}"] = out.get(f"exec:{size}", 0.0) + count
+            out[f"exec_ns:{size}"] = out.get(f"exec_ns:{size}", 0.0) + ns
     return out
 
 
@@ -598,6 +635,15 @@ class ObservedModel:
     mean_request_ms: float = 0.0
     window_s: float = 0.0
     latency_p99_ms: float | None = None  # from the per-model histogram, when the server emits one
+    requests: int = 0  # completed in the window
+    window_failures: int = 0  # failed in the window
+    pending: int = 0  # waiting in the queue at the end of the window
+    batch_stats: tuple[BatchStat, ...] = ()  # per batch size executed in the window
+    compute_input_ms: float = 0.0  # per request, mean over the window
+    compute_infer_ms: float = 0.0
+    compute_output_ms: float = 0.0
+    instances: int = 1
+    seq: int = 0  # windows observed of this assignment so far
 
 
 def _quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | None:
@@ -626,6 +672,16 @@ def observe_model(
     executions = delta("executions")
     buckets = {float(k[3:]): delta(k) for k in current if k.startswith("le:")}
     compute_us = delta("compute_input_us") + delta("compute_infer_us") + delta("compute_output_us")
+    batch_stats = []
+    for name in sorted((k for k in current if k.startswith("exec:")), key=lambda k: int(k[5:])):
+        size, count = int(name[5:]), delta(name)
+        if count >= 1:
+            mean_ms = delta(f"exec_ns:{size}") / count / 1e6
+            batch_stats.append(BatchStat(size, int(count), max(0.0, mean_ms)))
+
+    def per_request_ms(name: str) -> float:
+        return delta(name) / success / 1000.0 if success else 0.0
+
     return ObservedModel(
         model=model,
         key=key,
@@ -639,6 +695,13 @@ def observe_model(
         mean_request_ms=delta("request_us") / success / 1000.0 if success else 0.0,
         window_s=window_s,
         latency_p99_ms=_quantile_from_buckets(buckets, 0.99),
+        requests=int(success),
+        window_failures=int(delta("failure")),
+        pending=int(current.get("pending", 0.0)),
+        batch_stats=tuple(batch_stats),
+        compute_input_ms=per_request_ms("compute_input_us"),
+        compute_infer_ms=per_request_ms("compute_infer_us"),
+        compute_output_ms=per_request_ms("compute_output_us"),
     )
 
 
@@ -667,6 +730,16 @@ class _Slot:
     cores: tuple[int, ...] | None
     last_metrics: dict[str, float] = field(default_factory=dict)
     last_scrape: float = 0.0
+    windows: int = 0  # windows observed so far (`ObservedModel.seq`)
+
+
+#: A base-config parameter: this many model instances on a CPU node, whatever the share (the model uses the
+#: cores of its share itself); without it, one instance per core of the share.
+FIXED_CPU_INSTANCES = "stoke_cpu_instances"
+
+
+def _instances(config: ModelConfig) -> int:
+    return max(1, sum(int(g.count) or 1 for g in config.instance_group)) if config.instance_group else 1
 
 
 def _placement(a: ModelAssignment) -> tuple[str, int, float]:
@@ -785,9 +858,13 @@ class TritonFleet:
             gpu_index=0 if self.device_kind == "gpu" else None,
             latency_histogram=self.latency_histogram,
         )
-        if self.device_kind == "cpu" and self.cpu_instance_per_core:
+        fixed = config.parameters[FIXED_CPU_INSTANCES].string_value if FIXED_CPU_INSTANCES in config.parameters else ""
+        if self.device_kind == "cpu" and self.cpu_instance_per_core and not fixed.strip().isdigit():
             # a CPU share is a set of cores; one model instance per core lets the model use them all
             config.instance_group[0].count = len(cpu_cores_for_share(a.share_pct, self.cpu_cores))
+        elif self.device_kind == "cpu" and fixed.strip().isdigit():
+            # the model uses the cores of its share itself (e.g. the demo's simulated accelerator)
+            config.instance_group[0].count = max(1, min(int(fixed), len(self.cpu_cores)))
         return config
 
     # -- processes
@@ -813,7 +890,7 @@ class TritonFleet:
             env.update(client_env(a.share_pct))  # pipe / log directories of the daemon
         return None, env
 
-    def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None) -> _Slot:
+    def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None, warm: bool = False) -> _Slot:
         if self.device_kind == "gpu":
             self._ensure_mps()
         cores, env = self.resources(a, exclude)
@@ -836,7 +913,26 @@ class TritonFleet:
         except TritonError:
             process.stop(timeout_s=5)
             raise
-        return _Slot(assignment=a, process=process, config=config, cores=cores, last_scrape=self._clock())
+        slot = _Slot(assignment=a, process=process, config=config, cores=cores, last_scrape=self._clock())
+        if warm:
+            self._warm_up(slot)
+        return slot
+
+    def _warm_up(self, slot: _Slot) -> None:
+        """Pre-warm a new process before traffic switches to it: a few requests at batch 1 and at the max
+        batch (first calls pay lazy initialisation), then its counters start from there."""
+        from agents.loadgen import LoadError, build_inputs  # the load generator's input builder
+
+        model = slot.assignment.model
+        try:
+            for batch in sorted({1, max(1, int(slot.config.max_batch_size))}):
+                inputs = build_inputs(slot.process.client, model, batch)
+                for _ in range(WARM_UP_REQUESTS):
+                    slot.process.client.infer(model, inputs, client_timeout=self.ready_timeout_s)
+        except (LoadError, InferenceServerException):
+            return  # a model that cannot be warmed up still serves; its first requests are slower
+        slot.last_metrics = self._scrape(slot) or {}
+        slot.last_scrape = self._clock()
 
     def _ensure_mps(self) -> None:
         if self.mps is not None and not self._mps_started:
@@ -889,7 +985,7 @@ class TritonFleet:
                     continue
                 if _placement(slot.assignment) != _placement(a):
                     try:
-                        new = self._spawn(a, config, exclude=key)
+                        new = self._spawn(a, config, exclude=key, warm=True)
                     except (RuntimeError, OSError) as err:  # TritonError, MpsError
                         errors.append(
                             AssignmentError(
@@ -1025,24 +1121,35 @@ class TritonFleet:
         with self._lock:
             for key in sorted(self._slots):
                 slot = self._slots[key]
-                try:
-                    metrics = parse_metrics(slot.process.metrics_text())
-                except TritonError:
+                current = self._scrape(slot)
+                if current is None:
                     continue
                 now = self._clock()
-                current = metrics.get(slot.assignment.model, {})
-                out.append(
-                    observe_model(
-                        slot.assignment.model,
-                        key,
-                        slot.process.grpc_url,
-                        slot.last_metrics,
-                        current,
-                        now - slot.last_scrape,
-                    )
+                slot.windows += 1
+                observed = observe_model(
+                    slot.assignment.model,
+                    key,
+                    slot.process.grpc_url,
+                    slot.last_metrics,
+                    current,
+                    now - slot.last_scrape,
                 )
+                out.append(replace(observed, instances=_instances(slot.config), seq=slot.windows))
                 slot.last_metrics, slot.last_scrape = current, now
         return out
+
+    @staticmethod
+    def _scrape(slot: _Slot) -> dict[str, float] | None:
+        """The model's counters: Triton's metrics, plus per batch size from its statistics (when it answers)."""
+        try:
+            current = parse_metrics(slot.process.metrics_text()).get(slot.assignment.model, {})
+        except TritonError:
+            return None
+        try:
+            current.update(parse_statistics(slot.process.statistics(slot.assignment.model), slot.assignment.model))
+        except TritonError:
+            pass  # the window still has Triton's metrics
+        return current
 
     def endpoints(self) -> dict[str, str]:
         with self._lock:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.messages import (
+    MAX_BATCH_STATS,
     AssignmentError,
     HeartbeatReport,
     ModelAssignment,
@@ -170,12 +171,47 @@ def _key(key: str, field: str) -> None:
     _name(replica.workload, field)
 
 
+#: The window's figures (the closed loop) that must be finite figures too, and those that may be absent.
+_WINDOW_FIGURES = (
+    "seq",
+    "window_s",
+    "requests",
+    "window_failures",
+    "pending",
+    "compute_input_ms",
+    "compute_infer_ms",
+    "compute_output_ms",
+    "instances",
+    "latency_count",
+)
+_OPTIONAL_FIGURES = (
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "over_slo_ratio",
+    "device_utilization_pct",
+    "sm_clock_mhz",
+    "power_w",
+)
+
+
 def _check_observation(o: Observation, field: str) -> None:
     _key(o.key, f"{field}.key")
     _name(o.model, f"{field}.model")
     for name in ("request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success"):
         _figure(getattr(o, name), f"{field}.{name}")
     _text(o.endpoint, f"{field}.endpoint", MAX_TEXT_CHARS)
+    for name in _WINDOW_FIGURES:
+        _figure(getattr(o, name), f"{field}.{name}")
+    for name in _OPTIONAL_FIGURES:
+        if getattr(o, name) is not None:
+            _figure(getattr(o, name), f"{field}.{name}")
+    _count(o.batch_stats, f"{field}.batch_stats", MAX_BATCH_STATS)
+    for j, b in enumerate(o.batch_stats):
+        if not 1 <= b.batch <= MAX_BATCH:
+            raise invalid(f"{field}.batch_stats[{j}].batch", f"must be from 1 to {MAX_BATCH}, got {b.batch}")
+        _figure(b.executions, f"{field}.batch_stats[{j}].executions")
+        _figure(b.compute_ms, f"{field}.batch_stats[{j}].compute_ms")
 
 
 # ---------------------------------------------------------------- the agent checks the controller

@@ -126,9 +126,29 @@ class NodeDevice:
     gpu_type: str = ""  # "" = resolved by the controller (ServiceConfig.gpu_type_for)
 
 
+#: Most batch sizes one observation may describe (Triton's batch statistics, one entry per size seen).
+MAX_BATCH_STATS = 256
+
+
+@dataclass(frozen=True)
+class BatchStat:
+    """Executions of one batch size in an observation window and their mean duration (Triton's batch
+    statistics: compute input + infer + output of one execution, in ms)."""
+
+    batch: int
+    executions: int
+    compute_ms: float
+
+
 @dataclass(frozen=True)
 class Observation:
-    """Per-assignment figures an agent scraped from Triton."""
+    """Per-assignment figures an agent observed over its last window (Triton, the SLI histogram, the device).
+
+    Rates, means and histograms cover the window of `window_s` seconds before the
+    report; `failures` and `success` are the server's cumulative counters. Figures
+    the node could not observe are None (latency percentiles need the SLI
+    histogram of the serving path, device readings a device reader).
+    """
 
     key: str
     model: str
@@ -139,6 +159,25 @@ class Observation:
     failures: int = 0
     success: int = 0
     endpoint: str = ""
+    # ---- the window (closed loop: recorded by the controller, feeds recalibration, demand and the guard)
+    seq: int = 0  # counts this replica's windows on its node; the controller stores each window once
+    window_s: float = 0.0
+    requests: int = 0  # requests completed in the window
+    window_failures: int = 0  # requests failed in the window
+    pending: int = 0  # requests waiting in Triton's queue at the end of the window
+    batch_stats: tuple[BatchStat, ...] = ()  # per batch size: executions and mean duration
+    compute_input_ms: float = 0.0  # per request, mean over the window
+    compute_infer_ms: float = 0.0
+    compute_output_ms: float = 0.0
+    instances: int = 1  # model instances serving it
+    latency_count: int = 0  # requests the SLI histogram saw in the window (0: no percentiles)
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    latency_p99_ms: float | None = None
+    over_slo_ratio: float | None = None  # share of the window's requests slower than the SLO
+    device_utilization_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
 
     @property
     def latency_ms(self) -> float:

@@ -10,16 +10,25 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_REPO = REPO_ROOT / "triton_repo"
 DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
-#: Every model of triton_repo/: the demo models and batch_sleep (the batching check's model).
-REPO_MODELS = (*DEMO_MODELS, "batch_sleep")
+#: Every model of triton_repo/: the demo models, batch_sleep (the batching check's model) and accel_sim (the
+#: closed loop's simulated accelerator).
+REPO_MODELS = (*DEMO_MODELS, "batch_sleep", "accel_sim")
 INPUT_SHAPES = {
     "tiny_echo": (8,),
     "mlp_small": (64,),
     "conv_medium": (3, 32, 32),
     "embed_large": (16,),
     "batch_sleep": (8,),
+    "accel_sim": (16,),
 }
-OUTPUT_SHAPES = {"tiny_echo": (8,), "mlp_small": (16,), "conv_medium": (10,), "embed_large": (64,), "batch_sleep": (8,)}
+OUTPUT_SHAPES = {
+    "tiny_echo": (8,),
+    "mlp_small": (16,),
+    "conv_medium": (10,),
+    "embed_large": (64,),
+    "batch_sleep": (8,),
+    "accel_sim": (16,),
+}
 
 
 def free_port() -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from controller.api import stoke_pb2 as pb
 from controller.messages import (
     AssignmentError,
+    BatchStat,
     HeartbeatAnswer,
     HeartbeatReport,
     ModelAssignment,
@@ -22,21 +23,42 @@ from controller.solver import Workload
 
 
 def workload_to_pb(w: Workload) -> pb.Workload:
-    return pb.Workload(name=w.name, model=w.model, slo_ms=w.slo_ms, rate_rps=w.rate_rps, gpu_type=w.gpu_type or "")
+    return pb.Workload(
+        name=w.name,
+        model=w.model,
+        slo_ms=w.slo_ms,
+        rate_rps=w.rate_rps,
+        gpu_type=w.gpu_type or "",
+        rate_auto=w.rate_auto,
+        min_rps=w.min_rps or 0.0,
+        max_rps=w.max_rps or 0.0,
+    )
 
 
 def workload_fields(m: pb.Workload) -> dict[str, Any]:
-    return {
+    fields: dict[str, Any] = {
         "name": m.name,
         "model": m.model,
         "slo_ms": m.slo_ms,
-        "rate_rps": m.rate_rps,
+        "rate_rps": "auto" if m.rate_auto else m.rate_rps,
         "gpu_type": m.gpu_type or None,
     }
+    if m.rate_auto:
+        fields.update(min_rps=m.min_rps or None, max_rps=m.max_rps or None)
+    return fields
 
 
 def workload_from_pb(m: pb.Workload) -> Workload:
-    return Workload(name=m.name, model=m.model, slo_ms=m.slo_ms, rate_rps=m.rate_rps, gpu_type=m.gpu_type or None)
+    return Workload(
+        name=m.name,
+        model=m.model,
+        slo_ms=m.slo_ms,
+        rate_rps=m.rate_rps,
+        gpu_type=m.gpu_type or None,
+        rate_auto=m.rate_auto,
+        min_rps=m.min_rps or None,
+        max_rps=m.max_rps or None,
+    )
 
 
 def assignment_to_pb(a: ModelAssignment) -> pb.Assignment:
@@ -79,7 +101,28 @@ def device_from_pb(m: pb.Device) -> NodeDevice:
     )
 
 
+#: Observation fields that may be absent (proto3 `optional`; None in `Observation`).
+OPTIONAL_OBSERVED = (
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "over_slo_ratio",
+    "device_utilization_pct",
+    "sm_clock_mhz",
+    "power_w",
+)
+
+
+def batch_stat_to_pb(b: BatchStat) -> pb.BatchStat:
+    return pb.BatchStat(batch=b.batch, executions=b.executions, compute_ms=b.compute_ms)
+
+
+def batch_stat_from_pb(m: pb.BatchStat) -> BatchStat:
+    return BatchStat(batch=m.batch, executions=m.executions, compute_ms=m.compute_ms)
+
+
 def observation_to_pb(o: Observation) -> pb.Observed:
+    optional = {name: getattr(o, name) for name in OPTIONAL_OBSERVED if getattr(o, name) is not None}
     return pb.Observed(
         key=o.key,
         model=o.model,
@@ -90,6 +133,18 @@ def observation_to_pb(o: Observation) -> pb.Observed:
         failures=o.failures,
         success=o.success,
         endpoint=o.endpoint,
+        seq=o.seq,
+        window_s=o.window_s,
+        requests=o.requests,
+        window_failures=o.window_failures,
+        pending=o.pending,
+        batch_stats=[batch_stat_to_pb(b) for b in o.batch_stats],
+        compute_input_ms=o.compute_input_ms,
+        compute_infer_ms=o.compute_infer_ms,
+        compute_output_ms=o.compute_output_ms,
+        instances=o.instances,
+        latency_count=o.latency_count,
+        **optional,
     )
 
 
@@ -104,6 +159,18 @@ def observation_from_pb(m: pb.Observed) -> Observation:
         failures=m.failures,
         success=m.success,
         endpoint=m.endpoint,
+        seq=m.seq,
+        window_s=m.window_s,
+        requests=m.requests,
+        window_failures=m.window_failures,
+        pending=m.pending,
+        batch_stats=tuple(batch_stat_from_pb(b) for b in m.batch_stats),
+        compute_input_ms=m.compute_input_ms,
+        compute_infer_ms=m.compute_infer_ms,
+        compute_output_ms=m.compute_output_ms,
+        instances=m.instances or 1,
+        latency_count=m.latency_count,
+        **{name: getattr(m, name) if m.HasField(name) else None for name in OPTIONAL_OBSERVED},
     )
 
 

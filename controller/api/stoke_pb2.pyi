@@ -7,18 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Workload(_message.Message):
-    __slots__ = ("name", "model", "slo_ms", "rate_rps", "gpu_type")
+    __slots__ = ("name", "model", "slo_ms", "rate_rps", "gpu_type", "rate_auto", "min_rps", "max_rps")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_MS_FIELD_NUMBER: _ClassVar[int]
     RATE_RPS_FIELD_NUMBER: _ClassVar[int]
     GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RATE_AUTO_FIELD_NUMBER: _ClassVar[int]
+    MIN_RPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo_ms: float
     rate_rps: float
     gpu_type: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+    rate_auto: bool
+    min_rps: float
+    max_rps: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ..., rate_auto: _Optional[bool] = ..., min_rps: _Optional[float] = ..., max_rps: _Optional[float] = ...) -> None: ...
 
 class ApplyWorkloadsRequest(_message.Message):
     __slots__ = ("workloads", "dry_run")
@@ -200,8 +206,18 @@ class Assignment(_message.Message):
     replica: int
     def __init__(self, workload: _Optional[str] = ..., model: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., queue_delay_ms: _Optional[float] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., replica: _Optional[int] = ...) -> None: ...
 
+class BatchStat(_message.Message):
+    __slots__ = ("batch", "executions", "compute_ms")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    executions: int
+    compute_ms: float
+    def __init__(self, batch: _Optional[int] = ..., executions: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+
 class Observed(_message.Message):
-    __slots__ = ("key", "model", "request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success", "endpoint")
+    __slots__ = ("key", "model", "request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success", "endpoint", "seq", "window_s", "requests", "window_failures", "pending", "batch_stats", "compute_input_ms", "compute_infer_ms", "compute_output_ms", "instances", "latency_count", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "over_slo_ratio", "device_utilization_pct", "sm_clock_mhz", "power_w")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +227,24 @@ class Observed(_message.Message):
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    BATCH_STATS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INPUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INFER_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_MS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    OVER_SLO_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
     key: str
     model: str
     request_rate_rps: float
@@ -220,7 +254,25 @@ class Observed(_message.Message):
     failures: int
     success: int
     endpoint: str
-    def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ...) -> None: ...
+    seq: int
+    window_s: float
+    requests: int
+    window_failures: int
+    pending: int
+    batch_stats: _containers.RepeatedCompositeFieldContainer[BatchStat]
+    compute_input_ms: float
+    compute_infer_ms: float
+    compute_output_ms: float
+    instances: int
+    latency_count: int
+    latency_p50_ms: float
+    latency_p95_ms: float
+    latency_p99_ms: float
+    over_slo_ratio: float
+    device_utilization_pct: float
+    sm_clock_mhz: float
+    power_w: float
+    def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ..., seq: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., window_failures: _Optional[int] = ..., pending: _Optional[int] = ..., batch_stats: _Optional[_Iterable[_Union[BatchStat, _Mapping]]] = ..., compute_input_ms: _Optional[float] = ..., compute_infer_ms: _Optional[float] = ..., compute_output_ms: _Optional[float] = ..., instances: _Optional[int] = ..., latency_count: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p95_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., over_slo_ratio: _Optional[float] = ..., device_utilization_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[float] = ..., power_w: _Optional[float] = ...) -> None: ...
 
 class ServingEndpoint(_message.Message):
     __slots__ = ("key", "grpc", "http", "metrics", "backend")
@@ -363,7 +415,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica: _Optional[int] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., predicted_latency_ms: _Optional[float] = ..., serving: _Optional[bool] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., endpoint: _Optional[str] = ..., http_endpoint: _Optional[str] = ..., metrics_endpoint: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class WorkloadStatus(_message.Message):
-    __slots__ = ("name", "model", "slo_ms", "rate_rps", "state", "reason", "replicas", "predicted_latency_ms", "observed", "observed_latency_ms", "observed_rate_rps", "slo_attainment")
+    __slots__ = ("name", "model", "slo_ms", "rate_rps", "state", "reason", "replicas", "predicted_latency_ms", "observed", "observed_latency_ms", "observed_rate_rps", "slo_attainment", "rate_auto", "min_rps", "max_rps", "demand", "observed_p99_ms", "prediction_error_ratio", "guard", "guard_moves", "predicted_p99_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_MS_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +428,15 @@ class WorkloadStatus(_message.Message):
     OBSERVED_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
     SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    RATE_AUTO_FIELD_NUMBER: _ClassVar[int]
+    MIN_RPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RPS_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_ERROR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    GUARD_MOVES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_P99_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo_ms: float
@@ -388,14 +449,23 @@ class WorkloadStatus(_message.Message):
     observed_latency_ms: float
     observed_rate_rps: float
     slo_attainment: float
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., predicted_latency_ms: _Optional[float] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ...) -> None: ...
+    rate_auto: bool
+    min_rps: float
+    max_rps: float
+    demand: str
+    observed_p99_ms: float
+    prediction_error_ratio: float
+    guard: str
+    guard_moves: int
+    predicted_p99_ms: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., predicted_latency_ms: _Optional[float] = ..., observed: _Optional[bool] = ..., observed_latency_ms: _Optional[float] = ..., observed_rate_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ..., rate_auto: _Optional[bool] = ..., min_rps: _Optional[float] = ..., max_rps: _Optional[float] = ..., demand: _Optional[str] = ..., observed_p99_ms: _Optional[float] = ..., prediction_error_ratio: _Optional[float] = ..., guard: _Optional[str] = ..., guard_moves: _Optional[int] = ..., predicted_p99_ms: _Optional[float] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("revision", "workloads", "gpus_in_use", "cost_per_hour", "nodes_ready", "nodes_lost", "last_error", "nodes_silent", "alerts")
+    __slots__ = ("revision", "workloads", "gpus_in_use", "cost_per_hour", "nodes_ready", "nodes_lost", "last_error", "nodes_silent", "alerts", "loop_events")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     GPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +475,7 @@ class StatusResponse(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     NODES_SILENT_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIELD_NUMBER: _ClassVar[int]
+    LOOP_EVENTS_FIELD_NUMBER: _ClassVar[int]
     revision: int
     workloads: _containers.RepeatedCompositeFieldContainer[WorkloadStatus]
     gpus_in_use: int
@@ -414,7 +485,8 @@ class StatusResponse(_message.Message):
     last_error: str
     nodes_silent: int
     alerts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, revision: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[WorkloadStatus, _Mapping]]] = ..., gpus_in_use: _Optional[int] = ..., cost_per_hour: _Optional[float] = ..., nodes_ready: _Optional[int] = ..., nodes_lost: _Optional[int] = ..., last_error: _Optional[str] = ..., nodes_silent: _Optional[int] = ..., alerts: _Optional[_Iterable[str]] = ...) -> None: ...
+    loop_events: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, revision: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[WorkloadStatus, _Mapping]]] = ..., gpus_in_use: _Optional[int] = ..., cost_per_hour: _Optional[float] = ..., nodes_ready: _Optional[int] = ..., nodes_lost: _Optional[int] = ..., last_error: _Optional[str] = ..., nodes_silent: _Optional[int] = ..., alerts: _Optional[_Iterable[str]] = ..., loop_events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UploadProfileRequest(_message.Message):
     __slots__ = ("profile_json", "gpu_type")
@@ -425,14 +497,48 @@ class UploadProfileRequest(_message.Message):
     def __init__(self, profile_json: _Optional[str] = ..., gpu_type: _Optional[str] = ...) -> None: ...
 
 class ProfileInfo(_message.Message):
-    __slots__ = ("gpu_type", "model", "uploaded_unix")
+    __slots__ = ("gpu_type", "model", "uploaded_unix", "active_version", "correction", "pinned", "versions")
     GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     UPLOADED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     gpu_type: str
     model: str
     uploaded_unix: float
-    def __init__(self, gpu_type: _Optional[str] = ..., model: _Optional[str] = ..., uploaded_unix: _Optional[float] = ...) -> None: ...
+    active_version: int
+    correction: float
+    pinned: bool
+    versions: int
+    def __init__(self, gpu_type: _Optional[str] = ..., model: _Optional[str] = ..., uploaded_unix: _Optional[float] = ..., active_version: _Optional[int] = ..., correction: _Optional[float] = ..., pinned: _Optional[bool] = ..., versions: _Optional[int] = ...) -> None: ...
+
+class ProfileVersion(_message.Message):
+    __slots__ = ("gpu_type", "model", "version", "created_unix", "mode", "correction", "correction_constant", "evidence_windows", "evidence_executions", "reason", "active")
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_CONSTANT_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    gpu_type: str
+    model: str
+    version: int
+    created_unix: float
+    mode: str
+    correction: float
+    correction_constant: float
+    evidence_windows: float
+    evidence_executions: int
+    reason: str
+    active: bool
+    def __init__(self, gpu_type: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., created_unix: _Optional[float] = ..., mode: _Optional[str] = ..., correction: _Optional[float] = ..., correction_constant: _Optional[float] = ..., evidence_windows: _Optional[float] = ..., evidence_executions: _Optional[int] = ..., reason: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class UploadProfileResponse(_message.Message):
     __slots__ = ("profiles",)
@@ -441,14 +547,128 @@ class UploadProfileResponse(_message.Message):
     def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("versions", "model")
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    versions: bool
+    model: str
+    def __init__(self, versions: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles", "versions")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileInfo]
+    versions: _containers.RepeatedCompositeFieldContainer[ProfileVersion]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[ProfileVersion, _Mapping]]] = ...) -> None: ...
+
+class RollbackProfileRequest(_message.Message):
+    __slots__ = ("model", "gpu_type", "version", "resume")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    gpu_type: str
+    version: int
+    resume: bool
+    def __init__(self, model: _Optional[str] = ..., gpu_type: _Optional[str] = ..., version: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
+
+class RollbackProfileResponse(_message.Message):
     __slots__ = ("profiles",)
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileInfo]
     def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileInfo, _Mapping]]] = ...) -> None: ...
+
+class ObservationRecord(_message.Message):
+    __slots__ = ("unix", "node_id", "device", "gpu_type", "workload", "replica", "model", "share_pct", "batch", "queue_delay_ms", "neighbours", "window_s", "rate_rps", "requests", "failures", "mean_batch", "batch_stats", "queue_ms", "compute_ms", "observed_batch_ms", "predicted_batch_ms", "error_ratio", "predicted_p99_ms", "profile_version", "instances", "p50_ms", "p95_ms", "p99_ms", "over_slo_ratio", "device_utilization_pct", "sm_clock_mhz", "power_w", "pending")
+    UNIX_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    RATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    BATCH_STATS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_BATCH_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_BATCH_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P95_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    OVER_SLO_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    unix: float
+    node_id: str
+    device: int
+    gpu_type: str
+    workload: str
+    replica: int
+    model: str
+    share_pct: float
+    batch: int
+    queue_delay_ms: float
+    neighbours: _containers.RepeatedScalarFieldContainer[str]
+    window_s: float
+    rate_rps: float
+    requests: int
+    failures: int
+    mean_batch: float
+    batch_stats: _containers.RepeatedCompositeFieldContainer[BatchStat]
+    queue_ms: float
+    compute_ms: float
+    observed_batch_ms: float
+    predicted_batch_ms: float
+    error_ratio: float
+    predicted_p99_ms: float
+    profile_version: int
+    instances: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    over_slo_ratio: float
+    device_utilization_pct: float
+    sm_clock_mhz: float
+    power_w: float
+    pending: int
+    def __init__(self, unix: _Optional[float] = ..., node_id: _Optional[str] = ..., device: _Optional[int] = ..., gpu_type: _Optional[str] = ..., workload: _Optional[str] = ..., replica: _Optional[int] = ..., model: _Optional[str] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., queue_delay_ms: _Optional[float] = ..., neighbours: _Optional[_Iterable[str]] = ..., window_s: _Optional[float] = ..., rate_rps: _Optional[float] = ..., requests: _Optional[int] = ..., failures: _Optional[int] = ..., mean_batch: _Optional[float] = ..., batch_stats: _Optional[_Iterable[_Union[BatchStat, _Mapping]]] = ..., queue_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., observed_batch_ms: _Optional[float] = ..., predicted_batch_ms: _Optional[float] = ..., error_ratio: _Optional[float] = ..., predicted_p99_ms: _Optional[float] = ..., profile_version: _Optional[int] = ..., instances: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., over_slo_ratio: _Optional[float] = ..., device_utilization_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[float] = ..., power_w: _Optional[float] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class ListObservationsRequest(_message.Message):
+    __slots__ = ("workload", "limit")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    limit: int
+    def __init__(self, workload: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListObservationsResponse(_message.Message):
+    __slots__ = ("observations", "stored", "retention_s", "max_rows")
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    observations: _containers.RepeatedCompositeFieldContainer[ObservationRecord]
+    stored: int
+    retention_s: float
+    max_rows: int
+    def __init__(self, observations: _Optional[_Iterable[_Union[ObservationRecord, _Mapping]]] = ..., stored: _Optional[int] = ..., retention_s: _Optional[float] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class MintAgentTokenRequest(_message.Message):
     __slots__ = ("node_id",)

@@ -91,6 +91,16 @@ class StokeControllerStub:
                 request_serializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.SerializeToString,
                 response_deserializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.FromString,
                 _registered_method=True)
+        self.RollbackProfile = channel.unary_unary(
+                '/stoke.v1.StokeController/RollbackProfile',
+                request_serializer=controller_dot_api_dot_stoke__pb2.RollbackProfileRequest.SerializeToString,
+                response_deserializer=controller_dot_api_dot_stoke__pb2.RollbackProfileResponse.FromString,
+                _registered_method=True)
+        self.ListObservations = channel.unary_unary(
+                '/stoke.v1.StokeController/ListObservations',
+                request_serializer=controller_dot_api_dot_stoke__pb2.ListObservationsRequest.SerializeToString,
+                response_deserializer=controller_dot_api_dot_stoke__pb2.ListObservationsResponse.FromString,
+                _registered_method=True)
 
 
 class StokeControllerServicer:
@@ -164,6 +174,18 @@ class StokeControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RollbackProfile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListObservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StokeControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +243,16 @@ def add_StokeControllerServicer_to_server(servicer, server):
                     servicer.MintAgentToken,
                     request_deserializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.FromString,
                     response_serializer=controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.SerializeToString,
+            ),
+            'RollbackProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackProfile,
+                    request_deserializer=controller_dot_api_dot_stoke__pb2.RollbackProfileRequest.FromString,
+                    response_serializer=controller_dot_api_dot_stoke__pb2.RollbackProfileResponse.SerializeToString,
+            ),
+            'ListObservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListObservations,
+                    request_deserializer=controller_dot_api_dot_stoke__pb2.ListObservationsRequest.FromString,
+                    response_serializer=controller_dot_api_dot_stoke__pb2.ListObservationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -522,6 +554,60 @@ class StokeController:
             '/stoke.v1.StokeController/MintAgentToken',
             controller_dot_api_dot_stoke__pb2.MintAgentTokenRequest.SerializeToString,
             controller_dot_api_dot_stoke__pb2.MintAgentTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoke.v1.StokeController/RollbackProfile',
+            controller_dot_api_dot_stoke__pb2.RollbackProfileRequest.SerializeToString,
+            controller_dot_api_dot_stoke__pb2.RollbackProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListObservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoke.v1.StokeController/ListObservations',
+            controller_dot_api_dot_stoke__pb2.ListObservationsRequest.SerializeToString,
+            controller_dot_api_dot_stoke__pb2.ListObservationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

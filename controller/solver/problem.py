@@ -42,6 +42,14 @@ class Workload:
     rate_rps: float
     gpu_type: str | None = None  # optional preference: only GPUs of this type
     arrivals: str = "poisson"  # "poisson" (independent users) or "constant" (paced clients)
+    # `rate_rps: auto` (demand tracking, done by the controller): rate_rps is then the rate planned for
+    # now, kept within [min_rps, max_rps]; the solver plans for rate_rps either way
+    rate_auto: bool = False
+    min_rps: float | None = None
+    max_rps: float | None = None
+    #: No replica gets a smaller share (the controller's SLO guard raises it; 0 = no floor). The `stoke`
+    #: strategy honours it; the baselines ignore it.
+    min_share_pct: float = 0.0
 
     def __post_init__(self) -> None:
         if self.arrivals not in ("poisson", "constant"):
@@ -62,6 +70,13 @@ class Workload:
             maximum=MAX_RATE_RPS,
             fix="split a larger service into several workloads",
         )
+        for attr in ("min_rps", "max_rps"):
+            if getattr(self, attr) is not None:
+                check.positive(getattr(self, attr), attr, where=where, error=ProblemError, maximum=MAX_RATE_RPS)
+        if self.min_rps is not None and self.max_rps is not None and self.min_rps > self.max_rps:
+            raise ProblemError(f"{where}: min_rps ({self.min_rps:g}) must not exceed max_rps ({self.max_rps:g})")
+        if not 0.0 <= self.min_share_pct <= 100.0:
+            raise ProblemError(f"{where}: min_share_pct must be in [0, 100], got {self.min_share_pct!r}")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PORT",
         help="serve this node's device metrics on http://127.0.0.1:PORT/metrics (0 = any; default off)",
     )
+    p.add_argument(
+        "--sli-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="read the serving path's SLI histogram (stoke_request_latency_ms, e.g. `stoke load --metrics-port`) "
+        "from this /metrics URL each window and report each replica's p50/p95/p99 and share over its SLO "
+        "(repeatable); the SLO guard and `stoke observations` use them",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_agent)
 
@@ -173,7 +182,16 @@ def run_agent(args: argparse.Namespace) -> int:
         except (DeviceError, OSError) as err:
             fleet.close()
             raise UserError(f"--metrics-port {args.metrics_port}: cannot serve device metrics ({err})") from None
-    agent = Agent(client, fleet, node_id, devices, address=router.host)
+    from agents.device import DeviceError, open_device
+    from agents.latency_metrics import url_source
+
+    try:
+        reader = open_device(args.device)  # device readings in each window
+    except DeviceError as err:
+        logging.getLogger("stoke.agent").warning("no device readings in the observations: %s", err)
+        reader = None
+    sli = [url_source(url) for url in args.sli_metrics]
+    agent = Agent(client, fleet, node_id, devices, address=router.host, sli_sources=sli, device=reader)
     if fleet.reaped:
         agent.note(
             f"reaped {len(fleet.reaped)} Triton process(es) a previous agent left running in {fleet.workdir} "
@@ -190,6 +208,8 @@ def run_agent(args: argparse.Namespace) -> int:
     stop.wait()
     agent.stop()
     client.close()
+    if reader is not None:
+        reader.close()
     if exporter is not None:
         exporter.close()
     return 0

@@ -131,6 +131,49 @@ def demo_cpu_profile(name: str = "CPU") -> Any:
     )
 
 
+#: The demo's simulated accelerator (triton_repo/accel_sim): a batch of b takes (base + per_sample * b) / cores.
+ACCEL_BASE_MS = 10.0
+ACCEL_PER_SAMPLE_MS = 5.0
+#: Triton's own share of an execution (Python backend round trip), measured on a 2-core machine.
+ACCEL_OVERHEAD_MS = 2.0
+
+
+def accel_sim_profile(cores: int, name: str = "CPU") -> Any:
+    """An exact profile of `accel_sim` on a CPU node of `cores` cores: one share step per core.
+
+    At share r the model runs on r/100 * cores cores, so one execution of batch b takes
+    (base + per_sample * b) * 100 / (cores * r) ms plus Triton's overhead:
+    k_act = (k2 b + k3) / r + k5 with k2 = 100 per_sample / cores, k3 = 100 base / cores, k5 = overhead.
+    """
+    from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+
+    gpu = GpuProfile(
+        name=name,
+        max_freq_mhz=1.0,
+        power_cap_w=1e9,
+        idle_power_w=0.0,
+        pcie_bytes_per_ms=1e12,
+        share_step_pct=round(100.0 / cores, 6),
+        sched_slope_ms=0.0,
+        sched_intercept_ms=0.0,
+        freq_slope_mhz_per_w=0.0,
+    )
+    model = ModelProfile(
+        name="accel_sim",
+        kernels=1,
+        idle_time_ms=0.0,
+        k_act=(0.0, 100.0 * ACCEL_PER_SAMPLE_MS / cores, 100.0 * ACCEL_BASE_MS / cores, 0.0, ACCEL_OVERHEAD_MS),
+        power_slope_w=0.0,
+        power_intercept_w=0.0,
+        l2_slope=0.0,
+        l2_intercept=1.0,
+        cache_sensitivity=0.0,
+        bytes_in=64,
+        bytes_out=64,
+    )
+    return DeviceProfile(gpu=gpu, models={"accel_sim": model})
+
+
 def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
     """--profile, else the bundled interference/data/*cpu*.json, else the placeholder written to `workdir`."""
     if given:
@@ -189,7 +232,8 @@ def _settled(status: Any) -> bool:
 def run_up(args: argparse.Namespace) -> int:
     quiet_grpc()
     from agents.agent import Agent, local_devices
-    from agents.latency_metrics import ClientLatencies, RequestLatencyExporter
+    from agents.device import open_device
+    from agents.latency_metrics import ClientLatencies, RequestLatencyExporter, registry_source
     from agents.router import Router
     from agents.triton import TritonFleet
     from controller.api.client import ControllerClient
@@ -223,7 +267,16 @@ def run_up(args: argparse.Namespace) -> int:
         fleet = TritonFleet(
             args.repo, device_kind="cpu", workdir=str(tmp / "triton"), ready_timeout_s=60, router=Router("127.0.0.1")
         )
-        agent = Agent(agent_client, fleet, "local", local_devices("cpu"), heartbeat_interval_s=1.0, address="127.0.0.1")
+        agent = Agent(
+            agent_client,
+            fleet,
+            "local",
+            local_devices("cpu"),
+            heartbeat_interval_s=1.0,
+            address="127.0.0.1",
+            sli_sources=[registry_source(latency)],  # the closed loop reads the load's SLI histogram back
+            device=open_device("cpu"),
+        )
         agent.start()
         _wait_for_agent(client, stop)
         client.apply_workloads(workloads)

@@ -289,3 +289,33 @@ def test_reconnect_backoff_is_jittered():
         clock.t += delays[-1]
     caps = [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
     assert all(cap / 2 <= d <= cap for d, cap in zip(delays, caps)) and len(set(delays)) == 6
+
+
+def test_each_window_carries_the_sli_percentiles_and_the_device_reading():
+    from agents.device import DeviceSample
+    from agents.latency_metrics import RequestLatencyExporter, registry_source
+
+    exporter = RequestLatencyExporter([100.0])
+    record = exporter.recorder("a", "mlp_small")
+
+    class Device:
+        def sample(self):
+            return [DeviceSample(0, "cpu", 0.0, 37.5, None, None)]
+
+    clock, client, fleet = Clock(), FakeClient(), FakeFleet()
+    agent = Agent(
+        client, fleet, "n1", (NodeDevice(0, "cpu", "cpu"),), clock=clock, sli_sources=[registry_source(exporter)]
+    )
+    agent.device = Device()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()  # the first read of the histogram opens the window
+    assert agent.state.observed[0].latency_p99_ms is None
+    for ms in [10.0] * 97 + [150.0] * 3:
+        record(ms)
+    agent.fleet_once()
+    o = agent.state.observed[0]
+    assert o.latency_count == 100 and o.over_slo_ratio == 0.03 and o.latency_p99_ms > 100.0
+    assert 5.0 <= o.latency_p50_ms <= 10.0 and o.device_utilization_pct == 37.5
+    agent.fleet_once()  # no requests since: an empty window
+    assert agent.state.observed[0].latency_count == 0 and agent.state.observed[0].latency_p99_ms is None

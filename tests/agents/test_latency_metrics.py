@@ -24,3 +24,26 @@ def test_exporter_has_a_bucket_at_every_slo():
     assert f'stoke_request_latency_ms_bucket{{le="+Inf",{labels}}} 4.0' in text
     assert f"stoke_request_latency_ms_count{{{labels}}} 4.0" in text
     assert re.fullmatch(le_matcher(15), "15.0") and re.fullmatch(le_matcher(37.5), "37.5")
+
+
+def test_window_percentiles_and_share_over_the_slo_from_two_scrapes():
+    from prometheus_client import generate_latest
+
+    from agents.latency_metrics import latency_window, parse_sli
+
+    exporter = RequestLatencyExporter([80.0])
+    record = exporter.recorder("w", "m")
+    for _ in range(50):
+        record(3.0)
+    before = parse_sli(generate_latest(exporter.registry).decode())["w"]
+    for ms in [15.0] * 90 + [60.0] * 8 + [90.0, 4000.0]:
+        record(ms)
+    after = parse_sli(generate_latest(exporter.registry).decode())["w"]
+    w = latency_window(before, after, slo_ms=80.0)
+    assert w.count == 100 and w.over_slo_ratio == 0.02
+    assert 10.0 <= w.p50_ms <= 20.0 and 50.0 <= w.p95_ms <= 80.0 and 80.0 <= w.p99_ms <= 100.0
+    assert latency_window(after, after, 80.0).count == 0  # nothing new
+    assert latency_window(None, before, 80.0).count == 50  # the first window counts from zero
+    restarted = {bound: 0.0 for bound in after}
+    assert latency_window(after, restarted).count == 0  # an exporter that restarted counts from zero
+    assert latency_window(before, after, slo_ms=33.0).over_slo_ratio is None  # no bucket at that SLO
