@@ -57,6 +57,80 @@ class GpuTypeConfig:
 
 
 @dataclass(frozen=True)
+class ObservationsConfig:
+    """What the agents observe, as stored data (`stoke observations`): bounded in age and in rows."""
+
+    retention_s: float = check.setting(86400.0, check.POSITIVE_SECONDS, "windows older than this are deleted")
+    max_rows: int = check.setting(
+        200000, check.POSITIVE_WHOLE, "at most this many windows are kept (the oldest go first)"
+    )
+
+
+@dataclass(frozen=True)
+class RecalibrationConfig:
+    """Online recalibration of the active-time coefficients per (model, GPU type) from the observations."""
+
+    enabled: bool = check.setting(True, doc="recalibrate the profiles from what the agents observe")
+    interval_s: float = check.setting(5.0, check.POSITIVE_SECONDS, "how often the estimator runs")
+    half_life_s: float = check.setting(
+        300.0, check.POSITIVE_SECONDS, "exponential forgetting: an observation this old weighs half"
+    )
+    min_windows: float = check.setting(5.0, check.POSITIVE, "evidence needed: observation windows after forgetting")
+    min_executions: float = check.setting(100.0, check.POSITIVE, "evidence needed: executions after forgetting")
+    recent_windows: int = check.setting(
+        10, check.POSITIVE_WHOLE, "a regime change: the newest windows alone win when they differ by over 10%"
+    )
+    replan_threshold: float = check.setting(
+        0.10,
+        check.POSITIVE,
+        "publish (and re-plan) only when a placed replica's predicted p99 moves by more than this share of its SLO",
+    )
+    confirmations: int = check.setting(
+        2,
+        check.POSITIVE_WHOLE,
+        "consecutive estimates from new windows that must cross the threshold, agreeing within half of it",
+    )
+
+
+@dataclass(frozen=True)
+class DemandConfig:
+    """Demand tracking of workloads with `rate_rps: auto`."""
+
+    window_s: float = check.setting(60.0, check.POSITIVE_SECONDS, "sliding window of observed rates")
+    quantile: float = check.setting(0.95, check.POSITIVE, "plan for this quantile of the window's rates (0..1]")
+    headroom: float = check.setting(0.25, check.NON_NEGATIVE, "plan for the quantile times (1 + headroom)")
+    up_heartbeats: int = check.setting(
+        2, check.POSITIVE_WHOLE, "scale up after this many heartbeats in a row above the planned rate"
+    )
+    cooldown_s: float = check.setting(
+        120.0, check.POSITIVE_SECONDS, "scale down only after this long without a change, from the whole window"
+    )
+    down_tolerance: float = check.setting(
+        0.2, check.NON_NEGATIVE, "scale down only when the new rate is this much below the planned one"
+    )
+    initial_rps: float = check.setting(1.0, check.POSITIVE, "planned rate of a new auto workload without min_rps")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile <= 1.0:
+            raise ConfigError(f"demand.quantile must be in (0, 1], got {self.quantile:g}", "demand.quantile")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """The SLO guard: a replica over its SLO moves to a larger share without waiting for recalibration."""
+
+    enabled: bool = check.setting(True, doc="move replicas whose observed p99 stays over the SLO")
+    windows: int = check.setting(3, check.POSITIVE_WHOLE, "consecutive heartbeat windows with p99 over the SLO")
+    min_requests: int = check.setting(20, check.POSITIVE_WHOLE, "a window counts only with this many requests")
+    hold_s: float = check.setting(
+        600.0, check.POSITIVE_SECONDS, "the larger share is a floor for the planner this long"
+    )
+    cooldown_s: float = check.setting(
+        20.0, check.POSITIVE_SECONDS, "after a move, the same workload waits this long before another"
+    )
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     """How the control-plane service plans and watches the nodes."""
 
@@ -87,6 +161,10 @@ class ServiceConfig:
     solver_memory_mib: int = check.setting(
         4096, check.whole_at_least(256), "memory limit of the solver worker process (MiB)"
     )
+    observations: ObservationsConfig = check.setting(ObservationsConfig(), doc="stored observation windows")
+    recalibration: RecalibrationConfig = check.setting(RecalibrationConfig(), doc="online recalibration")
+    demand: DemandConfig = check.setting(DemandConfig(), doc="demand tracking (rate_rps: auto)")
+    guard: GuardConfig = check.setting(GuardConfig(), doc="the SLO guard")
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:

@@ -9,6 +9,17 @@ scrape time by a collector, so there is no second copy of the state:
 Cluster: stoke_gpus_in_use, stoke_plan_cost_per_hour, stoke_plan_revision,
   stoke_nodes{state} (ready, lost, silent), stoke_plan_held (1 while most nodes are silent together and
   the plan is held: alert on it).
+The closed loop (`controller.feedback`):
+  per workload: stoke_prediction_error_ratio (observed over predicted duration of
+  one execution, last windows), stoke_workload_observed_p99_ms (worst replica, last
+  window), stoke_workload_predicted_p99_ms (the plan's), stoke_workload_planned_rate_rps
+  (what the plan is sized for; the demand tracker's for auto workloads),
+  stoke_guard_share_floor_pct, stoke_guard_moves_total;
+  per (model, GPU type): stoke_profile_version (active; 0 = fitted),
+  stoke_profile_correction (k_act factor of the active version);
+  stoke_replans_total{cause} (plan revisions by what woke the loop: recalibration,
+  demand, guard, other), stoke_recalibrations_total, stoke_demand_changes_total{direction},
+  stoke_observations_stored (windows in the database).
 Durations and errors (fed by the service through the Observer protocol):
   stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
   (histogram), stoke_reconcile_errors_total (counter).
@@ -19,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.service import ControlService
@@ -59,13 +70,72 @@ def _workload_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMet
     return iter(fams.values())
 
 
+def _loop_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    labels = ["workload", "model"]
+    error = GaugeMetricFamily(
+        "stoke_prediction_error_ratio",
+        "Observed over predicted duration of one execution (last windows)",
+        labels=labels,
+    )
+    p99 = GaugeMetricFamily(
+        "stoke_workload_observed_p99_ms", "Observed p99 of the worst replica, last window", labels=labels
+    )
+    predicted = GaugeMetricFamily(
+        "stoke_workload_predicted_p99_ms", "Predicted p99 of the worst replica (plan)", labels=labels
+    )
+    rate = GaugeMetricFamily("stoke_workload_planned_rate_rps", "Rate the plan is sized for (req/s)", labels=labels)
+    floor = GaugeMetricFamily("stoke_guard_share_floor_pct", "Share floor the SLO guard holds (0: none)", labels=labels)
+    moves = CounterMetricFamily("stoke_guard_moves", "Replicas the SLO guard moved to a larger share", labels=labels)
+    for w in workloads:
+        lv, f = [w.workload.name, w.workload.model], w.feedback
+        rate.add_metric(lv, w.workload.rate_rps)
+        floor.add_metric(lv, f.floor_pct)
+        moves.add_metric(lv, f.guard_moves)
+        if f.error_ratio is not None:
+            error.add_metric(lv, f.error_ratio)
+        if f.observed_p99_ms is not None:
+            p99.add_metric(lv, f.observed_p99_ms)
+        if w.predicted_p99_ms is not None:
+            predicted.add_metric(lv, w.predicted_p99_ms)
+    yield from (error, p99, predicted, rate, floor, moves)
+
+
+def _profile_and_counter_families(service: ControlService) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    version = GaugeMetricFamily(
+        "stoke_profile_version", "Active profile version (0: fitted)", labels=["model", "gpu_type"]
+    )
+    factor = GaugeMetricFamily(
+        "stoke_profile_correction", "k_act factor of the active version", labels=["model", "gpu_type"]
+    )
+    for r in service.list_profiles():
+        version.add_metric([r.model, r.gpu_type], r.active_version)
+        factor.add_metric([r.model, r.gpu_type], r.correction)
+    yield from (version, factor)
+    counts = service.feedback.counters.copy()
+    replans = CounterMetricFamily("stoke_replans", "Plan revisions by what woke the loop", labels=["cause"])
+    for cause in ("recalibration", "demand", "guard", "other"):
+        replans.add_metric([cause], counts.get(f"replans_{cause}", 0))
+    demand = CounterMetricFamily("stoke_demand_changes", "Planned-rate changes of auto workloads", labels=["direction"])
+    for direction in ("up", "down", "bounds"):
+        demand.add_metric([direction], counts.get(f"demand_{direction}", 0))
+    yield from (replans, demand)
+    yield CounterMetricFamily(
+        "stoke_recalibrations", "Recalibrated profile versions published", value=counts["recalibrations"]
+    )
+    yield GaugeMetricFamily(
+        "stoke_observations_stored", "Observation windows in the database", value=service.store.observation_count()
+    )
+
+
 class _StateCollector(Collector):
     def __init__(self, service: ControlService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         status = self.service.status()
         yield from _workload_families(status.workloads)
+        yield from _loop_families(status.workloads)
+        yield from _profile_and_counter_families(self.service)
         yield GaugeMetricFamily(
             "stoke_gpus_in_use", "GPUs (device slots) used by the applied plan", value=status.gpus_in_use
         )

@@ -327,6 +327,13 @@ class NodeRegistry:
                 for n in sorted(self._nodes.values(), key=lambda n: n.node_id)
             ]
 
+    def gpu_types_of(self, node_id: str) -> dict[int, str]:
+        """{device index: GPU type} of one node (empty when unknown)."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            devices = node.devices if node else ()
+        return {d.index: d.gpu_type or self.config.gpu_type_for(d) for d in devices}
+
     def healthy_slots(self) -> tuple[Binding, ...]:
         """The device slots of ready, waiting and silent nodes that are not blocked, sorted (expired blocks
         lift)."""

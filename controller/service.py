@@ -23,6 +23,7 @@ silence, device blocks, pauses).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 from controller import limits
 from controller.config import ServiceConfig
+from controller.feedback import FeedbackLoop
 from controller.identity import mint_agent_token
 from controller.messages import (
     AssignmentError,
@@ -38,73 +40,119 @@ from controller.messages import (
     HeartbeatReport,
     InvalidArgument,
     NodeDevice,
+    NotFound,
     check_name,
     invalid,
 )
+from controller.observations import ObservationRecord
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
-from controller.registry import NodeRegistry, NodeView
+from controller.registry import NodeRegistry, NodeView, stamp
 from controller.solver import ProblemError, Workload, solve
 from controller.status import ClusterStatus, cluster_status
-from controller.store import ProfileRow, Store
+from controller.store import ProfileRow, ProfileVersionRow, Store
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
 from interference.profile_io import ProfileFileError, parse_profile_json, profile_from_dict, profile_to_dict
 from stoke import validate as check
+
+log = logging.getLogger("stoke.controller.service")
+
+#: Most observation windows one listing returns; closed-loop events `status` shows.
+MAX_OBSERVATIONS_LISTED = 10000
+STATUS_EVENTS = 12
 
 
 def _unplannable(err: ProblemError) -> FailedPrecondition:
     return FailedPrecondition(f"the stored workloads cannot be planned: {err}")
 
 
-def validate_workload(fields: Mapping[str, Any], where: str) -> Workload:
-    """A Workload from plain fields; raises InvalidArgument naming e.g. ``workloads[0].rate_rps``."""
+def validate_workload(fields: Mapping[str, Any], where: str, initial_rps: float = 1.0) -> Workload:
+    """A Workload from plain fields; raises InvalidArgument naming e.g. ``workloads[0].rate_rps``.
+
+    ``rate_rps: "auto"`` (with optional min_rps / max_rps) asks for demand tracking; the workload then
+    starts at min_rps, else `initial_rps` (within max_rps)."""
     gpu_type = fields.get("gpu_type") or None
+    auto = fields.get("rate_rps") == "auto"
+    bounds = {}
+    for key in ("min_rps", "max_rps"):
+        value = fields.get(key)
+        if value is not None and not auto:
+            raise invalid(f"{where}.{key}", "applies to rate_rps: auto only; drop it or set rate_rps: auto")
+        bounds[key] = (
+            None
+            if value is None
+            else check.positive(value, f"{where}.{key}", error=InvalidArgument, maximum=limits.MAX_RATE_RPS)
+        )
+    if bounds["min_rps"] is not None and bounds["max_rps"] is not None and bounds["min_rps"] > bounds["max_rps"]:
+        raise invalid(f"{where}.min_rps", f"{bounds['min_rps']:g} is above max_rps {bounds['max_rps']:g}")
+    if auto:
+        rate = bounds["min_rps"] or min(initial_rps, bounds["max_rps"] or initial_rps)
+    else:
+        rate = check.positive(
+            fields.get("rate_rps"),
+            f"{where}.rate_rps",
+            error=InvalidArgument,
+            maximum=limits.MAX_RATE_RPS,
+            fix="split a larger service into several workloads",
+        )
     return Workload(
         name=check_name(fields.get("name"), f"{where}.name"),
         model=check_name(fields.get("model"), f"{where}.model"),
         slo_ms=check.positive(
             fields.get("slo_ms"), f"{where}.slo_ms", error=InvalidArgument, maximum=limits.MAX_SLO_MS
         ),
-        rate_rps=check.positive(
-            fields.get("rate_rps"),
-            f"{where}.rate_rps",
-            error=InvalidArgument,
-            maximum=limits.MAX_RATE_RPS,
-            fix="split a larger service into several workloads",
-        ),
+        rate_rps=rate,
         gpu_type=None if gpu_type is None else check_name(gpu_type, f"{where}.gpu_type"),
+        rate_auto=auto,
+        min_rps=bounds["min_rps"],
+        max_rps=bounds["max_rps"],
     )
 
 
 class ProfileBook:
-    """The fitted profiles of the store, cached, with a version that counts uploads."""
+    """The stored profiles, cached: the fitted ones and the active ones (a recalibrated version where
+    one is active), with a version that counts every change."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._version = 0
-        self._profiles = self._load()
+        self._fitted, self._profiles = self._load()
 
-    def _load(self) -> dict[str, DeviceProfile]:
-        return {
-            gpu_type: profile_from_dict(
-                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": data["models"]},
-                f"stored profile {gpu_type}",
+    def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile]]:
+        fitted, active = {}, {}
+        overrides = self.store.active_model_dicts()
+        for gpu_type, data in self.store.profile_dicts().items():
+            if not data["models"]:
+                continue
+            where = f"stored profile {gpu_type}"
+            fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
+            models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
+            active[gpu_type] = profile_from_dict(
+                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
             )
-            for gpu_type, data in self.store.profile_dicts().items()
-            if data["models"]
-        }
+        return fitted, active
 
     def snapshot(self) -> tuple[dict[str, DeviceProfile], int]:
+        """The active profiles per GPU type, and the version."""
         with self._lock:
             return dict(self._profiles), self._version
+
+    def fitted(self) -> dict[str, DeviceProfile]:
+        with self._lock:
+            return dict(self._fitted)
+
+    def reload(self) -> None:
+        """Read the store again (a recalibrated version, a rollback) and count a change."""
+        loaded = self._load()
+        with self._lock:
+            self._fitted, self._profiles = loaded
+            self._version += 1
 
     def put(self, gpu_type: str, profile: DeviceProfile, now: float) -> None:
         data = profile_to_dict(profile)
         self.store.put_profile(gpu_type, data["gpu"], data["models"], now)
-        with self._lock:
-            self._profiles = self._load()
-            self._version += 1
+        self.reload()
 
 
 class ControlService:
@@ -127,8 +175,24 @@ class ControlService:
         self.agent_key = store.agent_key()
         self._generations = store.token_generations()
         self._generations_lock = threading.Lock()
+        self.feedback = FeedbackLoop(
+            store,
+            self.profiles,
+            self.config,
+            clock=clock,
+            wake=self.wake,
+            applied=lambda: self.reconciler.applied,
+            gpu_types_of=self.nodes.gpu_types_of,
+        )
         self.reconciler = Reconciler(
-            store, self.nodes, self.profiles.snapshot, self.config, clock=clock, solver=solver, observer=observer
+            store,
+            self.nodes,
+            self.profiles.snapshot,
+            self.config,
+            clock=clock,
+            solver=solver,
+            observer=observer,
+            floors=self.feedback.floors,
         )
         applied = self.reconciler.applied
         if applied is not None:  # nodes of the applied plan: wait for them before re-planning
@@ -169,7 +233,7 @@ class ControlService:
         workloads: list[Workload] = []
         seen: set[str] = set()
         for i, item in enumerate(items):
-            w = self._checked_workload(item, f"workloads[{i}]", profiles)
+            w = self._checked_workload(item, f"workloads[{i}]", profiles, self.config.demand.initial_rps)
             if w.name in seen:
                 raise invalid(f"workloads[{i}].name", f"{w.name!r} appears twice in the request; keep one")
             seen.add(w.name)
@@ -181,7 +245,7 @@ class ControlService:
 
     @staticmethod
     def _checked_workload(
-        item: Mapping[str, Any] | Workload, where: str, profiles: Mapping[str, DeviceProfile]
+        item: Mapping[str, Any] | Workload, where: str, profiles: Mapping[str, DeviceProfile], initial_rps: float = 1.0
     ) -> Workload:
         """The workload, checked on its own and against the fitted profiles."""
         if isinstance(item, Workload):
@@ -189,10 +253,11 @@ class ControlService:
                 "name": item.name,
                 "model": item.model,
                 "slo_ms": item.slo_ms,
-                "rate_rps": item.rate_rps,
+                "rate_rps": "auto" if item.rate_auto else item.rate_rps,
                 "gpu_type": item.gpu_type,
+                **({"min_rps": item.min_rps, "max_rps": item.max_rps} if item.rate_auto else {}),
             }
-        w = validate_workload(item, where)
+        w = validate_workload(item, where, initial_rps)
         known = sorted({m for p in profiles.values() for m in p.models})
         if w.model not in known:
             raise invalid(
@@ -251,6 +316,48 @@ class ControlService:
     def list_profiles(self) -> list[ProfileRow]:
         return self.store.profile_rows()
 
+    def profile_versions(self, model: str = "") -> list[ProfileVersionRow]:
+        return self.store.profile_versions(check_name(model, "model") if model else "")
+
+    def rollback_profile(
+        self, model: str, gpu_type: str = "", version: int = 0, resume: bool = False
+    ) -> list[ProfileRow]:
+        """Make `version` of (GPU type, model) active and pin it (0: the fitted profile); `resume`: unpin
+        instead, so recalibration goes on. Returns the pair's row."""
+        model = check_name(model, "model")
+        rows = [r for r in self.store.profile_rows() if r.model == model]
+        if gpu_type:
+            rows = [r for r in rows if r.gpu_type == check_name(gpu_type, "gpu_type")]
+        if len(rows) != 1:
+            known = ", ".join(f"{r.model}/{r.gpu_type}" for r in self.store.profile_rows()) or "none"
+            what = f"{model!r} on {gpu_type!r}" if gpu_type else f"{model!r} (give --gpu-type when it has several)"
+            raise NotFound(f"no single profile of {what}; profiled: {known}")
+        row = rows[0]
+        if version < 0:
+            raise invalid("version", f"must be >= 0, got {version}")
+        try:
+            if resume:
+                self.store.set_profile_state(row.gpu_type, model, row.active_version, False)
+            else:
+                self.store.set_profile_state(row.gpu_type, model, version, True)
+        except KeyError:
+            have = [v.version for v in self.store.profile_versions(model) if v.gpu_type == row.gpu_type]
+            raise NotFound(f"{model}/{row.gpu_type} has no version {version}; versions: 0 (fitted), {have}") from None
+        self.feedback.reset(row.gpu_type, model)
+        what = "recalibration resumed" if resume else f"rolled back to v{version} (pinned)"
+        self.store.add_event("rollback", "", f"{model} on {row.gpu_type}: {what}", self.clock())
+        self.profiles.reload()
+        self.wake()
+        return [r for r in self.store.profile_rows() if (r.gpu_type, r.model) == (row.gpu_type, model)]
+
+    # ------------------------------------------------------------ observations
+
+    def list_observations(self, workload: str = "", limit: int = 100) -> list[ObservationRecord]:
+        """Stored windows, newest first (at most 10,000)."""
+        if not 0 <= limit <= MAX_OBSERVATIONS_LISTED:
+            raise invalid("limit", f"must be in 0..{MAX_OBSERVATIONS_LISTED}, got {limit}")
+        return self.store.observations(check_name(workload, "workload") if workload else "", limit or 100)
+
     # ------------------------------------------------------------ nodes
 
     def register(self, node_id: str, devices: Sequence[NodeDevice], address: str = "") -> float:
@@ -269,6 +376,10 @@ class ControlService:
             # unknown, or only known from the stored plan (waiting, or lost after waiting):
             # the agent must register its real devices
             return HeartbeatAnswer(registered=False, heartbeat_interval_s=interval)
+        try:
+            self.feedback.record(report)  # the closed loop: store the windows, track demand, guard the SLOs
+        except Exception:  # a failing loop step must not cost the node its heartbeat (logged with its traceback)
+            log.exception("recording the observations of %s failed", report.node_id)
         if self.nodes.awaiting_plan(report.node_id, planned_at):
             # back after being lost: its part of the plan was cut while it was away; keep what runs
             self.wake()
@@ -314,8 +425,13 @@ class ControlService:
         return self.reconciler.applied
 
     def reconcile(self, force: bool = False) -> ApplyOutcome | None:
-        """One observe -> solve -> diff -> act pass (see `controller.reconcile.loop`); None: nothing to do."""
-        return self.reconciler.reconcile(force)
+        """One observe -> solve -> diff -> act pass (see `controller.reconcile.loop`), after the closed loop's
+        tick (recalibration when due, expired guard floors); None: nothing to do."""
+        self.feedback.tick()
+        outcome = self.reconciler.reconcile(force)
+        if outcome is not None and outcome.changed:
+            self.feedback.replanned()
+        return outcome
 
     def apply_plan(self) -> ApplyOutcome:
         try:
@@ -323,6 +439,8 @@ class ControlService:
         except ProblemError as err:
             raise _unplannable(err) from None
         assert outcome is not None
+        if outcome.changed:
+            self.feedback.replanned()
         return outcome
 
     @property
@@ -333,6 +451,13 @@ class ControlService:
 
     def status(self) -> ClusterStatus:
         applied = self.reconciler.applied
+        events = [f"{stamp(e.unix)} {e.kind}: {e.text}" for e in self.store.events(STATUS_EVENTS)]
         return cluster_status(
-            applied, self.store.workloads(), self.list_nodes(), self.reconciler.last_error, self.nodes.alerts()
+            applied,
+            self.store.workloads(),
+            self.list_nodes(),
+            self.reconciler.last_error,
+            self.nodes.alerts(),
+            feedback=self.feedback.workload_feedback(),
+            loop_events=events,
         )

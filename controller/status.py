@@ -14,12 +14,17 @@ plan with the nodes' reports. A workload's state:
 
 Observed latency is the worst over replicas that saw requests in the last
 window; SLO attainment the share of those within the SLO.
+
+The closed loop (`controller.feedback`) adds per workload its `WorkloadFeedback`:
+the demand tracker's decision, the last window's p99 and prediction error
+ratio, and what the SLO guard holds or did.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.messages import AssignmentError, Observation, Replica, ServingEndpoint
 from controller.reconcile.planning import PlanView
@@ -41,6 +46,18 @@ class ReplicaStatus:
 
 
 @dataclass(frozen=True)
+class WorkloadFeedback:
+    """What the closed loop says about one workload."""
+
+    demand: str = ""  # auto: the demand tracker's decision and its reason
+    observed_p99_ms: float | None = None  # worst replica, last window (SLI histogram)
+    error_ratio: float | None = None  # observed over predicted batch compute time, last windows
+    guard: str = ""  # the SLO guard's last action or state
+    guard_moves: int = 0
+    floor_pct: float = 0.0  # the guard's share floor in force (0: none)
+
+
+@dataclass(frozen=True)
 class WorkloadStatus:
     workload: Workload
     state: str  # serving | starting | failing | pending | degraded
@@ -50,6 +67,8 @@ class WorkloadStatus:
     observed_latency_ms: float | None
     observed_rate_rps: float | None
     slo_attainment: float | None
+    feedback: WorkloadFeedback = WorkloadFeedback()
+    predicted_p99_ms: float | None = None  # worst replica, from the plan
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,7 @@ class ClusterStatus:
     last_error: str
     nodes_silent: int = 0  # silent together with most nodes: the plan is held for them
     alerts: tuple[str, ...] = ()  # what needs a person now (the plan held, ...)
+    loop_events: tuple[str, ...] = ()  # recent closed-loop events, oldest first
 
 
 def cluster_status(
@@ -71,11 +91,21 @@ def cluster_status(
     nodes: Sequence[NodeView],
     last_error: str,
     alerts: Sequence[str] = (),
+    feedback: Mapping[str, WorkloadFeedback] | None = None,
+    loop_events: Sequence[str] = (),
 ) -> ClusterStatus:
     by_id = {n.node_id: n for n in nodes}
     replicas = planned_replicas(applied, by_id) if applied else {}
     pending = dict(applied.pending) if applied else {}
-    out = tuple(workload_status(w, replicas.get(w.name, ()), pending, by_id) for w in workloads)
+    p99 = _planned_p99(applied) if applied else {}
+    out = tuple(
+        replace(
+            workload_status(w, replicas.get(w.name, ()), pending, by_id),
+            feedback=(feedback or {}).get(w.name, WorkloadFeedback()),
+            predicted_p99_ms=p99.get(w.name),
+        )
+        for w in workloads
+    )
     bound = [g for g, b in zip(applied.plan.gpus, applied.bindings) if b is not None] if applied else []
     return ClusterStatus(
         revision=applied.revision if applied else 0,
@@ -87,7 +117,18 @@ def cluster_status(
         last_error=last_error,
         nodes_silent=sum(1 for n in nodes if n.state == "silent"),
         alerts=tuple(alerts),
+        loop_events=tuple(loop_events),
     )
+
+
+def _planned_p99(applied: PlanView) -> dict[str, float]:
+    """{workload: worst predicted p99 of its bound replicas} (plans that predict one)."""
+    out: dict[str, float] = {}
+    for gpu, b in zip(applied.plan.gpus, applied.bindings):
+        for p in gpu.placements if b is not None else ():
+            if not math.isnan(p.predicted_p99_ms):
+                out[p.name] = max(out.get(p.name, 0.0), p.predicted_p99_ms)
+    return out
 
 
 def planned_replicas(applied: PlanView, nodes: Mapping[str, NodeView]) -> dict[str, tuple[ReplicaStatus, ...]]:

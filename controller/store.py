@@ -9,7 +9,15 @@ Tables
   (node, device, gpu_type) slot;
 - ``agent_tokens``: the current token generation of each node (`controller.identity`),
   and in ``meta`` the secret key agent tokens are signed with (created on first
-  use). The database file is therefore a secret: it is created 0600.
+  use). The database file is therefore a secret: it is created 0600;
+- ``observations``: what the agents observed, one row per replica window
+  (`controller.observations.ObservationRecord` as JSON, keyed by time,
+  workload, model and GPU type), kept for a bounded time and row count;
+- ``profile_versions`` and ``profile_state``: recalibrated versions of each
+  (GPU type, model) beside the fitted one (version 0), which version is
+  active and whether a rollback pinned it;
+- ``loop_events``: what the closed loop did (recalibrations, demand
+  decisions, SLO guard moves), the newest `KEEP_EVENTS`.
 
 Actual state (nodes, what runs) is not stored: it is rebuilt from the agents'
 reports after a restart. Every multi-row change runs in one transaction, so a
@@ -29,16 +37,18 @@ others.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from controller.observations import ObservationRecord
 from controller.reconcile.slots import Binding
 from controller.solver import Workload
 from stoke.errors import InputError, StokeError
@@ -47,6 +57,9 @@ from stoke.names import shown
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
 KEEP_PLANS = 200
+#: Recalibrated versions kept per (GPU type, model); closed-loop events kept.
+KEEP_VERSIONS = 50
+KEEP_EVENTS = 1000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,7 +76,24 @@ CREATE TABLE IF NOT EXISTS agent_tokens (
 CREATE TABLE IF NOT EXISTS plans (
     revision INTEGER PRIMARY KEY AUTOINCREMENT, plan_json TEXT NOT NULL, bindings_json TEXT NOT NULL,
     pending_json TEXT NOT NULL, created_unix REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS observations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, unix REAL NOT NULL, workload TEXT NOT NULL, model TEXT NOT NULL,
+    gpu_type TEXT NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS observations_workload ON observations (workload, id);
+CREATE INDEX IF NOT EXISTS observations_model ON observations (model, gpu_type, id);
+CREATE INDEX IF NOT EXISTS observations_unix ON observations (unix);
+CREATE TABLE IF NOT EXISTS profile_versions (
+    gpu_type TEXT NOT NULL, model TEXT NOT NULL, version INTEGER NOT NULL, model_json TEXT NOT NULL,
+    meta_json TEXT NOT NULL, created_unix REAL NOT NULL, PRIMARY KEY (gpu_type, model, version));
+CREATE TABLE IF NOT EXISTS profile_state (
+    gpu_type TEXT NOT NULL, model TEXT NOT NULL, active INTEGER NOT NULL, pinned INTEGER NOT NULL,
+    PRIMARY KEY (gpu_type, model));
+CREATE TABLE IF NOT EXISTS loop_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, unix REAL NOT NULL, kind TEXT NOT NULL, workload TEXT NOT NULL,
+    text TEXT NOT NULL);
 """
+#: Columns added to ``workloads`` after schema version 1 was first written (added when missing).
+_WORKLOAD_COLUMNS = {"rate_auto": "INTEGER NOT NULL DEFAULT 0", "min_rps": "REAL", "max_rps": "REAL"}
 
 
 class DatabaseError(StokeError, RuntimeError):
@@ -84,6 +114,30 @@ class ProfileRow:
     gpu_type: str
     model: str
     uploaded_unix: float
+    active_version: int = 0  # 0: the fitted profile
+    pinned: bool = False  # a rollback pinned it: recalibration leaves this (GPU type, model) alone
+    versions: int = 0  # recalibrated versions kept
+    correction: float = 1.0  # k_act factor of the active version (1: none)
+
+
+@dataclass(frozen=True)
+class ProfileVersionRow:
+    """A recalibrated version (>= 1) of one model's coefficients on one GPU type."""
+
+    gpu_type: str
+    model: str
+    version: int
+    model_json: dict[str, Any]
+    meta: dict[str, Any]  # mode, factors, evidence, reason
+    created_unix: float
+
+
+@dataclass(frozen=True)
+class LoopEvent:
+    unix: float
+    kind: str  # recalibration | demand | guard | rollback
+    workload: str  # "" for events of a (model, GPU type)
+    text: str
 
 
 class Store:
@@ -106,6 +160,10 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(workloads)").fetchall()}
+            for column, decl in _WORKLOAD_COLUMNS.items():
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -187,9 +245,14 @@ class Store:
         with self._use("write") as db, self._transaction(db, commit=not dry_run):
             for w in workloads:
                 row = db.execute(
-                    "SELECT model, slo_ms, rate_rps, gpu_type FROM workloads WHERE name=?", (w.name,)
+                    "SELECT model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps FROM workloads WHERE name=?",
+                    (w.name,),
                 ).fetchone()
-                values = (w.model, float(w.slo_ms), float(w.rate_rps), w.gpu_type)
+                rate = float(w.rate_rps)
+                if w.rate_auto and row is not None and row[4]:
+                    # an auto workload keeps the rate its demand tracker plans for (within the new bounds)
+                    rate = min(max(float(row[2]), w.min_rps or 0.0), w.max_rps or math.inf)
+                values = (w.model, float(w.slo_ms), rate, w.gpu_type, int(w.rate_auto), w.min_rps, w.max_rps)
                 if row is None:
                     created.append(w.name)
                 elif tuple(row) == values:
@@ -197,7 +260,11 @@ class Store:
                     continue
                 else:
                     updated.append(w.name)
-                db.execute("INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?, ?)", (w.name, *values, now))
+                db.execute(
+                    "INSERT OR REPLACE INTO workloads (name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, "
+                    "max_rps, updated_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (w.name, *values, now),
+                )
         return created, updated, unchanged
 
     def delete_workload(self, name: str) -> bool:
@@ -216,11 +283,25 @@ class Store:
     def workload_rows(self) -> tuple[tuple[Workload, ...], tuple[tuple[str, str], ...]]:
         """(the stored workloads, [(name as shown, why)] of the rows that fail today's checks)."""
         with self._use("read") as db:
-            rows = db.execute("SELECT name, model, slo_ms, rate_rps, gpu_type FROM workloads ORDER BY name").fetchall()
+            rows = db.execute(
+                "SELECT name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps FROM workloads "
+                "ORDER BY name"
+            ).fetchall()
         good, bad = [], []
         for r in rows:
             try:
-                good.append(Workload(name=r[0], model=r[1], slo_ms=r[2], rate_rps=r[3], gpu_type=r[4]))
+                good.append(
+                    Workload(
+                        name=r[0],
+                        model=r[1],
+                        slo_ms=r[2],
+                        rate_rps=r[3],
+                        gpu_type=r[4],
+                        rate_auto=bool(r[5]),
+                        min_rps=r[6],
+                        max_rps=r[7],
+                    )
+                )
             except InputError as err:
                 bad.append(
                     (
@@ -230,6 +311,15 @@ class Store:
                     )
                 )
         return tuple(good), tuple(bad)
+
+    def set_planned_rate(self, name: str, rate_rps: float, now: float) -> bool:
+        """The demand tracker's new planning rate of an auto workload; False when it is gone or not auto."""
+        with self._use("write") as db:
+            cur = db.execute(
+                "UPDATE workloads SET rate_rps=?, updated_unix=? WHERE name=? AND rate_auto=1",
+                (float(rate_rps), now, name),
+            )
+            return cur.rowcount > 0
 
     # ------------------------------------------------------------ profiles
 
@@ -241,10 +331,14 @@ class Store:
                 (gpu_type, json.dumps(gpu, sort_keys=True), now),
             )
             for model, data in models.items():
-                db.execute(
-                    "INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)",
-                    (gpu_type, model, json.dumps(data, sort_keys=True), now),
-                )
+                text = json.dumps(data, sort_keys=True)
+                before = db.execute(
+                    "SELECT model_json FROM model_profiles WHERE gpu_type=? AND model=?", (gpu_type, model)
+                ).fetchone()
+                db.execute("INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)", (gpu_type, model, text, now))
+                if before is not None and before[0] != text:
+                    # a new fit is the new truth: its coefficients are active, recalibration starts over
+                    db.execute("DELETE FROM profile_state WHERE gpu_type=? AND model=?", (gpu_type, model))
 
     def profile_dicts(self) -> dict[str, dict[str, Any]]:
         """{gpu_type: {"gpu": {...}, "models": {model: {...}}}}: the stored fitted profiles."""
@@ -262,9 +356,148 @@ class Store:
     def profile_rows(self) -> list[ProfileRow]:
         with self._use("read") as db:
             rows = db.execute(
-                "SELECT gpu_type, model, uploaded_unix FROM model_profiles ORDER BY model, gpu_type"
+                "SELECT m.gpu_type, m.model, m.uploaded_unix, COALESCE(s.active, 0), COALESCE(s.pinned, 0), "
+                "(SELECT COUNT(*) FROM profile_versions v WHERE v.gpu_type=m.gpu_type AND v.model=m.model), "
+                "(SELECT meta_json FROM profile_versions v WHERE v.gpu_type=m.gpu_type AND v.model=m.model "
+                "AND v.version=s.active) "
+                "FROM model_profiles m LEFT JOIN profile_state s ON s.gpu_type=m.gpu_type AND s.model=m.model "
+                "ORDER BY m.model, m.gpu_type"
             ).fetchall()
-        return [ProfileRow(*r) for r in rows]
+        return [
+            ProfileRow(
+                r[0], r[1], r[2], int(r[3]), bool(r[4]), int(r[5]), float(json.loads(r[6])["factor"]) if r[6] else 1.0
+            )
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------ recalibrated profile versions
+
+    def add_profile_version(
+        self, gpu_type: str, model: str, model_json: dict[str, Any], meta: dict[str, Any], now: float
+    ) -> int:
+        """Store a recalibrated version and make it active (unless a rollback pinned the pair); returns it.
+        Only the newest `KEEP_VERSIONS` are kept (and always the active one)."""
+        with self._use("write") as db, self._transaction(db):
+            row = db.execute(
+                "SELECT MAX(version) FROM profile_versions WHERE gpu_type=? AND model=?", (gpu_type, model)
+            ).fetchone()
+            version = int(row[0] or 0) + 1
+            db.execute(
+                "INSERT INTO profile_versions VALUES (?, ?, ?, ?, ?, ?)",
+                (gpu_type, model, version, json.dumps(model_json, sort_keys=True), json.dumps(meta), now),
+            )
+            state = db.execute(
+                "SELECT pinned FROM profile_state WHERE gpu_type=? AND model=?", (gpu_type, model)
+            ).fetchone()
+            if state is None or not state[0]:
+                db.execute("INSERT OR REPLACE INTO profile_state VALUES (?, ?, ?, 0)", (gpu_type, model, version))
+            db.execute(
+                "DELETE FROM profile_versions WHERE gpu_type=? AND model=? AND version<=? AND version NOT IN "
+                "(SELECT active FROM profile_state WHERE gpu_type=? AND model=?)",
+                (gpu_type, model, version - KEEP_VERSIONS, gpu_type, model),
+            )
+        return version
+
+    def profile_versions(self, model: str = "") -> list[ProfileVersionRow]:
+        with self._use("read") as db:
+            rows = db.execute(
+                "SELECT gpu_type, model, version, model_json, meta_json, created_unix FROM profile_versions "
+                "WHERE ?='' OR model=? ORDER BY model, gpu_type, version",
+                (model, model),
+            ).fetchall()
+        return [ProfileVersionRow(r[0], r[1], int(r[2]), json.loads(r[3]), json.loads(r[4]), float(r[5])) for r in rows]
+
+    def profile_state(self) -> dict[tuple[str, str], tuple[int, bool]]:
+        """{(gpu_type, model): (active version, pinned)} for pairs that ever left the fitted profile."""
+        with self._use("read") as db:
+            rows = db.execute("SELECT gpu_type, model, active, pinned FROM profile_state").fetchall()
+        return {(r[0], r[1]): (int(r[2]), bool(r[3])) for r in rows}
+
+    def set_profile_state(self, gpu_type: str, model: str, version: int, pinned: bool) -> None:
+        """Make `version` active (0: the fitted profile) and pin it or not; KeyError when the version is unknown."""
+        with self._use("write") as db:
+            if (
+                version
+                and not db.execute(
+                    "SELECT 1 FROM profile_versions WHERE gpu_type=? AND model=? AND version=?",
+                    (gpu_type, model, version),
+                ).fetchone()
+            ):
+                raise KeyError(version)
+            db.execute(
+                "INSERT OR REPLACE INTO profile_state VALUES (?, ?, ?, ?)", (gpu_type, model, version, int(pinned))
+            )
+
+    def active_model_dicts(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """{(gpu_type, model): coefficients} of every active recalibrated version."""
+        with self._use("read") as db:
+            rows = db.execute(
+                "SELECT v.gpu_type, v.model, v.model_json FROM profile_versions v JOIN profile_state s "
+                "ON s.gpu_type=v.gpu_type AND s.model=v.model AND s.active=v.version"
+            ).fetchall()
+        return {(r[0], r[1]): json.loads(r[2]) for r in rows}
+
+    # ------------------------------------------------------------ observations
+
+    def add_observations(
+        self, records: Sequence[ObservationRecord], retention_s: float, max_rows: int, now: float
+    ) -> list[ObservationRecord]:
+        """Store windows (one transaction); returns them with their row ids. Windows older than
+        `retention_s`, and the oldest beyond `max_rows`, are deleted on the way."""
+        if not records:
+            return []
+        out = []
+        with self._use("write") as db, self._transaction(db):
+            for r in records:
+                cur = db.execute(
+                    "INSERT INTO observations (unix, workload, model, gpu_type, data) VALUES (?, ?, ?, ?, ?)",
+                    (r.unix, r.workload, r.model, r.gpu_type, json.dumps(r.to_dict())),
+                )
+                out.append(replace(r, id=int(cur.lastrowid or 0)))
+            db.execute("DELETE FROM observations WHERE unix < ?", (now - retention_s,))
+            db.execute("DELETE FROM observations WHERE id <= ?", (out[-1].id - max_rows,))
+        return out
+
+    def observations(
+        self, workload: str = "", limit: int = 100, model: str = "", gpu_type: str = "", since_unix: float = 0.0
+    ) -> list[ObservationRecord]:
+        """Stored windows, newest first: of one workload, or of one (model, GPU type), or all; at most `limit`."""
+        where: list[str] = ["unix >= ?"]
+        args: list[Any] = [since_unix]
+        if workload:
+            where.append("workload = ?")
+            args.append(workload)
+        if model:
+            where += ["model = ?", "gpu_type = ?"]
+            args += [model, gpu_type]
+        with self._use("read") as db:
+            rows = db.execute(
+                f"SELECT id, data FROM observations WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
+                (*args, int(limit)),
+            ).fetchall()
+        return [ObservationRecord.from_dict(json.loads(data), int(row_id)) for row_id, data in rows]
+
+    def observation_count(self) -> int:
+        with self._use("read") as db:
+            return int(db.execute("SELECT COUNT(*) FROM observations").fetchone()[0])
+
+    # ------------------------------------------------------------ closed-loop events
+
+    def add_event(self, kind: str, workload: str, text: str, now: float) -> None:
+        with self._use("write") as db:
+            cur = db.execute(
+                "INSERT INTO loop_events (unix, kind, workload, text) VALUES (?, ?, ?, ?)", (now, kind, workload, text)
+            )
+            db.execute("DELETE FROM loop_events WHERE id <= ?", (int(cur.lastrowid or 0) - KEEP_EVENTS,))
+
+    def events(self, limit: int = 20, kind: str = "") -> list[LoopEvent]:
+        """The newest `limit` events (of one kind, or all), oldest first."""
+        with self._use("read") as db:
+            rows = db.execute(
+                "SELECT unix, kind, workload, text FROM loop_events WHERE ?='' OR kind=? ORDER BY id DESC LIMIT ?",
+                (kind, kind, int(limit)),
+            ).fetchall()
+        return [LoopEvent(float(r[0]), r[1], r[2], r[3]) for r in reversed(rows)]
 
     # ------------------------------------------------------------ agent credentials
 

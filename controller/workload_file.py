@@ -12,6 +12,12 @@
         rate_rps: 500
         gpu_type: V100         # optional preference
         arrivals: poisson      # optional: poisson (default, independent users) or constant (paced clients)
+      - name: search
+        model: resnet50
+        slo_ms: 40
+        rate_rps: auto         # a controller plans for the observed demand (offline: min_rps, else 1 req/s)
+        min_rps: 50            # optional bounds of the planned rate (auto only)
+        max_rps: 800
 
 The keys are declared once, below (`WorkloadEntry`, `GpuTypeEntry`,
 `WorkloadFileSpec`, each field a `stoke.validate.setting`): the loader's
@@ -44,6 +50,27 @@ DEFAULT_GPU_PRICE = 3.06
 EXAMPLE_WORKLOADS = "example-workloads.yaml"
 SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "workloads.schema.json"
 ARRIVALS = ("poisson", "constant")
+#: Rate an auto workload without min_rps is planned for offline (a controller tracks the observed demand).
+AUTO_INITIAL_RPS = 1.0
+
+
+def _rate(value: Any, field: str, where: str, error: type[InputError]) -> float | str:
+    if value == "auto":
+        return "auto"
+    return check.positive(
+        value,
+        field,
+        where=where,
+        error=error,
+        maximum=MAX_RATE_RPS,
+        fix="split a larger service into several workloads, or give auto",
+    )
+
+
+#: A rate in requests per second, or "auto" (demand tracking by the controller).
+RATE = check.Rule(
+    _rate, {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RATE_RPS}, {"const": "auto"}]}
+)
 
 
 class WorkloadFileError(InputError):
@@ -79,14 +106,29 @@ class WorkloadEntry:
         rule=check.positive_up_to(MAX_SLO_MS),
         doc="latency SLO of one request in ms (at most one hour); stoke plans for the p99 within it",
     )
-    rate_rps: float = check.setting(
-        rule=check.positive_up_to(MAX_RATE_RPS),
-        doc="request rate, requests per second (at most 1,000,000: split a larger service into several workloads)",
+    rate_rps: float | str = check.setting(
+        rule=RATE,
+        doc="request rate, requests per second (at most 1,000,000: split a larger service into several workloads); "
+        "or auto: a controller plans for the observed demand",
     )
     gpu_type: str | None = check.setting(None, check.NAME, "only GPUs of this type (default: any)")
     arrivals: str = check.setting(
         "poisson", check.choice(ARRIVALS), "poisson (independent users) or constant (paced clients)"
     )
+    min_rps: float | None = check.setting(
+        None, check.positive_up_to(MAX_RATE_RPS), "rate_rps auto: plan for at least this rate"
+    )
+    max_rps: float | None = check.setting(
+        None, check.positive_up_to(MAX_RATE_RPS), "rate_rps auto: plan for at most this rate"
+    )
+
+    def __post_init__(self) -> None:
+        auto = self.rate_rps == "auto"
+        for key in ("min_rps", "max_rps"):
+            if getattr(self, key) is not None and not auto:
+                raise WorkloadFileError(f"{key} applies to rate_rps: auto only; drop it or set rate_rps: auto", key)
+        if self.min_rps is not None and self.max_rps is not None and self.min_rps > self.max_rps:
+            raise WorkloadFileError(f"min_rps ({self.min_rps:g}) must not exceed max_rps ({self.max_rps:g})", "min_rps")
 
 
 @dataclass(frozen=True)
@@ -152,8 +194,17 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
 
 
 def _workload(w: WorkloadEntry) -> Workload:
+    auto = w.rate_rps == "auto"
     return Workload(
-        name=w.name, model=w.model, slo_ms=w.slo_ms, rate_rps=w.rate_rps, gpu_type=w.gpu_type, arrivals=w.arrivals
+        name=w.name,
+        model=w.model,
+        slo_ms=w.slo_ms,
+        rate_rps=(w.min_rps or AUTO_INITIAL_RPS) if auto else float(w.rate_rps),
+        gpu_type=w.gpu_type,
+        arrivals=w.arrivals,
+        rate_auto=auto,
+        min_rps=w.min_rps,
+        max_rps=w.max_rps,
     )
 
 

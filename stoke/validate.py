@@ -157,6 +157,9 @@ def whole_at_least(minimum: int) -> Rule:
     )
 
 
+POSITIVE_WHOLE = whole_at_least(1)
+
+
 def positive_up_to(maximum: float, unit: str = "") -> Rule:
     """A finite number > 0 and <= `maximum`."""
     return Rule(

@@ -148,8 +148,17 @@ class ControllerClient:
             self._ctl.UploadProfile, pb.UploadProfileRequest(profile_json=profile_json, gpu_type=gpu_type)
         )
 
-    def list_profiles(self) -> pb.ListProfilesResponse:
-        return self._call(self._ctl.ListProfiles, pb.ListProfilesRequest())
+    def list_profiles(self, versions: bool = False, model: str = "") -> pb.ListProfilesResponse:
+        return self._call(self._ctl.ListProfiles, pb.ListProfilesRequest(versions=versions, model=model))
+
+    def rollback_profile(
+        self, model: str, gpu_type: str = "", version: int = 0, resume: bool = False
+    ) -> pb.RollbackProfileResponse:
+        request = pb.RollbackProfileRequest(model=model, gpu_type=gpu_type, version=version, resume=resume)
+        return self._call(self._ctl.RollbackProfile, request)
+
+    def list_observations(self, workload: str = "", limit: int = 100) -> pb.ListObservationsResponse:
+        return self._call(self._ctl.ListObservations, pb.ListObservationsRequest(workload=workload, limit=limit))
 
     def mint_agent_token(self, node_id: str) -> pb.MintAgentTokenResponse:
         return self._call(self._ctl.MintAgentToken, pb.MintAgentTokenRequest(node_id=node_id))

@@ -105,7 +105,27 @@ class ControllerHandlers(pb_grpc.StokeControllerServicer):
 
     @_rpc
     def ListProfiles(self, request, context):  # noqa: N802
-        return pb.ListProfilesResponse(profiles=[views.profile_row_to_pb(r) for r in self.service.list_profiles()])
+        rows = [r for r in self.service.list_profiles() if not request.model or r.model == request.model]
+        versions = (
+            views.profile_versions_to_pb(rows, self.service.profile_versions(request.model)) if request.versions else []
+        )
+        return pb.ListProfilesResponse(profiles=[views.profile_row_to_pb(r) for r in rows], versions=versions)
+
+    @_rpc
+    def RollbackProfile(self, request, context):  # noqa: N802
+        rows = self.service.rollback_profile(request.model, request.gpu_type, request.version, request.resume)
+        return pb.RollbackProfileResponse(profiles=[views.profile_row_to_pb(r) for r in rows])
+
+    @_rpc
+    def ListObservations(self, request, context):  # noqa: N802
+        records = self.service.list_observations(request.workload, request.limit)
+        obs = self.service.config.observations
+        return pb.ListObservationsResponse(
+            observations=[views.observation_record_to_pb(r) for r in records],
+            stored=self.service.store.observation_count(),
+            retention_s=obs.retention_s,
+            max_rows=obs.max_rows,
+        )
 
     @_rpc
     def MintAgentToken(self, request, context):  # noqa: N802

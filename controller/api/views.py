@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from controller.api import stoke_pb2 as pb
-from controller.api.convert import assignment_to_pb, device_to_pb, endpoint_to_pb
+from controller.api.convert import assignment_to_pb, batch_stat_to_pb, device_to_pb, endpoint_to_pb
+from controller.observations import ObservationRecord, neighbour_text
 from controller.reconcile.diff import NodeChange
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
-from controller.status import ClusterStatus, ReplicaStatus
-from controller.store import ProfileRow
+from controller.status import ClusterStatus, ReplicaStatus, WorkloadStatus
+from controller.store import ProfileRow, ProfileVersionRow
 
 
 def plan_to_pb(view: PlanView) -> pb.Plan:
@@ -89,29 +92,41 @@ def _replica_to_pb(r: ReplicaStatus) -> pb.ReplicaStatus:
     )
 
 
+def _workload_to_pb(w: WorkloadStatus) -> pb.WorkloadStatus:
+    f = w.feedback
+    optional = {
+        k: v
+        for k, v in (("observed_p99_ms", f.observed_p99_ms), ("prediction_error_ratio", f.error_ratio))
+        if v is not None
+    }
+    return pb.WorkloadStatus(
+        name=w.workload.name,
+        model=w.workload.model,
+        slo_ms=w.workload.slo_ms,
+        rate_rps=w.workload.rate_rps,
+        state=w.state,
+        reason=w.reason,
+        replicas=[_replica_to_pb(r) for r in w.replicas],
+        predicted_latency_ms=w.predicted_latency_ms,
+        observed=w.observed_latency_ms is not None,
+        observed_latency_ms=w.observed_latency_ms or 0.0,
+        observed_rate_rps=w.observed_rate_rps or 0.0,
+        slo_attainment=w.slo_attainment if w.slo_attainment is not None else 0.0,
+        rate_auto=w.workload.rate_auto,
+        min_rps=w.workload.min_rps or 0.0,
+        max_rps=w.workload.max_rps or 0.0,
+        demand=f.demand,
+        guard=f.guard,
+        guard_moves=f.guard_moves,
+        predicted_p99_ms=w.predicted_p99_ms or 0.0,
+        **optional,
+    )
+
+
 def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
-    out = []
-    for w in s.workloads:
-        reps = [_replica_to_pb(r) for r in w.replicas]
-        out.append(
-            pb.WorkloadStatus(
-                name=w.workload.name,
-                model=w.workload.model,
-                slo_ms=w.workload.slo_ms,
-                rate_rps=w.workload.rate_rps,
-                state=w.state,
-                reason=w.reason,
-                replicas=reps,
-                predicted_latency_ms=w.predicted_latency_ms,
-                observed=w.observed_latency_ms is not None,
-                observed_latency_ms=w.observed_latency_ms or 0.0,
-                observed_rate_rps=w.observed_rate_rps or 0.0,
-                slo_attainment=w.slo_attainment if w.slo_attainment is not None else 0.0,
-            )
-        )
     return pb.StatusResponse(
         revision=s.revision,
-        workloads=out,
+        workloads=[_workload_to_pb(w) for w in s.workloads],
         gpus_in_use=s.gpus_in_use,
         cost_per_hour=s.cost_per_hour,
         nodes_ready=s.nodes_ready,
@@ -119,8 +134,95 @@ def status_to_pb(s: ClusterStatus) -> pb.StatusResponse:
         last_error=s.last_error,
         nodes_silent=s.nodes_silent,
         alerts=list(s.alerts),
+        loop_events=list(s.loop_events),
     )
 
 
 def profile_row_to_pb(r: ProfileRow) -> pb.ProfileInfo:
-    return pb.ProfileInfo(gpu_type=r.gpu_type, model=r.model, uploaded_unix=r.uploaded_unix)
+    return pb.ProfileInfo(
+        gpu_type=r.gpu_type,
+        model=r.model,
+        uploaded_unix=r.uploaded_unix,
+        active_version=r.active_version,
+        correction=r.correction,
+        pinned=r.pinned,
+        versions=r.versions,
+    )
+
+
+def profile_versions_to_pb(
+    rows: Sequence[ProfileRow], versions: Sequence[ProfileVersionRow]
+) -> list[pb.ProfileVersion]:
+    """Each pair's fitted profile (version 0) followed by its recalibrated versions."""
+    active = {(r.gpu_type, r.model): r.active_version for r in rows}
+    out = []
+    for r in rows:
+        out.append(
+            pb.ProfileVersion(
+                gpu_type=r.gpu_type,
+                model=r.model,
+                version=0,
+                created_unix=r.uploaded_unix,
+                mode="fitted",
+                correction=1.0,
+                correction_constant=1.0,
+                reason="the uploaded fit",
+                active=r.active_version == 0,
+            )
+        )
+        for v in versions:
+            if (v.gpu_type, v.model) != (r.gpu_type, r.model):
+                continue
+            out.append(
+                pb.ProfileVersion(
+                    gpu_type=v.gpu_type,
+                    model=v.model,
+                    version=v.version,
+                    created_unix=v.created_unix,
+                    mode=str(v.meta.get("mode", "scale")),
+                    correction=float(v.meta.get("factor", 1.0)),
+                    correction_constant=float(v.meta.get("factor_constant", 1.0)),
+                    evidence_windows=float(v.meta.get("windows", 0.0)),
+                    evidence_executions=int(v.meta.get("executions", 0)),
+                    reason=str(v.meta.get("reason", "")),
+                    active=active.get((v.gpu_type, v.model)) == v.version,
+                )
+            )
+    return out
+
+
+#: ObservationRecord fields that may be absent (proto3 `optional`).
+_OPTIONAL_RECORD = ("p50_ms", "p95_ms", "p99_ms", "over_slo_ratio", "device_utilization_pct", "sm_clock_mhz", "power_w")
+
+
+def observation_record_to_pb(r: ObservationRecord) -> pb.ObservationRecord:
+    optional = {k: getattr(r, k) for k in _OPTIONAL_RECORD if getattr(r, k) is not None}
+    return pb.ObservationRecord(
+        unix=r.unix,
+        node_id=r.node_id,
+        device=r.device,
+        gpu_type=r.gpu_type,
+        workload=r.workload,
+        replica=r.replica,
+        model=r.model,
+        share_pct=r.share_pct,
+        batch=r.batch,
+        queue_delay_ms=r.queue_delay_ms,
+        neighbours=[neighbour_text(n) for n in r.neighbours],
+        window_s=r.window_s,
+        rate_rps=r.rate_rps,
+        requests=r.requests,
+        failures=r.failures,
+        mean_batch=r.mean_batch,
+        batch_stats=[batch_stat_to_pb(b) for b in r.batch_stats],
+        queue_ms=r.queue_ms,
+        compute_ms=r.compute_ms,
+        observed_batch_ms=r.observed_batch_ms or 0.0,
+        predicted_batch_ms=r.predicted_batch_ms or 0.0,
+        error_ratio=r.error_ratio or 0.0,
+        predicted_p99_ms=r.predicted_p99_ms or 0.0,
+        profile_version=r.profile_version,
+        instances=r.instances,
+        pending=r.pending,
+        **optional,
+    )

@@ -2,10 +2,11 @@
 
 One pass (`Reconciler.reconcile`):
 
-- observe: mark silent nodes lost, then read the workloads (store), the
-  fitted profiles, the healthy device slots (`NodeRegistry`) and the applied
-  plan (`planning.Observed`); a pass whose inputs did not change since the
-  last one does nothing;
+- observe: mark silent nodes lost, then read the workloads (store, with the
+  rates demand tracking plans for), the active profiles (fitted or
+  recalibrated), the healthy device slots (`NodeRegistry`), the applied plan
+  and the SLO guard's share floors (`planning.Observed`); a pass whose inputs
+  did not change since the last one does nothing;
 - solve: `planning.plan_observed`, the pure solve step (the solver is timed
   for the observer);
 - diff: the new plan cut per node against the applied cut (`diff.diff_assignments`);
@@ -93,8 +94,10 @@ class Reconciler:
         clock: Callable[[], float],
         solver: Solver,
         observer: Observer | None = None,
+        floors: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.store = store
+        self.floors = floors or dict  # the SLO guard's share floors per workload (controller.feedback)
         self.registry = registry
         self.profiles = profiles
         self.config = config
@@ -152,6 +155,7 @@ class Reconciler:
             slots=self.registry.healthy_slots(),
             applied=self.applied,
             rejected=rejected,
+            floors=tuple(sorted(self.floors().items())),
         )
 
     def solve(self, observed: Observed | None = None) -> PlanView:

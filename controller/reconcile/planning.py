@@ -2,6 +2,7 @@
 
 `plan_observed(observed, config, run_solver, now)`:
 
+0. each workload carries the SLO guard's share floor, if any (`Workload.min_share_pct`);
 1. `split_schedulable`: a workload whose GPU type (or any type with its model
    profiled) has no ready device is pending with the reason, and so is a
    stored row that fails today's checks (`Observed.rejected`);
@@ -74,18 +75,40 @@ class Observed:
     slots: tuple[Binding, ...]  # healthy device slots, sorted
     applied: PlanView | None
     rejected: tuple[tuple[str, str], ...] = ()  # stored workload rows that fail the checks: (name, why)
+    floors: tuple[tuple[str, float], ...] = ()  # (workload, share floor) the SLO guard holds, sorted
 
     def fingerprint(self) -> tuple[Any, ...]:
         """Equal fingerprints, equal plans: a pass whose inputs did not change has nothing to do."""
         applied = self.applied.revision if self.applied else 0
-        return (self.workloads, self.profiles_version, self.slots, applied, self.rejected)
+        return (self.workloads, self.profiles_version, self.slots, applied, self.rejected, self.floors)
 
 
 def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:
-    """Solve the observed state (see the module docstring); returns a preview (revision 0)."""
+    """Solve the observed state (see the module docstring); returns a preview (revision 0).
+
+    The SLO guard's floors apply unless they would push a workload the applied plan places out of
+    the plan; then the plan is made without them, and says so in its notes."""
+    view = _plan_observed(observed, config, run_solver, now, dict(observed.floors))
+    if not observed.floors or observed.applied is None:
+        return view
+    placed_before = {
+        p.name for g, b in zip(observed.applied.plan.gpus, observed.applied.bindings) if b for p in g.placements
+    }
+    displaced = sorted({name for name, _ in view.pending} & placed_before)
+    if not displaced:
+        return view
+    view = _plan_observed(observed, config, run_solver, now, {})
+    note = f"SLO guard floor(s) not applied: they would displace {', '.join(displaced)}"
+    return replace(view, plan=replace(view.plan, notes=(*view.plan.notes, note)))
+
+
+def _plan_observed(
+    observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float, floors: Mapping[str, float]
+) -> PlanView:
     counts = collections.Counter(s.gpu_type for s in observed.slots)
     usable = {t: p for t, p in observed.profiles.items() if counts.get(t)}
-    schedulable, pending = split_schedulable(observed.workloads, observed.profiles, usable)
+    workloads = [replace(w, min_share_pct=floors[w.name]) if w.name in floors else w for w in observed.workloads]
+    schedulable, pending = split_schedulable(workloads, observed.profiles, usable)
     pending += observed.rejected
     plan = Plan(strategy=config.strategy, gpus=())
     if schedulable:

@@ -16,7 +16,9 @@ batching), the fill time (b-1)/rate} for Poisson clients, or d = the fill
 time plus half an interval for paced clients (batches then start full, and
 the p99 is exactly L(b) + (b-1)/rate). The whole table of one workload is
 evaluated at once; the smallest feasible share wins, and at that share the
-smallest batch whose p99 is within 2% of the lowest.
+smallest batch whose p99 is within 2% of the lowest. Shares below a
+workload's `min_share_pct` (a floor the controller's SLO guard sets) are not
+candidates.
 
 Replicas. One replica when one GPU can hold the SLO; otherwise the fewest
 that can: n = ceil(R / C), C the highest rate a whole GPU serves within the
@@ -248,6 +250,8 @@ def _pick(
     modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None], window)
     p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
     ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
+    floor = np.array([workloads[k].min_share_pct for k in chunk])  # the SLO guard's floors (0: none)
+    ok &= cache.shares[window[0] : window[1]][None, None, None, :] >= floor[:, None, None, None] - EPS
     columns = ok.any(axis=(1, 2))  # (N, shares)
     found = columns.any(axis=1)
     first = np.argmax(columns, axis=1)

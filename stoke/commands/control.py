@@ -84,9 +84,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-type", default="", help="store under this GPU type (default: the profile's gpu.name)")
     client_args(p)
     p.set_defaults(run=run_profiles_upload)
-    p = ps.add_parser("ls", help="list the fitted profiles per (model, GPU type)")
+    p = ps.add_parser(
+        "ls", help="list the profiles per (model, GPU type): the fitted one and the active (recalibrated) version"
+    )
+    p.add_argument("--versions", action="store_true", help="list every version (0 = the fitted profile)")
+    p.add_argument("--model", default="", help="only this model")
     client_args(p)
     p.set_defaults(run=run_profiles_ls)
+    p = ps.add_parser(
+        "rollback",
+        help="make an earlier version active and pin it (recalibration pauses for it until `profiles resume`)",
+    )
+    p.add_argument("model")
+    p.add_argument("--gpu-type", default="", help="the GPU type (needed when the model is profiled on several)")
+    p.add_argument("--version", type=int, default=0, help="version to make active (default 0: the fitted profile)")
+    client_args(p)
+    p.set_defaults(run=run_profiles_rollback)
+    p = ps.add_parser("resume", help="unpin a rolled-back profile: recalibration goes on from the active version")
+    p.add_argument("model")
+    p.add_argument("--gpu-type", default="", help="the GPU type (needed when the model is profiled on several)")
+    client_args(p)
+    p.set_defaults(run=run_profiles_resume)
+
+    p = subparsers.add_parser(
+        "observations",
+        help="what the agents observed, per replica window, beside the prediction (newest first)",
+    )
+    p.add_argument("--workload", default="", help="only this workload")
+    p.add_argument("--limit", type=int, default=20, help="windows to show (default %(default)s, at most 10000)")
+    client_args(p)
+    p.set_defaults(run=run_observations)
 
 
 # ------------------------------------------------------------------ client helpers
@@ -119,7 +146,24 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
 
 
 #: int64 fields, which proto3 JSON writes as strings; `--json` prints them as numbers.
-_INT64_FIELDS = {"revision", "memory_bytes", "failures", "success", "applied_revision"}
+_INT64_FIELDS = {
+    "revision",
+    "memory_bytes",
+    "failures",
+    "success",
+    "applied_revision",
+    "executions",
+    "requests",
+    "stored",
+    "max_rows",
+    "profile_version",
+    "pending",
+    "guard_moves",
+    "active_version",
+    "versions",
+    "version",
+    "evidence_executions",
+}
 
 
 def to_dict(message: Any) -> dict[str, Any]:
@@ -185,13 +229,17 @@ def run_workload_ls(args: argparse.Namespace) -> int:
             args,
             [
                 {"name": w.name, "model": w.model, "slo_ms": w.slo_ms, "rate_rps": w.rate_rps, "gpu_type": w.gpu_type}
+                | ({"rate_auto": True, "min_rps": w.min_rps, "max_rps": w.max_rps} if w.rate_auto else {})
                 for w in workloads
             ],
         )
     else:
         print_table(
             ["workload", "model", "slo_ms", "rate_rps", "gpu_type"],
-            [[w.name, w.model, w.slo_ms, w.rate_rps, w.gpu_type or "any"] for w in workloads],
+            [
+                [w.name, w.model, w.slo_ms, f"auto {w.rate_rps:g}" if w.rate_auto else w.rate_rps, w.gpu_type or "any"]
+                for w in workloads
+            ],
         )
     return 0
 
@@ -361,6 +409,7 @@ def status_blocks(
     blocks: list[Block] = [head, "", Tab(headers, rows)]
     blocks += [f"{w.name}: {w.reason}" for w in s.workloads if w.reason and w.state != "serving"]
     blocks += [f"ALERT: {a}" for a in s.alerts]
+    blocks += loop_lines(s)
     if s.last_error:
         blocks.append(f"last reconcile error: {s.last_error}")
     if legend:
@@ -382,6 +431,30 @@ def status_blocks(
         headers = ["workload", "replica", "node", "grpc", "http", "metrics"] + (["backend"] if wide else [])
         blocks += ["", "endpoints (stable across share moves):", Tab(headers, endpoint_rows)]
     return blocks
+
+
+def loop_lines(s: Any) -> list[str]:
+    """The closed loop per workload (observed p99 against the plan's, error ratio, demand, guard), then its
+    recent events."""
+    lines = []
+    for w in s.workloads:
+        parts = []
+        if w.HasField("observed_p99_ms"):
+            parts.append(f"p99 {w.observed_p99_ms:.1f} ms (planned {w.predicted_p99_ms:.1f})")
+        if w.HasField("prediction_error_ratio"):
+            parts.append(f"observed/predicted {w.prediction_error_ratio:.2f}")
+        if w.rate_auto:
+            bounds = "".join((f" min {w.min_rps:g}" if w.min_rps else "", f" max {w.max_rps:g}" if w.max_rps else ""))
+            parts.append(f"rate auto{bounds}: {w.demand or 'waiting'}")
+        if w.guard:
+            parts.append(f"guard ({w.guard_moves} move(s)): {w.guard}")
+        if parts:
+            lines.append(f"  {w.name}: " + "; ".join(parts))
+    if lines:
+        lines.insert(0, "closed loop:")
+    if s.loop_events:
+        lines += ["recent loop events:"] + [f"  {e}" for e in s.loop_events]
+    return lines
 
 
 def format_status(s: Any, wide: bool = False, client: ClientFigures | None = None) -> str:
@@ -440,16 +513,124 @@ def run_profiles_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix))
+
+
+def _active(p: Any) -> str:
+    if not p.active_version:
+        return "fitted" + (" (pinned)" if p.pinned else "")
+    return f"v{p.active_version} x{p.correction:.3f}" + (" (pinned)" if p.pinned else "")
+
+
+def profiles_blocks(reply: Any, versions: bool) -> list[Block]:
+    blocks: list[Block] = [
+        Tab(
+            ["model", "gpu_type", "uploaded", "active", "recalibrated_versions"],
+            [[p.model, p.gpu_type, _when(p.uploaded_unix), _active(p), p.versions] for p in reply.profiles],
+        )
+    ]
+    if versions:
+        rows = [
+            [
+                v.model,
+                v.gpu_type,
+                v.version,
+                "*" if v.active else "",
+                _when(v.created_unix),
+                v.mode,
+                f"x{v.correction:.3f}" + (f" / k5 x{v.correction_constant:.3f}" if v.mode == "refit" else ""),
+                f"{v.evidence_windows:.1f}" if v.version else "-",
+                v.reason,
+            ]
+            for v in reply.versions
+        ]
+        headers = ["model", "gpu_type", "version", "active", "created", "mode", "k_act", "windows", "reason"]
+        blocks += ["", Tab(headers, rows)]
+    return blocks
+
+
 def run_profiles_ls(args: argparse.Namespace) -> int:
-    reply = _call(args, lambda c: c.list_profiles())
+    reply = _call(args, lambda c: c.list_profiles(args.versions, args.model))
+    if args.json:
+        data = to_dict(reply)
+        emit(args, data if args.versions else data["profiles"])
+    else:
+        _print_blocks(profiles_blocks(reply, args.versions))
+    return 0
+
+
+def run_profiles_rollback(args: argparse.Namespace) -> int:
+    reply = _call(args, lambda c: c.rollback_profile(args.model, args.gpu_type, args.version))
     if args.json:
         emit(args, to_dict(reply)["profiles"])
     else:
-        print_table(
-            ["model", "gpu_type", "uploaded"],
+        _print_blocks(profiles_blocks(reply, False))
+    return 0
+
+
+def run_profiles_resume(args: argparse.Namespace) -> int:
+    reply = _call(args, lambda c: c.rollback_profile(args.model, args.gpu_type, resume=True))
+    if args.json:
+        emit(args, to_dict(reply)["profiles"])
+    else:
+        _print_blocks(profiles_blocks(reply, False))
+    return 0
+
+
+# ------------------------------------------------------------------ observations
+
+
+def observations_blocks(reply: Any) -> list[Block]:
+    rows = []
+    for o in reply.observations:
+        batches = " ".join(f"{b.batch}x{b.executions}" for b in o.batch_stats)
+        rows.append(
             [
-                [p.model, p.gpu_type, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(p.uploaded_unix))]
-                for p in reply.profiles
-            ],
+                time.strftime("%H:%M:%S", time.gmtime(o.unix)),
+                f"{o.workload}#{o.replica}",
+                f"{o.node_id}/{o.device}",
+                o.share_pct,
+                o.batch,
+                o.rate_rps,
+                batches or "-",
+                o.queue_ms,
+                o.observed_batch_ms or None,
+                o.predicted_batch_ms or None,
+                f"{o.error_ratio:.2f}" if o.error_ratio else "-",
+                o.p99_ms if o.HasField("p99_ms") else None,
+                f"{o.device_utilization_pct:.0f}%" if o.HasField("device_utilization_pct") else "-",
+            ]
         )
+    headers = [
+        "time",
+        "replica",
+        "node/dev",
+        "share_%",
+        "batch",
+        "rate_rps",
+        "batches(size x n)",
+        "queue_ms",
+        "obs_ms",
+        "pred_ms",
+        "obs/pred",
+        "p99_ms",
+        "util",
+    ]
+    return [
+        Tab(headers, rows),
+        "",
+        f"{reply.stored:,} window(s) stored (kept {reply.retention_s:g}s, at most {reply.max_rows:,}); "
+        "obs_ms / pred_ms: one execution, observed / predicted by the active profile",
+    ]
+
+
+def run_observations(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 10000:
+        raise UserError(f"--limit must be in 1..10000, got {args.limit}")
+    reply = _call(args, lambda c: c.list_observations(args.workload, args.limit))
+    if args.json:
+        emit(args, to_dict(reply))
+    else:
+        _print_blocks(observations_blocks(reply))
     return 0

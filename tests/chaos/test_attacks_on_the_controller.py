@@ -103,7 +103,10 @@ def test_the_1e308_workload_neither_stops_planning_nor_comes_back(cluster):
     agent.stop()
     controller.stop()
     with sqlite3.connect(cluster.tmp / "controller.db") as db:
-        db.execute("INSERT INTO workloads VALUES ('huge', 'mlp_small', 100, 1e308, NULL, 0)")
+        db.execute(
+            "INSERT INTO workloads (name, model, slo_ms, rate_rps, gpu_type, updated_unix) "
+            "VALUES ('huge', 'mlp_small', 100, 1e308, NULL, 0)"
+        )
     controller = cluster.controller()
     agent = sim_agent(cluster, "n1", gpu_type="CPU")
     rss_before = rss_mib(controller.pid)

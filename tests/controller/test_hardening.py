@@ -83,8 +83,14 @@ def test_a_stored_1e308_row_is_pending_with_its_reason_and_the_rest_is_planned(t
     svc.register("n1", CPU)
     svc.apply_workloads([wl("a"), wl("b", "embed_large", 100, 10)])
     with sqlite3.connect(tmp_path / "stoke.db") as db:
-        db.execute("INSERT INTO workloads VALUES ('huge', 'mlp_small', 100, 1e308, NULL, 0)")
-        db.execute("INSERT INTO workloads VALUES ('bad\x1b[2J', 'mlp_small', 100, 5, NULL, 0)")
+        db.execute(
+            "INSERT INTO workloads (name, model, slo_ms, rate_rps, gpu_type, updated_unix) "
+            "VALUES ('huge', 'mlp_small', 100, 1e308, NULL, 0)"
+        )
+        db.execute(
+            "INSERT INTO workloads (name, model, slo_ms, rate_rps, gpu_type, updated_unix) "
+            "VALUES ('bad\x1b[2J', 'mlp_small', 100, 5, NULL, 0)"
+        )
     started = time.monotonic()
     outcome = svc.reconcile()
     assert time.monotonic() - started < 10

@@ -16,6 +16,11 @@ SERVICE_LAYER = [
     "controller/server.py",
     "controller/store.py",
     "controller/metrics.py",
+    "controller/observations.py",
+    "controller/feedback.py",
+    "controller/demand.py",
+    "controller/guard.py",
+    "controller/recalibrate.py",
     "controller/reconcile/*.py",
     "controller/api/[!s]*.py",
 ]

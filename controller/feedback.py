@@ -1,0 +1,424 @@
+"""The closed loop: what the agents observe feeds the model and the plan.
+
+    observe ──> recalibrate ──> re-plan ──> act
+       ^      (demand, guard)                 |
+       └──────────────────────────────────────┘
+
+`FeedbackLoop` is the stateful part; its decisions are pure functions:
+
+- observe (`record`, on every heartbeat): the report's new windows become
+  `ObservationRecord`s (`controller.observations`), which are stored with bounded
+  retention. Each record also feeds three things at once: the calibration
+  points of its (GPU type, model), the demand trackers of its auto workloads
+  (`controller.demand`) and the SLO guard of its replica (`controller.guard`).
+  A new planned rate, or a guard floor, wakes the reconcile loop at once.
+- recalibrate (`tick`, every `recalibration.interval_s`): per (GPU type, model),
+  the estimator (`interference.recalibration`) proposes a correction of the
+  fitted active time. It becomes a new profile version only when it moves a
+  placed replica's predicted p99 past the threshold, confirmed by consecutive
+  estimates (`controller.recalibrate`). A new version bumps the profile book,
+  so the next reconcile re-plans.
+- re-plan and act: the reconcile loop (`controller.reconcile`) solves with the
+  active profiles, the tracked rates and the guard's share floors, then the
+  agents apply the diff.
+
+Every decision is recorded as an event (SQLite `loop_events`), shown by
+`stoke status` and counted in the metrics. Thread-safe: heartbeats come from
+the RPC threads, ticks from the reconcile loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller.config import ServiceConfig
+from controller.demand import DemandState, track
+from controller.guard import GuardState, GuardWindow, step
+from controller.messages import HeartbeatReport, Replica
+from controller.observations import ObservationRecord, calibration_points, records_from_report
+from controller.recalibrate import Confirmation, crosses, factor_move, p99_moves, placed_replicas
+from controller.reconcile.planning import PlanView
+from controller.status import WorkloadFeedback
+from controller.store import Store
+from interference.profile import DeviceProfile
+from interference.profile_io import profile_to_dict
+from interference.recalibration import (
+    MAX_POINTS,
+    CalibrationPoint,
+    Correction,
+    RecalibrationOptions,
+    apply_corrections,
+    estimate,
+)
+
+log = logging.getLogger("stoke.controller.feedback")
+
+#: Windows kept in memory per replica (status, metrics, demand); the store keeps the history.
+RECENT_WINDOWS = 32
+#: Windows per replica averaged into the prediction error ratio.
+RATIO_WINDOWS = 5
+#: A replica's latest window counts as current for this many heartbeat intervals.
+FRESH_INTERVALS = 3.0
+#: The first windows of a new Triton process (a move, a restart) say nothing about demand or the SLO: what
+#: queued during the switch arrives at once. Demand and the guard skip this many.
+SETTLE_WINDOWS = 3
+
+
+def settling(windows: collections.deque[ObservationRecord]) -> bool:
+    """Is one of the last `SETTLE_WINDOWS` windows the first of a new process (its window count restarted)?"""
+    recent = list(windows)[-(SETTLE_WINDOWS + 1) :]
+    return any(b.seq <= a.seq for a, b in zip(recent, recent[1:]))
+
+
+class Profiles(Protocol):
+    """What the loop needs of the profile book (`controller.service.ProfileBook`)."""
+
+    def snapshot(self) -> tuple[dict[str, DeviceProfile], int]: ...
+    def fitted(self) -> dict[str, DeviceProfile]: ...
+    def reload(self) -> None: ...
+
+
+@dataclass
+class _Replica:
+    windows: collections.deque[ObservationRecord] = field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS)
+    )
+    guard: GuardState = field(default_factory=GuardState)
+    last_seq: int = 0
+
+
+class FeedbackLoop:
+    def __init__(
+        self,
+        store: Store,
+        profiles: Profiles,
+        config: ServiceConfig,
+        *,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+        applied: Callable[[], PlanView | None],
+        gpu_types_of: Callable[[str], Mapping[int, str]],
+    ) -> None:
+        self.store = store
+        self.profiles = profiles
+        self.config = config
+        self.clock = clock
+        self._wake = wake
+        self._applied = applied
+        self._gpu_types_of = gpu_types_of
+        self._lock = threading.RLock()
+        self._replicas: dict[str, _Replica] = {}
+        self._demand: dict[str, DemandState] = {}
+        self._points: dict[tuple[str, str], collections.deque[CalibrationPoint]] = {}
+        self._confirm: dict[tuple[str, str], Confirmation] = {}
+        self._estimates: dict[tuple[str, str], str] = {}
+        self._estimated: dict[tuple[str, str], int] = {}  # the newest window (row id) each pair's estimate saw
+        self._next_recalibration = 0.0
+        self._cause = ""
+        self.counters: collections.Counter[str] = collections.Counter()
+        r = config.recalibration
+        self.options = RecalibrationOptions(
+            half_life_s=r.half_life_s,
+            min_windows=r.min_windows,
+            min_executions=r.min_executions,
+            recent_windows=r.recent_windows,
+        )
+        self._load_points()
+
+    # ------------------------------------------------------------ observe
+
+    def _load_points(self) -> None:
+        """After a restart: the calibration points within the forgetting horizon, from the store."""
+        horizon = self.clock() - self.options.max_age_half_lives * self.options.half_life_s
+        for record in reversed(self.store.observations(limit=MAX_POINTS, since_unix=horizon)):
+            self._add_points(record)
+
+    def _add_points(self, record: ObservationRecord) -> None:
+        if record.gpu_type:
+            points = self._points.setdefault((record.gpu_type, record.model), collections.deque(maxlen=MAX_POINTS))
+            points.extend(calibration_points([record]))
+
+    def record(self, report: HeartbeatReport) -> list[ObservationRecord]:
+        """Store the report's new windows and feed demand, guard and calibration; returns the stored rows."""
+        now = self.clock()
+        profiles, _ = self.profiles.snapshot()
+        versions = {pair: version for pair, (version, _) in self.store.profile_state().items()}
+        applied = self._applied()
+        p99, shares = _planned(applied)
+        with self._lock:
+            last_seq = {key: r.last_seq for key, r in self._replicas.items()}
+            records = records_from_report(
+                report, self._gpu_types_of(report.node_id), profiles, versions, p99, last_seq, now
+            )
+            if not records:
+                return []
+            obs = self.config.observations
+            stored = self.store.add_observations(records, obs.retention_s, obs.max_rows, now)
+            self.counters["observations"] += len(stored)
+            for record in stored:
+                replica = self._replicas.setdefault(record.key, _Replica())
+                replica.windows.append(record)
+                replica.last_seq = record.seq
+                self._add_points(record)
+                if self.config.guard.enabled:
+                    self._guard(record, replica, shares.get(record.key), profiles, now)
+            self._track_demand({r.workload for r in stored}, now)
+        return stored
+
+    def _guard(
+        self,
+        record: ObservationRecord,
+        replica: _Replica,
+        planned_share: float | None,
+        profiles: Mapping[str, DeviceProfile],
+        now: float,
+    ) -> None:
+        profile = profiles.get(record.gpu_type)
+        share_step = profile.gpu.share_step_pct if profile else 10.0
+        settled = not settling(replica.windows)  # right after a move the backlog of the switch is no verdict
+        window = GuardWindow(
+            record.share_pct, record.requests if settled else 0, record.over_slo, record.p99_ms, record.slo_ms
+        )
+        before = replica.guard.text
+        replica.guard, action = step(
+            replica.guard, record.key, window, planned_share, share_step, now, self.config.guard
+        )
+        if action is not None:
+            self.counters["guard_moves"] += 1
+            self._event("guard", record.workload, action.text, now)
+            self._trigger("guard")
+        elif replica.guard.text != before and replica.guard.text:
+            self._event("guard", record.workload, replica.guard.text, now)
+
+    def _track_demand(self, names: set[str], now: float) -> None:
+        workloads = {w.name: w for w in self.store.workloads() if w.rate_auto and w.name in names}
+        if not workloads:
+            return
+        for name, w in workloads.items():
+            state = self._demand.get(name)
+            if (
+                state is not None
+                and abs(state.planned_rps - w.rate_rps) > 1e-9
+                and state.decision not in ("up", "down")
+            ):
+                state = None  # the workload was applied again with other bounds: start over from the stored rate
+            new = track(state, w, self._workload_rate(name, now), now, self.config.demand)
+            self._demand[name] = new
+            if abs(new.planned_rps - w.rate_rps) > 1e-9:
+                if self.store.set_planned_rate(name, new.planned_rps, now):
+                    self.counters[f"demand_{new.decision}"] += 1
+                    self._event("demand", name, new.text, now)
+                    self._trigger("demand")
+
+    def _workload_rate(self, name: str, now: float) -> float | None:
+        """The workload's demand in its replicas' latest windows: served rate plus queue growth, summed.
+
+        None (no sample) when no replica reported lately, or while a replica settles on a new Triton
+        process (a move): its first windows serve what queued during the switch, not demand."""
+        fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
+        rates = []
+        for key, replica in self._replicas.items():
+            if Replica.parse(key).workload != name or not replica.windows:
+                continue
+            last = replica.windows[-1]
+            if now - last.unix > fresh:
+                continue
+            if settling(replica.windows):
+                return None  # a new process: what queued during the switch is not demand
+            before = replica.windows[-2] if len(replica.windows) >= 2 else None
+            growth = (last.pending - before.pending) / last.window_s if before is not None else 0.0
+            rates.append(max(0.0, last.rate_rps + growth))  # served, plus what queued (or less what drained)
+        return sum(rates) if rates else None
+
+    # ------------------------------------------------------------ recalibrate
+
+    def tick(self) -> None:
+        """Recalibrate when due, and release expired guard floors."""
+        now = self.clock()
+        with self._lock:
+            for key, replica in self._replicas.items():
+                if replica.guard.floor_pct:
+                    replica.guard, _ = step(replica.guard, key, None, None, 0.0, now, self.config.guard)
+                    if not replica.guard.floor_pct:
+                        self._event("guard", Replica.parse(key).workload, f"{key}: {replica.guard.text}", now)
+                        self._trigger("guard")
+            if not self.config.recalibration.enabled or now < self._next_recalibration:
+                return
+            self._next_recalibration = now + self.config.recalibration.interval_s
+            pairs = sorted(self._points)
+        for pair in pairs:
+            try:
+                self._recalibrate(pair, now)
+            except Exception as err:  # noqa: BLE001 - one pair's failure must not stop the others or the loop
+                log.warning("recalibration of %s/%s failed: %s", pair[1], pair[0], err)
+
+    def _recalibrate(self, pair: tuple[str, str], now: float) -> None:
+        gpu_type, model = pair
+        state = self.store.profile_state().get(pair, (0, False))
+        fitted = self.profiles.fitted().get(gpu_type)
+        active_profiles, _ = self.profiles.snapshot()
+        active = active_profiles.get(gpu_type)
+        if state[1] or fitted is None or active is None or model not in fitted.models:
+            return
+        with self._lock:
+            points = list(self._points.get(pair, ()))
+            newest = points[-1].window if points else 0
+            if self._estimated.get(pair) == newest:
+                return  # no new window since the last estimate: it would only repeat (and confirm) itself
+            self._estimated[pair] = newest
+        result = estimate(points, fitted, model, now, self.options)
+        with self._lock:
+            self._estimates[pair] = result.reason
+        if result.correction is None:
+            self._confirm[pair] = Confirmation()
+            return
+        candidate = _with_model(active, apply_corrections(fitted, {model: result.correction}), model)
+        applied = self._applied()
+        replicas = placed_replicas(applied.plan, gpu_type, model) if applied else []
+        moves = p99_moves(active, candidate, replicas)
+        current = self._active_factor(pair, state[0])
+        crossed, why = crosses(
+            moves, self.config.recalibration.replan_threshold, factor_move(current, result.correction.factor)
+        )
+        threshold = self.config.recalibration.replan_threshold
+        confirmation = self._confirm.get(pair, Confirmation()).next(crossed, result.correction.factor, threshold)
+        self._confirm[pair] = confirmation
+        if confirmation.count < self.config.recalibration.confirmations:
+            return
+        self._publish(pair, result.correction, candidate, why, now)
+
+    def _publish(self, pair: tuple[str, str], c: Correction, candidate: DeviceProfile, why: str, now: float) -> None:
+        """Store the corrected model as the pair's new active version; the next reconcile re-plans."""
+        gpu_type, model = pair
+        meta = {
+            "mode": c.mode,
+            "factor": c.factor,
+            "factor_constant": c.factor_constant,
+            "windows": c.windows,
+            "executions": c.executions,
+            "points": c.points,
+            "distinct": c.distinct,
+            "residual": c.residual,
+            "reason": why,
+        }
+        data = profile_to_dict(candidate)["models"][model]
+        version = self.store.add_profile_version(gpu_type, model, data, meta, now)
+        self._confirm[pair] = Confirmation()
+        self.profiles.reload()
+        self.counters["recalibrations"] += 1
+        text = f"{model} on {gpu_type}: profile v{version} {c.summary} from {c.windows:.1f} windows; {why}"
+        self._event("recalibration", "", text, now)
+        self._trigger("recalibration")
+
+    def _active_factor(self, pair: tuple[str, str], version: int) -> float:
+        if not version:
+            return 1.0
+        for v in self.store.profile_versions(pair[1]):
+            if (v.gpu_type, v.version) == (pair[0], version):
+                return float(v.meta.get("factor", 1.0))
+        return 1.0
+
+    def reset(self, gpu_type: str, model: str) -> None:
+        """A rollback or resume: pending confirmations of the pair start over."""
+        with self._lock:
+            self._confirm.pop((gpu_type, model), None)
+            self._estimated.pop((gpu_type, model), None)
+
+    # ------------------------------------------------------------ what the planner and the views read
+
+    def floors(self) -> dict[str, float]:
+        """{workload: share floor} from the guard (the largest of its replicas' unexpired floors)."""
+        now = self.clock()
+        out: dict[str, float] = {}
+        with self._lock:
+            for key, replica in self._replicas.items():
+                g = replica.guard
+                if g.floor_pct and now < g.floor_until:
+                    name = Replica.parse(key).workload
+                    out[name] = max(out.get(name, 0.0), g.floor_pct)
+        return out
+
+    def workload_feedback(self) -> dict[str, WorkloadFeedback]:
+        """Per workload: demand decision, last-window p99 and error ratio, guard state."""
+        now = self.clock()
+        fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
+        out: dict[str, WorkloadFeedback] = {}
+        with self._lock:
+            by_workload: dict[str, list[tuple[str, _Replica]]] = {}
+            for key, replica in self._replicas.items():
+                by_workload.setdefault(Replica.parse(key).workload, []).append((key, replica))
+            names = set(by_workload) | set(self._demand)
+            for name in names:
+                replicas = by_workload.get(name, [])
+                current = [r for _, r in replicas if r.windows and now - r.windows[-1].unix <= fresh]
+                p99s = [r.windows[-1].p99_ms for r in current if r.windows[-1].p99_ms is not None]
+                observed = predicted = 0.0
+                for r in current:
+                    for w in list(r.windows)[-RATIO_WINDOWS:]:
+                        n = sum(s.executions for s in w.batch_stats)
+                        if w.observed_batch_ms is not None and w.predicted_batch_ms:
+                            observed += n * w.observed_batch_ms
+                            predicted += n * w.predicted_batch_ms
+                guards = [r.guard for _, r in sorted(replicas, key=lambda kr: kr[0])]
+                demand = self._demand.get(name)
+                floor = max((g.floor_pct for g in guards if g.floor_pct and now < g.floor_until), default=0.0)
+                out[name] = WorkloadFeedback(
+                    demand=demand.text if demand else "",
+                    observed_p99_ms=max(p99s) if p99s else None,
+                    error_ratio=observed / predicted if predicted > 0 else None,
+                    guard=next((g.text for g in guards if g.text), ""),
+                    guard_moves=sum(g.moves for g in guards),
+                    floor_pct=floor,
+                )
+        return out
+
+    def estimates(self) -> dict[tuple[str, str], str]:
+        """The last estimate's outcome per (GPU type, model), in words."""
+        with self._lock:
+            return dict(self._estimates)
+
+    def replanned(self) -> None:
+        """A new plan revision was stored: count it under the cause that woke the loop."""
+        with self._lock:
+            self.counters[f"replans_{self._cause or 'other'}"] += 1
+            self._cause = ""
+
+    # ------------------------------------------------------------ helpers
+
+    def _trigger(self, cause: str) -> None:
+        self._cause = self._cause or cause
+        self._wake()
+
+    def _event(self, kind: str, workload: str, text: str, now: float) -> None:
+        log.info("%s: %s", kind, text)
+        self.store.add_event(kind, workload, text, now)
+
+
+def _with_model(active: DeviceProfile, corrected: DeviceProfile, model: str) -> DeviceProfile:
+    """`active` with `model`'s coefficients taken from `corrected`."""
+    models = dict(active.models)
+    models[model] = corrected.models[model]
+    return DeviceProfile(gpu=active.gpu, models=models)
+
+
+def _planned(applied: PlanView | None) -> tuple[dict[str, float], dict[str, float]]:
+    """The applied plan's p99 and share per replica key."""
+    p99: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    if applied is None:
+        return p99, shares
+    for gpu, binding in zip(applied.plan.gpus, applied.bindings):
+        if binding is None:
+            continue
+        for p in gpu.placements:
+            key = str(Replica(p.name, p.replica))
+            shares[key] = float(p.share_pct)
+            if not math.isnan(p.predicted_p99_ms):
+                p99[key] = p.predicted_p99_ms
+    return p99, shares

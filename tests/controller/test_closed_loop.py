@@ -1,0 +1,302 @@
+"""The closed loop on the real service (tmp SQLite, real solver, fake clock): observations as data,
+recalibration with hysteresis, demand tracking, the SLO guard, profile versions and rollback.
+
+The node is simulated by heartbeats whose windows are computed from a "true" profile: the
+accel_sim profile times a factor (the injected bias), with noise where a test wants it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from controller.config import DemandConfig, GuardConfig, ObservationsConfig, RecalibrationConfig, ServiceConfig
+from controller.messages import BatchStat, HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Observation
+from controller.service import ControlService
+from controller.store import Store
+from interference.latency import predict_gpu
+from interference.profile_io import profile_to_dict
+from interference.recalibration import Correction, apply_corrections
+from stoke.commands.demo import accel_sim_profile
+
+CPU = (NodeDevice(0, "cpu", "cpu", cores=2),)
+PROFILE = accel_sim_profile(2)
+CONFIG = ServiceConfig(
+    heartbeat_interval_s=1.0,
+    heartbeat_timeout_s=30.0,
+    recalibration=RecalibrationConfig(interval_s=1.0, half_life_s=30.0, min_windows=5, min_executions=50),
+    guard=GuardConfig(windows=3, min_requests=10, hold_s=60.0, cooldown_s=10.0),
+    demand=DemandConfig(window_s=30.0, cooldown_s=40.0, up_heartbeats=2),
+)
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def service(tmp_path, config=CONFIG):
+    clock = Clock()
+    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock)
+    svc.upload_profile(json.dumps(profile_to_dict(PROFILE)), "CPU")
+    svc.register("n1", CPU)
+    return svc, clock
+
+
+def truth(factor: float):
+    c = Correction("accel_sim", "scale", factor, factor, 0, 0, 0, 0, 0)
+    return apply_corrections(PROFILE, {"accel_sim": c})
+
+
+class Node:
+    """Heartbeats of node n1 serving what the controller assigns it, with windows from a true profile."""
+
+    def __init__(self, svc, clock):
+        self.svc, self.clock, self.seq = svc, clock, 0
+
+    def beat(self, factor=1.0, rate=None, p99=None, over=None, seconds=1.0, requests=None):
+        self.clock.t += seconds
+        answer = self.svc.heartbeat(HeartbeatReport("n1"))
+        running = answer.assignments
+        observed = []
+        self.seq += 1
+        for a in running:
+            r = a.rate_rps if rate is None else rate
+            n = max(1, int(r * seconds)) if requests is None else requests
+            stats = tuple(
+                BatchStat(
+                    b, max(1, n // (2 * b)), predict_gpu(truth(factor), [(a.model, b, a.share_pct)])[0].latency_ms
+                )
+                for b in sorted({1, a.batch})
+            )
+            observed.append(
+                Observation(
+                    a.key,
+                    a.model,
+                    request_rate_rps=r,
+                    seq=self.seq,
+                    window_s=seconds,
+                    requests=n,
+                    batch_stats=stats,
+                    latency_count=n,
+                    latency_p99_ms=p99,
+                    over_slo_ratio=over,
+                )
+            )
+        self.svc.heartbeat(HeartbeatReport("n1", running=running, observed=tuple(observed)))
+        self.svc.reconcile()
+        return running
+
+
+def placed(svc, name="w"):
+    plan = svc.current_plan().plan
+    return next(p for g in plan.gpus for p in g.placements if p.name == name)
+
+
+def test_windows_are_stored_once_keyed_and_beside_the_prediction(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    node.beat()
+    node.beat(factor=1.5)
+    rows = svc.list_observations("w")
+    assert len(rows) == 2 and rows[0].unix > rows[1].unix  # newest first
+    row = rows[0]
+    assert (row.node_id, row.device, row.gpu_type, row.workload, row.replica) == ("n1", 0, "CPU", "w", 0)
+    assert (row.share_pct, row.batch) == (placed(svc).share_pct, placed(svc).batch)
+    assert row.error_ratio == pytest.approx(1.5, rel=1e-6) and rows[1].error_ratio == pytest.approx(1.0, rel=1e-6)
+    assert row.predicted_p99_ms == pytest.approx(placed(svc).predicted_p99_ms)
+    # the same window heartbeated twice is stored once
+    report = HeartbeatReport("n1", running=svc.heartbeat(HeartbeatReport("n1")).assignments)
+    window = Observation("w#0", "accel_sim", seq=node.seq, window_s=1.0, requests=5)
+    svc.heartbeat(replace(report, observed=(window,)))
+    assert len(svc.list_observations("w")) == 2
+
+
+def test_retention_bounds_rows_and_age(tmp_path):
+    config = replace(CONFIG, observations=ObservationsConfig(retention_s=5.0, max_rows=4))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(6):
+        node.beat(seconds=0.5)
+    assert svc.store.observation_count() == 4  # at most max_rows
+    node.beat(seconds=10.0)
+    assert svc.store.observation_count() == 1  # older than retention_s
+
+
+def test_oscillating_noise_causes_no_replans(tmp_path):
+    """Windows that oscillate +-8% around the truth for 10 simulated minutes: no new version, no re-plan."""
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    revision = svc.current_plan().revision
+    node = Node(svc, clock)
+    for i in range(600):
+        node.beat(factor=1.0 + (0.08 if i % 2 else -0.08) * (1 + math.sin(i / 7)) / 2)
+    assert svc.current_plan().revision == revision
+    assert svc.list_profiles()[0].active_version == 0 and svc.store.profile_versions() == []
+    assert svc.feedback.counters["recalibrations"] == 0
+
+
+def test_a_real_bias_is_recalibrated_versioned_and_replanned_to_a_larger_share(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    assert placed(svc).share_pct == 50.0
+    node = Node(svc, clock)
+    for _ in range(10):
+        node.beat(factor=1.0)
+    for _ in range(120):
+        node.beat(factor=2.0)
+    row = svc.list_profiles()[0]
+    # published while the p99 moved; closer than the threshold, the rest is not worth a re-plan
+    assert row.active_version >= 1 and row.correction == pytest.approx(2.0, rel=0.1)
+    assert placed(svc).share_pct == 100.0
+    events = [e.text for e in svc.store.events(kind="recalibration")]
+    assert events and "accel_sim on CPU: profile v1" in events[0]
+    # the error ratio against the active (recalibrated) profile is back near 1
+    assert svc.status().workloads[0].feedback.error_ratio == pytest.approx(1.0, rel=0.1)
+
+
+def test_rollback_pins_the_fitted_profile_and_resume_recalibrates_again(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(60):
+        node.beat(factor=2.0)
+    assert svc.list_profiles()[0].active_version >= 1
+    [row] = svc.rollback_profile("accel_sim")
+    assert (row.active_version, row.pinned) == (0, True)
+    for _ in range(30):
+        node.beat(factor=2.0)
+    assert svc.list_profiles()[0].active_version == 0  # pinned: recalibration leaves it alone
+    with pytest.raises(NotFound, match="no version 99"):
+        svc.rollback_profile("accel_sim", version=99)
+    svc.rollback_profile("accel_sim", resume=True)
+    for _ in range(10):
+        node.beat(factor=2.0)
+    assert svc.list_profiles()[0].active_version >= 2
+
+
+def test_demand_scales_up_within_two_heartbeats_and_down_after_the_cooldown(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": "auto", "max_rps": 200}])
+    svc.reconcile()
+    assert placed(svc).rate_rps == 1.0  # demand.initial_rps
+    node = Node(svc, clock)
+    for _ in range(5):
+        node.beat(rate=10.0)
+    assert placed(svc).rate_rps == pytest.approx(12.5)  # 10 x (1 + headroom)
+    node.beat(rate=60.0)
+    node.beat(rate=60.0)  # the second heartbeat over: scaled up
+    assert placed(svc).rate_rps == pytest.approx(75.0)
+    status = svc.status().workloads[0]
+    assert status.workload.rate_auto and status.feedback.demand.startswith("up:")
+    for _ in range(20):
+        node.beat(rate=20.0)
+    assert placed(svc).rate_rps == pytest.approx(75.0)  # within the cool-down: no scale-down
+    for _ in range(40):
+        node.beat(rate=20.0)
+    assert placed(svc).rate_rps == pytest.approx(25.0)  # after the cool-down, from the window
+    for _ in range(3):
+        node.beat(rate=500.0)
+    assert placed(svc).rate_rps == 200.0  # max_rps
+
+
+def test_guard_moves_a_replica_over_its_slo_to_a_larger_share_and_releases_the_floor(tmp_path):
+    config = replace(CONFIG, recalibration=replace(CONFIG.recalibration, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    node.beat(p99=60.0, over=0.0)
+    node.beat(p99=120.0, over=0.1, requests=5)  # too few requests: does not count
+    node.beat(p99=120.0, over=0.1)
+    node.beat(p99=120.0, over=0.1)
+    assert placed(svc).share_pct == 50.0
+    node.beat(p99=120.0, over=0.1)  # the third window over: moved
+    assert placed(svc).share_pct == 100.0
+    w = svc.status().workloads[0]
+    assert w.feedback.guard_moves == 1 and "moved from 50% to 100%" in w.feedback.guard and w.feedback.floor_pct == 100
+    assert svc.feedback.counters["replans_guard"] == 1
+    for _ in range(61):
+        node.beat(p99=30.0, over=0.0)
+    assert placed(svc).share_pct == 50.0  # the floor expired: the planner's own choice again
+    assert any("floor released" in e.text for e in svc.store.events(kind="guard"))
+
+
+def test_guard_floor_never_displaces_another_workload(tmp_path):
+    config = replace(CONFIG, recalibration=replace(CONFIG.recalibration, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads(
+        [
+            {"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30},
+            {"name": "x", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30},
+        ]
+    )
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(4):
+        node.beat(p99=120.0, over=0.1)
+    assert svc.feedback.floors() == {"w": 100.0, "x": 100.0}
+    plan = svc.current_plan().plan
+    assert {p.name: p.share_pct for g in plan.gpus for p in g.placements} == {"w": 50.0, "x": 50.0}
+    assert any("not applied: they would displace" in n for n in svc.preview_plan().plan.notes)
+
+
+def test_status_and_metrics_show_the_loop(tmp_path):
+    from prometheus_client import generate_latest
+
+    from controller.metrics import ControllerMetrics
+
+    svc, clock = service(tmp_path)
+    metrics = ControllerMetrics(svc)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(3):
+        node.beat(factor=1.3, p99=40.0, over=0.0)
+    text = generate_latest(metrics.registry).decode()
+    ratio = next(line for line in text.splitlines() if line.startswith("stoke_prediction_error_ratio{"))
+    assert 'workload="w"' in ratio and float(ratio.split()[-1]) == pytest.approx(1.3, rel=1e-3)
+    assert 'stoke_workload_observed_p99_ms{model="accel_sim",workload="w"} 40.0' in text
+    assert "stoke_guard_moves_total" in text and "stoke_replans_total" in text
+
+
+def test_windows_out_of_bounds_are_refused_and_implausible_ones_not_stored(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    running = svc.heartbeat(HeartbeatReport("n1")).assignments
+    refused = [
+        (Observation("w#0", "accel_sim", request_rate_rps=math.nan, seq=1, window_s=1.0), "request_rate_rps"),
+        (Observation("w#0", "accel_sim", seq=3, window_s=1.0, latency_p99_ms=-5.0), "latency_p99_ms"),
+        (
+            Observation(
+                "w#0", "accel_sim", seq=4, window_s=1.0, batch_stats=tuple(BatchStat(1, 1, 1.0) for _ in range(300))
+            ),
+            "batch_stats",
+        ),
+        (
+            Observation("w#0", "accel_sim", seq=5, window_s=1.0, batch_stats=(BatchStat(0, 1, 1.0),)),
+            r"batch_stats\[0\]\.batch",
+        ),
+    ]
+    for o, field in refused:  # the heartbeat is refused whole, naming the field (controller.limits)
+        with pytest.raises(InvalidArgument, match=field):
+            svc.heartbeat(HeartbeatReport("n1", running=running, observed=(o,)))
+    # within the bounds but not a window: not stored
+    svc.heartbeat(
+        HeartbeatReport("n1", running=running, observed=(Observation("w#0", "accel_sim", seq=2, window_s=1e9),))
+    )
+    assert svc.store.observation_count() == 0
