@@ -1,0 +1,52 @@
+"""The closed loop end to end on real Triton (CPU): the benchmark's scenarios, shortened, with outcomes asserted.
+
+A controller (gRPC on loopback), an agent with real Triton processes and open-loop Poisson load
+run in this process (`benchmarks/bench_closed_loop.py` builds them). The workload serves
+`accel_sim`, whose `slowdown` file is the test hook. Times are generous and only outcomes are
+asserted: who acted, what the plan and the profile became, that p99 came back within the SLO and
+that no request failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.triton]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+try:
+    from agents.triton import find_tritonserver
+
+    find_tritonserver()
+except Exception as err:  # noqa: BLE001
+    pytest.skip(f"tritonserver not available: {err}", allow_module_level=True)
+if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("a larger share needs a second core", allow_module_level=True)
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_closed_loop as bench  # noqa: E402
+
+
+def test_a_slowdown_is_guarded_recalibrated_and_replanned(tmp_path):
+    r = bench.run_slowdown(tmp_path, bench.Loop(guard=True), steady_s=8.0, incident_s=25.0)
+    text = "\n".join(r.timeline)
+    assert r.failed == 0, text  # the move to the larger share included
+    assert r.ratio_peak >= 1.5 > r.ratio_before, text  # observed over predicted rises with the 2x slowdown
+    assert r.guard_moves >= 1 and "moved from 50% to 100%" in text, text  # the guard acted first
+    assert r.profile[0] >= 1 and 1.5 <= r.profile[1] <= 2.5, text  # a recalibrated profile near 2x
+    assert r.final_share == 100.0, text  # the re-plan keeps the larger share
+    assert r.recover_s is not None and r.p99_end_ms <= bench.SLO_MS, text  # p99 back within the SLO
+
+
+def test_a_rate_surge_is_tracked_and_replanned(tmp_path):
+    r = bench.run_surge(tmp_path, bench.Loop(guard=False), steady_s=6.0, incident_s=20.0, auto=True, min_rps=15.0)
+    text = "\n".join(r.timeline)
+    assert r.failed == 0, text
+    assert "demand: up: 2 heartbeat(s)" in text.split("inject:")[1], text  # re-planned after 2 heartbeats over
+    assert r.detect_s is not None and r.final_rate >= 100.0, text
+    assert r.recover_s is not None and r.p99_end_ms <= bench.SLO_MS, text
