@@ -404,9 +404,16 @@ def _drive_load(
     from controller.messages import Replica
 
     key = str(Replica(workload.name, 0))
-    gen = LoadGenerator(
-        lambda: fleet.serving_endpoint(key).grpc, workload.model, on_latency=on_latency, on_result=on_result
-    )
+    stable: list[str] = []
+
+    def target() -> str:
+        # The router's endpoint survives moves: read it once. Asking the fleet on every request
+        # would wait on its lock for the whole of a move and stall the load.
+        if not stable:
+            stable.append(fleet.serving_endpoint(key).grpc)
+        return stable[0]
+
+    gen = LoadGenerator(target, workload.model, on_latency=on_latency, on_result=on_result)
     seed = 0
     try:
         while not stop.is_set():
