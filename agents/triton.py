@@ -369,9 +369,21 @@ class TritonProcess:
             args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
         return args + list(self.extra_args)
 
-    def _preexec(self) -> None:
-        if self.cpu_cores:
-            os.sched_setaffinity(0, self.cpu_cores)  # inherited by the Python stubs it spawns
+    def _spawn_argv(self) -> tuple[list[str], Callable[[], None] | None]:
+        """The argv to start and the preexec function, if one is needed.
+
+        A core set is applied by `taskset` before tritonserver runs (its threads and the Python stubs
+        it spawns inherit it). A `preexec_fn` would run Python in a child forked from this threaded
+        process: that forces fork instead of vfork, runs gRPC's fork handlers and can crash or deadlock
+        the child before exec (it did, now and then, under load). It stays only as the fallback."""
+        if not self.cpu_cores:
+            return self.command(), None
+        taskset = shutil.which("taskset")
+        if taskset:
+            cores = ",".join(str(c) for c in sorted(self.cpu_cores))
+            return [taskset, "--cpu-list", cores, *self.command()], None
+        cores_set = set(self.cpu_cores)
+        return self.command(), lambda: os.sched_setaffinity(0, cores_set)
 
     # -- life cycle
     def start(self) -> float:
@@ -384,14 +396,15 @@ class TritonProcess:
             self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
             self._client = None
             t0 = time.monotonic()
+            argv, preexec = self._spawn_argv()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.command(),
+                    argv,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=triton_env(extra=self.env),
-                    preexec_fn=self._preexec,
+                    preexec_fn=preexec,
                     cwd=self.workdir,
                     start_new_session=True,
                 )  # Ctrl-C of the CLI does not hit it

@@ -58,12 +58,17 @@ def mix(size: int, arrivals: str) -> tuple[Workload, ...]:
 
 
 def bench_solver(
-    sizes: list[int], seconds: float, arrivals: str, strategies: tuple[str, ...], bar: Progress | None = None
+    sizes: list[int],
+    seconds: float,
+    arrivals: str,
+    strategies: tuple[str, ...],
+    bar: Progress | None = None,
+    min_requests: int = MIN_REQUESTS,
 ) -> None:
     types = default_gpu_types()
     profiles = {t.name: t.profile for t in types}
     # every replica runs for at least MIN_REQUESTS requests (the previous solver's simulator has no option)
-    long_enough = {"min_requests": MIN_REQUESTS} if "min_requests" in inspect.signature(simulate).parameters else {}
+    long_enough = {"min_requests": min_requests} if "min_requests" in inspect.signature(simulate).parameters else {}
     print(f"\nSolver on random mixes, {arrivals} arrivals, simulated {seconds:g} s per plan:")
     print(
         f"{'mix':>5} {'strategy':8} {'solve_ms':>9} {'gpus':>5} {'pred.miss':>9} {'p99<=SLO':>9} "
@@ -128,6 +133,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="simulated seconds per plan (default 30)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--arrivals", default="poisson,constant")
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=MIN_REQUESTS,
+        help=f"requests each replica is simulated for at least (default {MIN_REQUESTS:,}; fewer: noisier p99)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     bench_predictor()
@@ -136,7 +147,7 @@ def main() -> None:
     # progress with an ETA on stderr (a bar on a terminal, a line per plan otherwise); figures stay on stdout
     with Progress("bench_core: solve + simulate", len(kinds) * len(sizes) * len(strategies)) as bar:
         for arrivals in kinds:
-            bench_solver(sizes, args.seconds, arrivals, strategies, bar)
+            bench_solver(sizes, args.seconds, arrivals, strategies, bar, args.min_requests)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,9 @@ class NodeRegistry:
                     self.returns += 1
                     node.returned_at = self.returns
                 node.devices = resolved
+                # a registering agent is a new process: what its predecessor reported running (and
+                # serving on) is unknown until it reports, so status must not call it serving meanwhile
+                node.running, node.endpoints, node.observed, node.errors = (), {}, {}, ()
             node.address = address
             node.state = "ready"
             node.registered = True

@@ -75,6 +75,8 @@ def test_serves_each_demo_model(fleet):
     cores = {key: state["cpu_cores"] for key, state in fleet.processes().items()}
     ncores = len(os.sched_getaffinity(0))
     assert all(len(c) == max(1, -(-ncores // 2)) for c in cores.values())  # 50% share = half the cores
+    for state in fleet.processes().values():  # the real affinity of each server (set before exec)
+        assert os.sched_getaffinity(state["pid"]) == set(state["cpu_cores"])
 
 
 def test_nothing_changed_does_nothing(fleet):

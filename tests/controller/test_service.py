@@ -212,6 +212,20 @@ def test_status_merges_observed_figures(svc):
     assert st.gpus_in_use == 1 and st.cost_per_hour == pytest.approx(0.10)
 
 
+def test_a_re_registering_agent_is_not_serving_until_it_reports_what_it_runs(svc):
+    # the probe: an agent killed and restarted (a new process) was shown serving from its predecessor's last report
+    svc.apply_workloads([wl("a", slo=50)])
+    svc.reconcile()
+    node = where(svc)["a#0"][0]
+    assigned = svc.heartbeat(HeartbeatReport(node_id=node)).assignments
+    svc.heartbeat(HeartbeatReport(node_id=node, running=assigned))
+    assert svc.status().workloads[0].state == "serving"
+    svc.register(node, CPU)  # the new agent
+    assert svc.status().workloads[0].state != "serving"
+    svc.heartbeat(HeartbeatReport(node_id=node, running=assigned))
+    assert svc.status().workloads[0].state == "serving"
+
+
 def test_pending_when_no_node(tmp_path):
     svc, _ = make(tmp_path)
     svc.upload_profile(cpu_profile_json())

@@ -180,6 +180,8 @@ def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
             "poisson",
             "--strategies",
             "igniter,stoke",
+            "--min-requests",
+            "2000",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,11 +166,23 @@ def test_status_watch_prints_plain_blocks_when_piped(env):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ},
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread, should it hang
     )
-    time.sleep(4.0)
+    seen = []  # two refreshes before Ctrl-C, however slow the machine is
+    deadline = time.monotonic() + 60
+    while sum("Ctrl-C stops" in line for line in seen) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    hung = threading.Timer(30, proc.send_signal, (signal.SIGABRT,))
+    hung.start()
+    out = "".join(seen) + proc.stdout.read()  # the same buffered reader: nothing read ahead is lost
+    err = proc.stderr.read()
+    proc.wait()
+    hung.cancel()
+    assert proc.returncode != -signal.SIGABRT, f"still running 30 s after Ctrl-C; its threads:\n{err}"
     assert proc.returncode == 130, err
     assert "\x1b" not in out
     frames = [line for line in out.splitlines() if line.startswith("[") and "Ctrl-C stops" in line]
