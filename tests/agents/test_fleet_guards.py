@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.triton import LEDGER, TritonFleet, _record, _start_time, reap_orphans
+from agents.triton import LEDGER, TritonFleet, reap_orphans
+from agents.triton.ledger import _record, _start_time
 from controller.messages import ModelAssignment
 from controller.render import ModelConfig
 
