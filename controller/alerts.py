@@ -528,6 +528,32 @@ def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
 WORKLOAD_VARIABLE = "workload"
 
 
+class _PanelKit:
+    """What every panel of the dashboard shares: the data source and the next panel id."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self._ids = iter(range(1, 1000))
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def series(self, panel: Any, *targets: tuple[str, str]) -> Any:
+        for i, (expr, legend) in enumerate(targets):
+            panel = panel.with_target(
+                prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(self.ds)
+            )
+        return panel.datasource(self.ds).id(self.next_id())
+
+    @staticmethod
+    def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
+        return (
+            gd.ThresholdsConfig()
+            .mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in pairs])
+        )
+
+
 def grafana_dashboard(
     workloads: Sequence[Workload],
     options: SloOptions = SloOptions(),
@@ -543,27 +569,32 @@ def grafana_dashboard(
     uid (`SloOptions.dashboard_uid`) never changes. With a plan, a text panel
     lists every placement. Built with grafana-foundation-sdk's typed builders.
     """
-    workloads = _validate(workloads)
-    ds = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-    wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
-
-    ids = iter(range(1, 1000))
-
-    def series(panel: Any, *targets: tuple[str, str]) -> Any:
-        for i, (expr, legend) in enumerate(targets):
-            panel = panel.with_target(
-                prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(ds)
-            )
-        return panel.datasource(ds).id(next(ids))
-
-    def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
-        return (
-            gd.ThresholdsConfig()
-            .mode(dm.ThresholdsMode.ABSOLUTE)
-            .steps([dm.Threshold(value=v, color=c) for v, c in pairs])
+    _validate(workloads)
+    kit = _PanelKit(dm.DataSourceRef(type_val="prometheus", uid="${datasource}"))
+    board = _dashboard_shell(options, kit.ds)
+    if plan is not None:
+        board = board.with_panel(
+            text_panel.Panel()
+            .title("Plan: placement, share and batch of every replica")
+            .mode(TextMode.MARKDOWN)
+            .content(_plan_markdown(plan_rows(plan, nodes)))
+            .height(min(16, 3 + len(plan.placements())))
+            .span(24)
+            .id(kit.next_id())
         )
+    panels = _workload_panels(kit, options)  # built before the row: the panel ids keep their order
+    board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(kit.next_id()))
+    for panel in panels:
+        board = board.with_panel(panel)
+    board = board.with_row(gd.Row("Devices (stoke agent exporter)").id(kit.next_id()))
+    for panel in _device_panels(kit):
+        board = board.with_panel(panel)
+    return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
 
-    board = (
+
+def _dashboard_shell(options: SloOptions, ds: Any) -> Any:
+    """The dashboard without panels: title, uid, refresh, and the data source and workload variables."""
+    return (
         gd.Dashboard("stoke: inference SLOs")
         .uid(options.dashboard_uid)
         .tags(["stoke", "slo", "triton"])
@@ -588,18 +619,13 @@ def grafana_dashboard(
             .include_all(True)
         )
     )
-    if plan is not None:
-        board = board.with_panel(
-            text_panel.Panel()
-            .title("Plan: placement, share and batch of every replica")
-            .mode(TextMode.MARKDOWN)
-            .content(_plan_markdown(plan_rows(plan, nodes)))
-            .height(min(16, 3 + len(plan.placements())))
-            .span(24)
-            .id(next(ids))
-        )
-    # The row repeats per selected workload; its panels are laid out in two lines of equal height.
-    panels = [
+
+
+def _workload_panels(kit: _PanelKit, options: SloOptions) -> list[Any]:
+    """The row repeated per selected workload, laid out in two lines of equal height."""
+    wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
+    series, steps = kit.series, kit.steps
+    return [
         series(
             timeseries.Panel().fill_opacity(10).title("latency vs SLO").unit("ms").height(8).span(8),
             (f"slo:request_latency_ms:p99_5m{{{wl}}}", "p99"),
@@ -644,36 +670,35 @@ def grafana_dashboard(
             (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute"),
         ),
     ]
-    board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(next(ids)))
-    for panel in panels:
-        board = board.with_panel(panel)
 
-    board = board.with_row(gd.Row("Devices (stoke agent exporter)").id(next(ids)))
-    for title, metric, unit in (
-        ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
-        ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
-        ("power", "stoke_device_power_watts", "watt"),
-        ("memory used", "stoke_device_memory_used_bytes", "bytes"),
-    ):
-        board = board.with_panel(
-            series(
-                timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
-                (metric, "{{instance}} {{kind}}{{device}}"),
-            )
+
+def _device_panels(kit: _PanelKit) -> list[Any]:
+    """The devices row: what the agents' exporter reports per device."""
+    panels = [
+        kit.series(
+            timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
+            (metric, "{{instance}} {{kind}}{{device}}"),
         )
-    board = board.with_panel(
-        series(
+        for title, metric, unit in (
+            ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
+            ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
+            ("power", "stoke_device_power_watts", "watt"),
+            ("memory used", "stoke_device_memory_used_bytes", "bytes"),
+        )
+    ]
+    panels.append(
+        kit.series(
             timeseries.Panel().fill_opacity(10).title("throttle reasons active").height(6).span(12),
             ("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}"),
         )
     )
-    board = board.with_panel(
-        series(
+    panels.append(
+        kit.series(
             timeseries.Panel().fill_opacity(10).title("GPU processes (compute + MPS)").height(6).span(12),
             ("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}"),
         )
     )
-    return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
+    return panels
 
 
 # --------------------------------------------------------------------------- Grafana alert provisioning

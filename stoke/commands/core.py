@@ -28,6 +28,13 @@ from stoke.table import render_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_plan(subparsers)
+    _register_predict(subparsers)
+    _register_simulate(subparsers)
+    _register_profile(subparsers)
+
+
+def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
         help="place workloads on GPUs: shares, batches, predicted latency, cost",
@@ -85,6 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_client_options(p, group_title="controller connection (--remote)")
     p.set_defaults(run=run_plan)
 
+
+def _register_predict(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "predict",
         help="predict latency/throughput of co-located models on one GPU",
@@ -98,6 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_output_option(p)
     p.set_defaults(run=run_predict)
 
+
+def _register_simulate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate",
         help="replay a plan in a discrete-event simulator",
@@ -133,6 +144,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(run=run_simulate)
 
+
+def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="fit profiles from raw measurements")
     profile = p.add_subparsers(dest="profile_command", metavar="COMMAND", required=True)
     f = profile.add_parser(
