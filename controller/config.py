@@ -52,7 +52,10 @@ class GpuTypeConfig:
     name: str = check.setting(rule=check.TEXT, doc="GPU type name, as profiles and workloads name it")
     price_per_hour: float = check.setting(0.0, check.NON_NEGATIVE, "price of one device of this type per hour")
     match: tuple[str, ...] = check.setting(
-        (), check.STRINGS, "case-insensitive substrings of a device name that mean this type"
+        (),
+        check.STRINGS,
+        "case-insensitive substrings of a device name that mean this type; `cpu` or `gpu` alone claims every "
+        "device of that kind",
     )
 
 
@@ -150,7 +153,8 @@ class ServiceConfig:
         0.5,
         check.FRACTION,
         "when more than this fraction of the nodes fall silent together, the plan is held (a network or "
-        "controller fault is assumed) instead of re-planning their workloads",
+        "controller fault is assumed) instead of re-planning their workloads; 1 turns the hold off (clusters "
+        "of one or two nodes)",
     )
     solver_budget_s: float = check.setting(
         30.0,
@@ -177,9 +181,10 @@ class ServiceConfig:
     def gpu_type_for(self, device: NodeDevice) -> str:
         if device.gpu_type:
             return device.gpu_type
-        name = device.name.lower()
+        name, kind = device.name.lower(), device.kind.lower()
         for t in self.gpu_types:
-            if any(m.lower() in name for m in t.match):
+            # `match: [cpu]` reads as "CPU devices": a CPU's name ("AMD EPYC 7B13") rarely says so
+            if any(m.lower() in name or m.lower() == kind for m in t.match):
                 return t.name
         if device.kind == "cpu":
             return self.cpu_gpu_type
@@ -250,7 +255,8 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
             raise ConfigError(f"{path}: the config must be a mapping of keys ({known})")
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
-        source = f"{source} + command line"
+        flags = ", ".join("--" + k.removesuffix("_s").replace("_", "-") for k in sorted(given))
+        source = f"{source} + command line ({flags})"  # which flag a bad value came from
         # command-line paths are relative to the cwd, not to the config file
         given.update({k: str(Path(v).absolute()) for k, v in given.items() if k in PATH_OVERRIDES and v})
         data = {**data, **given}

@@ -144,7 +144,9 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise ProfileFileError(f"{path}: cannot read profile ({err.strerror})") from None
+        raise ProfileFileError(
+            f"{path}: cannot read profile ({err.strerror}); check the path, or fit one with `stoke profile fit`"
+        ) from None
     except UnicodeDecodeError as err:
         raise ProfileFileError(f"{path}: not UTF-8 text (byte {err.start}); a fitted profile is JSON") from None
     return profile_from_dict(parse_profile_json(text, str(path)), str(path))

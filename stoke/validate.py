@@ -139,14 +139,12 @@ POSITIVE_SECONDS = Rule(
 )
 NON_NEGATIVE = Rule(lambda v, f, w, e: non_negative(v, f, where=w, error=e), {"type": "number", "minimum": 0})
 WHOLE = Rule(lambda v, f, w, e: whole(v, f, where=w, error=e), {"type": "integer", "minimum": 0})
-FRACTION = Rule(
-    lambda v, f, w, e: _fraction(v, f, w, e), {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
-)
+FRACTION = Rule(lambda v, f, w, e: _fraction(v, f, w, e), {"type": "number", "exclusiveMinimum": 0, "maximum": 1})
 
 
 def _fraction(value: Any, field: str, where: str, error: E) -> float:
-    if not _real(value) or not 0 < value < 1:
-        raise fail(field, "a number between 0 and 1 (exclusive)", value, where=where, error=error)
+    if not _real(value) or not 0 < value <= 1:
+        raise fail(field, "a number above 0, up to 1", value, where=where, error=error)
     return float(value)
 
 
@@ -329,7 +327,8 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) ->
     try:
         return cls(**values)
     except InputError as err:  # a check across fields (__post_init__), without the place
-        raise ctx.error(f"{ctx.where}: {err}", err.field) from None
+        inside = f"{prefix.rstrip('.')}: " if prefix else ""  # "workloads[3]: min_rps ... must not exceed ..."
+        raise ctx.error(f"{ctx.where}: {inside}{err}", prefix + (err.field or "")) from None
 
 
 def _value(value: Any, tp: Any, f: dataclasses.Field[Any], path: str, ctx: _Context) -> Any:

@@ -108,7 +108,7 @@ def _plan_observed(
     counts = collections.Counter(s.gpu_type for s in observed.slots)
     usable = {t: p for t, p in observed.profiles.items() if counts.get(t)}
     workloads = [replace(w, min_share_pct=floors[w.name]) if w.name in floors else w for w in observed.workloads]
-    schedulable, pending = split_schedulable(workloads, observed.profiles, usable)
+    schedulable, pending = split_schedulable(workloads, observed.profiles, usable, sorted(counts))
     pending += observed.rejected
     plan = Plan(strategy=config.strategy, gpus=())
     if schedulable:
@@ -125,9 +125,16 @@ def _plan_observed(
 
 
 def split_schedulable(
-    workloads: Sequence[Workload], profiles: Mapping[str, DeviceProfile], usable: Mapping[str, DeviceProfile]
+    workloads: Sequence[Workload],
+    profiles: Mapping[str, DeviceProfile],
+    usable: Mapping[str, DeviceProfile],
+    ready_types: Sequence[str] = (),
 ) -> tuple[list[Workload], Pending]:
-    """(workloads a ready device can serve, [(workload, why not)] for the rest)."""
+    """(workloads a ready device can serve, [(workload, why not)] for the rest).
+
+    `ready_types`: the GPU types of the ready devices, profiled or not, so a reason can say which
+    types are there and which are profiled when they do not meet (a `gpu_types[].match` that does
+    not claim the device, a profile stored under another name)."""
     schedulable, pending = [], []
     for w in workloads:
         allowed = [w.gpu_type] if w.gpu_type else sorted(usable)
@@ -135,18 +142,34 @@ def split_schedulable(
             pending.append(
                 (
                     w.name,
-                    f"no ready node has GPU type {w.gpu_type}"
+                    f"no ready node has GPU type {w.gpu_type}{_types_seen(ready_types, profiles, w.model)}"
                     if w.gpu_type in profiles
                     else f"GPU type {w.gpu_type} has no profile",
                 )
             )
         elif not any(w.model in usable[t].models for t in allowed if t in usable):
-            pending.append(
-                (w.name, f"no ready node has a GPU type profiled for model {w.model}" if usable else "no ready node")
+            why = (
+                f"no ready device of a GPU type profiled for model {w.model}"
+                + _types_seen(ready_types, profiles, w.model)
+                if ready_types
+                else "no ready node"
             )
+            pending.append((w.name, why))
         else:
             schedulable.append(w)
     return schedulable, pending
+
+
+def _types_seen(ready_types: Sequence[str], profiles: Mapping[str, DeviceProfile], model: str) -> str:
+    """ "(ready: CPU; profiled for it: cpu-2core)": what would have to meet, for a pending reason."""
+    if not ready_types:
+        return ""
+    profiled = sorted(t for t, p in profiles.items() if model in p.models)
+    return (
+        f" (ready devices are of type {', '.join(ready_types)}; {model} is profiled on "
+        f"{', '.join(profiled) or 'no GPU type'}: a device's type comes from gpu_types[].match on its name, "
+        f"or cpu_gpu_type for CPU devices)"
+    )
 
 
 def _kept(observed: Observed, usable: Mapping[str, DeviceProfile]) -> Plan | None:

@@ -192,6 +192,19 @@ def test_most_nodes_silent_together_hold_the_plan_and_alert(tmp_path):
     assert "n3" not in set(placed(svc).values())
 
 
+def test_partition_fraction_1_lets_the_only_node_of_a_small_cluster_be_lost(tmp_path):
+    """One node of one is "more than half": held by default; partition_fraction 1 turns the hold off."""
+    held, clock = make(tmp_path / "held")
+    held.register("n1", CPU)
+    run_for(held, clock, 7)
+    assert [n.state for n in held.list_nodes()] == ["silent"]
+    config = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0, partition_fraction=1.0)
+    svc, clock = make(tmp_path / "off", config=config)
+    svc.register("n1", CPU)
+    run_for(svc, clock, 7)
+    assert [n.state for n in svc.list_nodes()] == ["lost"] and not svc.status().alerts
+
+
 def test_nodes_silenced_together_but_a_heartbeat_apart_are_held_together(tmp_path):
     """A partition cuts every node at once, but their last heartbeats were up to an interval apart."""
     svc, clock = make(tmp_path)

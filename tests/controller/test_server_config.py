@@ -152,3 +152,17 @@ def test_a_token_served_without_tls_off_loopback_is_warned_about(tmp_path, caplo
         server = ControllerServer(load_config(tmp_path / "c.yaml"))
     server.stop()
     assert "tokens travel in clear text" in caplog.text
+
+
+def test_gpu_type_match_is_a_substring_of_the_name_or_the_device_kind():
+    # the probe: `match: [cpu]` did not claim a CPU device named "AMD EPYC 7B13", which fell back to cpu_gpu_type
+    from controller.config import GpuTypeConfig, ServiceConfig
+    from controller.messages import NodeDevice
+
+    config = ServiceConfig(
+        gpu_types=(GpuTypeConfig("V100", 3.06, ("v100",)), GpuTypeConfig("cpu-2core", 0.1, ("cpu",))),
+        cpu_gpu_type="CPU",
+    )
+    assert config.gpu_type_for(NodeDevice(0, "AMD EPYC 7B13", "cpu")) == "cpu-2core"
+    assert config.gpu_type_for(NodeDevice(0, "Tesla V100-SXM2-16GB", "gpu")) == "V100"
+    assert config.gpu_type_for(NodeDevice(0, "NVIDIA H200", "gpu")) == "NVIDIA-H200"  # "cpu" claims no GPU

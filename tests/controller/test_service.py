@@ -235,6 +235,18 @@ def test_pending_when_no_node(tmp_path):
     assert st.workloads[0].state == "pending" and "no ready node" in st.workloads[0].reason
 
 
+def test_pending_reason_names_the_ready_types_and_the_profiled_ones(tmp_path):
+    # the probe: a profile stored under "cpu-2core" while the node's CPU device resolves to "CPU" said "no ready node"
+    svc, _ = make(tmp_path)
+    svc.upload_profile(cpu_profile_json(), gpu_type="cpu-2core")
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a")])
+    svc.reconcile()
+    reason = svc.status().workloads[0].reason
+    assert "ready devices are of type CPU" in reason and "profiled on cpu-2core" in reason, reason
+    assert "gpu_types[].match" in reason, reason
+
+
 def test_device_where_everything_failed_is_blocked_and_replanned(svc):
     clock = svc.clock_
     svc.apply_workloads([wl("a")])
