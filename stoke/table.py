@@ -79,7 +79,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, plain: bool
     else:
         table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, padding=(0, 1))
     for header, num in zip(headers, numeric):
-        table.add_column(header, justify="right" if num else "left", no_wrap=plain)
+        # on a narrow terminal rich shrinks columns: text folds onto more lines, a number is never cut
+        table.add_column(header, justify="right" if num else "left", no_wrap=plain or num, overflow="fold")
     cells = [[format_cell(row[i] if i < len(row) else None) for i in range(len(headers))] for row in rows]
     if plain:
         widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -129,4 +130,9 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, file: 
         return
     from rich.console import Console
 
-    Console(file=file, markup=False, emoji=False, highlight=False).print(rich_table(headers, rows))
+    console = Console(file=file, markup=False, emoji=False, highlight=False)
+    plain = render_table(headers, rows)
+    if max(map(len, plain.splitlines()), default=0) + 2 * len(headers) > console.width:
+        print(plain, file=file, flush=True)  # wider than the terminal: every cell whole, lines wrapped by it
+        return
+    console.print(rich_table(headers, rows))

@@ -57,6 +57,16 @@ def test_on_a_terminal_the_same_table_is_drawn_by_rich():
     assert piped.getvalue() == render_table(["workload", "slo"], [["photo-tagging", "MISS"]]) + "\n"
 
 
+def test_a_table_wider_than_the_terminal_is_printed_whole():
+    # the probe: `stoke device show` on a 120-column terminal cut numbers to "24,10…"
+    headers = ["device", "sm_clock_mhz", "throttle_reasons", "processes"] * 3
+    rows = [["AMD EPYC 7B13 64-Core Processor", 24101.5, "sw_power_cap,hw_slowdown", 12345678.0] * 3]
+    screen = Terminal()  # rich's default width: 80 columns
+    print_table(headers, rows, file=screen)
+    assert screen.getvalue() == render_table(headers, rows) + "\n"
+    assert "…" not in screen.getvalue() and "24,101.50" in screen.getvalue()
+
+
 def test_live_views_redraw_in_place_on_a_terminal_and_print_blocks_when_piped():
     screen = Terminal()
     with LiveView(screen) as view:
