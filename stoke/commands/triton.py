@@ -156,6 +156,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
     from controller.render_plan import assignments_from_plan
 
+    if args.seconds is not None:
+        check.non_negative(args.seconds, "--seconds", error=UserError, fix="leave it out to serve until Ctrl-C")
+    check.positive(args.ready_timeout, "--ready-timeout", error=UserError, unit="seconds")
     _check_repo(args.repo)
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:

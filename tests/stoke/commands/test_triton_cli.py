@@ -204,3 +204,22 @@ def test_sync_dry_run_lists_changes_and_changes_nothing(parser, demo_repo_copy, 
     assert (mirror / "stale.txt").exists() and (
         mirror / "tiny_echo" / "config.pbtxt"
     ).read_text() != "max_batch_size: 4\n"
+
+
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("--seconds", "-5", "--seconds must be a number >= 0"),
+        ("--ready-timeout", "-1", "--ready-timeout must be a positive"),
+    ],
+)
+def test_up_refuses_negative_seconds(parser, demo_repo_copy, flag, value, expected):
+    with pytest.raises(UserError, match=expected):
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), flag, value])
+
+
+def test_device_serve_refuses_a_negative_duration(capsys):
+    from stoke.cli import main
+
+    assert main(["device", "serve", "--port", "0", "--device", "cpu", "--duration", "-1"]) == 2
+    assert "--duration must be >= 0 seconds" in capsys.readouterr().err
