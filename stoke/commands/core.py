@@ -21,7 +21,7 @@ from interference.profile import DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from stoke.client_options import add_client_options
-from stoke.commands.inputs import read_plan, read_text_input
+from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import render_table
@@ -183,7 +183,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
         "resume.",
     )
-    r.add_argument("--repo", default="triton_repo", help="model repository (default: triton_repo)")
+    add_repo_option(r, "model repository (default %(default)s)")
     r.add_argument(
         "--models",
         default="mlp_small,conv_medium,embed_large",
