@@ -148,6 +148,22 @@ def test_a_required_repo_is_still_required(capsys):
     assert "--repo is required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["profile", "fit"], "--format"),
+        (["train", "plan"], "--format"),
+        (["train", "fit-loss"], "--format"),
+        (["plan"], "-o"),
+    ],
+)
+def test_json_help_names_the_commands_own_format_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--json same as {flag} json" in text
+
+
 def test_bash_completion_completes_commands_options_and_formats(tmp_path):
     script = tmp_path / "stoke.bash"
     result = subprocess.run(
