@@ -677,6 +677,11 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
     }
 
 
+def _coefficient(value: float) -> str:
+    """A fitted coefficient in a table: 4 significant figures (a table's 2 decimals would show 0.0024 as 0.00)."""
+    return f"{value:.4g}"
+
+
 def run_profile_fit(args: argparse.Namespace) -> int:
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
@@ -706,7 +711,7 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         )
     else:
         rows = [
-            [name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
+            [name, m.kernels, *[_coefficient(k) for k in m.k_act], _coefficient(m.cache_sensitivity)]
             for name, m in sorted(profile.models.items())
         ]
         print(render_table(["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"], rows))

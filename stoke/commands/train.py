@@ -285,7 +285,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
             "rmse": round(est.rmse_, 6),
             "points": len(cols["loss"]),
         }
-        rows = [[k, v] for k, v in coeffs.items()]
+        rows = [[k, f"{v:.6g}"] for k, v in coeffs.items()]  # as written to the JSON: the table's 0.00 would lose it
     else:
         t0 = time.perf_counter()
         est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
@@ -300,7 +300,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
             "points": est.n_points_,
             "fit_ms": round(fit_ms, 3),
         }
-        rows = [[k, v] for k, v in coeffs.items()]
+        rows = [[k, f"{v:.6g}"] for k, v in coeffs.items()]  # as written to the JSON: the table's 0.00 would lose it
         if args.target is not None:
             samples = est.samples_for(args.target)
             body["samples_to_target"] = samples

@@ -75,6 +75,20 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     assert load_profile(out_path) == bundled_profile()
 
 
+def test_profile_fit_shows_coefficients_to_four_significant_figures(capsys, tmp_path):
+    code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(tmp_path / "p.json"))
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header == ["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"]
+    profile = bundled_profile()
+    for line in lines[2 : 2 + len(profile.models)]:
+        name, _, *cells = line.split()
+        m = profile.models[name]
+        for cell, value in zip(cells, [*m.k_act, m.cache_sensitivity]):
+            assert cell == f"{value:.4g}"  # never a nonzero coefficient rounded to 0.00
+
+
 @pytest.mark.parametrize(
     "content, expected",
     [

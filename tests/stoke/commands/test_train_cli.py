@@ -71,6 +71,16 @@ def test_fit_loss_default_and_files(capsys, tmp_path):
     assert "homogeneous.curve" in out
 
 
+def test_fit_loss_table_shows_the_coefficients_as_written_to_the_json(capsys):
+    code, out, _ = run(capsys, "fit-loss", "--json")
+    curve = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "fit-loss")
+    assert code == 0 and "paste into SPEC.yaml" in out
+    shown = dict(line.split() for line in out.splitlines() if line.startswith("beta"))
+    assert {k: float(v) for k, v in shown.items()} == curve  # e.g. beta1 0.248645, not 0.25; beta0 not 0.00
+    assert all(float(v) != 0 for v in shown.values())
+
+
 def test_fit_loss_heterogeneous_layout(capsys, tmp_path):
     rows = ["b_w,R,n,j,loss"]
     for n in (1, 2, 4):
