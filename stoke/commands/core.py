@@ -228,7 +228,10 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
     try:
         return load_workloads_file(path, profile)
     except WorkloadFileError as err:
-        raise UserError(f"{err} (with the profile {profile_path})" if profile_path else str(err)) from None
+        message = str(err)
+        if "cannot read workload file" in message:  # controller.workload_file says what failed; add the fix
+            message += "; check the path (without an argument stoke plan uses the bundled example)"
+        raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -257,12 +260,19 @@ def run_plan(args: argparse.Namespace) -> int:
             options = StokeOptions(**given)
         except ProblemError as err:
             raise UserError(f"{flags}: {err}") from None
+    if args.explain:  # checked before planning, so a typo fails at once and prints no plan
+        if args.strategy != "stoke":
+            raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
+        names = sorted(w.name for w in workloads_file.problem().workloads)
+        if args.explain not in names:
+            raise UserError(
+                f"--explain: no workload {args.explain!r} in {source}; workloads: {', '.join(names[:10])}"
+                + (", ..." if len(names) > 10 else "")
+            )
     try:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
-    if args.explain and args.strategy != "stoke":
-        raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
