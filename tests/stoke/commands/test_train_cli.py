@@ -125,3 +125,27 @@ def test_render_writes_valid_manifests(capsys, tmp_path):
         sum(d["spec"]["replicas"] for d in docs if d["kind"] == "StatefulSet" and "worker" in d["metadata"]["name"])
         == 4
     )
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
+
+
+def test_watch_without_aws_credentials_is_a_stoke_error_with_the_fix(capsys, no_aws_credentials):
+    argv = ["watch", "--endpoint-url", "http://127.0.0.1:9", "--max-polls", "1", "--interval", "0.01"]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "Unable to locate credentials" in err and "AWS_PROFILE" in err and "aws configure" in err
+    assert err.count("stoke: error:") == 1
+
+
+def test_watch_help_says_when_spec_is_needed(capsys):
+    with pytest.raises(SystemExit):
+        run(capsys, "watch", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "required with a PLAN.json" in text and "default: the bundled one" not in text
