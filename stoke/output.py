@@ -43,7 +43,10 @@ def add_output_option(
         + (f" ({wide})" if wide else " (same as table here)")
         + ", json or yaml",
     )
-    p.add_argument("--json", dest="output_format", action=_Format, nargs=0, const="json", help="same as -o json")
+    # "same as" names this command's format flag: where -o is the output file (profile fit, train plan), --format
+    p.add_argument(
+        "--json", dest="output_format", action=_Format, nargs=0, const="json", help=f"same as {flags[0]} json"
+    )
     p.set_defaults(output_format="table", json=False, wide=False)
 
 

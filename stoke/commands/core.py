@@ -21,7 +21,7 @@ from interference.profile import DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from stoke.client_options import add_client_options
-from stoke.commands.inputs import read_plan, read_text_input
+from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import render_table
@@ -183,7 +183,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
         "resume.",
     )
-    r.add_argument("--repo", default="triton_repo", help="model repository (default: triton_repo)")
+    add_repo_option(r, "model repository (default %(default)s)")
     r.add_argument(
         "--models",
         default="mlp_small,conv_medium,embed_large",
@@ -228,7 +228,10 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
     try:
         return load_workloads_file(path, profile)
     except WorkloadFileError as err:
-        raise UserError(f"{err} (with the profile {profile_path})" if profile_path else str(err)) from None
+        message = str(err)
+        if "cannot read workload file" in message:  # controller.workload_file says what failed; add the fix
+            message += "; check the path (without an argument stoke plan uses the bundled example)"
+        raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -257,12 +260,19 @@ def run_plan(args: argparse.Namespace) -> int:
             options = StokeOptions(**given)
         except ProblemError as err:
             raise UserError(f"{flags}: {err}") from None
+    if args.explain:  # checked before planning, so a typo fails at once and prints no plan
+        if args.strategy != "stoke":
+            raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
+        names = sorted(w.name for w in workloads_file.problem().workloads)
+        if args.explain not in names:
+            raise UserError(
+                f"--explain: no workload {args.explain!r} in {source}; workloads: {', '.join(names[:10])}"
+                + (", ..." if len(names) > 10 else "")
+            )
     try:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
-    if args.explain and args.strategy != "stoke":
-        raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
@@ -677,6 +687,11 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
     }
 
 
+def _coefficient(value: float) -> str:
+    """A fitted coefficient in a table: 4 significant figures (a table's 2 decimals would show 0.0024 as 0.00)."""
+    return f"{value:.4g}"
+
+
 def run_profile_fit(args: argparse.Namespace) -> int:
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
@@ -706,7 +721,7 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         )
     else:
         rows = [
-            [name, m.kernels, *[round(k, 4) for k in m.k_act], round(m.cache_sensitivity, 5)]
+            [name, m.kernels, *[_coefficient(k) for k in m.k_act], _coefficient(m.cache_sensitivity)]
             for name, m in sorted(profile.models.items())
         ]
         print(render_table(["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"], rows))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from stoke.commands.control import endpoint_key, status_blocks, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
@@ -174,8 +176,11 @@ def accel_sim_profile(cores: int, name: str = "CPU") -> Any:
     return DeviceProfile(gpu=gpu, models={"accel_sim": model})
 
 
-def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
-    """--profile, else the bundled interference/data/*cpu*.json, else the placeholder written to `workdir`."""
+def find_cpu_profile(repository: str, given: str | None, workdir: Path, *, file: TextIO | None = None) -> str:
+    """--profile, else the bundled interference/data/*cpu*.json, else the placeholder written to `workdir`.
+
+    The note about a placeholder goes to `file` (default stdout).
+    """
     if given:
         return given
     from interference.profile_io import ProfileFileError, bundled_data_dir, load_profile, save_profile
@@ -190,7 +195,11 @@ def find_cpu_profile(repository: str, given: str | None, workdir: Path) -> str:
             continue
     path = workdir / "demo-cpu-profile.json"
     save_profile(demo_cpu_profile(), path)
-    print(f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients ({path})", flush=True)
+    print(
+        f"note: no fitted CPU profile in {folder}; planning with placeholder coefficients ({path})",
+        file=file or sys.stdout,
+        flush=True,
+    )
     return str(path)
 
 
@@ -229,8 +238,37 @@ def _settled(status: Any) -> bool:
     return bool(states) and all(s in ("serving", "pending") for s in states) and "serving" in states
 
 
+def progress_stream(args: argparse.Namespace) -> TextIO:
+    """Where `stoke up` prints its progress lines: stdout beside a table, stderr when stdout carries JSON or YAML."""
+    return sys.stderr if args.json else sys.stdout
+
+
+def write_token(path: Path, token: str) -> None:
+    """Write the demo's admin token readable by its owner only (0600): never a moment readable by others."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+
+
 def run_up(args: argparse.Namespace) -> int:
     quiet_grpc()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not Path(args.repo).is_dir():
+        raise UserError(
+            f"--repo {args.repo}: no such model repository; run from the stoke checkout or pass --repo PATH"
+        )
+    if args.interval <= 0:
+        raise UserError(f"--interval must be a positive number of seconds, got {args.interval:g}")
+    if args.seconds < 0:
+        raise UserError(f"--seconds must be >= 0 (0 runs until Ctrl-C), got {args.seconds:g}")
+    tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
+    try:  # the token, database and Triton workdir live in `tmp`: gone after the run, and after a failed start
+        return _run_stack(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_stack(args: argparse.Namespace, tmp: Path) -> int:
     from agents.agent import Agent, local_devices
     from agents.device import open_device
     from agents.latency_metrics import ClientLatencies, RequestLatencyExporter, registry_source
@@ -240,21 +278,14 @@ def run_up(args: argparse.Namespace) -> int:
     from controller.server import ControllerServer
     from interference.profile_io import load_profile
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not Path(args.repo).is_dir():
-        raise UserError(
-            f"--repo {args.repo}: no such model repository; run from the stoke checkout or pass --repo PATH"
-        )
-    if args.interval <= 0:
-        raise UserError(f"--interval must be a positive number of seconds, got {args.interval:g}")
-    tmp = Path(tempfile.mkdtemp(prefix="stoke-up-"))
-    profile_path = find_cpu_profile(args.repo, args.profile, tmp)
+    out = progress_stream(args)
+    profile_path = find_cpu_profile(args.repo, args.profile, tmp, file=out)
     profile = load_profile(profile_path)
     workloads = demo_workloads(args.workloads, args.count)
     started = time.monotonic()
     stop = until_signal(args.seconds)
     token = secrets.token_urlsafe(16)
-    (tmp / "token").write_text(token + "\n")
+    write_token(tmp / "token", token)
     loaders: list[threading.Thread] = []
     latency = RequestLatencyExporter(w.slo_ms for w in workloads)
     clients = {w.name: ClientLatencies(w.slo_ms) for w in workloads}
@@ -285,12 +316,13 @@ def run_up(args: argparse.Namespace) -> int:
             f"controller {server.address} (token in {tmp / 'token'}), metrics "
             f"http://127.0.0.1:{server.metrics_port}/metrics; agent 'local' with Triton on {args.repo}; "
             f"{len(workloads)} workload(s) applied; SLO histogram {latency_url}",
+            file=out,
             flush=True,
         )
         ready_at = None
         next_print = 0.0
         shown: Any = None  # piped: the legend and endpoints print again only when they change
-        with LiveView(separator="") as view:
+        with LiveView(out, separator="") as view:  # with -o json only its progress lines, on stderr
             while not stop.is_set():
                 status = client.status()
                 if ready_at is None and _settled(status):
@@ -351,7 +383,6 @@ def run_up(args: argparse.Namespace) -> int:
         client.close()
         server.stop()
         latency.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def summary_blocks(status: Any, totals: dict[str, Any], seconds: float, ready_at: float | None) -> list[Any]:

@@ -141,6 +141,8 @@ def run_show(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be 0..65535, got {args.port}")
+    if args.duration is not None and args.duration < 0:
+        raise UserError(f"--duration must be >= 0 seconds (leave it out to serve until Ctrl-C), got {args.duration:g}")
     device = _open(args.device)
     try:
         server = serve_device_metrics(device, args.port, args.host)

@@ -52,9 +52,14 @@ def read_plan(path: str) -> Plan:
 
 
 def add_repo_option(p: argparse.ArgumentParser, help_text: str, *, required: bool = False) -> None:
-    """`--repo DIR` (the one spelling); `--repository` is still accepted, hidden from help."""
+    """`--repo DIR` (the one spelling); `--repository` is still accepted, hidden from help.
+
+    A required --repo is a required group of the two spellings: argparse checks `required` per option,
+    so `required=True` on --repo alone would refuse `--repository DIR`.
+    """
+    group: argparse._ActionsContainer = p.add_mutually_exclusive_group(required=True) if required else p
     if required:
-        p.add_argument("--repo", required=True, help=help_text)
+        group.add_argument("--repo", help=help_text)
     else:
-        p.add_argument("--repo", default="triton_repo", help=help_text)
-    p.add_argument("--repository", dest="repo", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        group.add_argument("--repo", default="triton_repo", help=help_text)
+    group.add_argument("--repository", dest="repo", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

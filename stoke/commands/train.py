@@ -120,7 +120,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the plan's predicted time, with the ETA of its end (a bar on a terminal, a line per poll when piped).",
     )
     p.add_argument("plan", nargs="?", help="PLAN.json (default: plan the bundled spec)")
-    p.add_argument("--spec", help="SPEC.yaml the plan came from (default: the bundled one)")
+    p.add_argument(
+        "--spec",
+        help="SPEC.yaml the plan came from: a revocation re-plans with it (required with a PLAN.json; "
+        "without one, the bundled spec and its plan)",
+    )
     p.add_argument(
         "--metadata-url",
         default="http://169.254.169.254",
@@ -285,7 +289,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
             "rmse": round(est.rmse_, 6),
             "points": len(cols["loss"]),
         }
-        rows = [[k, v] for k, v in coeffs.items()]
+        rows = [[k, f"{v:.6g}"] for k, v in coeffs.items()]  # as written to the JSON: the table's 0.00 would lose it
     else:
         t0 = time.perf_counter()
         est = LossCurveEstimator().fit(cols["samples"], cols["loss"])
@@ -300,7 +304,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
             "points": est.n_points_,
             "fit_ms": round(fit_ms, 3),
         }
-        rows = [[k, v] for k, v in coeffs.items()]
+        rows = [[k, f"{v:.6g}"] for k, v in coeffs.items()]  # as written to the JSON: the table's 0.00 would lose it
         if args.target is not None:
             samples = est.samples_for(args.target)
             body["samples_to_target"] = samples
@@ -314,6 +318,19 @@ def run_fit_loss(args: argparse.Namespace) -> int:
         print_table(["coefficient", "value"], rows)
         print("paste into SPEC.yaml under " + ("homogeneous.curve" if body["kind"] == "loss_curve" else "spot.loss"))
     return 0
+
+
+def _cloud_error(err: Exception) -> UserError:
+    """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
+    message = str(err)
+    if "credentials" in message.lower():  # botocore's NoCredentialsError: "Unable to locate credentials"
+        fix = (
+            "configure AWS credentials (`aws configure`, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE=NAME)"
+        )
+    else:
+        fix = "check --region, --endpoint-url and the account's EC2 permissions"
+    return UserError(f"{message}; {fix}")
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
@@ -343,8 +360,7 @@ def run_launch(args: argparse.Namespace) -> int:
         report = launcher.apply(plan)
         running = launcher.instances()
     except CloudError as err:
-        print(f"stoke: error: {err}", file=sys.stderr)
-        return 1
+        raise _cloud_error(err) from None
     print(f"cluster {launcher.cluster}: {report.summary()}")
     print_table(["instance", "type", "role", "state"], [[i.id, i.type, i.role, i.state] for i in running])
     return 0
@@ -365,8 +381,7 @@ def run_terminate(args: argparse.Namespace) -> int:
     try:
         report = launcher.terminate()
     except CloudError as err:
-        print(f"stoke: error: {err}", file=sys.stderr)
-        return 1
+        raise _cloud_error(err) from None
     print(f"cluster {launcher.cluster}: {report.summary()}")
     return 0
 
@@ -421,8 +436,7 @@ def run_watch(args: argparse.Namespace) -> int:
         with bar:
             handled = watcher.run(max_polls=args.max_polls, on_event=report, on_poll=polled)
     except CloudError as err:
-        print(f"stoke: error: {err}", file=sys.stderr)
-        return 1
+        raise _cloud_error(err) from None
     print(f"watch ended: {handled} revocation(s) handled")
     return 0
 

@@ -156,6 +156,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
     from controller.render_plan import assignments_from_plan
 
+    if args.seconds is not None:
+        check.non_negative(args.seconds, "--seconds", error=UserError, fix="leave it out to serve until Ctrl-C")
+    check.positive(args.ready_timeout, "--ready-timeout", error=UserError, unit="seconds")
     _check_repo(args.repo)
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
@@ -227,13 +230,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from agents.repo_store import S3Store, open_store
+    from agents.repo_store import S3Store, StoreError, open_store
 
     _check_repo(args.repo)
     store = open_store(args.dest, endpoint_url=args.endpoint_url)
-    if isinstance(store, S3Store) and args.create_bucket and not args.dry_run:
-        store.create_bucket()
-    report = store.sync(args.repo, dry_run=args.dry_run)
+    try:
+        if isinstance(store, S3Store) and args.create_bucket and not args.dry_run:
+            store.create_bucket()
+        report = store.sync(args.repo, dry_run=args.dry_run)
+    except StoreError as err:
+        raise _with_store_fix(err, args) from None
     if args.json:
         emit(
             args,
@@ -256,6 +262,21 @@ def cmd_sync(args: argparse.Namespace) -> int:
             f"{len(report.unchanged)} unchanged" + ("; dry run, nothing written" if args.dry_run else "")
         )
     return 0
+
+
+def _with_store_fix(err: Exception, args: argparse.Namespace) -> Exception:
+    """agents.repo_store's S3 error plus what to do, for the failures a first sync meets."""
+    message = str(err)
+    if "NoSuchBucket" in message:
+        fix = "create it with --create-bucket, or check the bucket name in DEST"
+    elif "Unable to locate credentials" in message or "InvalidAccessKeyId" in message:
+        fix = (
+            "configure AWS credentials (`aws configure`, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE=NAME)"
+        )
+    else:
+        return err
+    return UserError(f"{message}; {fix}")
 
 
 # --------------------------------------------------------------------------- load

@@ -136,6 +136,44 @@ def test_repo_is_the_one_spelling_and_repository_still_works(capsys):
         assert "--repo REPO" in text and "--repository" not in text
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["triton", "render", "plan.json"],
+        ["triton", "up"],
+        ["profile", "run", "-o", "m.json"],
+        ["up"],
+        ["agent"],
+    ],
+)
+def test_every_repo_option_takes_the_hidden_repository_alias(argv):
+    parser = build_parser()
+    assert parser.parse_args([*argv, "--repository", "x"]).repo == "x"
+    assert parser.parse_args([*argv, "--repo", "x"]).repo == "x"
+
+
+def test_a_required_repo_is_still_required(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["triton", "up"])
+    assert "--repo is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["profile", "fit"], "--format"),
+        (["train", "plan"], "--format"),
+        (["train", "fit-loss"], "--format"),
+        (["plan"], "-o"),
+    ],
+)
+def test_json_help_names_the_commands_own_format_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--json same as {flag} json" in text
+
+
 def test_bash_completion_completes_commands_options_and_formats(tmp_path):
     script = tmp_path / "stoke.bash"
     result = subprocess.run(

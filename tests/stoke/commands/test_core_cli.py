@@ -75,6 +75,34 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     assert load_profile(out_path) == bundled_profile()
 
 
+def test_a_missing_workload_file_says_what_to_do(capsys, tmp_path):
+    code, out, err = run(capsys, "plan", str(tmp_path / "nope.yaml"))
+    assert code == 2 and not out
+    assert "nope.yaml: cannot read workload file (No such file or directory); check the path" in err
+    assert "without an argument stoke plan uses the bundled example" in err
+
+
+def test_explain_of_an_unknown_workload_fails_before_printing_the_plan(capsys):
+    code, out, err = run(capsys, "plan", "--explain", "nope")
+    assert code == 2 and out == ""
+    assert err.startswith("stoke: error: --explain: no workload 'nope' in the bundled example workloads; workloads:")
+    assert "photo-tagging" in err
+
+
+def test_profile_fit_shows_coefficients_to_four_significant_figures(capsys, tmp_path):
+    code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(tmp_path / "p.json"))
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header == ["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"]
+    profile = bundled_profile()
+    for line in lines[2 : 2 + len(profile.models)]:
+        name, _, *cells = line.split()
+        m = profile.models[name]
+        for cell, value in zip(cells, [*m.k_act, m.cache_sensitivity]):
+            assert cell == f"{value:.4g}"  # never a nonzero coefficient rounded to 0.00
+
+
 @pytest.mark.parametrize(
     "content, expected",
     [

@@ -71,6 +71,16 @@ def test_fit_loss_default_and_files(capsys, tmp_path):
     assert "homogeneous.curve" in out
 
 
+def test_fit_loss_table_shows_the_coefficients_as_written_to_the_json(capsys):
+    code, out, _ = run(capsys, "fit-loss", "--json")
+    curve = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "fit-loss")
+    assert code == 0 and "paste into SPEC.yaml" in out
+    shown = dict(line.split() for line in out.splitlines() if line.startswith("beta"))
+    assert {k: float(v) for k, v in shown.items()} == curve  # e.g. beta1 0.248645, not 0.25; beta0 not 0.00
+    assert all(float(v) != 0 for v in shown.values())
+
+
 def test_fit_loss_heterogeneous_layout(capsys, tmp_path):
     rows = ["b_w,R,n,j,loss"]
     for n in (1, 2, 4):
@@ -115,3 +125,28 @@ def test_render_writes_valid_manifests(capsys, tmp_path):
         sum(d["spec"]["replicas"] for d in docs if d["kind"] == "StatefulSet" and "worker" in d["metadata"]["name"])
         == 4
     )
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
+    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # a session made earlier keeps the credentials it found
+
+
+def test_watch_without_aws_credentials_is_a_stoke_error_with_the_fix(capsys, no_aws_credentials):
+    argv = ["watch", "--endpoint-url", "http://127.0.0.1:9", "--max-polls", "1", "--interval", "0.01"]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "Unable to locate credentials" in err and "AWS_PROFILE" in err and "aws configure" in err
+    assert err.count("stoke: error:") == 1
+
+
+def test_watch_help_says_when_spec_is_needed(capsys):
+    with pytest.raises(SystemExit):
+        run(capsys, "watch", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "required with a PLAN.json" in text and "default: the bundled one" not in text

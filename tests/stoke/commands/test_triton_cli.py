@@ -204,3 +204,43 @@ def test_sync_dry_run_lists_changes_and_changes_nothing(parser, demo_repo_copy, 
     assert (mirror / "stale.txt").exists() and (
         mirror / "tiny_echo" / "config.pbtxt"
     ).read_text() != "max_batch_size: 4\n"
+
+
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("--seconds", "-5", "--seconds must be a number >= 0"),
+        ("--ready-timeout", "-1", "--ready-timeout must be a positive"),
+    ],
+)
+def test_up_refuses_negative_seconds(parser, demo_repo_copy, flag, value, expected):
+    with pytest.raises(UserError, match=expected):
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), flag, value])
+
+
+def test_device_serve_refuses_a_negative_duration(capsys):
+    from stoke.cli import main
+
+    assert main(["device", "serve", "--port", "0", "--device", "cpu", "--duration", "-1"]) == 2
+    assert "--duration must be >= 0 seconds" in capsys.readouterr().err
+
+
+def test_sync_to_a_missing_bucket_names_create_bucket(parser, demo_repo_copy, moto_server):
+    dest = "s3://no-such-bucket/models"
+    with pytest.raises(UserError, match="NoSuchBucket.*; create it with --create-bucket"):
+        run(parser, ["triton", "sync", str(demo_repo_copy), dest, "--endpoint-url", moto_server])
+    assert (
+        run(parser, ["triton", "sync", str(demo_repo_copy), dest, "--endpoint-url", moto_server, "--create-bucket"])
+        == 0
+    )
+
+
+def test_sync_without_aws_credentials_says_how_to_configure_them(parser, demo_repo_copy, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
+    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # a session made earlier keeps the credentials it found
+    with pytest.raises(UserError, match="Unable to locate credentials.*; configure AWS credentials.*AWS_PROFILE"):
+        run(parser, ["triton", "sync", str(demo_repo_copy), "s3://b/m", "--endpoint-url", "http://127.0.0.1:9"])
