@@ -243,7 +243,7 @@ def _read_text(path: Path) -> str:
     try:
         data = sys.stdin.buffer.read() if str(path) == STDIN else path.read_bytes()
     except OSError as err:
-        raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror})") from None
+        raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror}); check the path", "path") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

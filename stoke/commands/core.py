@@ -229,8 +229,8 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
         return load_workloads_file(path, profile)
     except WorkloadFileError as err:
         message = str(err)
-        if "cannot read workload file" in message:  # controller.workload_file says what failed; add the fix
-            message += "; check the path (without an argument stoke plan uses the bundled example)"
+        if err.field == "path":  # the file itself could not be read
+            message += " (without an argument stoke plan uses the bundled example)"
         raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None
 
 
