@@ -60,10 +60,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _config_diff(path: str, config: Any) -> str:
-    """A unified diff from the file at `path` (or nothing) to `config`'s text; "" when they match."""
+    """A unified diff from the file at `path` (or nothing) to `config`'s text; "" when they match.
+
+    The current file is compared in Triton's canonical text form (as render writes it), so the diff
+    shows the settings that change, not a hand-written file's layout ("dims: [ 64 ]" vs "dims: 64")."""
     import difflib
 
-    from controller.render import config_to_text
+    from controller.render import RenderError, config_to_text, parse_config
 
     new = config_to_text(config)
     try:
@@ -72,11 +75,23 @@ def _config_diff(path: str, config: Any) -> str:
         old = None
     if old == new:
         return ""
+    canonical = old
+    if old is not None:
+        try:
+            canonical = config_to_text(parse_config(old, path))
+        except RenderError:
+            pass  # not a valid config: shown as it is
+        if canonical == new:
+            return (
+                f"--- {path}\n+++ {path}\n(only its layout changes: the same settings, rewritten in canonical form)\n"
+            )
     return "".join(
         difflib.unified_diff(
-            (old or "").splitlines(keepends=True),
+            (canonical or "").splitlines(keepends=True),
             new.splitlines(keepends=True),
-            fromfile=path if old is not None else "/dev/null",
+            fromfile=f"{path} (canonical form)"
+            if old is not None and canonical != old
+            else (path if old else "/dev/null"),
             tofile=path,
         )
     )

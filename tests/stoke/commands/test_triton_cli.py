@@ -173,7 +173,10 @@ def test_render_dry_run_shows_the_diff_and_writes_nothing(parser, plan_file, dem
     assert run(parser, ["triton", "render", "-", "--repo", str(demo_repo_copy), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert config.read_text() == before  # nothing written
-    assert f"--- {config}\n+++ {config}\n" in out
+    assert f"--- {config} (canonical form)\n+++ {config}\n" in out
+    # only settings change: the hand-written layout ("input [ {", "dims: [ 64 ]") is not in the diff
+    changed = [line for line in out.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    assert changed and not any("[" in line or line[1:].startswith(("input", "output", "backend")) for line in changed)
     assert "+max_batch_size: 8\n" in out and "max_queue_delay_microseconds: 23333" in out
     assert out.rstrip().endswith("dry run: 1 of 1 config(s) would change; nothing written")
     assert run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)]) == 0
