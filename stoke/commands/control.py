@@ -11,6 +11,8 @@ in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -476,6 +478,7 @@ def run_status(args: argparse.Namespace) -> int:
         else:
             _print_blocks(status_blocks(reply, args.wide))
         return 0
+    _stop_on_signals()
     with LiveView() as view:
         shown: Any = None  # piped: the legend and endpoints print again only when they change
         while True:
@@ -489,6 +492,18 @@ def run_status(args: argparse.Namespace) -> int:
                 head = f"[{stamp}] every {args.watch:g}s, Ctrl-C stops"
                 view.show([head, *status_blocks(reply, args.wide, legend=again, endpoints=again)])
             time.sleep(args.watch)
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM end a watch, even in a process that inherited SIGINT ignored (started as a
+    background job of a script), which Python's own Ctrl-C handling leaves ignored."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt)
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def endpoint_key(s: Any) -> tuple[tuple[str, ...], ...]:

@@ -160,8 +160,13 @@ def test_status_and_nodes_show_the_grpc_http_and_metrics_endpoints(env, capsys):
 
 def test_status_watch_prints_plain_blocks_when_piped(env):
     """Piped, --watch prints one block per refresh (no screen clearing, no escape codes) until interrupted."""
+    # started with SIGINT ignored, as a background job of a script is (CI, nohup ... &): Ctrl-C must still stop it
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "sys.argv = ['stoke', 'status', '--watch', '0.3']; runpy.run_module('stoke', run_name='__main__')"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stoke", "status", "--watch", "0.3"],
+        [sys.executable, "-c", start],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
