@@ -15,7 +15,7 @@ from pathlib import Path
 LEDGER = "pids"
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None when gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -25,11 +25,11 @@ def _start_time(pid: int) -> int | None:
     return None if fields[0] == "Z" else int(fields[19])
 
 
-def _record(workdir: Path, name: str, pid: int, command: Sequence[str]) -> Path:
+def record_process(workdir: Path, name: str, pid: int, command: Sequence[str]) -> Path:
     folder = workdir / LEDGER
     folder.mkdir(parents=True, exist_ok=True)
     entry = folder / f"{name}.json"
-    entry.write_text(json.dumps({"pid": pid, "start": _start_time(pid), "binary": command[0], "name": name}))
+    entry.write_text(json.dumps({"pid": pid, "start": process_start_time(pid), "binary": command[0], "name": name}))
     return entry
 
 
@@ -52,7 +52,7 @@ def reap_orphans(workdir: str | os.PathLike[str], timeout_s: float = 5.0) -> lis
             argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:
             argv0 = ""
-        if start is not None and _start_time(pid) == start and argv0 == binary:
+        if start is not None and process_start_time(pid) == start and argv0 == binary:
             victims.append(pid)
         else:
             entry.unlink(missing_ok=True)
@@ -63,7 +63,7 @@ def reap_orphans(workdir: str | os.PathLike[str], timeout_s: float = 5.0) -> lis
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(_start_time(p) is not None for p in victims):
+        while time.monotonic() < deadline and any(process_start_time(p) is not None for p in victims):
             time.sleep(0.05)
     for entry in folder.glob("*.json") if folder.is_dir() else []:
         entry.unlink(missing_ok=True)

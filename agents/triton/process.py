@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from agents.triton.environment import HOST, TritonError, find_tritonserver, free_ports, prepare_backend_dir, triton_env
-from agents.triton.ledger import _record
+from agents.triton.ledger import record_process
 from controller.render import (
     ModelConfig,
     config_from_json,
@@ -144,7 +144,7 @@ class TritonProcess:
                     cwd=self.workdir,
                     start_new_session=True,
                 )  # Ctrl-C of the CLI does not hit it
-            self._ledger = _record(self.workdir, self.name, self.proc.pid, self.command())
+            self._ledger = record_process(self.workdir, self.name, self.proc.pid, self.command())
             while time.monotonic() - t0 < self.ready_timeout_s:
                 if self.proc.poll() is not None:
                     break

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agents.triton import LEDGER, TritonFleet, reap_orphans
-from agents.triton.ledger import _record, _start_time
+from agents.triton.ledger import process_start_time, record_process
 from controller.messages import ModelAssignment
 from controller.render import ModelConfig
 
@@ -78,11 +78,11 @@ def test_processes_a_crashed_agent_left_are_reaped_by_the_next_fleet(repo, tmp_p
     work = tmp_path / "work"
     orphan, stranger = sleeper(), sleeper()
     try:
-        _record(work, "triton-web-1", orphan.pid, [shutil.which("sleep"), "60"])
+        record_process(work, "triton-web-1", orphan.pid, [shutil.which("sleep"), "60"])
         # a record whose pid was recycled for another process since: never touched
-        _record(work, "triton-old-2", stranger.pid, [shutil.which("sleep"), "60"])
+        record_process(work, "triton-old-2", stranger.pid, [shutil.which("sleep"), "60"])
         entry = work / LEDGER / "triton-old-2.json"
-        entry.write_text(json.dumps({**json.loads(entry.read_text()), "start": _start_time(stranger.pid) - 1}))
+        entry.write_text(json.dumps({**json.loads(entry.read_text()), "start": process_start_time(stranger.pid) - 1}))
         f = fleet(repo, tmp_path)  # the restarted agent's fleet, same workdir
         assert f.reaped == [orphan.pid]
         assert orphan.wait(timeout=10) == -signal.SIGTERM
@@ -100,7 +100,7 @@ def test_an_orphan_that_ignores_sigterm_is_killed(tmp_path):
     )
     try:
         time.sleep(0.2)
-        _record(tmp_path, "triton-x-1", stubborn.pid, ["/bin/sh"])
+        record_process(tmp_path, "triton-x-1", stubborn.pid, ["/bin/sh"])
         started = time.monotonic()
         assert reap_orphans(tmp_path, timeout_s=0.5) == [stubborn.pid]
         assert stubborn.wait(timeout=10) == -signal.SIGKILL and time.monotonic() - started < 5
