@@ -1,9 +1,13 @@
-"""Shared helpers of the control-plane tests: a CPU profile of the demo models."""
+"""Shared helpers of the control-plane tests: a CPU profile of the demo models, waiting for a condition."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from typing import Any
 
+from controller.messages import ApiError
 from interference.profile_io import profile_to_dict
 from stoke.commands.demo import demo_cpu_profile
 
@@ -40,3 +44,18 @@ def hungry_solver(problem, strategy="stoke", *, current=None):
         while True:
             hoard.append(bytearray(64 * 1024 * 1024))
     return solve(problem, strategy, current=current)
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
+    """`fn()` once it is truthy; an API error while the system comes up counts as not yet."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except ApiError as err:
+            last = err
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")

@@ -9,6 +9,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from control_helpers import wait_for
 from triton_helpers import DEMO_REPO
 
 from agents.agent import Agent
@@ -115,16 +116,6 @@ class ScriptedController:
 
 def echo(share: float) -> ModelAssignment:
     return ModelAssignment("echo", "tiny_echo", 0, share, 4, 1.0, 100.0, 100.0)
-
-
-def wait_for(what: str, fn, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.triton

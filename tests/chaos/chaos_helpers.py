@@ -13,15 +13,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from control_helpers import cpu_profile_json
+from control_helpers import cpu_profile_json, wait_for
 
 from controller.api.client import ControllerClient
-from controller.messages import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "chaos-user-token"
@@ -147,20 +145,6 @@ class Proc:
             return self.log.read_text(errors="replace")[-3000:]
         except OSError:
             return ""
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except ApiError as err:
-            last = err
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 class Cluster:

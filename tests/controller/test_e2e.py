@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from control_helpers import cpu_profile_json
+from control_helpers import cpu_profile_json, wait_for
 
 from controller.api import stoke_pb2 as pb
 from controller.api.client import ControllerClient
-from controller.messages import ApiError, InvalidArgument, Unauthenticated
+from controller.messages import InvalidArgument, Unauthenticated
 from controller.solver import Workload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.triton]
@@ -106,20 +106,6 @@ class Proc:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def wait_for(what: str, fn, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except ApiError as err:
-            last = err
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")
