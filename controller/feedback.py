@@ -117,7 +117,6 @@ class FeedbackLoop:
         self._demand: dict[str, DemandState] = {}
         self._points: dict[tuple[str, str], collections.deque[CalibrationPoint]] = {}
         self._confirm: dict[tuple[str, str], Confirmation] = {}
-        self._estimates: dict[tuple[str, str], str] = {}
         self._estimated: dict[tuple[str, str], int] = {}  # the newest window (row id) each pair's estimate saw
         self._next_recalibration = 0.0
         self._cause = ""
@@ -273,8 +272,6 @@ class FeedbackLoop:
                 return  # no new window since the last estimate: it would only repeat (and confirm) itself
             self._estimated[pair] = newest
         result = estimate(points, fitted, model, now, self.options)
-        with self._lock:
-            self._estimates[pair] = result.reason
         if result.correction is None:
             self._confirm[pair] = Confirmation()
             return
@@ -377,11 +374,6 @@ class FeedbackLoop:
                     floor_pct=floor,
                 )
         return out
-
-    def estimates(self) -> dict[tuple[str, str], str]:
-        """The last estimate's outcome per (GPU type, model), in words."""
-        with self._lock:
-            return dict(self._estimates)
 
     def replanned(self) -> None:
         """A new plan revision was stored: count it under the cause that woke the loop."""

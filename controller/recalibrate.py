@@ -24,7 +24,7 @@ candidate is published when its factor moved by more than the threshold.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.solver import Plan
@@ -140,7 +140,3 @@ class Confirmation:
 
 def factor_move(active_factor: float, candidate_factor: float) -> float:
     return abs(candidate_factor / active_factor - 1.0) if active_factor > 0 else math.inf
-
-
-def active_factors(meta: Mapping[str, float] | None) -> float:
-    return float(meta.get("factor", 1.0)) if meta else 1.0

@@ -115,7 +115,6 @@ class NodeRegistry:
         self._nodes: dict[str, NodeState] = {}
         self._last_tick: float | None = None
         self.resumed_at = -math.inf  # tick at which this process last resumed after a pause
-        self.pauses = 0
         self.returns = 0  # counts nodes coming back after being lost (orders returns against plans)
         self._hold = ""  # why the plan is held ("" = not held)
 
@@ -137,7 +136,6 @@ class NodeRegistry:
             if gap <= self.pause_threshold_s:
                 return gap
             self.resumed_at = now
-            self.pauses += 1
             for node in self._nodes.values():
                 node.events.append(f"{stamp(self.clock())} controller resumed after {gap:.1f}s not running")
         log.warning(

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stoke.client_options import DEFAULT_CONTROLLER, add_client_options, connect, controller_address
+from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.inputs import read_text_input
 from stoke.errors import UserError
-from stoke.live import Block, LiveView, Tab, render_blocks
+from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
 from stoke.table import print_table, render_table
 
-__all__ = ["DEFAULT_CONTROLLER", "connect", "format_nodes", "format_status", "register", "remote_plan", "to_dict"]
+__all__ = ["register", "remote_plan", "to_dict"]
 
 
 # ------------------------------------------------------------------ registration
@@ -344,10 +344,6 @@ def nodes_blocks(reply: Any, wide: bool = False) -> list[Block]:
     return blocks
 
 
-def format_nodes(reply: Any, wide: bool = False) -> str:
-    return render_blocks(nodes_blocks(reply, wide))
-
-
 def run_nodes(args: argparse.Namespace) -> int:
     reply = _call(args, lambda c: c.list_nodes())
     if args.json:
@@ -457,10 +453,6 @@ def loop_lines(s: Any) -> list[str]:
     if s.loop_events:
         lines += ["recent loop events:"] + [f"  {e}" for e in s.loop_events]
     return lines
-
-
-def format_status(s: Any, wide: bool = False, client: ClientFigures | None = None) -> str:
-    return render_blocks(status_blocks(s, wide, client))
 
 
 def _print_blocks(blocks: Sequence[Block]) -> None:
