@@ -11,13 +11,12 @@ in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from stoke.client_options import add_client_options, connect, controller_address
+from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
 from stoke.errors import UserError
 from stoke.live import Block, LiveView, Tab
@@ -121,11 +120,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ------------------------------------------------------------------ client helpers
 
 
-def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") -> Any:
-    """Call the controller; its refusals become one line that says what to do (the fix depends on the call)."""
+def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "", client: Any = None) -> Any:
+    """Call the controller; its refusals become one line that says what to do (the fix depends on the call).
+
+    `client`: an open client to use (and leave open); by default one is opened for this call."""
     from controller.messages import ApiError, FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
 
-    client = connect(args)
+    own = client is None
+    client = connect(args) if own else client
     try:
         return fn(client)
     except Unavailable as err:
@@ -144,7 +146,8 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "") 
     except ApiError as err:
         raise UserError(f"controller {controller_address(args)}: {err}") from None
     finally:
-        client.close()
+        if own:
+            client.close()
 
 
 #: int64 fields, which proto3 JSON writes as strings; `--json` prints them as numbers.
@@ -470,32 +473,29 @@ def run_status(args: argparse.Namespace) -> int:
         else:
             _print_blocks(status_blocks(reply, args.wide))
         return 0
-    _stop_on_signals()
+    interrupt_on_signals()  # Ctrl-C ends the watch (exit 130), even when SIGINT was inherited ignored
+    client = connect(args)  # one channel for the whole watch
+    try:
+        _watch_status(args, client)
+    finally:
+        client.close()
+    return 0
+
+
+def _watch_status(args: argparse.Namespace, client: Any) -> None:
     with LiveView() as view:
         shown: Any = None  # piped: the legend and endpoints print again only when they change
         while True:
-            reply = _call(args, lambda c: c.status())
+            reply = _call(args, lambda c: c.status(), client=client)
             stamp = time.strftime("%H:%M:%S")
             if args.json:
                 emit(args, {"time": stamp, **to_dict(reply)})
             else:
-                again = view.terminal or shown != endpoint_key(reply)
-                shown = endpoint_key(reply)
+                key = endpoint_key(reply)
+                again, shown = view.terminal or shown != key, key
                 head = f"[{stamp}] every {args.watch:g}s, Ctrl-C stops"
                 view.show([head, *status_blocks(reply, args.wide, legend=again, endpoints=again)])
             time.sleep(args.watch)
-
-
-def _stop_on_signals() -> None:
-    """Ctrl-C and SIGTERM end a watch, even in a process that inherited SIGINT ignored (started as a
-    background job of a script), which Python's own Ctrl-C handling leaves ignored."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, interrupt)
-        signal.signal(signal.SIGTERM, interrupt)
 
 
 def endpoint_key(s: Any) -> tuple[tuple[str, ...], ...]:

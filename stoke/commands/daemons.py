@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_agent)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupt_on_signals() -> Callable[[], None]:
+    """From now on SIGINT and SIGTERM raise KeyboardInterrupt, also in a process that inherited SIGINT
+    ignored (a background job of a script), which Python's own Ctrl-C handling leaves ignored.
+
+    Returns what puts the previous handlers back. Outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def until_signal(seconds: float = 0.0) -> threading.Event:

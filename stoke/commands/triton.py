@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from stoke import validate as check
+from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import add_repo_option, read_plan
 from stoke.errors import UserError
 from stoke.output import add_output_option, emit
@@ -129,10 +129,6 @@ def _default_assignments(repo: str) -> list[Any]:
     return out
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _node_devices(device_kind: str) -> tuple[int, list[int]]:
     """(devices, CPU cores) of this machine: a CPU node is one device of its usable cores; GPUs through NVML."""
     cores = sorted(os.sched_getaffinity(0))
@@ -188,7 +184,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         from agents.mps import MpsControl
 
         mps = MpsControl()
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    restore_signals = interrupt_on_signals()
     report = None
     fleet = TritonFleet(
         args.repo, device_kind=args.device_kind, workdir=args.workdir, mps=mps, ready_timeout_s=args.ready_timeout
@@ -236,8 +232,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("stopping Triton processes", file=sys.stderr)
     finally:
         fleet.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_signals()
     return 1 if report is None or report.errors else 0
 
 
