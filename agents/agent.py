@@ -113,8 +113,7 @@ def local_devices(kind: str = "auto") -> tuple[NodeDevice, ...]:
 
 def _figure(value: Any) -> float:
     """A figure the controller accepts: finite, >= 0 and bounded (a NaN from a broken scrape becomes 0)."""
-    x = float(value)
-    return min(x, limits.MAX_FIGURE) if math.isfinite(x) and x >= 0 else 0.0
+    return _optional(value) or 0.0
 
 
 def _optional(value: Any) -> float | None:

@@ -262,17 +262,17 @@ def _estimate(
             f"too little evidence: {evidence_windows:.1f} window(s) and {evidence_executions:.0f} execution(s) "
             f"after forgetting; needs {options.min_windows:g} and {options.min_executions:g}",
         )
+    keys = {p.key for p, _ in usable}
+    # the fitted V, K (not the corrected ones): the factors are relative to the fitted profile
+    fitted = {key: _terms(profile, model, key) for key in keys}
     c_v = c_c = 1.0
     result: Correction | None = None
     for _ in range(options.iterations):
-        current = profile
+        rows = fitted
         if (c_v, c_c) != (1.0, 1.0):
             trial = Correction(model, "scale", c_v, c_c, 0.0, 0.0, 0, 0, 0.0)
             current = apply_corrections(profile, {model: trial})
-        keys = {p.key for p, _ in usable}
-        rows = {key: _terms(current, model, key) for key in keys}
-        # the fitted V, K (not the corrected ones): the factors are relative to the fitted profile
-        fitted = {key: _terms(profile, model, key) for key in keys}
+            rows = {key: _terms(current, model, key) for key in keys}
         result = _fit(usable, rows, fitted, model, evidence_windows, options)
         if result is None:
             break
@@ -338,7 +338,7 @@ def _fit(
         factor=c_v,
         factor_constant=c_c,
         windows=evidence_windows,
-        executions=sum(p.executions * decay for p, _, _, _, _, _, decay in kept),
+        executions=total,  # each point's weight is its executions x its decay
         points=len(kept),
         distinct=len(by_key),
         residual=residual,

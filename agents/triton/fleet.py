@@ -399,17 +399,20 @@ class TritonFleet:
     def serving_endpoint(self, key: str) -> ServingEndpoint:
         """Where clients reach one assignment: the router's stable endpoints, else the process's own."""
         with self._lock:
-            slot = self._slots[key]
-            process = slot.process
-            routes = self.router.endpoints() if self.router is not None else {}
-            route = routes.get(slot.assignment.workload)
-            if route is None:
-                return ServingEndpoint(key, process.grpc_url, process.http_url, process.metrics_url, process.grpc_url)
-            return ServingEndpoint(key, route.grpc, route.http, route.metrics, process.grpc_url)
+            return self._serving_endpoint(key, self.router.endpoints() if self.router is not None else {})
 
     def serving_endpoints(self) -> dict[str, ServingEndpoint]:
         with self._lock:
-            return {key: self.serving_endpoint(key) for key in sorted(self._slots)}
+            routes = self.router.endpoints() if self.router is not None else {}  # once, not once per slot
+            return {key: self._serving_endpoint(key, routes) for key in sorted(self._slots)}
+
+    def _serving_endpoint(self, key: str, routes: Mapping[str, Any]) -> ServingEndpoint:
+        slot = self._slots[key]
+        process = slot.process
+        route = routes.get(slot.assignment.workload)
+        if route is None:
+            return ServingEndpoint(key, process.grpc_url, process.http_url, process.metrics_url, process.grpc_url)
+        return ServingEndpoint(key, route.grpc, route.http, route.metrics, process.grpc_url)
 
     def _rollback(self, slot: _Slot) -> None:
         """Triton keeps the old version after a failed reload; make sure, else load the old config."""
