@@ -388,14 +388,19 @@ class _GrpcHandler(grpc.GenericRpcHandler):
             return grpc.stream_stream_rpc_method_handler(partial(self._stream, method))
         return grpc.unary_unary_rpc_method_handler(partial(self._unary, method))
 
+    async def _backend(self, context: Any) -> Backend:
+        """The route's current backend, counted in flight (release it); the call aborted when there is none."""
+        backend = self.router._acquire(self.route)
+        if backend is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
+            )
+        assert backend is not None  # abort raises
+        return backend
+
     async def _unary(self, method: str, request: bytes, context: Any) -> bytes:
         for attempt in (0, 1):
-            backend = self.router._acquire(self.route)
-            if backend is None:
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
-                )
-            assert backend is not None
+            backend = await self._backend(context)
             try:
                 call = self.router.channel(self.route, backend).unary_unary(method)
                 remaining = context.time_remaining()
@@ -420,12 +425,7 @@ class _GrpcHandler(grpc.GenericRpcHandler):
         raise AssertionError("unreachable")
 
     async def _stream(self, method: str, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        backend = self.router._acquire(self.route)
-        if backend is None:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
-            )
-        assert backend is not None
+        backend = await self._backend(context)
         try:
             call = self.router.channel(self.route, backend).stream_stream(method)
             async for response in call(requests, metadata=_forwarded_metadata(context)):
