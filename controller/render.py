@@ -34,6 +34,7 @@ change).
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -162,3 +163,33 @@ def render_config(
 def write_config(path: str | os.PathLike[str], config: ModelConfig) -> bool:
     """Write `config` as protobuf text, atomically, only when the bytes change; True if written."""
     return atomic_write_text(path, config_to_text(config))
+
+
+def config_diff(path: str | os.PathLike[str], config: ModelConfig) -> str:
+    """A unified diff from the file at `path` (or nothing) to `config`'s text; "" when they match.
+
+    The current file is compared in Triton's canonical text form (as `write_config` writes it), so the
+    diff shows the settings that change, not a hand-written file's layout ("dims: [ 64 ]" vs "dims: 64")."""
+    new = config_to_text(config)
+    try:
+        old: str | None = Path(path).read_text()
+    except FileNotFoundError:
+        old = None
+    if old == new:
+        return ""
+    if old is None:
+        before, source = "", "/dev/null"
+    else:
+        try:
+            before = config_to_text(parse_config(old, str(path)))
+        except RenderError:
+            before = old  # not a valid config: shown as it is
+        if before == new:
+            return (
+                f"--- {path}\n+++ {path}\n(only its layout changes: the same settings, rewritten in canonical form)\n"
+            )
+        source = f"{path} (canonical form)" if before != old else str(path)
+    diff = difflib.unified_diff(
+        before.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=source, tofile=str(path)
+    )
+    return "".join(diff)

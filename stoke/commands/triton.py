@@ -30,14 +30,14 @@ def _check_repo(repo: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from controller.render import write_config
-    from controller.render_plan import plan_configs
+    from controller.render import config_diff
+    from controller.render_plan import plan_configs, render_plan
 
     _check_repo(args.repo)
     plan = read_plan(args.plan)
-    configs = plan_configs(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
     if args.dry_run:
-        diffs = {path: diff for path, config in configs.items() if (diff := _config_diff(path, config))}
+        configs = plan_configs(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
+        diffs = {path: diff for path, config in configs.items() if (diff := config_diff(path, config))}
         if args.json:
             emit(args, {"dry_run": True, "would_change": list(diffs), "diff": diffs})
         else:
@@ -49,7 +49,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                 else f"{args.repo}: every config already matches the plan; nothing would change"
             )
         return 0
-    changed = [path for path, config in configs.items() if write_config(path, config)]
+    changed = render_plan(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
     if args.json:
         emit(args, {"changed": changed})
     elif changed:
@@ -57,44 +57,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     else:
         print(f"{args.repo}: every config already matches the plan; nothing written")
     return 0
-
-
-def _config_diff(path: str, config: Any) -> str:
-    """A unified diff from the file at `path` (or nothing) to `config`'s text; "" when they match.
-
-    The current file is compared in Triton's canonical text form (as render writes it), so the diff
-    shows the settings that change, not a hand-written file's layout ("dims: [ 64 ]" vs "dims: 64")."""
-    import difflib
-
-    from controller.render import RenderError, config_to_text, parse_config
-
-    new = config_to_text(config)
-    try:
-        old = Path(path).read_text()
-    except FileNotFoundError:
-        old = None
-    if old == new:
-        return ""
-    canonical = old
-    if old is not None:
-        try:
-            canonical = config_to_text(parse_config(old, path))
-        except RenderError:
-            pass  # not a valid config: shown as it is
-        if canonical == new:
-            return (
-                f"--- {path}\n+++ {path}\n(only its layout changes: the same settings, rewritten in canonical form)\n"
-            )
-    return "".join(
-        difflib.unified_diff(
-            (canonical or "").splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            fromfile=f"{path} (canonical form)"
-            if old is not None and canonical != old
-            else (path if old else "/dev/null"),
-            tofile=path,
-        )
-    )
 
 
 # --------------------------------------------------------------------------- up
