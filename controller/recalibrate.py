@@ -27,25 +27,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.solver import Plan
-from interference.batching import ServiceCurve, latency_distribution
-from interference.latency import batch_curve, solo_point
+from controller.messages import Replica
+from controller.simulate import service_curve
+from controller.solver import Placement, Plan
+from interference.batching import latency_distribution
 from interference.profile import DeviceProfile
 
 
 @dataclass(frozen=True)
 class PlacedReplica:
-    """One placed replica as the plan has it, with its neighbours on the same plan GPU."""
+    """One placed replica as the plan has it: the placements of its plan GPU and its index among them."""
 
-    key: str
-    model: str
-    slo_ms: float
-    share_pct: float
-    batch: int
-    queue_delay_ms: float
-    rate_rps: float
-    arrivals: str
-    neighbours: tuple[tuple[str, int, float], ...]
+    placements: tuple[Placement, ...]
+    index: int
+
+    @property
+    def placement(self) -> Placement:
+        return self.placements[self.index]
+
+    @property
+    def key(self) -> str:
+        return str(Replica(self.placement.name, self.placement.replica))
 
 
 @dataclass(frozen=True)
@@ -68,38 +70,22 @@ class Move:
 
 def placed_replicas(plan: Plan, gpu_type: str, model: str) -> list[PlacedReplica]:
     """The replicas of `model` on plan GPUs of `gpu_type`."""
-    out = []
-    for gpu in plan.gpus:
-        if gpu.gpu_type != gpu_type:
-            continue
-        for p in gpu.placements:
-            if p.model != model:
-                continue
-            others = tuple(sorted((o.model, o.batch, o.share_pct) for o in gpu.placements if o is not p))
-            out.append(
-                PlacedReplica(
-                    f"{p.name}#{p.replica}",
-                    p.model,
-                    p.slo_ms,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.rate_rps,
-                    p.arrivals,
-                    others,
-                )
-            )
-    return out
+    return [
+        PlacedReplica(gpu.placements, index)
+        for gpu in plan.gpus
+        if gpu.gpu_type == gpu_type
+        for index, p in enumerate(gpu.placements)
+        if p.model == model
+    ]
 
 
 def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica) -> float:
-    """The batching model's p99 of one replica at its placement, with `profile`."""
-    if r.model not in profile.models or any(m not in profile.models for m, _, _ in r.neighbours):
+    """The batching model's p99 of one replica at its placement, with `profile` (NaN: a model it lacks)."""
+    if any(p.model not in profile.models for p in r.placements):
         return math.nan
-    neighbours = [solo_point(profile, m, b, s) for m, b, s in r.neighbours]
-    latency, occupancy = batch_curve(profile, r.model, r.share_pct, r.batch, neighbours)
-    curve = ServiceCurve(latency, occupancy)
-    return latency_distribution(r.rate_rps, r.batch, r.queue_delay_ms, r.arrivals, curve).p99_ms
+    p = r.placement
+    curve = service_curve(profile, r.placements, r.index)
+    return latency_distribution(p.rate_rps, p.batch, p.queue_delay_ms, p.arrivals, curve).p99_ms
 
 
 def p99_moves(active: DeviceProfile, candidate: DeviceProfile, replicas: Sequence[PlacedReplica]) -> list[Move]:
@@ -108,7 +94,7 @@ def p99_moves(active: DeviceProfile, candidate: DeviceProfile, replicas: Sequenc
     for r in replicas:
         before, after = replica_p99_ms(active, r), replica_p99_ms(candidate, r)
         if not (math.isnan(before) or math.isnan(after)):
-            moves.append(Move(r.key, before, after, r.slo_ms))
+            moves.append(Move(r.key, before, after, r.placement.slo_ms))
     return moves
 
 
