@@ -41,6 +41,7 @@ from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from controller.cloud import aws_failure
 from stoke.errors import StokeError
 from stoke.files import atomic_replace, atomic_write_bytes
 
@@ -53,7 +54,11 @@ IGNORED_PARTS = {"__pycache__", ".git", ".ipynb_checkpoints"}
 
 
 class StoreError(StokeError, RuntimeError):
-    """A repository store cannot be read or written."""
+    """A repository store cannot be read or written; `reason` says what kind of failure (`aws_failure`)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,7 @@ class S3Store(RepoStore):
                 for obj in page.get("Contents", []):
                     out[obj["Key"][len(prefix) :]] = self._md5_of(obj["Key"], obj["ETag"].strip('"'))
         except (ClientError, BotoCoreError) as err:
-            raise StoreError(f"{self.url}: cannot list ({err})") from None
+            raise StoreError(f"{self.url}: cannot list ({err})", aws_failure(err)) from None
         return out
 
     def _md5_of(self, key: str, etag: str) -> str:
@@ -308,14 +313,14 @@ class S3Store(RepoStore):
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
         except (ClientError, BotoCoreError) as err:
-            raise StoreError(f"{self.url}/{path}: cannot read ({err})") from None
+            raise StoreError(f"{self.url}/{path}: cannot read ({err})", aws_failure(err)) from None
 
     def write_bytes(self, path: str, data: bytes) -> None:
         # one PUT is atomic on S3: readers see the old object or the new one, never half
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
         except (ClientError, BotoCoreError) as err:
-            raise StoreError(f"{self.url}/{path}: cannot write ({err})") from None
+            raise StoreError(f"{self.url}/{path}: cannot write ({err})", aws_failure(err)) from None
 
     def put_file(self, path: str, source: Path, md5: str) -> None:
         try:
@@ -327,20 +332,20 @@ class S3Store(RepoStore):
                 ExtraArgs={"Metadata": {MD5_METADATA: md5}},
             )
         except (ClientError, BotoCoreError, S3UploadFailedError) as err:
-            raise StoreError(f"{self.url}/{path}: cannot upload {source} ({err})") from None
+            raise StoreError(f"{self.url}/{path}: cannot upload {source} ({err})", aws_failure(err)) from None
 
     def get_file(self, path: str, target: Path) -> None:
         try:
             with atomic_replace(target) as out:
                 self.client.download_fileobj(self.bucket, self._key(path), out, Config=self.transfer)
         except (ClientError, BotoCoreError) as err:
-            raise StoreError(f"{self.url}/{path}: cannot download ({err})") from None
+            raise StoreError(f"{self.url}/{path}: cannot download ({err})", aws_failure(err)) from None
 
     def delete(self, path: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
         except (ClientError, BotoCoreError) as err:
-            raise StoreError(f"{self.url}/{path}: cannot delete ({err})") from None
+            raise StoreError(f"{self.url}/{path}: cannot delete ({err})", aws_failure(err)) from None
 
 
 def open_store(url: str, *, endpoint_url: str | None = None) -> RepoStore:

@@ -41,7 +41,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from controller.training.readers import catalog_from_dict, catalog_to_dict, offline_catalog
 from controller.training.spec import Catalog, TrainingPlan, TrainingSpec, with_overrides
@@ -65,7 +65,26 @@ REGION_NAMES = {
 
 
 class CloudError(StokeError, RuntimeError):
-    """EC2 refused or failed a call; the message says which and why."""
+    """EC2 refused or failed a call; the message says which and why, `reason` what kind of failure."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+#: What to do about an "credentials" failure (`aws_failure`).
+AWS_CREDENTIALS_FIX = (
+    "configure AWS credentials (`aws configure`, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE=NAME)"
+)
+
+
+def aws_failure(err: Exception) -> str:
+    """What kind of AWS failure `err` is, for the fix a caller suggests: "credentials" (none found, or
+    refused), "no_bucket", or "" (anything else)."""
+    code = err.response.get("Error", {}).get("Code", "") if isinstance(err, ClientError) else ""
+    if isinstance(err, NoCredentialsError) or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthFailure"):
+        return "credentials"
+    return "no_bucket" if code == "NoSuchBucket" else ""
 
 
 def _utcnow_iso(clock: Callable[[], float]) -> str:
@@ -129,7 +148,7 @@ class PriceSource:
             )
             history = [item for page in pages for item in page.get("SpotPriceHistory", [])]
         except (ClientError, BotoCoreError) as err:
-            raise CloudError(f"describe_spot_price_history failed: {err}") from None
+            raise CloudError(f"describe_spot_price_history failed: {err}", aws_failure(err)) from None
         latest: dict[tuple[str, str], tuple[Any, float]] = {}
         for item in history:
             key = (item["InstanceType"], item.get("AvailabilityZone", ""))
@@ -281,7 +300,7 @@ class SpotLauncher:
                             )
                         )
         except (ClientError, BotoCoreError) as err:
-            raise CloudError(f"describe_instances failed: {err}") from None
+            raise CloudError(f"describe_instances failed: {err}", aws_failure(err)) from None
         return sorted(found, key=lambda i: i.id)
 
     def desired(self, plan: TrainingPlan) -> dict[tuple[str, str], int]:
@@ -345,7 +364,7 @@ class SpotLauncher:
         try:
             response = self.ec2.run_instances(**kwargs)
         except (ClientError, BotoCoreError) as err:
-            raise CloudError(f"run_instances {count} x {itype} ({role}) failed: {err}") from None
+            raise CloudError(f"run_instances {count} x {itype} ({role}) failed: {err}", aws_failure(err)) from None
         return [i["InstanceId"] for i in response.get("Instances", [])]
 
     def mark_revoked(self, instance_ids: list[str]) -> None:
@@ -354,7 +373,7 @@ class SpotLauncher:
         try:
             self.ec2.create_tags(Resources=instance_ids, Tags=[{"Key": STATE_TAG, "Value": "revoked"}])
         except (ClientError, BotoCoreError) as err:
-            raise CloudError(f"create_tags failed: {err}") from None
+            raise CloudError(f"create_tags failed: {err}", aws_failure(err)) from None
 
     def _terminate(self, ids: list[str]) -> list[str]:
         if not ids:
@@ -362,7 +381,7 @@ class SpotLauncher:
         try:
             self.ec2.terminate_instances(InstanceIds=ids)
         except (ClientError, BotoCoreError) as err:
-            raise CloudError(f"terminate_instances failed: {err}") from None
+            raise CloudError(f"terminate_instances failed: {err}", aws_failure(err)) from None
         return ids
 
     def terminate(self, ids: list[str] | None = None) -> LaunchReport:

@@ -322,15 +322,13 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 def _cloud_error(err: Exception) -> UserError:
     """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
-    message = str(err)
-    if "credentials" in message.lower():  # botocore's NoCredentialsError: "Unable to locate credentials"
-        fix = (
-            "configure AWS credentials (`aws configure`, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "or AWS_PROFILE=NAME)"
-        )
+    from controller.cloud import AWS_CREDENTIALS_FIX
+
+    if getattr(err, "reason", "") == "credentials":
+        fix = AWS_CREDENTIALS_FIX
     else:
         fix = "check --region, --endpoint-url and the account's EC2 permissions"
-    return UserError(f"{message}; {fix}")
+    return UserError(f"{err}; {fix}")
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):

@@ -211,7 +211,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
             store.create_bucket()
         report = store.sync(args.repo, dry_run=args.dry_run)
     except StoreError as err:
-        raise _with_store_fix(err, args) from None
+        raise _with_store_fix(err) from None
     if args.json:
         emit(
             args,
@@ -236,19 +236,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_store_fix(err: Exception, args: argparse.Namespace) -> Exception:
+def _with_store_fix(err: Exception) -> Exception:
     """agents.repo_store's S3 error plus what to do, for the failures a first sync meets."""
-    message = str(err)
-    if "NoSuchBucket" in message:
-        fix = "create it with --create-bucket, or check the bucket name in DEST"
-    elif "Unable to locate credentials" in message or "InvalidAccessKeyId" in message:
-        fix = (
-            "configure AWS credentials (`aws configure`, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "or AWS_PROFILE=NAME)"
-        )
-    else:
-        return err
-    return UserError(f"{message}; {fix}")
+    from controller.cloud import AWS_CREDENTIALS_FIX
+
+    fixes = {
+        "credentials": AWS_CREDENTIALS_FIX,
+        "no_bucket": "create it with --create-bucket, or check the bucket name in DEST",
+    }
+    fix = fixes.get(getattr(err, "reason", ""))
+    return UserError(f"{err}; {fix}") if fix else err
 
 
 # --------------------------------------------------------------------------- load
