@@ -50,6 +50,10 @@ class Unavailable(ApiError):
     """The controller cannot be reached."""
 
 
+class TlsMismatch(Unavailable):
+    """The controller was reached, but TLS is on one side only: the message says what to pass."""
+
+
 class Unauthenticated(ApiError):
     """The controller refused the token."""
 

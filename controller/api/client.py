@@ -29,6 +29,7 @@ from controller.messages import (
     NodeDevice,
     NotFound,
     PermissionDenied,
+    TlsMismatch,
     Unauthenticated,
     Unavailable,
 )
@@ -50,19 +51,19 @@ _PLAIN_TO_TLS = ("Socket closed", "Connection reset")
 _TLS_TO_PLAIN = ("handshake", "SSL_ERROR", "WRONG_VERSION_NUMBER")
 
 
-def unavailable_detail(address: str, detail: str, tls: bool) -> str:
-    """The one line for an UNAVAILABLE answer: unreachable, or (likely) TLS on one side only."""
+def unavailable_error(address: str, detail: str, tls: bool) -> Unavailable:
+    """The error for an UNAVAILABLE answer: unreachable, or (likely) TLS on one side only."""
     if tls and any(m in detail for m in _TLS_TO_PLAIN):
-        return (
+        return TlsMismatch(
             f"controller at {address} did not complete a TLS handshake ({detail}); it may serve plaintext: "
             f"drop --tls/--tls-ca, or check the CA"
         )
     if not tls and any(m in detail for m in _PLAIN_TO_TLS) and "Connection refused" not in detail:
-        return (
+        return TlsMismatch(
             f"controller at {address} closed the connection ({detail}); it may serve TLS: pass --tls-ca FILE "
             f"(or --tls for the system's roots)"
         )
-    return f"controller at {address} is unreachable ({detail})"
+    return Unavailable(f"controller at {address} is unreachable ({detail})")
 
 
 class ControllerClient:
@@ -109,7 +110,7 @@ class ControllerClient:
             detail = err.details() if hasattr(err, "details") else str(err)
             cls = _ERRORS.get(code, ApiError)
             if cls is Unavailable:
-                detail = unavailable_detail(self.address, detail, self.tls)
+                raise unavailable_error(self.address, detail, self.tls) from None
             raise cls(detail) from None
 
     # ------------------------------------------------------------ users

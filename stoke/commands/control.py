@@ -124,15 +124,22 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "", 
     """Call the controller; its refusals become one line that says what to do (the fix depends on the call).
 
     `client`: an open client to use (and leave open); by default one is opened for this call."""
-    from controller.messages import ApiError, FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
+    from controller.messages import (
+        ApiError,
+        FailedPrecondition,
+        InvalidArgument,
+        TlsMismatch,
+        Unauthenticated,
+        Unavailable,
+    )
 
     own = client is None
     client = connect(args) if own else client
     try:
         return fn(client)
+    except TlsMismatch as err:  # reached, but TLS on one side only: the message says what to pass
+        raise UserError(str(err)) from None
     except Unavailable as err:
-        if "may serve" in str(err):  # reached, but TLS on one side only: the message says what to pass
-            raise UserError(str(err)) from None
         raise UserError(
             f"{err}; start it with `stoke controller`, or pass --controller HOST:PORT (or set $STOKE_CONTROLLER)"
         ) from None
