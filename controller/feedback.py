@@ -405,12 +405,9 @@ def _planned(applied: PlanView | None) -> tuple[dict[str, float], dict[str, floa
     shares: dict[str, float] = {}
     if applied is None:
         return p99, shares
-    for gpu, binding in zip(applied.plan.gpus, applied.bindings):
-        if binding is None:
-            continue
-        for p in gpu.placements:
-            key = str(Replica(p.name, p.replica))
-            shares[key] = float(p.share_pct)
-            if not math.isnan(p.predicted_p99_ms):
-                p99[key] = p.predicted_p99_ms
+    for p in applied.bound_placements():
+        key = str(Replica(p.name, p.replica))
+        shares[key] = float(p.share_pct)
+        if not math.isnan(p.predicted_p99_ms):
+            p99[key] = p.predicted_p99_ms
     return p99, shares

@@ -124,10 +124,9 @@ def cluster_status(
 def _planned_p99(applied: PlanView) -> dict[str, float]:
     """{workload: worst predicted p99 of its bound replicas} (plans that predict one)."""
     out: dict[str, float] = {}
-    for gpu, b in zip(applied.plan.gpus, applied.bindings):
-        for p in gpu.placements if b is not None else ():
-            if not math.isnan(p.predicted_p99_ms):
-                out[p.name] = max(out.get(p.name, 0.0), p.predicted_p99_ms)
+    for p in applied.bound_placements():
+        if not math.isnan(p.predicted_p99_ms):
+            out[p.name] = max(out.get(p.name, 0.0), p.predicted_p99_ms)
     return out
 
 

@@ -22,13 +22,13 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.config import ServiceConfig
 from controller.reconcile.slots import Binding, bind_gpus, slot_key, slot_keys, without_slots
-from controller.solver import GpuType, Plan, Problem, ProblemError, Workload, plan_to_dict
+from controller.solver import GpuType, Placement, Plan, Problem, ProblemError, Workload, plan_to_dict
 from interference.profile import DeviceProfile
 
 RunSolver = Callable[[Problem, "Plan | None"], Plan]
@@ -48,6 +48,12 @@ class PlanView:
     bindings: tuple[Binding | None, ...]
     pending: tuple[tuple[str, str], ...]
     created_unix: float
+
+    def bound_placements(self) -> Iterator[Placement]:
+        """The placements on GPUs bound to a node device (what is meant to run)."""
+        for gpu, binding in zip(self.plan.gpus, self.bindings):
+            if binding is not None:
+                yield from gpu.placements
 
     def to_dict(self) -> dict[str, Any]:
         data = plan_to_dict(self.plan)
@@ -91,9 +97,7 @@ def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolv
     view = _plan_observed(observed, config, run_solver, now, dict(observed.floors))
     if not observed.floors or observed.applied is None:
         return view
-    placed_before = {
-        p.name for g, b in zip(observed.applied.plan.gpus, observed.applied.bindings) if b for p in g.placements
-    }
+    placed_before = {p.name for p in observed.applied.bound_placements()}
     displaced = sorted({name for name, _ in view.pending} & placed_before)
     if not displaced:
         return view
