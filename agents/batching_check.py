@@ -27,7 +27,6 @@ import os
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.loadgen import LoadGenerator, arrival_offsets
-from agents.triton import ObservedModel, TritonFleet, parse_metrics
+from agents.triton import ObservedModel, TritonError, TritonFleet, parse_metrics
 from controller.messages import ModelAssignment
 from controller.render import CONFIG_NAME, ModelConfig, queue_delay_us, read_config
 from interference.batching import LatencyDistribution, ServiceCurve, fill_time_ms, latency_distribution, serve
@@ -346,9 +345,8 @@ class BatchingCheck:
         """(time, executions, inferences, compute us) from Triton's metrics; the time is mid-scrape."""
         t0 = time.monotonic()
         try:
-            with urllib.request.urlopen(str(self.fleet.processes()[self.KEY]["metrics"]), timeout=2.0) as reply:
-                text = reply.read().decode("utf-8", errors="replace")
-        except OSError as err:
+            text = self.fleet.metrics_text(self.KEY)
+        except TritonError as err:
             raise CheckError(f"cannot scrape Triton's metrics for {MODEL}: {err}") from None
         t1 = time.monotonic()
         row = parse_metrics(text).get(MODEL, {})

@@ -69,19 +69,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def arrival_offsets(rate_rps: float, seconds: float, arrival: str = "constant", seed: int = 0) -> np.ndarray:
-    """Send times (s from the start) of every request in [0, seconds)."""
+    """Send times (s from the start) of every request in [0, seconds): the times `arrival_stream` gives the
+    load generator, so a simulation can replay the very arrivals it sent."""
     if rate_rps <= 0 or seconds <= 0:
         raise ValueError("rate_rps and seconds must be > 0")
-    if arrival == "constant":
+    if arrival == "constant":  # as many as the load generator sends in `seconds`
         return np.arange(int(math.floor(rate_rps * seconds + 1e-9))) / rate_rps
-    if arrival == "poisson":
-        rng = np.random.default_rng(seed)
-        n = int(rate_rps * seconds * 1.5 + 20)
-        times = np.cumsum(rng.exponential(1.0 / rate_rps, size=n))
-        while times[-1] < seconds:
-            times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1.0 / rate_rps, size=n))])
-        return times[times < seconds] - 0.0
-    raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    stream = arrival_stream(rate_rps, arrival, seed)
+    return np.fromiter(itertools.takewhile(lambda t: t < seconds, stream), dtype=float)
 
 
 def arrival_stream(rate_rps: float, arrival: str = "constant", seed: int = 0) -> Iterator[float]:

@@ -509,6 +509,10 @@ class TritonFleet:
         with self._lock:
             return {key: slot.process.state() for key, slot in sorted(self._slots.items())}
 
+    def metrics_text(self, key: str) -> str:
+        """The Prometheus text of one assignment's process (`TritonProcess.metrics_text`)."""
+        return self._slots[key].process.metrics_text()
+
     def served_config(self, key: str) -> ModelConfig:
         """What the server reports for the assignment's model (`get_model_config`)."""
         slot = self._slots[key]
