@@ -77,3 +77,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> bool:
         pass
     atomic_write_bytes(target, text.encode("utf-8"))
     return True
+
+
+def write_private_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a secret (a token) readable by its owner only (0600), never readable by others for a moment;
+    an existing file is overwritten and made private too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import secrets
 import shutil
 import sys
@@ -20,6 +19,7 @@ from stoke.commands.control import endpoint_key, status_blocks, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
 from stoke.commands.inputs import add_repo_option
 from stoke.errors import UserError
+from stoke.files import write_private_text
 from stoke.live import LiveView, Tab
 from stoke.output import add_output_option, emit
 
@@ -245,9 +245,7 @@ def progress_stream(args: argparse.Namespace) -> TextIO:
 
 def write_token(path: Path, token: str) -> None:
     """Write the demo's admin token readable by its owner only (0600): never a moment readable by others."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    write_private_text(path, token + "\n")
 
 
 def run_up(args: argparse.Namespace) -> int:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from stoke.client_options import add_client_options
 from stoke.commands.control import _call
 from stoke.errors import UserError
+from stoke.files import write_private_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,10 +33,7 @@ def run_token_agent(args: argparse.Namespace) -> int:
         print(reply.token)
         return 0
     try:
-        fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # an existing file is made private too
-        with os.fdopen(fd, "w") as handle:
-            handle.write(reply.token + "\n")
+        write_private_text(args.file, reply.token + "\n")
     except OSError as err:
         raise UserError(f"--file {args.file}: cannot write the token ({err.strerror})") from None
     print(
