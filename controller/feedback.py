@@ -1,26 +1,36 @@
-"""The closed loop: what the agents observe feeds the model and the plan.
+"""The closed loop, one manager: what the agents observe feeds the model and the plan.
 
-    observe ──> recalibrate ──> re-plan ──> act
-       ^      (demand, guard)                 |
-       └──────────────────────────────────────┘
+    windows ──> recalibration, demand, guard ──> LoopOutput + stored state ──> reconcile
+       ^                                                                         |
+       └─────────────────────────────────────────────────────────────────────────┘
 
-`FeedbackLoop` is the stateful part; its decisions are pure functions:
+`FeedbackLoop` holds the loop's state; its decisions are pure functions
+(`controller.guard.step`, `controller.demand.track`, `controller.recalibrate`,
+`interference.recalibration.estimate`). The service talks to it in two places:
 
-- observe (`record`, on every heartbeat): the report's new windows become
-  `ObservationRecord`s (`controller.observations`), which are stored with bounded
-  retention. Each record also feeds three things at once: the calibration
-  points of its (GPU type, model), the demand trackers of its auto workloads
-  (`controller.demand`) and the SLO guard of its replica (`controller.guard`).
-  A new planned rate, or a guard floor, wakes the reconcile loop at once.
-- recalibrate (`tick`, every `recalibration.interval_s`): per (GPU type, model),
-  the estimator (`interference.recalibration`) proposes a correction of the
-  fitted active time. It becomes a new profile version only when it moves a
-  placed replica's predicted p99 past the threshold, confirmed by consecutive
-  estimates (`controller.recalibrate`). A new version bumps the profile book,
-  so the next reconcile re-plans.
-- re-plan and act: the reconcile loop (`controller.reconcile`) solves with the
-  active profiles, the tracked rates and the guard's share floors, then the
-  agents apply the diff.
+- `observe(report)`, on every heartbeat: the report's new windows become
+  `ObservationRecord`s (`controller.observations`), stored with bounded retention
+  and queued for the next tick. It decides nothing; it wakes the reconcile loop
+  when a window arrived, so the tick follows at once.
+- `step(LoopInput)`, once per reconcile pass, the loop's one entry: the inputs are
+  the windows queued since the last tick, the stored state (workloads, profile
+  versions) and the `LoopInput` (the applied plan, the nodes' states, the floors
+  the last solve could not apply). It runs
+  - the guard (`controller.guard`) over each new window, per replica;
+  - demand tracking (`controller.demand`) of the auto workloads whose replicas
+    reported: a new planned rate is stored (the reconcile pass reads it with
+    the workload);
+  - recalibration, every `recalibration.interval_s` (`controller.recalibrate`):
+    a new profile version is stored and the profile book reloaded;
+  - pruning: replicas the applied plan no longer has and that stopped reporting
+    are forgotten, with their guard (bounded state);
+  and returns a `LoopOutput` (`controller.loop_output`): the share floors the
+  solve reads, the loop's alerts, and per workload its `WorkloadFeedback`.
+
+Stored and volatile state: windows, planned rates, profile versions and events
+are in SQLite (they survive a restart); guard floors are deliberately in memory
+(see `controller.guard`), and so are the calibration points, which are re-read
+from the stored windows at start.
 
 Every decision is recorded as an event (SQLite `loop_events`), shown by
 `stoke status` and counted in the metrics. Thread-safe: heartbeats come from
@@ -33,18 +43,19 @@ import collections
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import MappingProxyType
 
 from controller.config import ServiceConfig
 from controller.demand import DemandState, track
-from controller.guard import GuardState, GuardWindow, step
+from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire, refuse, step
+from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
 from controller.messages import HeartbeatReport, Replica
 from controller.observations import ObservationRecord, calibration_points, records_from_report
+from controller.profiles import Profiles
 from controller.recalibrate import Confirmation, crosses, factor_move, p99_moves, placed_replicas
 from controller.reconcile.planning import PlanView
-from controller.status import WorkloadFeedback
 from controller.store import Store
 from interference.profile import DeviceProfile
 from interference.profile_io import profile_to_dict
@@ -68,20 +79,23 @@ FRESH_INTERVALS = 3.0
 #: The first windows of a new Triton process (a move, a restart) say nothing about demand or the SLO: what
 #: queued during the switch arrives at once. Demand and the guard skip this many.
 SETTLE_WINDOWS = 3
+#: Most windows one tick processes (the rest wait for the next tick; bounds a tick's work).
+MAX_WINDOWS_PER_TICK = 20000
 
 
-def settling(windows: collections.deque[ObservationRecord]) -> bool:
+@dataclass(frozen=True)
+class LoopInput:
+    """One tick's inputs besides the queued windows and the store."""
+
+    applied: PlanView | None = None
+    nodes: tuple[NodeState, ...] = ()
+    floors_refused: tuple[tuple[str, str], ...] = ()  # (workload, why) the last solve did not apply
+
+
+def settling(windows: Iterable[ObservationRecord]) -> bool:
     """Is one of the last `SETTLE_WINDOWS` windows the first of a new process (its window count restarted)?"""
     recent = list(windows)[-(SETTLE_WINDOWS + 1) :]
     return any(b.seq <= a.seq for a, b in zip(recent, recent[1:]))
-
-
-class Profiles(Protocol):
-    """What the loop needs of the profile book (`controller.service.ProfileBook`)."""
-
-    def snapshot(self) -> tuple[dict[str, DeviceProfile], int]: ...
-    def fitted(self) -> dict[str, DeviceProfile]: ...
-    def reload(self) -> None: ...
 
 
 @dataclass
@@ -102,7 +116,6 @@ class FeedbackLoop:
         *,
         clock: Callable[[], float],
         wake: Callable[[], None],
-        applied: Callable[[], PlanView | None],
         gpu_types_of: Callable[[str], Mapping[int, str]],
     ) -> None:
         self.store = store
@@ -110,16 +123,22 @@ class FeedbackLoop:
         self.config = config
         self.clock = clock
         self._wake = wake
-        self._applied = applied
         self._gpu_types_of = gpu_types_of
         self._lock = threading.RLock()
         self._replicas: dict[str, _Replica] = {}
+        self._queued: collections.deque[ObservationRecord] = collections.deque()
         self._demand: dict[str, DemandState] = {}
         self._points: dict[tuple[str, str], collections.deque[CalibrationPoint]] = {}
         self._confirm: dict[tuple[str, str], Confirmation] = {}
         self._estimated: dict[tuple[str, str], int] = {}  # the newest window (row id) each pair's estimate saw
         self._next_recalibration = 0.0
         self._cause = ""
+        self._applied: PlanView | None = None
+        self._revision = -1  # the applied revision the last tick saw (-1: none yet)
+        self._capacity: tuple[NodeState, ...] | None = None  # the nodes' states at the last tick
+        self._capacity_changed = -math.inf  # when they last changed (the guard is quiet for a while)
+        self._alerts: dict[str, tuple[str, float]] = {}  # key -> (alert, until)
+        self._output = LoopOutput()
         self.counters: collections.Counter[str] = collections.Counter()
         r = config.recalibration
         self.options = RecalibrationOptions(
@@ -130,7 +149,7 @@ class FeedbackLoop:
         )
         self._load_points()
 
-    # ------------------------------------------------------------ observe
+    # ------------------------------------------------------------ observe (ingestion only)
 
     def _load_points(self) -> None:
         """After a restart: the calibration points within the forgetting horizon, from the store."""
@@ -143,14 +162,13 @@ class FeedbackLoop:
             points = self._points.setdefault((record.gpu_type, record.model), collections.deque(maxlen=MAX_POINTS))
             points.extend(calibration_points([record]))
 
-    def record(self, report: HeartbeatReport) -> list[ObservationRecord]:
-        """Store the report's new windows and feed demand, guard and calibration; returns the stored rows."""
+    def observe(self, report: HeartbeatReport) -> list[ObservationRecord]:
+        """Store the report's new windows and queue them for the next tick; returns the stored rows."""
         now = self.clock()
         profiles, _ = self.profiles.snapshot()
         versions = {pair: version for pair, (version, _) in self.store.profile_state().items()}
-        applied = self._applied()
-        p99, shares = _planned(applied)
         with self._lock:
+            p99 = _planned(self._applied)[0]
             last_seq = {key: r.last_seq for key, r in self._replicas.items()}
             records = records_from_report(
                 report, self._gpu_types_of(report.node_id), profiles, versions, p99, last_seq, now
@@ -162,13 +180,100 @@ class FeedbackLoop:
             self.counters["observations"] += len(stored)
             for record in stored:
                 replica = self._replicas.setdefault(record.key, _Replica())
-                replica.windows.append(record)
                 replica.last_seq = record.seq
                 self._add_points(record)
-                if self.config.guard.enabled:
-                    self._guard(record, replica, shares.get(record.key), profiles, now)
-            self._track_demand({r.workload for r in stored}, now)
+                if len(self._queued) < MAX_WINDOWS_PER_TICK:
+                    self._queued.append(record)
+                else:  # a tick that fell far behind: the window stays stored, only the live decisions skip it
+                    replica.windows.append(record)
+        if stored:
+            self._wake()
         return stored
+
+    # ------------------------------------------------------------ the tick
+
+    def step(self, inp: LoopInput) -> LoopOutput:
+        """One tick of the loop (see the module docstring); returns what the reconcile step reads."""
+        now = self.clock()
+        profiles, _ = self.profiles.snapshot()
+        with self._lock:
+            self._count_replan(inp.applied)
+            self._applied = inp.applied
+            shares = _planned(inp.applied)[1]
+            quiet = self._capacity_step(inp.nodes, now)
+            for workload, why in inp.floors_refused:
+                self._refused(workload, why, now)
+            queued = list(self._queued)
+            self._queued.clear()
+            for record in queued:
+                replica = self._replicas.setdefault(record.key, _Replica())
+                replica.windows.append(record)
+                if self.config.guard.enabled:
+                    self._guard(record, replica, shares.get(record.key), profiles, now, quiet)
+            for key, replica in self._replicas.items():
+                replica.guard, action = expire(replica.guard, key, now, self.config.guard)
+                self._report(key, action, now)
+            self._track_demand({r.workload for r in queued}, now)
+            self._prune(shares, now)
+            due = self.config.recalibration.enabled and now >= self._next_recalibration
+            if due:
+                self._next_recalibration = now + self.config.recalibration.interval_s
+            pairs = sorted(self._points) if due else []
+        for pair in pairs:
+            try:
+                self._recalibrate(pair, now)
+            except Exception as err:  # noqa: BLE001 - one pair's failure must not stop the others or the loop
+                log.warning("recalibration of %s/%s failed: %s", pair[1], pair[0], err)
+        with self._lock:
+            self._alerts = {k: v for k, v in self._alerts.items() if v[1] > now}
+            self._output = LoopOutput(
+                floors=tuple(sorted(self._floors(now).items())),
+                alerts=tuple(text for _, (text, _) in sorted(self._alerts.items())),
+                feedback=MappingProxyType(self._workload_feedback(now)),
+            )
+            return self._output
+
+    @property
+    def output(self) -> LoopOutput:
+        """The last tick's output."""
+        with self._lock:
+            return self._output
+
+    def _count_replan(self, applied: PlanView | None) -> None:
+        """A new plan revision since the last tick: count it under the cause that woke the loop."""
+        revision = applied.revision if applied else 0
+        if self._revision >= 0 and revision != self._revision:
+            self.counters[f"replans_{self._cause or 'other'}"] += 1
+            self._cause = ""
+        self._revision = revision
+
+    def _capacity_step(self, nodes: tuple[NodeState, ...], now: float) -> bool:
+        """Clear the floors when the nodes' states change (capacity lost or back); True while the guard is quiet:
+        a node is not ready, or it changed within the guard's cool-down (a spike then is the incident's)."""
+        nodes = tuple(sorted(nodes, key=lambda n: n.node_id))
+        if self._capacity is not None and nodes != self._capacity:
+            before = {n.node_id: n.state for n in self._capacity}
+            changed = [
+                f"{n.node_id} {before.get(n.node_id, 'new')} -> {n.state}"
+                for n in nodes
+                if before.get(n.node_id) != n.state
+            ]
+            why = (
+                f"the capacity changed ({', '.join(changed) or 'a node left'}); floors are re-derived from new windows"
+            )
+            self._capacity_changed = now
+            for key, replica in self._replicas.items():
+                replica.guard, action = clear(replica.guard, key, why)
+                self._report(key, action, now)
+        self._capacity = nodes
+        unsettled = any(n.state != "ready" for n in nodes)
+        return unsettled or now - self._capacity_changed < self.config.guard.cooldown_s
+
+    def _refused(self, workload: str, why: str, now: float) -> None:
+        for key, replica in self._replicas.items():
+            if Replica.parse(key).workload == workload:
+                replica.guard, action = refuse(replica.guard, key, why)
+                self._report(key, action, now)
 
     def _guard(
         self,
@@ -177,26 +282,52 @@ class FeedbackLoop:
         planned_share: float | None,
         profiles: Mapping[str, DeviceProfile],
         now: float,
+        quiet: bool,
     ) -> None:
         profile = profiles.get(record.gpu_type)
         share_step = profile.gpu.share_step_pct if profile else 10.0
-        settled = not settling(replica.windows)  # right after a move the backlog of the switch is no verdict
+        # right after a move the backlog of the switch is no verdict, nor is a spike while the capacity changes
+        counted = not quiet and not settling(replica.windows)
         window = GuardWindow(
-            record.share_pct, record.requests if settled else 0, record.over_slo, record.p99_ms, record.slo_ms
+            record.share_pct, record.requests if counted else 0, record.over_slo, record.p99_ms, record.slo_ms
         )
         before = replica.guard.text
         replica.guard, action = step(
             replica.guard, record.key, window, planned_share, share_step, now, self.config.guard
         )
         if action is not None:
-            self.counters["guard_moves"] += 1
-            self._event("guard", record.workload, action.text, now)
-            self._trigger("guard")
+            self._report(record.key, action, now)
         elif replica.guard.text != before and replica.guard.text:
             self._event("guard", record.workload, replica.guard.text, now)
 
+    def _report(self, key: str, action: GuardAction | None, now: float) -> None:
+        """An event per guard decision; a move is counted once it serves; a refused floor is also an alert."""
+        if action is None:
+            return
+        workload = Replica.parse(key).workload
+        self._event("guard", workload, action.text, now)
+        if action.kind == "applied":
+            self.counters["guard_moves"] += 1
+        elif action.kind == "refused":
+            self.counters["guard_refused"] += 1
+            self._alerts[key] = (f"SLO guard: {action.text}", now + self.config.guard.hold_s)
+        if action.kind in ("request", "released", "cleared"):
+            self._trigger("guard")
+
+    def _prune(self, shares: Mapping[str, float], now: float) -> None:
+        """Forget replicas the applied plan no longer has once they stopped reporting (and their floors)."""
+        fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
+        for key in [k for k, r in self._replicas.items() if k not in shares]:
+            r = self._replicas[key]
+            if not r.windows or now - r.windows[-1].unix > fresh:
+                del self._replicas[key]
+                self._alerts.pop(key, None)
+
     def _track_demand(self, names: set[str], now: float) -> None:
-        workloads = {w.name: w for w in self.store.workloads() if w.rate_auto and w.name in names}
+        stored = self.store.workloads()
+        for name in [n for n in self._demand if n not in {w.name for w in stored if w.rate_auto}]:
+            del self._demand[name]  # deleted, or no longer auto
+        workloads = {w.name: w for w in stored if w.rate_auto and w.name in names}
         if not workloads:
             return
         for name, w in workloads.items():
@@ -237,26 +368,6 @@ class FeedbackLoop:
 
     # ------------------------------------------------------------ recalibrate
 
-    def tick(self) -> None:
-        """Recalibrate when due, and release expired guard floors."""
-        now = self.clock()
-        with self._lock:
-            for key, replica in self._replicas.items():
-                if replica.guard.floor_pct:
-                    replica.guard, _ = step(replica.guard, key, None, None, 0.0, now, self.config.guard)
-                    if not replica.guard.floor_pct:
-                        self._event("guard", Replica.parse(key).workload, f"{key}: {replica.guard.text}", now)
-                        self._trigger("guard")
-            if not self.config.recalibration.enabled or now < self._next_recalibration:
-                return
-            self._next_recalibration = now + self.config.recalibration.interval_s
-            pairs = sorted(self._points)
-        for pair in pairs:
-            try:
-                self._recalibrate(pair, now)
-            except Exception as err:  # noqa: BLE001 - one pair's failure must not stop the others or the loop
-                log.warning("recalibration of %s/%s failed: %s", pair[1], pair[0], err)
-
     def _recalibrate(self, pair: tuple[str, str], now: float) -> None:
         gpu_type, model = pair
         state = self.store.profile_state().get(pair, (0, False))
@@ -276,7 +387,8 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         candidate = _with_model(active, apply_corrections(fitted, {model: result.correction}), model)
-        applied = self._applied()
+        with self._lock:
+            applied = self._applied
         replicas = placed_replicas(applied.plan, gpu_type, model) if applied else []
         moves = p99_moves(active, candidate, replicas)
         current = self._active_factor(pair, state[0])
@@ -330,56 +442,56 @@ class FeedbackLoop:
     # ------------------------------------------------------------ what the planner and the views read
 
     def floors(self) -> dict[str, float]:
-        """{workload: share floor} from the guard (the largest of its replicas' unexpired floors)."""
-        now = self.clock()
+        """{workload: share floor} from the last tick (the largest of its replicas' unexpired floors)."""
+        return self.output.floor_map()
+
+    def _floors(self, now: float) -> dict[str, float]:
         out: dict[str, float] = {}
-        with self._lock:
-            for key, replica in self._replicas.items():
-                g = replica.guard
-                if g.floor_pct and now < g.floor_until:
-                    name = Replica.parse(key).workload
-                    out[name] = max(out.get(name, 0.0), g.floor_pct)
+        for key, replica in self._replicas.items():
+            g = replica.guard
+            if g.floor_pct and now < g.floor_until:
+                name = Replica.parse(key).workload
+                out[name] = max(out.get(name, 0.0), g.floor_pct)
         return out
 
     def workload_feedback(self) -> dict[str, WorkloadFeedback]:
-        """Per workload: demand decision, last-window p99 and error ratio, guard state."""
-        now = self.clock()
+        """Per workload, as of the last tick: demand, last-window p99, SLO attainment, error ratio, guard."""
+        return dict(self.output.feedback)
+
+    def _workload_feedback(self, now: float) -> dict[str, WorkloadFeedback]:
         fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
         out: dict[str, WorkloadFeedback] = {}
-        with self._lock:
-            by_workload: dict[str, list[tuple[str, _Replica]]] = {}
-            for key, replica in self._replicas.items():
-                by_workload.setdefault(Replica.parse(key).workload, []).append((key, replica))
-            names = set(by_workload) | set(self._demand)
-            for name in names:
-                replicas = by_workload.get(name, [])
-                current = [r for _, r in replicas if r.windows and now - r.windows[-1].unix <= fresh]
-                p99s = [r.windows[-1].p99_ms for r in current if r.windows[-1].p99_ms is not None]
-                observed = predicted = 0.0
-                for r in current:
-                    for w in list(r.windows)[-RATIO_WINDOWS:]:
-                        n = sum(s.executions for s in w.batch_stats)
-                        if w.observed_batch_ms is not None and w.predicted_batch_ms:
-                            observed += n * w.observed_batch_ms
-                            predicted += n * w.predicted_batch_ms
-                guards = [r.guard for _, r in sorted(replicas, key=lambda kr: kr[0])]
-                demand = self._demand.get(name)
-                floor = max((g.floor_pct for g in guards if g.floor_pct and now < g.floor_until), default=0.0)
-                out[name] = WorkloadFeedback(
-                    demand=demand.text if demand else "",
-                    observed_p99_ms=max(p99s) if p99s else None,
-                    error_ratio=observed / predicted if predicted > 0 else None,
-                    guard=next((g.text for g in guards if g.text), ""),
-                    guard_moves=sum(g.moves for g in guards),
-                    floor_pct=floor,
-                )
+        by_workload: dict[str, list[tuple[str, _Replica]]] = {}
+        for key, replica in self._replicas.items():
+            by_workload.setdefault(Replica.parse(key).workload, []).append((key, replica))
+        for name in set(by_workload) | set(self._demand):
+            replicas = by_workload.get(name, [])
+            current = [r for _, r in replicas if r.windows and now - r.windows[-1].unix <= fresh]
+            p99s = [r.windows[-1].p99_ms for r in current if r.windows[-1].p99_ms is not None]
+            observed = predicted = late = counted = 0.0
+            for r in current:
+                for w in list(r.windows)[-RATIO_WINDOWS:]:
+                    n = sum(s.executions for s in w.batch_stats)
+                    if w.observed_batch_ms is not None and w.predicted_batch_ms:
+                        observed += n * w.observed_batch_ms
+                        predicted += n * w.predicted_batch_ms
+                    if w.over_slo_ratio is not None and w.requests > 0:
+                        late += w.over_slo_ratio * w.requests
+                        counted += w.requests
+            guards = [r.guard for _, r in sorted(replicas, key=lambda kr: kr[0])]
+            demand = self._demand.get(name)
+            floor = max((g.floor_pct for g in guards if g.floor_pct and now < g.floor_until), default=0.0)
+            out[name] = WorkloadFeedback(
+                demand=demand.text if demand else "",
+                observed_p99_ms=max(p99s) if p99s else None,
+                error_ratio=observed / predicted if predicted > 0 else None,
+                guard=next((g.text for g in guards if g.text), ""),
+                guard_moves=sum(g.moves for g in guards),
+                floor_pct=floor,
+                within_slo=1.0 - late / counted if counted > 0 else None,
+                requests=int(counted),
+            )
         return out
-
-    def replanned(self) -> None:
-        """A new plan revision was stored: count it under the cause that woke the loop."""
-        with self._lock:
-            self.counters[f"replans_{self._cause or 'other'}"] += 1
-            self._cause = ""
 
     # ------------------------------------------------------------ helpers
 

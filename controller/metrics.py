@@ -85,7 +85,9 @@ def _loop_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricF
     )
     rate = GaugeMetricFamily("stoke_workload_planned_rate_rps", "Rate the plan is sized for (req/s)", labels=labels)
     floor = GaugeMetricFamily("stoke_guard_share_floor_pct", "Share floor the SLO guard holds (0: none)", labels=labels)
-    moves = CounterMetricFamily("stoke_guard_moves", "Replicas the SLO guard moved to a larger share", labels=labels)
+    moves = CounterMetricFamily(
+        "stoke_guard_moves", "SLO guard moves applied: the replica serves at the larger share", labels=labels
+    )
     for w in workloads:
         lv, f = [w.workload.name, w.workload.model], w.feedback
         rate.add_metric(lv, w.workload.rate_rps)
@@ -151,7 +153,12 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "stoke_plan_held",
             "1 while the plan is held because most nodes fell silent together (alert on it)",
-            value=1.0 if status.alerts else 0.0,
+            value=1.0 if self.service.nodes.alerts() else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "stoke_guard_floors_refused",
+            "SLO guard floors the planner could not apply lately (each is an event and a status alert)",
+            value=len(self.service.feedback.output.alerts),
         )
 
 

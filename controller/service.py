@@ -31,8 +31,9 @@ from typing import Any
 
 from controller import limits
 from controller.config import ServiceConfig
-from controller.feedback import FeedbackLoop
+from controller.feedback import FeedbackLoop, LoopInput
 from controller.identity import mint_agent_token
+from controller.loop_output import NodeState
 from controller.messages import (
     AssignmentError,
     FailedPrecondition,
@@ -45,14 +46,15 @@ from controller.messages import (
     invalid,
 )
 from controller.observations import ObservationRecord
+from controller.profiles import ProfileBook
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView, stamp
 from controller.solver import ProblemError, Workload, solve
 from controller.status import ClusterStatus, cluster_status
 from controller.store import ProfileRow, ProfileVersionRow, Store
-from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
-from interference.profile_io import ProfileFileError, parse_profile_json, profile_from_dict, profile_to_dict
+from interference.profile import DeviceProfile
+from interference.profile_io import ProfileFileError, parse_profile_json, profile_from_dict
 from stoke import validate as check
 
 log = logging.getLogger("stoke.controller.service")
@@ -109,52 +111,6 @@ def validate_workload(fields: Mapping[str, Any], where: str, initial_rps: float 
     )
 
 
-class ProfileBook:
-    """The stored profiles, cached: the fitted ones and the active ones (a recalibrated version where
-    one is active), with a version that counts every change."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._lock = threading.Lock()
-        self._version = 0
-        self._fitted, self._profiles = self._load()
-
-    def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile]]:
-        fitted, active = {}, {}
-        overrides = self.store.active_model_dicts()
-        for gpu_type, data in self.store.profile_dicts().items():
-            if not data["models"]:
-                continue
-            where = f"stored profile {gpu_type}"
-            fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
-            models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
-            active[gpu_type] = profile_from_dict(
-                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
-            )
-        return fitted, active
-
-    def snapshot(self) -> tuple[dict[str, DeviceProfile], int]:
-        """The active profiles per GPU type, and the version."""
-        with self._lock:
-            return dict(self._profiles), self._version
-
-    def fitted(self) -> dict[str, DeviceProfile]:
-        with self._lock:
-            return dict(self._fitted)
-
-    def reload(self) -> None:
-        """Read the store again (a recalibrated version, a rollback) and count a change."""
-        loaded = self._load()
-        with self._lock:
-            self._fitted, self._profiles = loaded
-            self._version += 1
-
-    def put(self, gpu_type: str, profile: DeviceProfile, now: float) -> None:
-        data = profile_to_dict(profile)
-        self.store.put_profile(gpu_type, data["gpu"], data["models"], now)
-        self.reload()
-
-
 class ControlService:
     def __init__(
         self,
@@ -181,18 +137,10 @@ class ControlService:
             self.config,
             clock=clock,
             wake=self.wake,
-            applied=lambda: self.reconciler.applied,
             gpu_types_of=self.nodes.gpu_types_of,
         )
         self.reconciler = Reconciler(
-            store,
-            self.nodes,
-            self.profiles.snapshot,
-            self.config,
-            clock=clock,
-            solver=solver,
-            observer=observer,
-            floors=self.feedback.floors,
+            store, self.nodes, self.profiles, self.config, clock=clock, solver=solver, observer=observer
         )
         applied = self.reconciler.applied
         if applied is not None:  # nodes of the applied plan: wait for them before re-planning
@@ -377,7 +325,7 @@ class ControlService:
             # the agent must register its real devices
             return HeartbeatAnswer(registered=False, heartbeat_interval_s=interval)
         try:
-            self.feedback.record(report)  # the closed loop: store the windows, track demand, guard the SLOs
+            self.feedback.observe(report)  # the closed loop: store the windows; its next tick decides
         except Exception:  # a failing loop step must not cost the node its heartbeat (logged with its traceback)
             log.exception("recording the observations of %s failed", report.node_id)
         if self.nodes.awaiting_plan(report.node_id, planned_at):
@@ -425,23 +373,27 @@ class ControlService:
         return self.reconciler.applied
 
     def reconcile(self, force: bool = False) -> ApplyOutcome | None:
-        """One observe -> solve -> diff -> act pass (see `controller.reconcile.loop`), after the closed loop's
-        tick (recalibration when due, expired guard floors); None: nothing to do."""
-        self.feedback.tick()
-        outcome = self.reconciler.reconcile(force)
-        if outcome is not None and outcome.changed:
-            self.feedback.replanned()
-        return outcome
+        """One tick of the closed loop (its one entry: windows -> guard, demand, recalibration -> floors),
+        then one observe -> solve -> diff -> act pass that reads its output (see `controller.reconcile.loop`);
+        None: nothing to do."""
+        floors = self._loop_tick()
+        return self.reconciler.reconcile(force, floors=floors)
 
     def apply_plan(self) -> ApplyOutcome:
+        floors = self._loop_tick()
         try:
-            outcome = self.reconciler.reconcile(force=True)
+            outcome = self.reconciler.reconcile(force=True, floors=floors)
         except ProblemError as err:
             raise _unplannable(err) from None
         assert outcome is not None
-        if outcome.changed:
-            self.feedback.replanned()
         return outcome
+
+    def _loop_tick(self) -> tuple[tuple[str, float], ...]:
+        self.nodes.check_nodes()
+        nodes = tuple(NodeState(n.node_id, n.state) for n in self.nodes.views({}))
+        inp = LoopInput(self.reconciler.applied, nodes, self.reconciler.floors_refused)
+        self.reconciler.floors_refused = ()  # reported once
+        return self.feedback.step(inp).floors
 
     @property
     def last_error(self) -> str:
@@ -457,7 +409,7 @@ class ControlService:
             self.store.workloads(),
             self.list_nodes(),
             self.reconciler.last_error,
-            self.nodes.alerts(),
+            self.nodes.alerts() + self.feedback.output.alerts,
             feedback=self.feedback.workload_feedback(),
             loop_events=events,
         )

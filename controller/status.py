@@ -15,7 +15,8 @@ plan with the nodes' reports. A workload's state:
 Observed latency is the worst over replicas that saw requests in the last
 window; SLO attainment the share of those within the SLO.
 
-The closed loop (`controller.feedback`) adds per workload its `WorkloadFeedback`:
+The closed loop (`controller.feedback`) adds per workload its `WorkloadFeedback`
+(`controller.loop_output`):
 the demand tracker's decision, the last window's p99 and prediction error
 ratio, and what the SLO guard holds or did.
 """
@@ -26,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.loop_output import WorkloadFeedback
 from controller.messages import AssignmentError, Observation, Replica, ServingEndpoint
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
@@ -43,18 +45,6 @@ class ReplicaStatus:
     serving: bool
     observed: Observation | None
     endpoint: ServingEndpoint | None = None  # where clients reach it (reported by its node)
-
-
-@dataclass(frozen=True)
-class WorkloadFeedback:
-    """What the closed loop says about one workload."""
-
-    demand: str = ""  # auto: the demand tracker's decision and its reason
-    observed_p99_ms: float | None = None  # worst replica, last window (SLI histogram)
-    error_ratio: float | None = None  # observed over predicted batch compute time, last windows
-    guard: str = ""  # the SLO guard's last action or state
-    guard_moves: int = 0
-    floor_pct: float = 0.0  # the guard's share floor in force (0: none)
 
 
 @dataclass(frozen=True)

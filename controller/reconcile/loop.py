@@ -34,12 +34,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from controller.config import ServiceConfig
 from controller.messages import ModelAssignment
+from controller.profiles import Profiles
 from controller.reconcile.budget import budgeted
 from controller.reconcile.diff import NodeChange, diff_assignments
 from controller.reconcile.planning import Observed, PlanView, plan_observed
@@ -47,13 +48,11 @@ from controller.reconcile.slots import node_assignments
 from controller.registry import NodeRegistry
 from controller.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
 from controller.store import Store, StoredPlan
-from interference.profile import DeviceProfile
 from stoke.errors import StokeError
 
 log = logging.getLogger("stoke.controller.reconcile")
 
 Solver = Callable[..., Plan]
-Profiles = Callable[[], tuple[Mapping[str, DeviceProfile], int]]  # () -> (profiles by GPU type, version)
 
 
 class Observer(Protocol):
@@ -94,10 +93,12 @@ class Reconciler:
         clock: Callable[[], float],
         solver: Solver,
         observer: Observer | None = None,
-        floors: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.store = store
-        self.floors = floors or dict  # the SLO guard's share floors per workload (controller.feedback)
+        #: the SLO guard's share floors, (workload, %) sorted: the closed loop's output (`controller.feedback`)
+        self.floors: tuple[tuple[str, float], ...] = ()
+        #: (workload, why) floors the last solve could not apply (the loop reports them, counts no move)
+        self.floors_refused: tuple[tuple[str, str], ...] = ()
         self.registry = registry
         self.profiles = profiles
         self.config = config
@@ -146,7 +147,7 @@ class Reconciler:
     # ------------------------------------------------------------ one pass
 
     def observe(self) -> Observed:
-        profiles, version = self.profiles()
+        profiles, version = self.profiles.snapshot()
         workloads, rejected = self.store.workload_rows()
         return Observed(
             workloads=workloads,
@@ -155,12 +156,14 @@ class Reconciler:
             slots=self.registry.healthy_slots(),
             applied=self.applied,
             rejected=rejected,
-            floors=tuple(sorted(self.floors().items())),
+            floors=self.floors,
         )
 
     def solve(self, observed: Observed | None = None) -> PlanView:
         """The plan for the observed state, not applied (revision 0)."""
-        return plan_observed(observed or self.observe(), self.config, self._run_solver, self.clock())
+        view = plan_observed(observed or self.observe(), self.config, self._run_solver, self.clock())
+        self.floors_refused = view.floors_refused
+        return view
 
     def _run_solver(self, problem: Problem, current: Plan | None) -> Plan:
         started = time.perf_counter()
@@ -169,9 +172,14 @@ class Reconciler:
         finally:
             self.observer.solved(time.perf_counter() - started)
 
-    def reconcile(self, force: bool = False) -> ApplyOutcome | None:
-        """One observe -> solve -> diff -> act pass. Returns None when nothing needed doing."""
+    def reconcile(
+        self, force: bool = False, floors: tuple[tuple[str, float], ...] | None = None
+    ) -> ApplyOutcome | None:
+        """One observe -> solve -> diff -> act pass, with the closed loop's share `floors` (None: the last ones).
+        Returns None when nothing needed doing."""
         with self._pass_lock:
+            if floors is not None:
+                self.floors = floors
             started = time.perf_counter()
             error = skipped = False
             fingerprint = None

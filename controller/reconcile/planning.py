@@ -48,6 +48,8 @@ class PlanView:
     bindings: tuple[Binding | None, ...]
     pending: tuple[tuple[str, str], ...]
     created_unix: float
+    #: (workload, why): SLO guard floors this solve did not apply (not stored; the closed loop reads it)
+    floors_refused: tuple[tuple[str, str], ...] = ()
 
     def bound_placements(self) -> Iterator[Placement]:
         """The placements on GPUs bound to a node device (what is meant to run)."""
@@ -92,18 +94,20 @@ class Observed:
 def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:
     """Solve the observed state (see the module docstring); returns a preview (revision 0).
 
-    The SLO guard's floors apply unless they would push a workload the applied plan places out of
-    the plan; then the plan is made without them, and says so in its notes."""
+    The SLO guard's floors apply unless they would leave a workload unplaced that the plan places
+    without them (one the applied plan places, or one waiting for capacity that came back): then
+    the plan is made without them, says so in its notes, and names each refused floor with the
+    reason in `floors_refused`. A floor never keeps a placeable workload pending."""
     view = _plan_observed(observed, config, run_solver, now, dict(observed.floors))
-    if not observed.floors or observed.applied is None:
+    if not observed.floors or not view.pending:
         return view
-    placed_before = {p.name for p in observed.applied.bound_placements()}
-    displaced = sorted({name for name, _ in view.pending} & placed_before)
+    free = _plan_observed(observed, config, run_solver, now, {})
+    displaced = sorted({name for name, _ in view.pending} - {name for name, _ in free.pending})
     if not displaced:
         return view
-    view = _plan_observed(observed, config, run_solver, now, {})
     note = f"SLO guard floor(s) not applied: they would displace {', '.join(displaced)}"
-    return replace(view, plan=replace(view.plan, notes=(*view.plan.notes, note)))
+    refused = tuple((name, f"it would leave {', '.join(displaced)} unplaced") for name, _ in observed.floors)
+    return replace(free, plan=replace(free.plan, notes=(*free.plan.notes, note)), floors_refused=refused)
 
 
 def _plan_observed(

@@ -224,20 +224,29 @@ def test_guard_moves_a_replica_over_its_slo_to_a_larger_share_and_releases_the_f
     node.beat(p99=120.0, over=0.1)
     node.beat(p99=120.0, over=0.1)
     assert placed(svc).share_pct == 50.0
-    node.beat(p99=120.0, over=0.1)  # the third window over: moved
+    node.beat(p99=120.0, over=0.1)  # the third window over: a floor is requested and planned
     assert placed(svc).share_pct == 100.0
     w = svc.status().workloads[0]
-    assert w.feedback.guard_moves == 1 and "moved from 50% to 100%" in w.feedback.guard and w.feedback.floor_pct == 100
-    assert svc.feedback.counters["replans_guard"] == 1
+    assert w.feedback.guard_moves == 0 and "asked the planner for 100%" in w.feedback.guard  # not serving yet
+    assert w.feedback.floor_pct == 100
+    node.beat(p99=30.0, over=0.0)  # the node serves the new share: now the move counts
+    w = svc.status().workloads[0]
+    assert w.feedback.guard_moves == 1 and "moved from 50% to 100%" in w.feedback.guard
+    assert svc.feedback.counters["guard_moves"] == 1 and svc.feedback.counters["replans_guard"] == 1
     for _ in range(61):
         node.beat(p99=30.0, over=0.0)
     assert placed(svc).share_pct == 50.0  # the floor expired: the planner's own choice again
-    assert any("floor released" in e.text for e in svc.store.events(kind="guard"))
+    assert any("released" in e.text for e in svc.store.events(kind="guard"))
 
 
-def test_guard_floor_never_displaces_another_workload(tmp_path):
+def test_a_floor_that_cannot_be_applied_is_an_event_and_an_alert_not_a_move(tmp_path):
+    from prometheus_client import generate_latest
+
+    from controller.metrics import ControllerMetrics
+
     config = replace(CONFIG, recalibration=replace(CONFIG.recalibration, enabled=False))
     svc, clock = service(tmp_path, config)
+    metrics = ControllerMetrics(svc)
     svc.apply_workloads(
         [
             {"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30},
@@ -246,12 +255,20 @@ def test_guard_floor_never_displaces_another_workload(tmp_path):
     )
     svc.reconcile()
     node = Node(svc, clock)
-    for _ in range(4):
+    for _ in range(5):
         node.beat(p99=120.0, over=0.1)
-    assert svc.feedback.floors() == {"w": 100.0, "x": 100.0}
     plan = svc.current_plan().plan
     assert {p.name: p.share_pct for g in plan.gpus for p in g.placements} == {"w": 50.0, "x": 50.0}
-    assert any("not applied: they would displace" in n for n in svc.preview_plan().plan.notes)
+    refused = [e.text for e in svc.store.events(kind="guard") if "not applied" in e.text]
+    assert refused and "unplaced" in refused[0]
+    status = svc.status()
+    assert any(a.startswith("SLO guard:") and "not applied" in a for a in status.alerts)
+    assert all(w.feedback.guard_moves == 0 for w in status.workloads) and svc.feedback.counters["guard_moves"] == 0
+    assert svc.feedback.floors() == {}
+    text = generate_latest(metrics.registry).decode()
+    assert 'stoke_guard_moves_total{model="accel_sim",workload="w"} 0.0' in text
+    assert "stoke_guard_floors_refused 2.0" in text
+    assert "stoke_plan_held 0.0" in text  # a guard alert is not a held plan
 
 
 def test_status_and_metrics_show_the_loop(tmp_path):

@@ -1,0 +1,70 @@
+"""The profile book: the stored profiles, fitted and active, cached, and what readers need of it.
+
+`Profiles` is what the closed loop and the reconcile loop read (`snapshot`, `fitted`, `reload`);
+`ProfileBook` implements it over the store. A recalibrated version (`controller.feedback`) or a
+rollback makes the store's active version change; `reload` reads it and counts a change, so the
+next reconcile pass re-plans.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from controller.store import Store
+from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
+from interference.profile_io import profile_from_dict, profile_to_dict
+
+
+class Profiles(Protocol):
+    """The profiles as their readers see them: the active ones with a change count, the fitted ones."""
+
+    def snapshot(self) -> tuple[dict[str, DeviceProfile], int]: ...
+    def fitted(self) -> dict[str, DeviceProfile]: ...
+    def reload(self) -> None: ...
+
+
+class ProfileBook:
+    """The stored profiles, cached: the fitted ones and the active ones (a recalibrated version where
+    one is active), with a version that counts every change."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._version = 0
+        self._fitted, self._profiles = self._load()
+
+    def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile]]:
+        fitted, active = {}, {}
+        overrides = self.store.active_model_dicts()
+        for gpu_type, data in self.store.profile_dicts().items():
+            if not data["models"]:
+                continue
+            where = f"stored profile {gpu_type}"
+            fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
+            models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
+            active[gpu_type] = profile_from_dict(
+                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
+            )
+        return fitted, active
+
+    def snapshot(self) -> tuple[dict[str, DeviceProfile], int]:
+        """The active profiles per GPU type, and the version."""
+        with self._lock:
+            return dict(self._profiles), self._version
+
+    def fitted(self) -> dict[str, DeviceProfile]:
+        with self._lock:
+            return dict(self._fitted)
+
+    def reload(self) -> None:
+        """Read the store again (a recalibrated version, a rollback) and count a change."""
+        loaded = self._load()
+        with self._lock:
+            self._fitted, self._profiles = loaded
+            self._version += 1
+
+    def put(self, gpu_type: str, profile: DeviceProfile, now: float) -> None:
+        data = profile_to_dict(profile)
+        self.store.put_profile(gpu_type, data["gpu"], data["models"], now)
+        self.reload()

@@ -1,0 +1,183 @@
+"""The closed loop's pure decisions, tested directly: the guard (`controller.guard`), demand tracking
+(`controller.demand.track`) and when a recalibration is worth a re-plan (`controller.recalibrate`).
+No service, no SQLite: plain data in, plain data out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.config import DemandConfig, GuardConfig
+from controller.demand import DemandState, quantile, track
+from controller.guard import GuardState, GuardWindow, clear, expire, refuse, step
+from controller.recalibrate import Confirmation, Move, crosses, factor_move, p99_moves, placed_replicas
+from controller.solver import GpuPlan, Placement, Plan, Workload
+from interference.recalibration import Correction, apply_corrections
+from stoke.commands.demo import accel_sim_profile
+
+GUARD = GuardConfig(windows=3, min_requests=10, hold_s=60.0, cooldown_s=10.0)
+
+
+def over(share=50.0, requests=100, slo=80.0, p99=120.0):
+    return GuardWindow(share, requests, True, p99, slo)
+
+
+def fine(share=50.0, requests=100):
+    return GuardWindow(share, requests, False, 30.0, 80.0)
+
+
+# ---------------------------------------------------------------- guard
+
+
+def run(windows, planned=50.0, state=None, start=0.0):
+    actions = []
+    for i, w in enumerate(windows):
+        state, action = step(state, "w#0", w, planned, 10.0, start + i, GUARD)
+        actions.append(action)
+    return state, actions
+
+
+def test_guard_requests_a_floor_after_the_configured_windows_over_and_counts_no_move_yet():
+    state, actions = run([over(), over()])
+    assert actions == [None, None] and state.over == 2 and not state.floor_pct
+    state, action = step(state, "w#0", over(), 50.0, 10.0, 2.0, GUARD)
+    assert action is not None and action.kind == "request" and action.floor_pct == 60.0
+    assert state.requested and state.moves == 0 and state.floor_until == pytest.approx(62.0)
+
+
+def test_guard_counts_the_move_only_when_a_window_serves_at_the_floor():
+    state, _ = run([over(), over(), over()])
+    state, action = step(state, "w#0", over(share=50.0), 50.0, 10.0, 3.0, GUARD)  # still the old share
+    assert action is None and state.moves == 0 and state.requested
+    state, action = step(state, "w#0", fine(share=60.0), 60.0, 10.0, 4.0, GUARD)
+    assert action is not None and action.kind == "applied" and state.moves == 1 and not state.requested
+    assert "moved from 50% to 60%" in action.text
+
+
+def test_guard_ignores_thin_windows_unknown_latency_and_windows_off_the_planned_share():
+    state, actions = run([over(requests=5), GuardWindow(50.0, 100, None, None, 80.0), over(), over(share=40.0)])
+    assert all(a is None for a in actions) and state.over == 0  # the off-share window reset the count
+    state, actions = run([over(), fine(), over(), over()])
+    assert all(a is None for a in actions) and state.over == 2  # a window within the SLO resets too
+
+
+def test_guard_waits_the_cooldown_between_requests_and_says_when_there_is_no_larger_share():
+    state = GuardState(last_move=0.0)
+    state, actions = run([over(), over(), over()], state=state, start=1.0)  # within 10 s of the last move
+    assert actions == [None, None, None]
+    state, actions = run([over(share=100.0)] * 3, planned=100.0)
+    assert actions[-1] is None and "no larger share" in state.text and not state.floor_pct
+
+
+def test_guard_floor_expires_refused_floors_are_dropped_and_clear_forgets_the_count():
+    state, _ = run([over(), over(), over()])
+    kept, action = expire(state, "w#0", 61.0, GUARD)
+    assert action is None and kept.floor_pct == 60.0
+    released, action = expire(state, "w#0", 62.0, GUARD)
+    assert action is not None and action.kind == "released" and released.floor_pct == 0.0
+    refused, action = refuse(state, "w#0", "it would leave x unplaced")
+    assert action is not None and action.kind == "refused" and refused.floor_pct == 0.0 and refused.moves == 0
+    assert "not applied: it would leave x unplaced" in action.text
+    assert refuse(refused, "w#0", "again") == (refused, None)  # nothing requested: nothing to refuse
+    cleared, action = clear(state, "w#0", "node b lost")
+    assert action is not None and action.kind == "cleared" and cleared.floor_pct == 0.0 and cleared.over == 0
+
+
+# ---------------------------------------------------------------- demand
+
+DEMAND = DemandConfig(window_s=30.0, quantile=0.95, headroom=0.25, up_heartbeats=2, cooldown_s=40.0)
+
+
+def auto(rate=10.0, min_rps=None, max_rps=None):
+    return Workload("w", "m", 80.0, rate, rate_auto=True, min_rps=min_rps, max_rps=max_rps)
+
+
+def test_quantile_interpolates_like_numpy():
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == pytest.approx(2.5, rel=1e-9)
+    assert quantile([5.0], 0.95) == 5.0
+
+
+def test_demand_waits_without_samples_and_holds_on_noise():
+    state = track(None, auto(), None, 0.0, DEMAND)
+    assert state.decision == "waiting" and state.planned_rps == 10.0
+    for t, r in enumerate([9.0, 10.5, 9.5, 10.0]):
+        state = track(state, auto(), r, float(t + 1), DEMAND)
+    assert state.decision == "hold" and state.planned_rps == 10.0
+
+
+def test_demand_goes_up_after_the_heartbeats_over_the_plan_and_down_only_after_the_cooldown():
+    state = track(None, auto(), 20.0, 1.0, DEMAND)
+    assert state.decision != "up"  # one sample is not enough
+    state = track(state, auto(), 22.0, 2.0, DEMAND)
+    assert state.decision == "up" and state.planned_rps == pytest.approx(27.5, abs=0.1)
+    for t in range(3, 40):
+        state = track(state, auto(), 2.0, float(t), DEMAND)
+    assert state.planned_rps == pytest.approx(27.5, abs=0.1) and "cool-down" in state.reason
+    for t in range(40, 80):
+        state = track(state, auto(), 2.0, float(t), DEMAND)
+    assert state.decision in ("down", "hold") and state.planned_rps == pytest.approx(2.5, abs=0.1)
+
+
+def test_demand_keeps_the_bounds_and_drops_garbage_samples():
+    state = track(DemandState(planned_rps=500.0, changed_unix=0.0), auto(max_rps=100.0), 1.0, 1.0, DEMAND)
+    assert state.decision == "bounds" and state.planned_rps == 100.0
+    state = track(None, auto(), math.nan, 1.0, DEMAND)
+    assert state.samples == ()
+    state = track(None, auto(), -5.0, 1.0, DEMAND)
+    assert state.samples == ()
+
+
+# ---------------------------------------------------------------- recalibrate
+
+PROFILE = accel_sim_profile(2)
+
+
+def plan_of(*placements: Placement) -> Plan:
+    return Plan(strategy="stoke", gpus=(GpuPlan(gpu_type="CPU", price_per_hour=0.0, placements=placements),))
+
+
+def placement(name="w", share=50.0, rate=30.0, slo=80.0):
+    return Placement(
+        name=name,
+        model="accel_sim",
+        slo_ms=slo,
+        rate_rps=rate,
+        share_pct=share,
+        batch=1,
+        queue_delay_ms=0.0,
+        predicted_latency_ms=0.0,
+        predicted_throughput_rps=0.0,
+    )
+
+
+def slower(factor):
+    return apply_corrections(PROFILE, {"accel_sim": Correction("accel_sim", "scale", factor, factor, 0, 0, 0, 0, 0)})
+
+
+def test_p99_moves_measure_each_placed_replica_against_its_slo():
+    replicas = placed_replicas(plan_of(placement("w"), placement("x", share=50.0)), "CPU", "accel_sim")
+    assert [r.key for r in replicas] == ["w#0", "x#0"]
+    assert placed_replicas(plan_of(placement()), "GPU", "accel_sim") == []
+    moves = p99_moves(PROFILE, slower(1.5), replicas)
+    assert len(moves) == 2 and all(m.after_ms > m.before_ms for m in moves)
+    assert moves[0].relative == pytest.approx((moves[0].after_ms - moves[0].before_ms) / 80.0, rel=1e-9)
+
+
+def test_crosses_compares_the_largest_move_with_the_threshold():
+    small, large = Move("w#0", 20.0, 21.0, 80.0), Move("x#0", 20.0, 40.0, 80.0)
+    assert crosses([small], 0.05, 0.0)[0] is False
+    crossed, why = crosses([small, large], 0.05, 0.0)
+    assert crossed and "x#0" in why and "25.0% of the SLO" in why
+    assert crosses([Move("w#0", 20.0, math.inf, 80.0)], 0.05, 0.0)[0]  # turning unstable always counts
+    assert crosses([], 0.05, 0.2) == (True, "no placed replica; factor moved 20.0%")
+
+
+def test_confirmation_needs_agreeing_consecutive_estimates_and_resets_on_a_miss():
+    c = Confirmation().next(True, 1.5, 0.1)
+    assert c.count == 1
+    c = c.next(True, 1.52, 0.1)  # within half the threshold of the last: agrees
+    assert c.count == 2
+    assert c.next(True, 1.8, 0.1).count == 1  # still moving: starts over
+    assert c.next(False, 1.5, 0.1).count == 0
+    assert factor_move(1.0, 1.2) == pytest.approx(0.2, rel=1e-9) and factor_move(0.0, 1.0) == math.inf
