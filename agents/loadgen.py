@@ -329,6 +329,48 @@ def sequential_latency_ms(url: str, model: str, batch: int, requests: int, warmu
         client.close()
 
 
+def _served_ns(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
+    """(successful requests, their total time inside Triton in ns): Triton's statistics of `model`."""
+    stats = client.get_inference_statistics(model, as_json=True).get("model_stats", [])
+    success = stats[0].get("inference_stats", {}).get("success", {}) if stats else {}
+    return int(success.get("count", 0)), int(success.get("ns", 0))
+
+
+#: The quantile `serving_p99_ms` reports.
+SERVING_QUANTILE = 99.0
+
+
+def serving_overhead_ms(url: str, model: str, requests: int = 200, warmup: int = 5) -> list[float]:
+    """The serving path outside the batch, one sample per request (ms): the client's latency of a
+    batch-1 request over gRPC less Triton's own mean request time over the same requests (its
+    statistics: queue + compute). What remains is the client library, the network or loopback, and
+    Triton's frontend, both ways. LoadError on failure."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        inputs = build_inputs(client, model, 1)
+        for _ in range(warmup):
+            client.infer(model, inputs)
+        count_before, ns_before = _served_ns(client, model)
+        samples = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            client.infer(model, inputs)
+            samples.append((time.perf_counter() - started) * 1000.0)
+        count_after, ns_after = _served_ns(client, model)
+    except InferenceServerException as err:
+        raise LoadError(f"{url} model {model!r}: {err}") from None
+    finally:
+        client.close()
+    served = count_after - count_before
+    inside_ms = (ns_after - ns_before) / served / 1e6 if served > 0 else 0.0
+    return [max(0.0, s - inside_ms) for s in samples]
+
+
+def serving_p99_ms(samples: Sequence[float]) -> float:
+    """The p99 of `serving_overhead_ms` samples (0 when there are none)."""
+    return float(np.percentile(samples, SERVING_QUANTILE)) if len(samples) else 0.0
+
+
 def keep_busy(url: str, model: str, batch: int, stop: threading.Event) -> None:
     """Send back-to-back requests until `stop` is set (a busy neighbour)."""
     client = grpcclient.InferenceServerClient(url)

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
+from agents.loadgen import (
+    LoadError,
+    keep_busy,
+    sequential_latency_ms,
+    serving_overhead_ms,
+    serving_p99_ms,
+    tensor_bytes,
+)
 from agents.triton import TritonError, TritonFleet
 from controller.messages import ModelAssignment
 from interference.profiling import (
@@ -127,6 +134,10 @@ def run_session(
             try:
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
+                if point.model not in session.serving_p99_ms and not point.neighbours:
+                    # the serving path outside the batch, once per model (it does not depend on the share)
+                    samples = serving_overhead_ms(endpoints[copies[0].key], point.model, requests=10 * requests)
+                    session.serving_p99_ms[point.model] = serving_p99_ms(samples)
                 measurement = measure_until_stable(
                     partial(_window, endpoints[copies[0].key], point.model, point.batch, requests), stability
                 )

@@ -333,6 +333,15 @@ def input_copy_ms(curve: ServiceCurve, size: float) -> float:
 # -- the public entry point ----------------------------------------------------------------------------
 
 
+def end_to_end_p99_ms(batch_p99_ms: Any, serving_p99_ms: float) -> Any:
+    """A request's p99 end to end: the batching queue's p99 (queueing, batch fill, inference) plus the
+    serving path's p99 outside the batch (`ModelProfile.serving_p99_ms`: client, router, Triton's
+    frontend and back). Adding the two p99s bounds the p99 of the sum from above (the tails rarely
+    meet), which is the side a plan should err on. Works on numbers and numpy arrays alike; the
+    planner (`controller.solver`) and the closed loop (`controller.recalibrate`) both use it."""
+    return batch_p99_ms + serving_p99_ms
+
+
 def latency_distribution(
     rate_rps: float, max_batch: int, queue_delay_ms: float, arrivals: str, curve: ServiceCurve
 ) -> LatencyDistribution:

@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
-from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+from interference.profile import DEFAULT_SERVING_P99_MS, DeviceProfile, GpuProfile, ModelProfile
 from stoke import validate as check
 from stoke.errors import InputError
 
@@ -428,5 +428,6 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             cache_sensitivity=alpha,
             bytes_in=bytes_in,
             bytes_out=bytes_out,
+            serving_p99_ms=session.serving_p99_ms.get(model, DEFAULT_SERVING_P99_MS),
         )
     return DeviceProfile(gpu=gpu, models=models), reports

@@ -15,6 +15,11 @@ from stoke.errors import StokeError
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
 PROFILE_FORMAT_VERSION = 1
+#: The serving path's p99 (ms) of a model whose profile did not measure it (profiles written before
+#: `stoke profile run` measured it, and GPU profiles fitted from raw iGniter data): 0, the prediction
+#: such a profile always made. The closed loop raises it from the SLI the agents measure
+#: (`controller.feedback`), so the client p99 is what stoke predicts after its first minutes.
+DEFAULT_SERVING_P99_MS = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,10 @@ class ModelProfile:
     Processing ability a = 1000*b / k_act (req/s) drives
         L2 utilisation c = l2_slope*a + l2_intercept  (percent) and
         power above idle p = power_slope*a + power_intercept  (W).
+    serving_p99_ms is the request's way outside the batch, over the workload's protocol (client,
+    router, Triton's frontend and back): the p99 of the client latency less Triton's own request
+    time, measured by `stoke profile run` (`agents.loadgen.serving_overhead_ms`). The p99 of a
+    request adds it to the batching queue's p99 (`interference.batching.end_to_end_p99_ms`).
     """
 
     name: str
@@ -60,6 +69,7 @@ class ModelProfile:
     cache_sensitivity: float  # alpha_cache
     bytes_in: int  # d_in per request
     bytes_out: int  # d_out per request
+    serving_p99_ms: float = DEFAULT_SERVING_P99_MS  # the serving path outside the batch, p99 (ms)
 
     def active_time_ms(self, batch: float, share_pct: float) -> float:
         k1, k2, k3, k4, k5 = self.k_act

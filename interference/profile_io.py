@@ -85,12 +85,13 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ProfileFileError(f"{where} must be an object")
-    names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in data]
+    # a field with a default may be missing (profiles written before it existed load with the default)
+    fields = [f for f in dataclasses.fields(cls) if f.name in data or f.default is dataclasses.MISSING]
+    missing = [f.name for f in fields if f.name not in data]
     if missing:
         raise ProfileFileError(f"{where} lacks field {missing[0]!r}; refit with `stoke profile fit`")
-    values = {n: data[n] for n in names}
-    for f in dataclasses.fields(cls):
+    values = {f.name: data[f.name] for f in fields}
+    for f in fields:
         value = values[f.name]
         if f.name == "name":
             if not isinstance(value, str) or not value:
@@ -99,6 +100,12 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not (isinstance(value, list) and len(value) == 5 and all(_finite(v) for v in value)):
                 raise ProfileFileError(f"{where} field 'k_act' must be a list of 5 numbers")
             values["k_act"] = tuple(float(v) for v in value)
+        elif f.name in _NON_NEGATIVE:
+            values[f.name] = check.non_negative(
+                value, f"{where} field {f.name!r}", error=ProfileFileError, fix="measure it with `stoke profile run`"
+            )
+            if values[f.name] > MAX_SERVING_P99_MS:
+                raise ProfileFileError(f"{where} field {f.name!r} must be at most {MAX_SERVING_P99_MS:g} ms")
         elif f.name in _POSITIVE:
             check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
         else:
@@ -110,6 +117,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 #: Fields that divide or scale time: zero or negative values cannot be meant.
 _POSITIVE = {"max_freq_mhz", "power_cap_w", "pcie_bytes_per_ms", "share_step_pct", "kernels"}
+#: Times that may be zero but not negative (ms; at most `MAX_SERVING_P99_MS`).
+_NON_NEGATIVE = {"serving_p99_ms"}
+MAX_SERVING_P99_MS = 60000.0
 
 
 def _finite(value: Any) -> bool:

@@ -119,6 +119,8 @@ class ProfileSession:
     model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (bytes_in, bytes_out)
     results: dict[str, float] = field(default_factory=dict)  # point key -> median latency (ms)
     spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
+    #: model -> the serving path outside the batch, p99 (ms; `agents.loadgen.serving_overhead_ms`)
+    serving_p99_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def shares(self) -> list[float]:
@@ -159,6 +161,7 @@ class ProfileSession:
             "batches": list(self.batches),
             "colocation_batch": self.colocation_batch,
             "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
+            "serving_p99_ms": {m: round(v, 6) for m, v in sorted(self.serving_p99_ms.items())},
             "points": [
                 dict(
                     asdict(p),
@@ -200,6 +203,9 @@ class ProfileSession:
                 batches=[int(b) for b in data["batches"]],
                 colocation_batch=int(data.get("colocation_batch", 8)),
                 model_bytes={m: (int(b[0]), int(b[1])) for m, b in data.get("model_bytes", {}).items()},
+                serving_p99_ms={
+                    str(m): max(0.0, float(v)) for m, v in data.get("serving_p99_ms", {}).items() if math.isfinite(v)
+                },
             )
             for p in data.get("points", []):
                 if p.get("latency_ms") is not None:

@@ -18,7 +18,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controller.solver.problem import GpuType, Placement, ProblemError, Workload
-from interference.batching import MAX_UTILISATION, BatchingTable, CurveSet, batching_shape, delay_mode
+from interference.batching import (
+    MAX_UTILISATION,
+    BatchingTable,
+    CurveSet,
+    batching_shape,
+    delay_mode,
+    end_to_end_p99_ms,
+)
 from interference.batching import table as batching_table
 from interference.latency import Prediction, SoloPoint, VectorPredictor, predict_points, share_steps, solo_point
 
@@ -75,6 +82,10 @@ class P99Target:
         object.__setattr__(self, "_curves", {})
 
     def p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
+        """The request's p99 end to end: the batching queue's, plus the serving path (`end_to_end_p99_ms`)."""
+        return float(end_to_end_p99_ms(self._batch_p99_ms(cache, prediction, share), cache.serving_p99_ms(self.model)))
+
+    def _batch_p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
         latency, throughput = prediction.latency_ms, prediction.throughput_rps
         utilisation = self.rate_rps / throughput
         if self.paced:
@@ -130,6 +141,10 @@ class PointCache:
         self._curves: dict[tuple[str, str], CurveSet] = {}
         self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
         self.shares = share_steps(self.profile.gpu)
+
+    def serving_p99_ms(self, model: str) -> float:
+        """The model's serving path outside the batch, p99 (ms; `ModelProfile.serving_p99_ms`)."""
+        return self.profile.model(model).serving_p99_ms
 
     def solo_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """Solo latency and throughput of `model`, shape (MAX_BATCH, shares): batch 1.. x share step.."""
@@ -305,6 +320,7 @@ def to_placement(cache: PointCache, item: Item, share: float, prediction: Predic
         predicted_latency_ms=prediction.latency_ms,
         predicted_throughput_rps=prediction.throughput_rps,
         predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
+        serving_p99_ms=cache.serving_p99_ms(item.workload.model),
         binding=binding_constraint(cache, item, share),
         replica=item.replica,
         replicas=item.replicas,

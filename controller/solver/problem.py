@@ -146,6 +146,9 @@ class Placement:
     predicted_p99_ms: float = math.nan
     #: What keeps the share from one step less (`candidates.binding_constraint`); "" when unknown.
     binding: str = ""
+    #: The serving path outside the batch, p99 (ms), included in `predicted_p99_ms`
+    #: (`interference.batching.end_to_end_p99_ms`); 0 in plans written before it was modelled.
+    serving_p99_ms: float = 0.0
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -251,6 +254,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                         "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
                         # from the rounded p99, so that a plan read back writes the same figures
                         "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
+                        "serving_p99_ms": round(p.serving_p99_ms, 6),
                         "binding": p.binding,
                         "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
                         "replica": p.replica,
@@ -310,6 +314,7 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                     replicas=whole(w, "replicas", where, 1),
                     arrivals=str(w.get("arrivals", "poisson")),
                     binding=str(w.get("binding", "")),
+                    serving_p99_ms=max(0.0, num(w, "serving_p99_ms", where, 0.0)),
                     # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
                     predicted_p99_ms=(
                         math.inf

@@ -67,7 +67,7 @@ from controller.solver.candidates import (
 )
 from controller.solver.packing import Bin, Packing
 from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, too_many_replicas
-from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
+from interference.batching import MAX_UTILISATION, end_to_end_p99_ms, fill_time_ms, paced_delay_ms
 
 
 @dataclass(frozen=True)
@@ -143,13 +143,14 @@ def _p99(
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
     modes = DELAY_MODES[arrivals]
+    serving = cache.serving_p99_ms(model)  # the serving path outside the batch
     if arrivals == "constant":
         p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
-        return modes, p99[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
+        return modes, end_to_end_p99_ms(p99, serving)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
     occupancy = 1000.0 * batch / throughput
     curves = cache.rated_curves(model, modes, columns) if rate.ndim else cache.p99_curves(model, modes)
     ratio, size = curves.at_utilisation(utilisation)
-    p99 = ratio * occupancy + (latency - occupancy) * size / batch
+    p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, serving)
     delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
     return modes, p99, utilisation, delays
 
@@ -320,9 +321,11 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
             f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
             f"alone (batch 1, 100%); relax the SLO or use a faster GPU type"
         )
-    if floor > budget:
+    serving = cache.serving_p99_ms(workload.model)
+    if floor + serving > budget:
+        path = f" plus {serving:.2f} ms of serving path (p99)" if serving > 0 else ""
         return ProblemError(
-            f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), more than the "
+            f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%){path}, more than the "
             f"{budget:.2f} ms left after stoke's {options.safety_margin:.0%} safety margin; "
             f"relax the SLO, lower --safety-margin, or use a faster GPU type"
         )

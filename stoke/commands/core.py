@@ -324,6 +324,7 @@ def format_plan(plan: Plan) -> str:
                     p.batch,
                     p.queue_delay_ms,
                     p.predicted_latency_ms,
+                    p.serving_p99_ms,
                     _p99_cell(p.predicted_p99_ms),
                     _p99_cell(p.p99_slo_ratio),
                     p.binding,
@@ -343,6 +344,7 @@ def format_plan(plan: Plan) -> str:
             "batch",
             "delay_ms",
             "infer_ms",
+            "serving_ms",
             "p99_ms",
             "p99/slo",
             "binding",
@@ -362,8 +364,10 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"predicted to miss their SLO: {', '.join(plan.slo_misses)}")
     lines += [f"note: {n}" for n in plan.notes]
     lines.append(
-        "p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
-        "infer_ms: one batch's inference; delay_ms: Triton's max queue delay."
+        "p99_ms: predicted 99th-percentile request latency end to end (queueing + batch fill + co-located "
+        "inference + the serving path); serving_ms: the serving path's p99 outside the batch (client, router, "
+        "Triton's frontend), from the profile; infer_ms: one batch's inference time; delay_ms: Triton's max "
+        "queue delay."
     )
     return "\n".join(lines)
 
