@@ -93,6 +93,12 @@ class RecalibrationConfig:
         check.POSITIVE_WHOLE,
         "consecutive estimates from new windows that must cross the threshold, agreeing within half of it",
     )
+    min_interval_s: float = check.setting(
+        300.0,
+        check.POSITIVE_SECONDS,
+        "at least this long between two versions of one (model, GPU type), unless the SLI p99 is above the "
+        "active prediction (a prediction below what clients see is raised at once)",
+    )
 
 
 @dataclass(frozen=True)

@@ -43,18 +43,32 @@ import collections
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from controller.config import ServiceConfig
-from controller.demand import DemandState, track
+from controller.demand import DemandState, quantile, track
 from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire, refuse, step
 from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
 from controller.messages import HeartbeatReport, Replica
 from controller.observations import ObservationRecord, calibration_points, records_from_report
 from controller.profiles import Profiles
-from controller.recalibrate import Confirmation, crosses, factor_move, p99_moves, placed_replicas
+from controller.recalibrate import (
+    SERVING_QUANTILE,
+    Confirmation,
+    Move,
+    PlacedReplica,
+    ServingEstimate,
+    SliWindow,
+    crosses,
+    factor_move,
+    p99_moves,
+    placed_replicas,
+    replica_p99_ms,
+    serving_estimate,
+    with_serving,
+)
 from controller.reconcile.planning import PlanView
 from controller.store import Store
 from interference.profile import DeviceProfile
@@ -131,6 +145,7 @@ class FeedbackLoop:
         self._points: dict[tuple[str, str], collections.deque[CalibrationPoint]] = {}
         self._confirm: dict[tuple[str, str], Confirmation] = {}
         self._estimated: dict[tuple[str, str], int] = {}  # the newest window (row id) each pair's estimate saw
+        self._last_published: dict[tuple[str, str], float] = {}  # when each pair's last version was published
         self._next_recalibration = 0.0
         self._cause = ""
         self._applied: PlanView | None = None
@@ -249,7 +264,8 @@ class FeedbackLoop:
 
     def _capacity_step(self, nodes: tuple[NodeState, ...], now: float) -> bool:
         """Clear the floors when the nodes' states change (capacity lost or back); True while the guard is quiet:
-        a node is not ready, or it changed within the guard's cool-down (a spike then is the incident's)."""
+        a node is not yet judged (unconfirmed: its heartbeats stopped; silent; waiting after a restart), or the
+        states changed within the guard's cool-down (a spike then is the incident's, not the survivors')."""
         nodes = tuple(sorted(nodes, key=lambda n: n.node_id))
         if self._capacity is not None and nodes != self._capacity:
             before = {n.node_id: n.state for n in self._capacity}
@@ -266,7 +282,7 @@ class FeedbackLoop:
                 replica.guard, action = clear(replica.guard, key, why)
                 self._report(key, action, now)
         self._capacity = nodes
-        unsettled = any(n.state != "ready" for n in nodes)
+        unsettled = any(n.state in ("unconfirmed", "silent", "waiting") for n in nodes)
         return unsettled or now - self._capacity_changed < self.config.guard.cooldown_s
 
     def _refused(self, workload: str, why: str, now: float) -> None:
@@ -369,60 +385,117 @@ class FeedbackLoop:
     # ------------------------------------------------------------ recalibrate
 
     def _recalibrate(self, pair: tuple[str, str], now: float) -> None:
+        """Per (GPU type, model): the service time from Triton's compute (`estimate`), the serving term from
+        the SLI (`serving_estimate`); a version is published when the end-to-end p99 of a placed replica
+        moves past the threshold, confirmed, and not sooner than `min_interval_s` after the last one unless
+        the SLI is above the active prediction (see `controller.recalibrate`)."""
         gpu_type, model = pair
+        cfg = self.config.recalibration
         state = self.store.profile_state().get(pair, (0, False))
         fitted = self.profiles.fitted().get(gpu_type)
         active_profiles, _ = self.profiles.snapshot()
         active = active_profiles.get(gpu_type)
-        if state[1] or fitted is None or active is None or model not in fitted.models:
+        if state[1] or fitted is None or active is None or model not in fitted.models or model not in active.models:
             return
         with self._lock:
             points = list(self._points.get(pair, ()))
-            newest = points[-1].window if points else 0
+            applied = self._applied
+            replicas = placed_replicas(applied.plan, gpu_type, model) if applied else []
+            keys = {r.key for r in replicas}
+            sli = [
+                SliWindow(w.key, w.node_id, w.p99_ms, w.p50_ms, w.queue_ms, w.compute_ms)
+                for key in sorted(keys)
+                for w in list(self._replicas[key].windows if key in self._replicas else ())[-cfg.recent_windows :]
+                if w.p99_ms is not None and w.requests >= self.config.guard.min_requests and w.gpu_type == gpu_type
+            ]
+            newest = max([points[-1].window if points else 0] + [w.id for k in keys for w in self._windows(k)])
             if self._estimated.get(pair) == newest:
                 return  # no new window since the last estimate: it would only repeat (and confirm) itself
             self._estimated[pair] = newest
         result = estimate(points, fitted, model, now, self.options)
-        if result.correction is None:
+        serving_now = active.models[model].serving_p99_ms
+        corrected = active
+        if result.correction is not None:
+            corrected = with_serving(
+                _with_model(active, apply_corrections(fitted, {model: result.correction}), model), model, serving_now
+            )
+        slo = min((r.placement.slo_ms for r in replicas), default=0.0)
+        tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
+        serving = serving_estimate(
+            corrected, model, replicas, sli, min_windows=int(cfg.min_windows), tolerance_ms=tolerance
+        )
+        if result.correction is None and not serving.changed:
             self._confirm[pair] = Confirmation()
             return
-        candidate = _with_model(active, apply_corrections(fitted, {model: result.correction}), model)
-        with self._lock:
-            applied = self._applied
-        replicas = placed_replicas(applied.plan, gpu_type, model) if applied else []
+        candidate = with_serving(corrected, model, serving.serving_p99_ms)
         moves = p99_moves(active, candidate, replicas)
         current = self._active_factor(pair, state[0])
-        crossed, why = crosses(
-            moves, self.config.recalibration.replan_threshold, factor_move(current, result.correction.factor)
+        factor = result.correction.factor if result.correction else current
+        crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
+        confirmation = self._confirm.get(pair, Confirmation()).next(
+            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance
         )
-        threshold = self.config.recalibration.replan_threshold
-        confirmation = self._confirm.get(pair, Confirmation()).next(crossed, result.correction.factor, threshold)
         self._confirm[pair] = confirmation
-        if confirmation.count < self.config.recalibration.confirmations:
+        if confirmation.count < cfg.confirmations:
             return
-        self._publish(pair, result.correction, candidate, why, now)
+        below_sli = _prediction_below(active, replicas, sli, moves, tolerance)
+        last = self._last_published.get(pair)
+        if last is None:  # after a restart: the stored versions say when the last one was published
+            created = [v.created_unix for v in self.store.profile_versions(model) if v.gpu_type == gpu_type]
+            last = self._last_published[pair] = max(created, default=-math.inf)
+        if not below_sli and now - last < cfg.min_interval_s:
+            return  # hysteresis in time: a lowering (or a sideways move) waits for the interval
+        hysteresis = (
+            f"hysteresis: moves under {cfg.replan_threshold:.0%} of the SLO ignored, {cfg.confirmations} agreeing "
+            f"estimates, >= {cfg.min_interval_s:g}s between versions unless the SLI is above the prediction"
+        )
+        self._publish(pair, result.correction, current, candidate, serving, why, hysteresis, now)
 
-    def _publish(self, pair: tuple[str, str], c: Correction, candidate: DeviceProfile, why: str, now: float) -> None:
+    def _windows(self, key: str) -> list[ObservationRecord]:
+        replica = self._replicas.get(key)
+        return list(replica.windows) if replica else []
+
+    def _publish(
+        self,
+        pair: tuple[str, str],
+        c: Correction | None,
+        current_factor: float,
+        candidate: DeviceProfile,
+        serving: ServingEstimate,
+        why: str,
+        hysteresis: str,
+        now: float,
+    ) -> None:
         """Store the corrected model as the pair's new active version; the next reconcile re-plans."""
         gpu_type, model = pair
+        service = (
+            f"service time {c.summary} from {c.windows:.1f} windows (Triton compute)"
+            if c
+            else (f"service time x{current_factor:.3f} unchanged")
+        )
+        reason = f"{service}; {serving.text}; {why}; {hysteresis}"
         meta = {
-            "mode": c.mode,
-            "factor": c.factor,
-            "factor_constant": c.factor_constant,
-            "windows": c.windows,
-            "executions": c.executions,
-            "points": c.points,
-            "distinct": c.distinct,
-            "residual": c.residual,
-            "reason": why,
+            "mode": c.mode if c else "serving",
+            "factor": c.factor if c else current_factor,
+            "factor_constant": c.factor_constant if c else current_factor,
+            "windows": c.windows if c else float(serving.windows),
+            "executions": c.executions if c else 0.0,
+            "points": c.points if c else 0,
+            "distinct": c.distinct if c else 0,
+            "residual": c.residual if c else 0.0,
+            "serving_p99_ms": serving.serving_p99_ms,
+            "serving_attribution": serving.attribution,
+            "nodes_agreeing": serving.agreeing,
+            "nodes": serving.nodes,
+            "reason": reason,
         }
         data = profile_to_dict(candidate)["models"][model]
         version = self.store.add_profile_version(gpu_type, model, data, meta, now)
         self._confirm[pair] = Confirmation()
+        self._last_published[pair] = now
         self.profiles.reload()
         self.counters["recalibrations"] += 1
-        text = f"{model} on {gpu_type}: profile v{version} {c.summary} from {c.windows:.1f} windows; {why}"
-        self._event("recalibration", "", text, now)
+        self._event("recalibration", "", f"{model} on {gpu_type}: profile v{version}: {reason}", now)
         self._trigger("recalibration")
 
     def _active_factor(self, pair: tuple[str, str], version: int) -> float:
@@ -434,10 +507,12 @@ class FeedbackLoop:
         return 1.0
 
     def reset(self, gpu_type: str, model: str) -> None:
-        """A rollback or resume: pending confirmations of the pair start over."""
+        """A rollback or resume: pending confirmations of the pair start over, and so does the interval
+        between versions (an operator's decision, not the flip-flop the interval guards against)."""
         with self._lock:
             self._confirm.pop((gpu_type, model), None)
             self._estimated.pop((gpu_type, model), None)
+            self._last_published[(gpu_type, model)] = -math.inf
 
     # ------------------------------------------------------------ what the planner and the views read
 
@@ -502,6 +577,25 @@ class FeedbackLoop:
     def _event(self, kind: str, workload: str, text: str, now: float) -> None:
         log.info("%s: %s", kind, text)
         self.store.add_event(kind, workload, text, now)
+
+
+def _prediction_below(
+    active: DeviceProfile,
+    replicas: Sequence[PlacedReplica],
+    sli: Sequence[SliWindow],
+    moves: Sequence[Move],
+    tolerance_ms: float,
+) -> bool:
+    """Do clients see more than the active profile predicts? From the SLI: a replica's recent p99 (its
+    `SERVING_QUANTILE` over the windows) above its predicted p99 by more than the tolerance. Without an SLI,
+    a candidate that raises a prediction (the service time is longer than the profile says) is the evidence."""
+    if not sli:
+        return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
+    for r in replicas:
+        seen = [w.p99_ms for w in sli if w.key == r.key]
+        if seen and quantile(seen, SERVING_QUANTILE) > replica_p99_ms(active, r) + tolerance_ms:
+            return True
+    return False
 
 
 def _with_model(active: DeviceProfile, corrected: DeviceProfile, model: str) -> DeviceProfile:

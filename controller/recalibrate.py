@@ -19,18 +19,36 @@ around the truth stays within it, so it causes no re-plans. A move must also be 
 (`Confirmation`): one stray estimate publishes nothing, and an estimate still moving towards a
 new regime waits until it settles. With no placed replica of the model, the
 candidate is published when its factor moved by more than the threshold.
+
+What the user experiences (`serving_estimate`). The estimator above corrects the service time from
+Triton's compute figures; the p99 a client sees also holds the queue and the serving path outside
+the batch (client, router, Triton's frontend). Each window's SLI p99 (the router's histogram) is
+compared with the replica's predicted p99 without the serving term: the difference (the residual)
+is what the serving term must cover. Its attribution uses Triton's queue/compute split and the
+router's measurement: the window's SLI p50 less Triton's mean queue + compute is the serving path
+proper; what is left of the residual is queueing that the batching model did not predict. Both are
+carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason says which it was.
+
+- Never below the SLI: the term is the `SERVING_QUANTILE` of a node's residuals, and a lowered
+  term is the largest over all nodes, so no correction predicts less than the SLI shows.
+- Agreement: each node running the model gets one vote, whatever its number of windows (windows
+  weighted by node): a raise needs a strict majority of the nodes with evidence to show it, a
+  lowering needs all of them. One node (or one flooding agent) cannot move the model alone.
+- Evidence and hysteresis: at least `min_windows` windows with an SLI p99; a move smaller than
+  `tolerance_ms` is no move.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.messages import Replica
 from controller.simulate import service_curve
 from controller.solver import Placement, Plan
-from interference.batching import latency_distribution
+from interference.batching import end_to_end_p99_ms, latency_distribution
 from interference.profile import DeviceProfile
 
 
@@ -80,12 +98,14 @@ def placed_replicas(plan: Plan, gpu_type: str, model: str) -> list[PlacedReplica
 
 
 def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica) -> float:
-    """The batching model's p99 of one replica at its placement, with `profile` (NaN: a model it lacks)."""
+    """The p99 of one replica end to end at its placement, with `profile` (NaN: a model it lacks): the
+    batching model's p99 plus the model's serving path (`interference.batching.end_to_end_p99_ms`)."""
     if any(p.model not in profile.models for p in r.placements):
         return math.nan
     p = r.placement
     curve = service_curve(profile, r.placements, r.index)
-    return latency_distribution(p.rate_rps, p.batch, p.queue_delay_ms, p.arrivals, curve).p99_ms
+    batch_p99 = latency_distribution(p.rate_rps, p.batch, p.queue_delay_ms, p.arrivals, curve).p99_ms
+    return float(end_to_end_p99_ms(batch_p99, profile.model(p.model).serving_p99_ms))
 
 
 def p99_moves(active: DeviceProfile, candidate: DeviceProfile, replicas: Sequence[PlacedReplica]) -> list[Move]:
@@ -112,17 +132,127 @@ def crosses(moves: Sequence[Move], threshold: float, factor_move: float) -> tupl
 @dataclass(frozen=True)
 class Confirmation:
     """Consecutive estimates that crossed the threshold and agree with each other (within half the
-    threshold: an estimate still on its way to a new regime confirms nothing), per (GPU type, model)."""
+    threshold: an estimate still on its way to a new regime confirms nothing), per (GPU type, model).
+    Agreement holds for the factor and for the serving term (within `serving_tolerance_ms`)."""
 
     count: int = 0
     factor: float = 1.0  # the last crossing estimate's factor
+    serving_ms: float = 0.0  # the last crossing estimate's serving term
 
-    def next(self, crossed: bool, factor: float, threshold: float) -> Confirmation:
+    def next(
+        self,
+        crossed: bool,
+        factor: float,
+        threshold: float,
+        serving_ms: float = 0.0,
+        serving_tolerance_ms: float = math.inf,
+    ) -> Confirmation:
         if not crossed:
             return Confirmation()
-        agrees = self.count > 0 and abs(factor / self.factor - 1.0) <= threshold / 2.0
-        return Confirmation(self.count + 1 if agrees else 1, factor)
+        agrees = (
+            self.count > 0
+            and abs(factor / self.factor - 1.0) <= threshold / 2.0
+            and abs(serving_ms - self.serving_ms) <= serving_tolerance_ms
+        )
+        return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms)
 
 
 def factor_move(active_factor: float, candidate_factor: float) -> float:
     return abs(candidate_factor / active_factor - 1.0) if active_factor > 0 else math.inf
+
+
+# ---------------------------------------------------------------- the serving path, from the SLI
+
+#: The quantile of a node's residuals the serving term covers.
+SERVING_QUANTILE = 0.9
+
+
+@dataclass(frozen=True)
+class SliWindow:
+    """One window of one replica as the serving-path estimate needs it."""
+
+    key: str  # the replica
+    node_id: str
+    p99_ms: float  # the SLI's p99 (the router's histogram)
+    p50_ms: float | None  # the SLI's p50
+    queue_ms: float  # Triton's mean queue time per request
+    compute_ms: float  # Triton's mean compute time per request
+
+
+@dataclass(frozen=True)
+class ServingEstimate:
+    """The serving term the SLI asks for, or the current one with the reason it stands."""
+
+    serving_p99_ms: float
+    changed: bool
+    windows: int
+    nodes: int
+    agreeing: int
+    attribution: str  # "serving path" | "queueing" | "" (no change)
+    text: str
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def serving_estimate(
+    profile: DeviceProfile,
+    model: str,
+    replicas: Sequence[PlacedReplica],
+    windows: Sequence[SliWindow],
+    *,
+    min_windows: int,
+    tolerance_ms: float,
+) -> ServingEstimate:
+    """The serving term of `model` that makes the predicted p99 of its placed replicas cover the SLI
+    (see the module docstring); `profile` is the candidate (service time already corrected)."""
+    current = profile.model(model).serving_p99_ms
+    without = with_serving(profile, model, 0.0)
+    batch_p99 = {r.key: replica_p99_ms(without, r) for r in replicas}
+    usable = [w for w in windows if w.key in batch_p99 and math.isfinite(batch_p99[w.key]) and w.p99_ms > 0]
+    nodes = sorted({w.node_id for w in usable})
+
+    def stays(why: str) -> ServingEstimate:
+        return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why)
+
+    if len(usable) < min_windows:
+        return stays(f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}")
+    per_node = {
+        n: _quantile([w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n], SERVING_QUANTILE) for n in nodes
+    }
+    up = [n for n, v in per_node.items() if v > current + tolerance_ms]
+    down = [n for n, v in per_node.items() if v < current - tolerance_ms]
+    if len(up) * 2 > len(nodes):
+        new, agreeing = max(0.0, max(per_node[n] for n in up)), len(up)
+    elif down and len(down) == len(nodes):
+        new, agreeing = max(0.0, max(per_node.values())), len(down)  # the largest: below no node's SLI
+    else:
+        return stays(
+            f"serving path {current:.2f} ms holds: residuals {', '.join(f'{n} {v:.2f}' for n, v in per_node.items())} "
+            f"ms (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
+        )
+    if abs(new - current) <= tolerance_ms:
+        return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)")
+    # attribution: the router's share (SLI p50 less Triton's queue + compute) against the residual
+    path = [w.p50_ms - (w.queue_ms + w.compute_ms) for w in usable if w.p50_ms is not None]
+    router_ms = max(0.0, statistics.median(path)) if path else 0.0
+    queue_ms = statistics.median(w.queue_ms for w in usable)
+    attribution = "serving path" if router_ms >= new / 2 else "queueing"
+    text = (
+        f"serving path {current:.2f} -> {new:.2f} ms p99, attributed to {attribution} (SLI p50 less Triton's "
+        f"queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
+        f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
+    )
+    return ServingEstimate(new, True, len(usable), len(nodes), agreeing, attribution, text)
+
+
+def with_serving(profile: DeviceProfile, model: str, serving_ms: float) -> DeviceProfile:
+    """`profile` with `model`'s serving term replaced."""
+    return DeviceProfile(
+        profile.gpu, {**profile.models, model: replace(profile.model(model), serving_p99_ms=serving_ms)}
+    )

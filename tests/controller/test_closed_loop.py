@@ -60,7 +60,7 @@ class Node:
     def __init__(self, svc, clock):
         self.svc, self.clock, self.seq = svc, clock, 0
 
-    def beat(self, factor=1.0, rate=None, p99=None, over=None, seconds=1.0, requests=None):
+    def beat(self, factor=1.0, rate=None, p99=None, over=None, seconds=1.0, requests=None, p50=None):
         self.clock.t += seconds
         answer = self.svc.heartbeat(HeartbeatReport("n1"))
         running = answer.assignments
@@ -86,6 +86,7 @@ class Node:
                     batch_stats=stats,
                     latency_count=n,
                     latency_p99_ms=p99,
+                    latency_p50_ms=p50,
                     over_slo_ratio=over,
                 )
             )
@@ -165,6 +166,34 @@ def test_a_real_bias_is_recalibrated_versioned_and_replanned_to_a_larger_share(t
     assert events and "accel_sim on CPU: profile v1" in events[0]
     # the error ratio against the active (recalibrated) profile is back near 1
     assert svc.status().workloads[0].feedback.error_ratio == pytest.approx(1.0, rel=0.1)
+
+
+def test_the_serving_path_is_learnt_from_the_sli_never_below_it_and_versions_are_spaced(tmp_path):
+    import random
+
+    recal = replace(CONFIG.recalibration, min_interval_s=60.0)
+    config = replace(CONFIG, recalibration=recal, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    rng = random.Random(7)
+    published_at = None
+    for i in range(90):
+        p = placed(svc)
+        truth = p.predicted_p99_ms - p.serving_p99_ms + 12.0  # the batching p99 plus a 12 ms serving path
+        if published_at is not None:
+            assert p.predicted_p99_ms >= truth, (i, p.predicted_p99_ms, truth)  # never below what clients see
+        node.beat(p99=truth + rng.uniform(-1.0, 1.0), p50=truth - 3.0, over=0.0)
+        if published_at is None and svc.store.profile_versions("accel_sim"):
+            published_at = i
+    versions = svc.store.profile_versions("accel_sim")
+    assert published_at is not None and published_at <= 15
+    assert len(versions) == 1  # steady load: one version, no flip-flop
+    v = versions[0]
+    assert 12.0 <= v.meta["serving_p99_ms"] <= 13.5 and v.meta["nodes_agreeing"] == 1
+    assert v.meta["serving_attribution"] == "serving path"
+    assert "serving path 0.00 ->" in v.meta["reason"] and "hysteresis" in v.meta["reason"]
 
 
 def test_rollback_pins_the_fitted_profile_and_resume_recalibrates_again(tmp_path):

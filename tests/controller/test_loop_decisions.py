@@ -5,6 +5,7 @@ No service, no SQLite: plain data in, plain data out."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -181,3 +182,44 @@ def test_confirmation_needs_agreeing_consecutive_estimates_and_resets_on_a_miss(
     assert c.next(True, 1.8, 0.1).count == 1  # still moving: starts over
     assert c.next(False, 1.5, 0.1).count == 0
     assert factor_move(1.0, 1.2) == pytest.approx(0.2, rel=1e-9) and factor_move(0.0, 1.0) == math.inf
+
+
+# ---------------------------------------------------------------- the serving path from the SLI
+
+
+def sli(key, node, residual, replicas, profile=PROFILE, n=6):
+    from controller.recalibrate import SliWindow, replica_p99_ms, with_serving
+
+    base = replica_p99_ms(with_serving(profile, "accel_sim", 0.0), next(r for r in replicas if r.key == key))
+    return [SliWindow(key, node, base + residual, base + residual / 2, 0.5, 1.0) for _ in range(n)]
+
+
+def test_serving_estimate_needs_evidence_and_a_majority_of_nodes_to_raise():
+    from controller.recalibrate import serving_estimate
+
+    replicas = placed_replicas(plan_of(placement("a"), placement("b")), "CPU", "accel_sim")
+    one = sli("a#0", "n1", 8.0, replicas, n=3)
+    assert not serving_estimate(PROFILE, "accel_sim", replicas, one, min_windows=5, tolerance_ms=1.0).changed
+    split = sli("a#0", "n1", 8.0, replicas) + sli("b#0", "n2", 0.0, replicas)
+    held = serving_estimate(PROFILE, "accel_sim", replicas, split, min_windows=5, tolerance_ms=1.0)
+    assert not held.changed and "a raise needs most nodes" in held.text  # one node of two cannot move it
+    both = sli("a#0", "n1", 8.0, replicas) + sli("b#0", "n2", 6.0, replicas)
+    raised = serving_estimate(PROFILE, "accel_sim", replicas, both, min_windows=5, tolerance_ms=1.0)
+    assert raised.changed and raised.serving_p99_ms == pytest.approx(8.0, rel=1e-6)  # below no node's SLI
+    assert (raised.agreeing, raised.nodes, raised.attribution) == (2, 2, "serving path")
+
+
+def test_serving_estimate_lowers_only_when_every_node_shows_it_and_never_below_any():
+    from controller.recalibrate import serving_estimate, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a"), placement("b")), "CPU", "accel_sim")
+    high = with_serving(PROFILE, "accel_sim", 10.0)
+    one_low = sli("a#0", "n1", 2.0, replicas) + sli("b#0", "n2", 9.5, replicas)
+    assert not serving_estimate(high, "accel_sim", replicas, one_low, min_windows=5, tolerance_ms=1.0).changed
+    all_low = sli("a#0", "n1", 2.0, replicas) + sli("b#0", "n2", 3.0, replicas)
+    lowered = serving_estimate(high, "accel_sim", replicas, all_low, min_windows=5, tolerance_ms=1.0)
+    assert lowered.changed and lowered.serving_p99_ms == pytest.approx(3.0, rel=1e-6)
+    queued = [replace(w, p50_ms=w.queue_ms + w.compute_ms) for w in sli("a#0", "n1", 8.0, replicas)]
+    assert serving_estimate(PROFILE, "accel_sim", replicas, queued, min_windows=5, tolerance_ms=1.0).attribution == (
+        "queueing"
+    )
