@@ -32,7 +32,8 @@ class WorkloadFeedback:
 
 @dataclass(frozen=True)
 class NodeState:
-    """A node as the loop needs it: its id and state (ready | lost | waiting | silent)."""
+    """A node as the loop needs it: its id and state (ready | unconfirmed | lost | waiting | silent;
+    unconfirmed: ready, but its heartbeats stopped and it is not judged yet)."""
 
     node_id: str
     state: str

@@ -59,6 +59,8 @@ from stoke import validate as check
 
 log = logging.getLogger("stoke.controller.service")
 
+#: A ready node silent for this many heartbeat intervals is "unconfirmed" in the status view until it is judged.
+UNCONFIRMED_INTERVALS = 2.5
 #: Most observation windows one listing returns; closed-loop events `status` shows.
 MAX_OBSERVATIONS_LISTED = 10000
 STATUS_EVENTS = 12
@@ -390,7 +392,13 @@ class ControlService:
 
     def _loop_tick(self) -> tuple[tuple[str, float], ...]:
         self.nodes.check_nodes()
-        nodes = tuple(NodeState(n.node_id, n.state) for n in self.nodes.views({}))
+        quiet_s = UNCONFIRMED_INTERVALS * self.config.heartbeat_interval_s
+        nodes = tuple(
+            NodeState(
+                n.node_id, "unconfirmed" if n.state == "ready" and n.seconds_since_heartbeat > quiet_s else n.state
+            )
+            for n in self.nodes.views({})
+        )
         inp = LoopInput(self.reconciler.applied, nodes, self.reconciler.floors_refused)
         self.reconciler.floors_refused = ()  # reported once
         return self.feedback.step(inp).floors
@@ -412,4 +420,5 @@ class ControlService:
             self.nodes.alerts() + self.feedback.output.alerts,
             feedback=self.feedback.workload_feedback(),
             loop_events=events,
+            unconfirmed_after_s=UNCONFIRMED_INTERVALS * self.config.heartbeat_interval_s,
         )

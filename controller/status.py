@@ -6,6 +6,9 @@ plan with the nodes' reports. A workload's state:
 - pending: no replica is placed (the plan's reason, or "not planned yet");
 - degraded: a node of one of its replicas is not ready, or only some replicas
   could be placed;
+- unconfirmed: a node of one of its replicas is ready but its heartbeats stopped
+  (silent for more than `unconfirmed_after_s`): it may not serve, and it is judged
+  (lost, or heard again) at the heartbeat timeout;
 - serving: every replica runs on its node with the planned device, share,
   batch and queue delay;
 - failing: a replica that does not serve has an error from its node's last
@@ -83,6 +86,7 @@ def cluster_status(
     alerts: Sequence[str] = (),
     feedback: Mapping[str, WorkloadFeedback] | None = None,
     loop_events: Sequence[str] = (),
+    unconfirmed_after_s: float = math.inf,
 ) -> ClusterStatus:
     by_id = {n.node_id: n for n in nodes}
     replicas = planned_replicas(applied, by_id) if applied else {}
@@ -90,7 +94,7 @@ def cluster_status(
     p99 = _planned_p99(applied) if applied else {}
     out = tuple(
         replace(
-            workload_status(w, replicas.get(w.name, ()), pending, by_id),
+            workload_status(w, replicas.get(w.name, ()), pending, by_id, unconfirmed_after_s),
             feedback=(feedback or {}).get(w.name, WorkloadFeedback()),
             predicted_p99_ms=p99.get(w.name),
         )
@@ -154,9 +158,13 @@ def planned_replicas(applied: PlanView, nodes: Mapping[str, NodeView]) -> dict[s
 
 
 def workload_status(
-    w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str], nodes: Mapping[str, NodeView]
+    w: Workload,
+    replicas: tuple[ReplicaStatus, ...],
+    pending: Mapping[str, str],
+    nodes: Mapping[str, NodeView],
+    unconfirmed_after_s: float = math.inf,
 ) -> WorkloadStatus:
-    state, reason = workload_state(w, replicas, pending, nodes)
+    state, reason = workload_state(w, replicas, pending, nodes, unconfirmed_after_s)
     observed = [r.observed for r in replicas if r.observed is not None]
     busy = [o for o in observed if o.success_in_window]  # latency is only known where requests came
     return WorkloadStatus(
@@ -172,7 +180,11 @@ def workload_status(
 
 
 def workload_state(
-    w: Workload, replicas: tuple[ReplicaStatus, ...], pending: Mapping[str, str], nodes: Mapping[str, NodeView]
+    w: Workload,
+    replicas: tuple[ReplicaStatus, ...],
+    pending: Mapping[str, str],
+    nodes: Mapping[str, NodeView],
+    unconfirmed_after_s: float = math.inf,
 ) -> tuple[str, str]:
     """(state, reason); see the module docstring."""
     if not replicas:
@@ -181,6 +193,12 @@ def workload_state(
     if down:
         state = nodes[down[0]].state if down[0] in nodes else "unknown"
         return "degraded", f"a node of this workload is not ready ({down[0]}: {state})"
+    quiet = [nodes[r.node_id] for r in replicas if nodes[r.node_id].seconds_since_heartbeat > unconfirmed_after_s]
+    if quiet:
+        return "unconfirmed", (
+            f"no heartbeat from {quiet[0].node_id} for {quiet[0].seconds_since_heartbeat:.1f}s: it may not serve; "
+            f"it is judged (lost, or heard again) at the heartbeat timeout"
+        )
     if w.name in pending:  # some replicas placed, the rest could not be
         return "degraded", pending[w.name]
     if all(r.serving for r in replicas):
