@@ -122,6 +122,8 @@ class SloOptions:
     datasource_uid: str = "prometheus"  # Grafana data source of the dashboard/alerts
     folder: str = "stoke"  # Grafana folder of the alert rules
     org_id: int = 1
+    #: how long a workload may stay pending (planned for, not placed) before StokeWorkloadPending fires
+    pending_for: str = "5m"
 
     def __post_init__(self) -> None:
         if (
@@ -140,6 +142,8 @@ class SloOptions:
                 value.format(model="m", name="n")
             except (KeyError, IndexError, ValueError) as err:
                 raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
+        if not isinstance(self.pending_for, str) or not re.fullmatch(r"[1-9][0-9]{0,5}[smh]", self.pending_for):
+            raise AlertConfigError(f"pending_for {self.pending_for!r} must be a duration such as 5m, 90s or 1h")
         if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
             raise AlertConfigError(
                 f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
@@ -371,9 +375,73 @@ def alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptio
     }
 
 
+#: The control plane's own alerts (controller.metrics): (name, expr, for, severity, summary, description).
+CONTROLLER_ALERTS: tuple[tuple[str, str, str, str, str, str], ...] = (
+    (
+        "StokeWorkloadPending",
+        "max by (workload, model) (stoke_workload_pending) > 0",
+        "{pending_for}",
+        "page",
+        "{{ $labels.workload }}: pending, not placed on any device",
+        "Workload {{ $labels.workload }} (model {{ $labels.model }}) has been pending for more than {pending_for}: "
+        "no replica serves it. `stoke status` says why (the plan's reason): add capacity, relax its SLO, or "
+        "check the nodes.",
+    ),
+    (
+        "StokePlanHeld",
+        "max(stoke_plan_held) > 0",
+        "1m",
+        "page",
+        "stoke holds its plan: most nodes fell silent together",
+        "Most nodes stopped heartbeating at once; stoke keeps their workloads where they are instead of "
+        "re-planning. Check the network between the controller and the nodes.",
+    ),
+    (
+        "StokeNodesLost",
+        'max(stoke_nodes{state="lost"}) > 0',
+        "5m",
+        "ticket",
+        "{{ $value }} node(s) lost",
+        "Nodes missed their heartbeats past the timeout; their workloads were re-planned onto the others. "
+        "`stoke nodes` lists them.",
+    ),
+    (
+        "StokeGuardFloorRefused",
+        "max(stoke_guard_floors_refused) > 0",
+        "0s",
+        "ticket",
+        "the SLO guard asked for a larger share the planner could not give",
+        "A replica stayed over its SLO and the share floor it needed would have left another workload "
+        "unplaced; `stoke status` names the floor and the reason. Add capacity or relax an SLO.",
+    ),
+)
+
+
+def controller_alert_rules(options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """The control plane's alert rules: pending workloads, a held plan, lost nodes, refused guard floors."""
+    return [
+        {
+            "alert": name,
+            "expr": expr,
+            "for": duration.format(pending_for=options.pending_for),
+            "labels": {"severity": severity},
+            "annotations": {
+                "summary": summary,
+                "description": description.replace("{pending_for}", options.pending_for),
+            },
+        }
+        for name, expr, duration, severity, summary, description in CONTROLLER_ALERTS
+    ]
+
+
 def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
-    """The rule file (`groups:`) for all workloads: SLI, metadata, dashboard and alert groups per workload."""
-    groups = []
+    """The rule file (`groups:`): the control plane's alerts, then SLI, metadata, dashboard and alert groups
+    per workload."""
+    controller: dict[str, Any] = {"name": "stoke-controller"}
+    if options.rule_interval:
+        controller["interval"] = options.rule_interval
+    controller["rules"] = controller_alert_rules(options)
+    groups = [controller]
     for w in _validate(workloads):
         for kind, rules in (
             ("sli", recording_rules(w, options)),
@@ -481,7 +549,60 @@ def rule_tests(
                 "promql_expr_test": expr_tests,
             }
         )
+    tests.append(controller_rule_test(options))
     return {"rule_files": [rules_file], "evaluation_interval": f"{step_minutes}m", "tests": tests}
+
+
+def controller_rule_test(options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """A promtool test of the control plane's alerts: a workload pending from minute 2 fires
+    StokeWorkloadPending once `pending_for` has passed, not before; a held plan, a lost node and a
+    refused floor fire theirs; a workload that is placed stays silent."""
+    pending_s = _seconds(options.pending_for)
+    start_m, step_s = 2, 60
+    steps = start_m + pending_s // step_s + 6
+    before = f"{start_m * 60 + max(0, pending_s - 60)}s"  # still within pending_for
+    after = f"{start_m * 60 + pending_s + 120}s"
+    rules = {r["alert"]: r for r in controller_alert_rules(options)}
+
+    def expect(name: str, labels: dict[str, str], value: str = "1") -> dict[str, Any]:
+        annotations = {
+            k: v.replace("{{ $labels.workload }}", labels.get("workload", ""))
+            .replace("{{ $labels.model }}", labels.get("model", ""))
+            .replace("{{ $value }}", value)
+            for k, v in rules[name]["annotations"].items()
+        }
+        return {"exp_labels": {"severity": rules[name]["labels"]["severity"], **labels}, "exp_annotations": annotations}
+
+    pending = {"workload": "starved", "model": "m"}
+    series = {
+        'stoke_workload_pending{workload="starved",model="m"}': f"0x{start_m - 1} 1x{steps}",
+        'stoke_workload_pending{workload="placed",model="m"}': f"0x{steps + start_m}",
+        "stoke_plan_held": f"0x{start_m - 1} 1x{steps}",
+        'stoke_nodes{state="lost"}': f"0x{start_m - 1} 1x{steps}",
+        'stoke_nodes{state="ready"}': f"2x{steps + start_m}",
+        "stoke_guard_floors_refused": f"0x{start_m - 1} 1x{steps}",
+    }
+    return {
+        "name": f"controller: a workload pending past {options.pending_for} pages, a held plan, lost nodes and a "
+        f"refused floor alert",
+        "interval": f"{step_s}s",
+        "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "alert_rule_test": [
+            {"eval_time": before, "alertname": "StokeWorkloadPending", "exp_alerts": []},
+            {
+                "eval_time": after,
+                "alertname": "StokeWorkloadPending",
+                "exp_alerts": [expect("StokeWorkloadPending", pending)],
+            },
+            {"eval_time": after, "alertname": "StokePlanHeld", "exp_alerts": [expect("StokePlanHeld", {})]},
+            {"eval_time": after, "alertname": "StokeNodesLost", "exp_alerts": [expect("StokeNodesLost", {})]},
+            {
+                "eval_time": after,
+                "alertname": "StokeGuardFloorRefused",
+                "exp_alerts": [expect("StokeGuardFloorRefused", {})],
+            },
+        ],
+    }
 
 
 # --------------------------------------------------------------------------- Grafana dashboard
@@ -503,7 +624,8 @@ def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict
                 "replica": p.replica,
                 "replicas": p.replicas,
                 "rate_rps": p.rate_rps,
-                "predicted_worst_ms": p.predicted_worst_ms,
+                "planned_p99_ms": p.predicted_p99_ms,
+                "inference_ms": p.predicted_latency_ms,
             }
         )
     return rows
@@ -511,8 +633,8 @@ def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict
 
 def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
     lines = [
-        "| workload | replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | replica | node | GPU | type | share % | batch | rate rps | planned p99 ms | inference ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, replicas in rows.items():
         for r in replicas:
@@ -520,9 +642,15 @@ def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
                 f"| {name} | {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
                 f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
                 f"{format_number(round(r['rate_rps'], 2))} | "
-                f"{format_number(round(r['predicted_worst_ms'], 3))} |"
+                f"{_p99_text(r['planned_p99_ms'])} | {format_number(round(r['inference_ms'], 3))} |"
             )
     return "\n".join(lines)
+
+
+def _p99_text(value: float) -> str:
+    if value != value:  # NaN: a plan from before p99s were predicted
+        return "-"
+    return "unstable" if value == float("inf") else format_number(round(value, 3))
 
 
 WORKLOAD_VARIABLE = "workload"
@@ -582,6 +710,9 @@ def grafana_dashboard(
             .span(24)
             .id(kit.next_id())
         )
+    board = board.with_row(gd.Row("Control plane").id(kit.next_id()))
+    for panel in _controller_panels(kit):
+        board = board.with_panel(panel)
     panels = _workload_panels(kit, options)  # built before the row: the panel ids keep their order
     board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(kit.next_id()))
     for panel in panels:
@@ -669,6 +800,42 @@ def _workload_panels(kit: _PanelKit, options: SloOptions) -> list[Any]:
             (f"workload:nv_inference_queue_ms:mean5m{{{wl}}}", "queue"),
             (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute"),
         ),
+        series(
+            timeseries.Panel()
+            .fill_opacity(10)
+            .title("p99: predicted (plan) vs observed (SLI)")
+            .unit("ms")
+            .height(6)
+            .span(12),
+            (f"stoke_workload_predicted_p99_ms{{{wl}}}", "predicted p99 (plan, end to end)"),
+            (f"stoke_workload_observed_p99_ms{{{wl}}}", "observed p99 (SLI, worst replica)"),
+            (f"stoke_workload_slo_ms{{{wl}}}", "SLO"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("prediction error ratio").height(6).span(12),
+            (
+                f"stoke_workload_observed_p99_ms{{{wl}}} / stoke_workload_predicted_p99_ms{{{wl}}}",
+                "p99 observed / predicted",
+            ),
+            (f"stoke_prediction_error_ratio{{{wl}}}", "inference time observed / predicted"),
+        ),
+    ]
+
+
+def _controller_panels(kit: _PanelKit) -> list[Any]:
+    """The control plane's row: pending workloads, a held plan, lost nodes, refused guard floors."""
+    steps = kit.steps
+    return [
+        kit.series(
+            stat.Panel().title(title).height(4).span(6).thresholds(steps((None, "green"), (1.0, "red"))),
+            (expr, legend),
+        )
+        for title, expr, legend in (
+            ("pending workloads", "sum(stoke_workload_pending)", "pending"),
+            ("plan held (most nodes silent)", "max(stoke_plan_held)", "held"),
+            ("lost nodes", 'max(stoke_nodes{state="lost"})', "lost"),
+            ("guard floors refused", "max(stoke_guard_floors_refused)", "refused"),
+        )
     ]
 
 
@@ -703,7 +870,7 @@ def _device_panels(kit: _PanelKit) -> list[Any]:
 
 # --------------------------------------------------------------------------- Grafana alert provisioning
 
-_DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _seconds(window: str) -> int:

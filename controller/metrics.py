@@ -14,7 +14,9 @@ The closed loop (`controller.feedback`):
   one execution, last windows), stoke_workload_observed_p99_ms (worst replica, last
   window), stoke_workload_predicted_p99_ms (the plan's), stoke_workload_planned_rate_rps
   (what the plan is sized for; the demand tracker's for auto workloads),
-  stoke_guard_share_floor_pct, stoke_guard_moves_total;
+  stoke_guard_share_floor_pct, stoke_guard_moves_total (moves applied: the replica serves at the larger
+  share), stoke_workload_pending (1 while placed on no device: alert StokeWorkloadPending);
+  stoke_guard_floors_refused (floors the planner could not apply lately: alert StokeGuardFloorRefused);
   per (model, GPU type): stoke_profile_version (active; 0 = fitted),
   stoke_profile_correction (k_act factor of the active version);
   stoke_replans_total{cause} (plan revisions by what woke the loop: recalibration,
@@ -47,7 +49,10 @@ _WORKLOAD_GAUGES = {
     "rate": ("stoke_workload_observed_rate_rps", "Observed request rate (req/s)"),
     "share": ("stoke_workload_planned_share_pct", "Planned share summed over replicas (%)"),
     "batch": ("stoke_workload_planned_batch", "Planned batch size (largest replica)"),
-    "att": ("stoke_workload_slo_attainment", "Fraction of observed replicas meeting the SLO (0..1)"),
+    "att": (
+        "stoke_workload_slo_attainment",
+        "Share of the last windows' requests within the SLO (SLI histogram, 0..1)",
+    ),
 }
 
 
@@ -88,8 +93,12 @@ def _loop_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricF
     moves = CounterMetricFamily(
         "stoke_guard_moves", "SLO guard moves applied: the replica serves at the larger share", labels=labels
     )
+    pending = GaugeMetricFamily(
+        "stoke_workload_pending", "1 while the workload is pending: planned for, placed on no device", labels=labels
+    )
     for w in workloads:
         lv, f = [w.workload.name, w.workload.model], w.feedback
+        pending.add_metric(lv, 1.0 if w.state == "pending" else 0.0)
         rate.add_metric(lv, w.workload.rate_rps)
         floor.add_metric(lv, f.floor_pct)
         moves.add_metric(lv, f.guard_moves)
@@ -99,7 +108,7 @@ def _loop_families(workloads: Iterable[WorkloadStatus]) -> Iterator[GaugeMetricF
             p99.add_metric(lv, f.observed_p99_ms)
         if w.predicted_p99_ms is not None:
             predicted.add_metric(lv, w.predicted_p99_ms)
-    yield from (error, p99, predicted, rate, floor, moves)
+    yield from (error, p99, predicted, rate, floor, moves, pending)
 
 
 def _profile_and_counter_families(service: ControlService) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

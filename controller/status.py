@@ -15,8 +15,11 @@ plan with the nodes' reports. A workload's state:
   apply (the first such error is the reason);
 - starting: otherwise (the node has not reported the planned config yet).
 
-Observed latency is the worst over replicas that saw requests in the last
-window; SLO attainment the share of those within the SLO.
+Observed latency (Triton's mean queue + compute) is the worst over replicas that
+saw requests in the last window. SLO attainment comes from the SLI histogram of the
+serving path (what clients see): the share of the last windows' requests within the
+SLO (`WorkloadFeedback.within_slo`), None without an SLI; `slo_ok` says whether the
+observed p99 (the SLI's, worst replica) is within the SLO.
 
 The closed loop (`controller.feedback`) adds per workload its `WorkloadFeedback`
 (`controller.loop_output`):
@@ -59,9 +62,15 @@ class WorkloadStatus:
     predicted_latency_ms: float
     observed_latency_ms: float | None
     observed_rate_rps: float | None
-    slo_attainment: float | None
+    slo_attainment: float | None  # share of requests within the SLO (SLI histogram, last windows); None: no SLI
     feedback: WorkloadFeedback = WorkloadFeedback()
     predicted_p99_ms: float | None = None  # worst replica, from the plan
+
+    @property
+    def slo_ok(self) -> bool | None:
+        """Is the observed p99 (SLI, worst replica, last window) within the SLO? None: no SLI."""
+        p99 = self.feedback.observed_p99_ms
+        return None if p99 is None else p99 <= self.workload.slo_ms
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,9 @@ def cluster_status(
     out = tuple(
         replace(
             workload_status(w, replicas.get(w.name, ()), pending, by_id, unconfirmed_after_s),
-            feedback=(feedback or {}).get(w.name, WorkloadFeedback()),
+            feedback=(fb := (feedback or {}).get(w.name, WorkloadFeedback())),
             predicted_p99_ms=p99.get(w.name),
+            slo_attainment=fb.within_slo,  # from the SLI histogram: the share of requests within the SLO
         )
         for w in workloads
     )
@@ -175,7 +185,7 @@ def workload_status(
         predicted_latency_ms=max((r.predicted_latency_ms for r in replicas), default=0.0),
         observed_latency_ms=max(o.latency_ms for o in busy) if busy else None,
         observed_rate_rps=sum(o.request_rate_rps for o in observed) if observed else None,
-        slo_attainment=sum(1 for o in busy if o.latency_ms <= w.slo_ms) / len(busy) if busy else None,
+        slo_attainment=None,  # the SLI's, set by `cluster_status` from the closed loop
     )
 
 

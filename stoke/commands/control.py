@@ -293,7 +293,7 @@ def format_remote_plan(plan: Any) -> str:
         "share_%",
         "batch",
         "queue_ms",
-        "pred_ms",
+        "infer_ms",
     ]
     lines = [head, "", render_table(headers, rows)]
     lines += [f"pending: {p.workload}: {p.reason}" for p in plan.pending]
@@ -384,11 +384,12 @@ def status_blocks(
             share,
             batch,
             w.slo_ms,
-            w.predicted_latency_ms if w.replicas else None,
+            w.predicted_p99_ms if w.replicas and w.predicted_p99_ms > 0 else None,
+            w.observed_p99_ms if w.HasField("observed_p99_ms") else None,
+            f"{w.slo_attainment:.1%}" if w.HasField("observed_p99_ms") else "-",
             w.observed_latency_ms if w.observed else None,
             w.rate_rps,
             sum(r.observed_rate_rps for r in w.replicas) if any(r.observed for r in w.replicas) else None,
-            f"{w.slo_attainment:.0%}" if w.observed else "-",
         ]
         if client is not None:
             p99, over, _ = client.get(w.name, (None, None, 0))
@@ -406,11 +407,12 @@ def status_blocks(
         "share_%",
         "batch",
         "slo_ms",
-        "pred_ms",
-        "obs_ms",
+        "plan_p99_ms",
+        "p99_ms",
+        "in_slo",
+        "triton_ms",
         "rate_rps",
         "obs_rps",
-        "slo_ok",
     ]
     if client is not None:
         headers += ["client_p99_ms", "over_slo"]
@@ -422,8 +424,9 @@ def status_blocks(
         blocks.append(f"last reconcile error: {s.last_error}")
     if legend:
         text = (
-            "pred_ms: worst predicted latency (batch wait + inference); obs_ms: mean queue + compute "
-            "time reported by Triton; slo_ok: observed replicas within the SLO"
+            "plan_p99_ms: the plan's p99 end to end (queueing + batch fill + inference + serving path); "
+            "p99_ms: the p99 clients saw (SLI histogram, worst replica, last window); in_slo: share of those "
+            "requests within the SLO; triton_ms: Triton's mean queue + compute time per request"
         )
         if client is not None:
             text += "; client_p99_ms / over_slo: p99 and share of requests over the SLO seen by the load (last 10 s)"
@@ -448,9 +451,13 @@ def loop_lines(s: Any) -> list[str]:
     for w in s.workloads:
         parts = []
         if w.HasField("observed_p99_ms"):
-            parts.append(f"p99 {w.observed_p99_ms:.1f} ms (planned {w.predicted_p99_ms:.1f})")
+            verdict = "within" if w.observed_p99_ms <= w.slo_ms else "OVER"
+            parts.append(
+                f"p99 {w.observed_p99_ms:.1f} ms {verdict} the SLO of {w.slo_ms:g} (planned p99 {w.predicted_p99_ms:.1f}"
+                + (f", x{w.observed_p99_ms / w.predicted_p99_ms:.2f} of it)" if w.predicted_p99_ms > 0 else ")")
+            )
         if w.HasField("prediction_error_ratio"):
-            parts.append(f"observed/predicted {w.prediction_error_ratio:.2f}")
+            parts.append(f"inference time observed/predicted {w.prediction_error_ratio:.2f}")
         if w.rate_auto:
             bounds = "".join((f" min {w.min_rps:g}" if w.min_rps else "", f" max {w.max_rps:g}" if w.max_rps else ""))
             parts.append(f"rate auto{bounds}: {w.demand or 'waiting'}")
@@ -625,8 +632,8 @@ def observations_blocks(reply: Any) -> list[Block]:
         "rate_rps",
         "batches(size x n)",
         "queue_ms",
-        "obs_ms",
-        "pred_ms",
+        "obs_infer_ms",
+        "pred_infer_ms",
         "obs/pred",
         "p99_ms",
         "util",
@@ -635,7 +642,8 @@ def observations_blocks(reply: Any) -> list[Block]:
         Tab(headers, rows),
         "",
         f"{reply.stored:,} window(s) stored (kept {reply.retention_s:g}s, at most {reply.max_rows:,}); "
-        "obs_ms / pred_ms: one execution, observed / predicted by the active profile",
+        "obs_infer_ms / pred_infer_ms: one execution's inference time, observed / predicted by the active profile; "
+        "p99_ms: the SLI's p99 of the window",
     ]
 
 

@@ -460,7 +460,7 @@ def run_predict(args: argparse.Namespace) -> int:
         for result in out:
             print(json.dumps(result))
     else:
-        print(render_table(["gpu(line)", "model", "batch", "share_%", "pred_ms", "pred_rps"], rows))
+        print(render_table(["gpu(line)", "model", "batch", "share_%", "infer_ms", "pred_rps"], rows))
     return 0
 
 

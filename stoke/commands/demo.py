@@ -394,7 +394,7 @@ def summary_blocks(status: Any, totals: dict[str, Any], seconds: float, ready_at
                 w.state,
                 w.slo_ms,
                 w.rate_rps,
-                w.predicted_latency_ms if w.replicas else None,
+                w.predicted_p99_ms if w.replicas and w.predicted_p99_ms > 0 else None,
                 t.requests if t else None,
                 t.failed if t else None,
                 t.p50_ms if t else None,
@@ -410,7 +410,7 @@ def summary_blocks(status: Any, totals: dict[str, Any], seconds: float, ready_at
         "state",
         "slo_ms",
         "rate_rps",
-        "pred_ms",
+        "plan_p99_ms",
         "requests",
         "failed",
         "client_p50_ms",
@@ -418,7 +418,8 @@ def summary_blocks(status: Any, totals: dict[str, Any], seconds: float, ready_at
         "over_slo",
     ]
     legend = (
-        "client figures cover the whole run of the load generator; over_slo counts failed requests as late"
+        "plan_p99_ms: the plan's p99 end to end (queueing + batch fill + inference + serving path); client "
+        "figures cover the whole run of the load generator; over_slo counts failed requests as late"
         if totals
         else "no load was sent (--no-load, or nothing served)"
     )

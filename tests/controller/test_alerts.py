@@ -80,7 +80,7 @@ def test_le_forms_match_triton_and_prometheus3_printing():
 
 def test_recording_rules_cover_every_window_per_workload():
     groups = prometheus_rules(WORKLOADS)["groups"]
-    assert len(groups) == 4 * len(WORKLOADS)
+    assert len(groups) == 1 + 4 * len(WORKLOADS)  # the control plane's alerts, then four groups per workload
     by_name = {g["name"]: g for g in groups}
     for w in WORKLOADS:
         sli = by_name[f"stoke-slo-sli-{w.name}"]["rules"]
@@ -162,7 +162,12 @@ def test_rule_tests_expectations_and_shared_series():
     tests = rule_tests(WORKLOADS, TRITON_HISTOGRAM, le_style="float")
     assert tests["rule_files"] == [RULES_FILE]
     names = [t["name"] for t in tests["tests"]]
-    assert names == ["fast burn: page, ticket fires", "slow burn: ticket fires", "healthy: nothing fires"]
+    assert names == [
+        "fast burn: page, ticket fires",
+        "slow burn: ticket fires",
+        "healthy: nothing fires",
+        "controller: a workload pending past 5m pages, a held plan, lost nodes and a refused floor alert",
+    ]
     fast = tests["tests"][0]
     series = [s["series"] for s in fast["input_series"]]
     assert len(series) == len(set(series))  # shared model series written once
@@ -195,7 +200,8 @@ def test_dashboard_is_one_template_whatever_the_workloads():
     assert workload["type"] == "query" and workload["multi"] and workload["includeAll"]
     assert workload["query"] == "label_values(slo:latency_target:ms, workload)"
     rows = [p for p in dash["panels"] if p["type"] == "row"]
-    assert [r.get("repeat") for r in rows] == ["workload", None] and rows[0]["title"] == "$workload"
+    assert [r.get("repeat") for r in rows] == [None, "workload", None] and rows[1]["title"] == "$workload"
+    assert rows[0]["title"] == "Control plane"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for p in dash["panels"]:
@@ -212,6 +218,8 @@ def test_dashboard_is_one_template_whatever_the_workloads():
         "burn rate (5m)",
         "planned share (all replicas)",
         "Triton time per request",
+        "p99: predicted (plan) vs observed (SLI)",
+        "prediction error ratio",
     ]
     exprs = [t["expr"] for p in row for t in p["targets"]]
     assert all(e.endswith('{workload="$workload"}') for e in exprs), exprs
@@ -223,7 +231,14 @@ def test_every_series_the_dashboard_reads_is_recorded_or_exported():
     rules = prometheus_rules(WORKLOADS)
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     read = {t["expr"].split("{")[0] for p in _repeated_row(grafana_dashboard(WORKLOADS)) for t in p["targets"]}
-    controller_metrics = {"stoke_workload_planned_batch", "stoke_workload_planned_share_pct"}
+    controller_metrics = {
+        "stoke_workload_planned_batch",
+        "stoke_workload_planned_share_pct",
+        "stoke_workload_predicted_p99_ms",
+        "stoke_workload_observed_p99_ms",
+        "stoke_workload_slo_ms",
+        "stoke_prediction_error_ratio",
+    }
     assert read - recorded == controller_metrics
 
 
@@ -308,3 +323,29 @@ def test_triton_series_of_workloads_sharing_a_model_are_kept_apart():
     assert 'nv_inference_count{job="triton-photo-tagging"}' in exprs
     with pytest.raises(AlertConfigError, match="triton_selector"):
         SloOptions(triton_selector='model="{oops}"')
+
+
+def test_controller_alerts_cover_pending_workloads_held_plans_lost_nodes_and_refused_floors():
+    from controller.alerts import controller_alert_rules, controller_rule_test
+
+    rules = {r["alert"]: r for r in controller_alert_rules(SloOptions(pending_for="90s"))}
+    assert set(rules) == {"StokeWorkloadPending", "StokePlanHeld", "StokeNodesLost", "StokeGuardFloorRefused"}
+    assert (
+        rules["StokeWorkloadPending"]["for"] == "90s"
+        and "stoke_workload_pending" in rules["StokeWorkloadPending"]["expr"]
+    )
+    assert "more than 90s" in rules["StokeWorkloadPending"]["annotations"]["description"]
+    assert prometheus_rules(WORKLOADS)["groups"][0]["name"] == "stoke-controller"
+    test = controller_rule_test(SloOptions(pending_for="90s"))
+    cases = {(c["alertname"], c["eval_time"]): c["exp_alerts"] for c in test["alert_rule_test"]}
+    assert cases[("StokeWorkloadPending", "150s")] == []  # pending for 30 s: not yet
+    fired = cases[("StokeWorkloadPending", "330s")]
+    assert [a["exp_labels"] for a in fired] == [{"severity": "page", "workload": "starved", "model": "m"}]
+    for bad in ("5", "0m", "5 m", "1d"):
+        with pytest.raises(AlertConfigError, match="pending_for"):
+            SloOptions(pending_for=bad)
+
+
+def test_the_plan_panel_labels_the_planned_p99_and_the_inference_time():
+    text = json.dumps(grafana_dashboard(WORKLOADS, plan=_plan(), nodes={0: "node-a"}))
+    assert "planned p99 ms" in text and "inference ms" in text and "predicted worst" not in text

@@ -149,3 +149,81 @@ def test_real_prometheus_records_the_sli_and_pages_only_the_burning_workload(pro
     assert abs(ratio["photo-tagging"] - 0.1) < 0.02 and ratio["search"] == 0.0
     assert [float(r["value"][1]) for r in objective] == [0.999]
     assert [float(r["value"][1]) for r in remaining] == [1.0]
+
+
+@pytest.fixture
+def controller_target(tmp_path: Path):
+    """A real controller service with one workload it cannot place (no node), its /metrics on loopback."""
+    from control_helpers import cpu_profile_json
+
+    from controller.metrics import ControllerMetrics
+    from controller.service import ControlService
+    from controller.store import Store
+
+    svc = ControlService(Store(tmp_path / "stoke.db"))
+    svc.upload_profile(cpu_profile_json())
+    svc.apply_workloads([{"name": "starved", "model": "mlp_small", "slo_ms": 50, "rate_rps": 10}])
+    svc.reconcile()
+    assert svc.status().workloads[0].state == "pending"
+    server, thread = ControllerMetrics(svc).serve("127.0.0.1", 0)
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        svc.store.close()
+
+
+def test_real_prometheus_fires_the_pending_alert_for_a_workload_pending_past_the_threshold(
+    tmp_path: Path, controller_target: int
+):
+    from controller.alerts import SloOptions
+
+    starved = Workload("starved", "mlp_small", 50, 10)
+    rules = render_all([starved], SloOptions(pending_for="3s"))[RULES_FILE]
+    (tmp_path / RULES_FILE).write_text(rules)
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: [{RULES_FILE}]\n"
+        "scrape_configs:\n"
+        f"  - job_name: stoke\n    static_configs: [{{targets: ['127.0.0.1:{controller_target}']}}]\n"
+    )
+    port = _free_port()
+    with open(tmp_path / "prometheus.log", "w") as log:
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                alerts = _query(base, 'ALERTS{alertname="StokeWorkloadPending"}')
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError((tmp_path / "prometheus.log").read_text()[-2000:]) from None
+                time.sleep(0.3)
+                continue
+            states = {a["metric"]["workload"]: a["metric"]["alertstate"] for a in alerts}
+            if states.get("starved") == "firing":
+                break
+            time.sleep(0.3)
+        assert states == {"starved": "firing"}, states
+        held = _query(base, 'ALERTS{alertname="StokePlanHeld"}')
+        assert held == []  # a pending workload is not a held plan
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -393,7 +393,7 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
         "state",
         "slo_ms",
         "rate_rps",
-        "pred_ms",
+        "plan_p99_ms",
         "requests",
         "failed",
         "client_p50_ms",

@@ -208,7 +208,7 @@ def test_status_merges_observed_figures(svc):
     st = svc.status()
     a = st.workloads[0]
     assert a.state == "serving" and a.observed_latency_ms == pytest.approx(3.0)
-    assert a.observed_rate_rps == pytest.approx(19.5) and a.slo_attainment == 1.0
+    assert a.observed_rate_rps == pytest.approx(19.5) and a.slo_attainment is None  # no SLI in the window
     assert st.gpus_in_use == 1 and st.cost_per_hour == pytest.approx(0.10)
 
 

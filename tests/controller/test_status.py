@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.messages import AssignmentError, ModelAssignment, Observation
 from controller.reconcile.planning import PlanView
 from controller.reconcile.slots import Binding
@@ -66,6 +68,30 @@ def test_observed_figures_and_cost():
     obs = Observation(key="web#0", model="mlp_small", request_rate_rps=9.0, mean_queue_ms=10.0, mean_compute_ms=45.0)
     status = cluster_status(APPLIED, (WEB,), (node(running=(RUNNING,), observed={"web#0": obs}),), "boom")
     w = status.workloads[0]
-    assert w.observed_latency_ms == 55.0 and w.observed_rate_rps == 9.0 and w.slo_attainment == 0.0
+    assert w.observed_latency_ms == 55.0 and w.observed_rate_rps == 9.0
+    assert w.slo_attainment is None and w.slo_ok is None  # no SLI: Triton's mean says nothing about the SLO
     assert (status.revision, status.gpus_in_use, status.cost_per_hour, status.nodes_ready) == (3, 1, 0.1, 1)
     assert status.last_error == "boom" and w.predicted_latency_ms == 305.0
+
+
+def test_slo_attainment_and_slo_ok_come_from_the_sli_not_the_mean():
+    from controller.loop_output import WorkloadFeedback
+
+    fast_mean = Observation(key="web#0", model="mlp_small", request_rate_rps=9.0, mean_queue_ms=1.0, mean_compute_ms=2.0)
+    late = WorkloadFeedback(observed_p99_ms=9.5, within_slo=0.79, requests=600)
+    slo = WEB.slo_ms
+    feedback = {"web": replace(late, observed_p99_ms=slo * 2)}
+    status = cluster_status(APPLIED, (WEB,), (node(running=(RUNNING,), observed={"web#0": fast_mean}),), "", feedback=feedback)
+    w = status.workloads[0]
+    assert w.slo_attainment == 0.79 and w.slo_ok is False  # a mean far within the SLO hides nothing any more
+    feedback = {"web": replace(late, observed_p99_ms=slo / 2, within_slo=1.0)}
+    w = cluster_status(APPLIED, (WEB,), (node(running=(RUNNING,)),), "", feedback=feedback).workloads[0]
+    assert w.slo_attainment == 1.0 and w.slo_ok is True
+
+
+def test_a_node_whose_heartbeats_stopped_is_unconfirmed_until_judged():
+    quiet = replace(node(running=(RUNNING,)), seconds_since_heartbeat=4.0)
+    w = cluster_status(APPLIED, (WEB,), (quiet,), "", unconfirmed_after_s=2.5).workloads[0]
+    assert w.state == "unconfirmed" and "no heartbeat from" in w.reason and "4.0s" in w.reason
+    w = cluster_status(APPLIED, (WEB,), (quiet,), "", unconfirmed_after_s=5.0).workloads[0]
+    assert w.state == "serving"
