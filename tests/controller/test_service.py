@@ -340,3 +340,44 @@ def test_names_with_separators_and_unprofiled_pairs_are_refused(svc):
     with pytest.raises(InvalidArgument, match=r"workloads\[0\]\.gpu_type.*not profiled on 'SMALL'"):
         svc.apply_workloads([wl("x", model="embed_large", gpu_type="SMALL")])
     assert not svc.list_workloads()
+
+
+def serving_config(svc, node):
+    """Heartbeat `node` running what it is assigned, so its workloads serve."""
+    assigned = svc.heartbeat(HeartbeatReport(node_id=node)).assignments
+    svc.heartbeat(HeartbeatReport(node_id=node, running=assigned))
+
+
+def test_readme_small_clusters_two_nodes_one_silent_is_unconfirmed_then_lost_and_replanned(svc):
+    """README, "The reconcile loop": in a cluster of two, one silent node is half, not more than half: it is
+    unconfirmed in the status view until the heartbeat timeout, then lost and its workloads re-planned."""
+    clock = svc.clock_
+    svc.apply_workloads([wl("a", slo=50), wl("b", "embed_large", 100, 10)])
+    svc.reconcile()
+    for node in ("node-a", "node-b"):
+        serving_config(svc, node)
+    victim = where(svc)["a#0"][0]
+    survivor = ({"node-a", "node-b"} - {victim}).pop()
+    assert {w.workload.name: w.state for w in svc.status().workloads}["a"] == "serving"
+    run_for(svc, clock, 3, alive=[survivor])  # silent for 3 s: more than 2.5 heartbeats, less than the timeout
+    a = {w.workload.name: w for w in svc.status().workloads}["a"]
+    assert a.state == "unconfirmed" and f"no heartbeat from {victim}" in a.reason
+    run_for(svc, clock, 3, alive=[survivor])  # past the 5 s timeout
+    svc.reconcile()
+    assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "lost"  # not held: one of two is not most
+    assert {v[0] for v in where(svc).values()} == {survivor}
+    assert not svc.status().alerts
+
+
+def test_readme_small_clusters_the_only_node_falling_silent_holds_the_plan(tmp_path):
+    """README: in a cluster of one node, its silence is more than half of the nodes: the plan is held."""
+    svc, clock = make(tmp_path)
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a", slo=50)])
+    svc.reconcile()
+    serving_config(svc, "node-a")
+    run_for(svc, clock, 6)
+    svc.reconcile()
+    assert {n.node_id: n.state for n in svc.list_nodes()} == {"node-a": "silent"}
+    assert where(svc)["a#0"][0] == "node-a" and svc.status().alerts
