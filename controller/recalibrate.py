@@ -26,7 +26,7 @@ the batch (client, router, Triton's frontend). Each window's SLI p99 (the router
 compared with the replica's predicted p99 without the serving term: the difference (the residual)
 is what the serving term must cover. Its attribution uses Triton's queue/compute split and the
 router's measurement: the window's SLI p50 less Triton's mean queue + compute is the serving path
-proper; what is left of the residual is queueing that the batching model did not predict. Both are
+proper, Triton's mean queue time the queueing; the larger of the two names the residual. Both are
 carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason says which it was.
 
 - Never below the SLI: the term is the `SERVING_QUANTILE` of a node's residuals, and a lowered
@@ -129,6 +129,11 @@ def crosses(moves: Sequence[Move], threshold: float, factor_move: float) -> tupl
     )
 
 
+#: Two serving terms agree within this share of the larger (or the absolute tolerance, whichever is wider):
+#: a term learnt from a p99 is noisy, and a 5 ms SLO's half-threshold (0.25 ms) is below that noise.
+SERVING_AGREEMENT = 0.25
+
+
 @dataclass(frozen=True)
 class Confirmation:
     """Consecutive estimates that crossed the threshold and agree with each other (within half the
@@ -152,7 +157,8 @@ class Confirmation:
         agrees = (
             self.count > 0
             and abs(factor / self.factor - 1.0) <= threshold / 2.0
-            and abs(serving_ms - self.serving_ms) <= serving_tolerance_ms
+            and abs(serving_ms - self.serving_ms)
+            <= max(serving_tolerance_ms, SERVING_AGREEMENT * max(serving_ms, self.serving_ms))
         )
         return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms)
 
@@ -242,7 +248,8 @@ def serving_estimate(
     path = [w.p50_ms - (w.queue_ms + w.compute_ms) for w in usable if w.p50_ms is not None]
     router_ms = max(0.0, statistics.median(path)) if path else 0.0
     queue_ms = statistics.median(w.queue_ms for w in usable)
-    attribution = "serving path" if router_ms >= new / 2 else "queueing"
+    # Triton's queue/compute split against the router's share: the larger measured part names the residual
+    attribution = "queueing" if queue_ms > router_ms else "serving path"
     text = (
         f"serving path {current:.2f} -> {new:.2f} ms p99, attributed to {attribution} (SLI p50 less Triton's "
         f"queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
