@@ -452,9 +452,10 @@ def loop_lines(s: Any) -> list[str]:
         parts = []
         if w.HasField("observed_p99_ms"):
             verdict = "within" if w.observed_p99_ms <= w.slo_ms else "OVER"
+            ratio = f", x{w.observed_p99_ms / w.predicted_p99_ms:.2f} of it" if w.predicted_p99_ms > 0 else ""
             parts.append(
-                f"p99 {w.observed_p99_ms:.1f} ms {verdict} the SLO of {w.slo_ms:g} (planned p99 {w.predicted_p99_ms:.1f}"
-                + (f", x{w.observed_p99_ms / w.predicted_p99_ms:.2f} of it)" if w.predicted_p99_ms > 0 else ")")
+                f"p99 {w.observed_p99_ms:.1f} ms {verdict} the SLO of {w.slo_ms:g} "
+                f"(planned p99 {w.predicted_p99_ms:.1f}{ratio})"
             )
         if w.HasField("prediction_error_ratio"):
             parts.append(f"inference time observed/predicted {w.prediction_error_ratio:.2f}")

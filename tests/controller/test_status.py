@@ -77,11 +77,12 @@ def test_observed_figures_and_cost():
 def test_slo_attainment_and_slo_ok_come_from_the_sli_not_the_mean():
     from controller.loop_output import WorkloadFeedback
 
-    fast_mean = Observation(key="web#0", model="mlp_small", request_rate_rps=9.0, mean_queue_ms=1.0, mean_compute_ms=2.0)
+    fast_mean = Observation("web#0", "mlp_small", request_rate_rps=9.0, mean_queue_ms=1.0, mean_compute_ms=2.0)
     late = WorkloadFeedback(observed_p99_ms=9.5, within_slo=0.79, requests=600)
     slo = WEB.slo_ms
     feedback = {"web": replace(late, observed_p99_ms=slo * 2)}
-    status = cluster_status(APPLIED, (WEB,), (node(running=(RUNNING,), observed={"web#0": fast_mean}),), "", feedback=feedback)
+    running = node(running=(RUNNING,), observed={"web#0": fast_mean})
+    status = cluster_status(APPLIED, (WEB,), (running,), "", feedback=feedback)
     w = status.workloads[0]
     assert w.slo_attainment == 0.79 and w.slo_ok is False  # a mean far within the SLO hides nothing any more
     feedback = {"web": replace(late, observed_p99_ms=slo / 2, within_slo=1.0)}
