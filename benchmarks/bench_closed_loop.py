@@ -351,9 +351,11 @@ class Timeline:
             if profile != last.get("profile") and "profile" in last:
                 self._line(f"profile: v{profile[0]} x{profile[1]:.3f} (recalibrated)")
                 self.actions.append((now, "recalibration"))
-            if w.guard_moves != last.get("moves", 0):
+            if w.guard and w.guard != last.get("guard", ""):
+                # the guard acts when it asks the planner for a floor; the move counts once the new share serves
                 self._line(f"guard: {w.guard}")
-                self.actions.append((now, "guard"))
+                if "asked the planner" in w.guard:
+                    self.actions.append((now, "guard"))
             demand = w.demand.split(":")[0]
             if w.rate_auto and (demand, round(w.rate_rps, 1)) != last.get("demand"):
                 self._line(f"demand: {w.demand}")
@@ -362,7 +364,7 @@ class Timeline:
             if now >= next_sample:
                 self._line("observed: " + "; ".join(x for x in observed if x))
                 next_sample = now + self.every_s
-            last.update(plan=plan, profile=profile, moves=w.guard_moves, demand=(demand, round(w.rate_rps, 1)))
+            last.update(plan=plan, profile=profile, guard=w.guard, demand=(demand, round(w.rate_rps, 1)))
 
 
 # --------------------------------------------------------------------------- scenarios
