@@ -63,6 +63,7 @@ from controller.recalibrate import (
     SliWindow,
     crosses,
     factor_move,
+    nodes_agree,
     p99_moves,
     placed_replicas,
     replica_p99_ms,
@@ -77,6 +78,7 @@ from interference.recalibration import (
     MAX_POINTS,
     CalibrationPoint,
     Correction,
+    Estimate,
     RecalibrationOptions,
     apply_corrections,
     estimate,
@@ -409,12 +411,30 @@ class FeedbackLoop:
                 if w.p99_ms is not None and w.requests >= self.config.guard.min_requests and w.gpu_type == gpu_type
             ]
             newest = max([points[-1].window if points else 0] + [w.id for k in keys for w in self._windows(k)])
+            ratios: dict[str, list[float]] = {}  # node -> its recent windows' observed/predicted execution time
+            for replica in self._replicas.values():
+                for w in list(replica.windows)[-cfg.recent_windows :]:
+                    if w.model == model and w.gpu_type == gpu_type and w.error_ratio is not None:
+                        ratios.setdefault(w.node_id, []).append(w.error_ratio)
             if self._estimated.get(pair) == newest:
                 return  # no new window since the last estimate: it would only repeat (and confirm) itself
             self._estimated[pair] = newest
         result = estimate(points, fitted, model, now, self.options)
         serving_now = active.models[model].serving_p99_ms
         corrected = active
+        current = self._active_factor(pair, state[0])
+        if result.correction is not None:
+            agreeing, voters, accepted = nodes_agree(ratios, current, result.correction.factor)
+            if not accepted:
+                log.info(
+                    "%s/%s: service time x%.3f held: %d of %d node(s) show it",
+                    model,
+                    gpu_type,
+                    result.correction.factor,
+                    agreeing,
+                    voters,
+                )
+                result = Estimate(None, f"{agreeing} of {voters} node(s) agree")
         if result.correction is not None:
             corrected = with_serving(
                 _with_model(active, apply_corrections(fitted, {model: result.correction}), model), model, serving_now
@@ -429,7 +449,6 @@ class FeedbackLoop:
             return
         candidate = with_serving(corrected, model, serving.serving_p99_ms)
         moves = p99_moves(active, candidate, replicas)
-        current = self._active_factor(pair, state[0])
         factor = result.correction.factor if result.correction else current
         crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
         confirmation = self._confirm.get(pair, Confirmation()).next(

@@ -34,6 +34,8 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
 - Agreement: each node running the model gets one vote, whatever its number of windows (windows
   weighted by node): a raise needs a strict majority of the nodes with evidence to show it, a
   lowering needs all of them. One node (or one flooding agent) cannot move the model alone.
+  The service-time correction follows the same rule (`nodes_agree`): each node's median of its
+  windows' observed/predicted execution time must lie on the side of the move.
 - Evidence and hysteresis: at least `min_windows` windows with an SLI p99; a move smaller than
   `tolerance_ms` is no move.
 """
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.messages import Replica
@@ -263,3 +265,16 @@ def with_serving(profile: DeviceProfile, model: str, serving_ms: float) -> Devic
     return DeviceProfile(
         profile.gpu, {**profile.models, model: replace(profile.model(model), serving_p99_ms=serving_ms)}
     )
+
+
+def nodes_agree(ratios: Mapping[str, Sequence[float]], current: float, proposed: float) -> tuple[int, int, bool]:
+    """(agreeing nodes, nodes, accepted) for a service-time factor moving from `current` to `proposed`:
+    each node's median observed/predicted ratio of one execution (against the active profile, so 1 is
+    `current`) votes once; a raise needs a strict majority of the nodes, a lowering all of them."""
+    medians = {n: statistics.median(v) for n, v in ratios.items() if v}
+    if not medians:
+        return 0, 0, True  # no per-node evidence (windows without Triton's batch figures): the estimate stands
+    up = proposed > current
+    agreeing = sum(1 for m in medians.values() if (m > 1.0) == up and m != 1.0)
+    accepted = agreeing * 2 > len(medians) if up else agreeing == len(medians)
+    return agreeing, len(medians), accepted

@@ -346,3 +346,22 @@ def test_windows_out_of_bounds_are_refused_and_implausible_ones_not_stored(tmp_p
         HeartbeatReport("n1", running=running, observed=(Observation("w#0", "accel_sim", seq=2, window_s=1e9),))
     )
     assert svc.store.observation_count() == 0
+
+
+def test_the_loop_forgets_replicas_and_trackers_of_workloads_that_are_gone(tmp_path):
+    svc, clock = service(tmp_path)
+    svc.apply_workloads(
+        [
+            {"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30},
+            {"name": "a", "model": "accel_sim", "slo_ms": 80, "rate_rps": "auto"},
+        ]
+    )
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(3):
+        node.beat(p99=30.0, over=0.0)
+    assert {"w#0", "a#0"} <= set(svc.feedback._replicas) and "a" in svc.feedback._demand
+    svc.delete_workload("a")
+    for _ in range(5):  # the plan drops it, the node stops reporting it, and the windows go stale
+        node.beat(p99=30.0, over=0.0)
+    assert set(svc.feedback._replicas) == {"w#0"} and "a" not in svc.feedback._demand

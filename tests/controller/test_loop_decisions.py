@@ -223,3 +223,14 @@ def test_serving_estimate_lowers_only_when_every_node_shows_it_and_never_below_a
     assert serving_estimate(PROFILE, "accel_sim", replicas, queued, min_windows=5, tolerance_ms=1.0).attribution == (
         "queueing"
     )
+
+
+def test_a_service_time_correction_needs_the_nodes_running_the_model_one_vote_each():
+    from controller.recalibrate import nodes_agree
+
+    flood = {"n1": [2.0] * 500, "n2": [1.0, 0.98, 1.01], "n3": [0.99, 1.0]}
+    assert nodes_agree(flood, 1.0, 1.9) == (1, 3, False)  # one node's 500 windows are one vote
+    assert nodes_agree({"n1": [2.0], "n2": [1.8], "n3": [1.0]}, 1.0, 1.9) == (2, 3, True)  # a majority raises
+    assert nodes_agree({"n1": [0.5], "n2": [1.2]}, 2.0, 1.0)[2] is False  # a lowering needs every node
+    assert nodes_agree({"n1": [0.5], "n2": [0.6]}, 2.0, 1.1) == (2, 2, True)
+    assert nodes_agree({}, 1.0, 2.0) == (0, 0, True)  # no per-node evidence: the estimate stands
