@@ -40,7 +40,7 @@ def test_rule_unit_tests_pass_for_triton_and_prometheus3_le(tmp_path: Path, le_s
     _write(tmp_path, files)
     check = _promtool(tmp_path, "check", "rules", RULES_FILE)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert f"SUCCESS: {2 * (8 + 8 + 7 + 2)} rules found" in check.stdout
+    assert f"SUCCESS: {4 + 2 * (8 + 8 + 7 + 2)} rules found" in check.stdout  # the control plane's 4 alerts too
     result = _promtool(tmp_path, "test", "rules", RULES_TEST_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -138,3 +138,12 @@ def test_triton_panels_of_workloads_sharing_a_model_do_not_mix(tmp_path: Path, t
     (tmp_path / "mix.test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     result = _promtool(tmp_path, "test", "rules", "mix.test.yml")
     assert (result.returncode == 0) == keeps_apart, result.stdout + result.stderr
+
+
+def test_a_pending_alert_that_waits_too_long_fails_its_unit_test(tmp_path: Path):
+    files = render_all(FEW[:1])
+    assert "for: 5m" in files[RULES_FILE]
+    files[RULES_FILE] = files[RULES_FILE].replace("for: 5m", "for: 30m", 1)  # StokeWorkloadPending, first rule
+    _write(tmp_path, files)
+    result = _promtool(tmp_path, "test", "rules", RULES_TEST_FILE)
+    assert result.returncode != 0 and "StokeWorkloadPending" in result.stdout + result.stderr
