@@ -605,8 +605,8 @@ def _prediction_below(
     moves: Sequence[Move],
     tolerance_ms: float,
 ) -> bool:
-    """Do clients see more than the active profile predicts? From the SLI: a replica's recent p99 (its
-    `SERVING_QUANTILE` over the windows) above its predicted p99 by more than the tolerance. Without an SLI,
+    """Do clients see more than the active profile predicts? From the SLI: a replica's recent p99 (the
+    `SERVING_QUANTILE` of its windows' p99s) above its predicted p99 by more than the tolerance. Without an SLI,
     a candidate that raises a prediction (the service time is longer than the profile says) is the evidence."""
     if not sli:
         return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
