@@ -140,7 +140,8 @@ class FeedbackLoop:
         self.clock = clock
         self._wake = wake
         self._gpu_types_of = gpu_types_of
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the state heartbeats and views share
+        self._step_lock = threading.Lock()  # one tick at a time (the reconcile thread, an apply from the API)
         self._replicas: dict[str, _Replica] = {}
         self._queued: collections.deque[ObservationRecord] = collections.deque()
         self._demand: dict[str, DemandState] = {}
@@ -211,6 +212,10 @@ class FeedbackLoop:
 
     def step(self, inp: LoopInput) -> LoopOutput:
         """One tick of the loop (see the module docstring); returns what the reconcile step reads."""
+        with self._step_lock:
+            return self._step(inp)
+
+    def _step(self, inp: LoopInput) -> LoopOutput:
         now = self.clock()
         profiles, _ = self.profiles.snapshot()
         with self._lock:
