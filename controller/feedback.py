@@ -411,9 +411,14 @@ class FeedbackLoop:
             keys = {r.key for r in replicas}
             sli = [
                 SliWindow(w.key, w.node_id, w.p99_ms, w.p50_ms, w.queue_ms, w.compute_ms)
-                for key in sorted(keys)
-                for w in list(self._replicas[key].windows if key in self._replicas else ())[-cfg.recent_windows :]
-                if w.p99_ms is not None and w.requests >= self.config.guard.min_requests and w.gpu_type == gpu_type
+                for r in replicas
+                for w in _settled(self._windows(r.key))[-cfg.recent_windows :]
+                # only windows that ran the placement they are compared with (not the one before a move)
+                if w.p99_ms is not None
+                and w.requests >= self.config.guard.min_requests
+                and w.gpu_type == gpu_type
+                and abs(w.share_pct - r.placement.share_pct) < 1e-6
+                and w.batch == r.placement.batch
             ]
             newest = max([points[-1].window if points else 0] + [w.id for k in keys for w in self._windows(k)])
             ratios: dict[str, list[float]] = {}  # node -> its recent windows' observed/predicted execution time
@@ -601,6 +606,17 @@ class FeedbackLoop:
     def _event(self, kind: str, workload: str, text: str, now: float) -> None:
         log.info("%s: %s", kind, text)
         self.store.add_event(kind, workload, text, now)
+
+
+def _settled(windows: Sequence[ObservationRecord]) -> list[ObservationRecord]:
+    """The windows outside the first `SETTLE_WINDOWS` of each process (what queued during a switch is no SLI
+    of the placement)."""
+    out, since = [], SETTLE_WINDOWS
+    for before, w in zip([None, *windows], windows):
+        since = 0 if before is not None and w.seq <= before.seq else since + 1
+        if since >= SETTLE_WINDOWS:
+            out.append(w)
+    return out
 
 
 def _prediction_below(
