@@ -401,7 +401,11 @@ class ControlService:
         )
         inp = LoopInput(self.reconciler.applied, nodes, self.reconciler.floors_refused)
         self.reconciler.floors_refused = ()  # reported once
-        return self.feedback.step(inp).floors
+        try:
+            return self.feedback.step(inp).floors
+        except Exception:  # a failing loop tick must not stop the reconcile pass: the last floors stand (logged)
+            log.exception("the closed loop's tick failed")
+            return self.reconciler.floors
 
     @property
     def last_error(self) -> str:
