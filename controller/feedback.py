@@ -419,6 +419,7 @@ class FeedbackLoop:
                 and w.gpu_type == gpu_type
                 and abs(w.share_pct - r.placement.share_pct) < 1e-6
                 and w.batch == r.placement.batch
+                and _at_planned_load(w, r.placement.rate_rps)
             ]
             newest = max([points[-1].window if points else 0] + [w.id for k in keys for w in self._windows(k)])
             ratios: dict[str, list[float]] = {}  # node -> its recent windows' observed/predicted execution time
@@ -606,6 +607,20 @@ class FeedbackLoop:
     def _event(self, kind: str, workload: str, text: str, now: float) -> None:
         log.info("%s: %s", kind, text)
         self.store.add_event(kind, workload, text, now)
+
+
+#: A window is at the plan's operating point when its served rate is within this share above the planned
+#: rate and at most `BACKLOG_BATCHES` batches wait at its end.
+RATE_TOLERANCE = 0.2
+BACKLOG_BATCHES = 2
+
+
+def _at_planned_load(w: ObservationRecord, planned_rps: float) -> bool:
+    """Does the window show the replica at the load it was planned for? An overloaded replica's queue grows
+    without bound: its p99 says the rate is wrong (demand tracking's and the guard's business), not that
+    the serving path is slow. Learning the serving term from it sent the bench's overloaded workload
+    (100 req/s on a plan for 15) pending, and every request failed."""
+    return w.rate_rps <= planned_rps * (1.0 + RATE_TOLERANCE) and w.pending <= BACKLOG_BATCHES * max(1, w.batch)
 
 
 def _settled(windows: Sequence[ObservationRecord]) -> list[ObservationRecord]:

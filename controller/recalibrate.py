@@ -38,7 +38,9 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
   The service-time correction follows the same rule (`nodes_agree`): each node's median of its
   windows' observed/predicted execution time must lie on the side of the move.
 - Evidence and hysteresis: at least `min_windows` windows with an SLI p99; a move smaller than
-  `tolerance_ms` is no move.
+  `tolerance_ms` is no move. The loop hands over only windows that ran the placement at the load
+  it was planned for (`controller.feedback`): an overloaded replica's p99 is a wrong rate, not a
+  slow serving path.
 """
 
 from __future__ import annotations

@@ -365,3 +365,17 @@ def test_the_loop_forgets_replicas_and_trackers_of_workloads_that_are_gone(tmp_p
     for _ in range(5):  # the plan drops it, the node stops reporting it, and the windows go stale
         node.beat(p99=30.0, over=0.0)
     assert set(svc.feedback._replicas) == {"w#0"} and "a" not in svc.feedback._demand
+
+
+def test_an_overloaded_replica_teaches_the_serving_path_nothing(tmp_path):
+    """A replica serving far more than it was planned for has a growing queue: its p99 says the rate is wrong,
+    not the serving path. (Learning from it sent an overloaded workload pending in the bench.)"""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(20):
+        node.beat(rate=100.0, p99=900.0, p50=500.0, over=0.9)
+    assert not [v for v in svc.store.profile_versions("accel_sim") if v.meta.get("serving_p99_ms")]
+    assert placed(svc).name == "w"  # still served
