@@ -23,7 +23,7 @@ from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stabilit
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.errors import UserError
-from stoke.output import add_output_option, emit
+from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.table import render_table
 
 
@@ -76,7 +76,11 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
         f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
     )
-    add_output_option(p)
+    add_output_option(
+        p,
+        wide="each replica's predicted throughput, utilisation (rate/throughput) and arrivals; with --remote "
+        "throughput, utilisation and the device's price",
+    )
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
@@ -161,7 +165,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument(
         "raw", metavar="RAW.jsonl", help="raw measurements (iGniter JSON lines or `profile run` output); - reads stdin"
     )
-    f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
+    add_output_file_option(f, metavar="PROFILE.json", required=True, help="the fitted profile to write")
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
     f.add_argument(
         "--max-mape",
@@ -206,7 +210,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         help="windows per point before it is recorded as unstable (default %(default)s)",
     )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
-    r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
+    add_output_file_option(
+        r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
+    )
     r.set_defaults(run=run_profile_run)
 
 
@@ -276,7 +282,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
-        print(format_plan(plan))
+        print(format_plan(plan, wide=args.wide))
     if args.explain:
         from controller.solver.explain import explain
 
@@ -304,7 +310,7 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, wide: bool = False) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
     head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
     rows = []
@@ -329,6 +335,15 @@ def format_plan(plan: Plan) -> str:
                     p.binding,
                     "ok" if p.meets_slo else "MISS",
                 ]
+                + (
+                    [
+                        p.predicted_throughput_rps,
+                        p.rate_rps / p.predicted_throughput_rps if p.predicted_throughput_rps > 0 else None,
+                        p.arrivals,
+                    ]
+                    if wide
+                    else []
+                )
             )
     table = render_table(
         [
@@ -347,7 +362,8 @@ def format_plan(plan: Plan) -> str:
             "p99/slo",
             "binding",
             "slo",
-        ],
+        ]
+        + (["thru_rps", "util", "arrivals"] if wide else []),
         rows,
     )
     lines = [head, "", table]
@@ -599,6 +615,7 @@ def run_profile_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(f"--stability-percentage/--max-windows: {err}") from None
     unstable: list[str] = []
+    before = dict(session.retries)
     with _progress_display(session) as show:
 
         def progress(event: Any) -> None:
@@ -619,6 +636,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
             f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
             f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy"
         )
+    remeasured = sorted(k for k, n in session.retries.items() if n > before.get(k, 0))
+    if remeasured:
+        print(f"re-measured {len(remeasured)} non-monotone point(s): {', '.join(remeasured)}")
+    for key, why in sorted(session.rejected().items()):
+        print(f"rejected {key}: {why}; `profile fit` leaves it out")
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 
@@ -674,6 +696,7 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
         "r2": None if r.r2 != r.r2 else round(r.r2, 5),
         "at_bounds": list(r.at_bounds),
         "problems": list(r.problems),
+        "excluded": list(r.excluded),
         "points": [
             {
                 "batch": p.batch,
@@ -763,6 +786,16 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         for name, r in sorted(reports.items()):
             for bound in r.at_bounds:
                 print(f"note: {name}: {bound}: the measurements do not pin it down (more batches or shares would)")
+        excluded = [line for r in reports.values() for line in r.excluded]
+        if excluded:
+            print(
+                f"note: {len(excluded)} non-monotone point(s) left out of the fit. On a CPU node a share is whole "
+                f"cores, one model instance each, and a batch runs on one core: a bigger share adds throughput, "
+                f"not speed, and where its cores also run the load it is slower. That is contention, not the "
+                f"model (the slower point of each disagreeing pair is left out):"
+            )
+            for line in excluded:
+                print(f"  {line}")
         if written:
             print(
                 f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
