@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "stoke.commands.tokens",
     "stoke.commands.demo",
     "stoke.commands.alerts",
+    "stoke.commands.report",
     "stoke.commands.device",
     "stoke.commands.train",
     "stoke.commands.completion",

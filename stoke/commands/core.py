@@ -92,6 +92,12 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was not taken",
     )
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="instead of the plan, compare its GPUs and cost with one model per GPU, an equal MPS split and "
+        "each model tuned alone (the same model; what `stoke report` draws)",
+    )
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     add_client_options(p, group_title="controller connection (--remote)")
     p.set_defaults(run=run_plan)
@@ -279,6 +285,12 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
+    if args.compare:
+        from controller.solver.alternatives import alternatives
+        from stoke.commands.report import print_comparison
+
+        print_comparison(args, alternatives(workloads_file.problem(), plan, options))
+        return 0
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
