@@ -20,6 +20,7 @@ from stoke.errors import StokeError
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.load",
     "stoke.commands.daemons",
     "stoke.commands.control",
     "stoke.commands.tokens",
