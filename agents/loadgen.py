@@ -635,11 +635,14 @@ def run_rate_blocking(
 
     offsets = arrival_stream(rate_rps, arrival, seed)
     max_lag = 0.0
-    started = clock() + 0.005
+    ready = threading.Barrier(max_in_flight)
+
+    def open_client(_: int) -> None:
+        ready.wait(30)  # every pool thread waits here, so the pool starts them all
+        clients.prepare()
+
     with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="stoke-load") as pool:
-        # every thread opens its client before the clock starts (the barrier makes the pool start them all)
-        ready = threading.Barrier(max_in_flight)
-        list(pool.map(lambda _: (ready.wait(30), clients.prepare()), range(max_in_flight)))
+        list(pool.map(open_client, range(max_in_flight)))  # every thread opens its client before the clock starts
         started = clock() + 0.005
         for i, offset in enumerate(offsets):
             if offset >= seconds:

@@ -114,7 +114,7 @@ def _step_row(mode: str, level: float, report: Any, split: Any) -> dict[str, Any
     server = split.server_ms if split is not None and split.requests else math.nan
     return {
         "mode": mode,
-        "level": level,
+        "level": int(level) if mode == "concurrency" else level,
         "throughput_rps": report.throughput_rps,
         "sent": report.sent,
         "failed": report.failed,
