@@ -95,7 +95,7 @@ def _observed(args: argparse.Namespace) -> tuple[list[Any], str]:
     reply = _call(args, lambda c: c.list_observations(limit=OBSERVATION_WINDOWS))
     points = [
         ObservedPoint(r.unix, r.workload, r.p99_ms, r.predicted_p99_ms)
-        for r in reply.records
+        for r in reply.observations
         if r.HasField("p99_ms") and math.isfinite(r.p99_ms) and r.predicted_p99_ms > 0
     ]
     note = "" if points else "the controller has no observation window with both an observed and a predicted p99 yet"

@@ -280,3 +280,41 @@ def test_profiles_upload_warns_when_no_node_has_the_profile_s_device_type(env, c
     assert "CPU on " in warning and "n-up/0" in warning and "--gpu-type CPU" in warning
     code, out, err = run(capsys, "profiles", "upload", str(profile), "--gpu-type", "CPU", "--json")
     assert code == 0 and err == "" and json.loads(out)["warnings"] == []
+
+
+def test_report_draws_observed_against_predicted_p99_from_a_running_controller(env, capsys, tmp_path):
+    """`stoke report --observed`: the controller's observation windows become the over-time figure."""
+    from controller.messages import Observation
+
+    workloads = tmp_path / "w.yaml"
+    workloads.write_text("workloads:\n  - {name: seen, model: mlp_small, slo_ms: 100, rate_rps: 20}\n")
+    assert run(capsys, "workload", "apply", "-f", str(workloads))[0] == 0
+    with ControllerClient(env.address, token=TOKEN) as user:
+        token = user.mint_agent_token("n-obs").token
+    with ControllerClient(env.address, token=token) as c:
+        c.register("n-obs", (NodeDevice(0, "cpu", "cpu", cores=2), NodeDevice(1, "cpu", "cpu", cores=2)), "n-obs")
+        deadline = time.monotonic() + 20
+        mine: list[ModelAssignment] = []
+        while not mine and time.monotonic() < deadline:
+            answer = c.heartbeat(HeartbeatReport("n-obs"))
+            mine = [a for a in answer.assignments if a.workload == "seen"]
+            time.sleep(0.1)
+        assert mine, "the controller did not place the workload on the node"
+        for seq in range(1, 4):
+            windows = tuple(
+                Observation(
+                    a.key, a.model, seq=seq, window_s=1.0, requests=20, latency_count=20, latency_p99_ms=5.0 + seq
+                )
+                for a in answer.assignments
+            )
+            c.heartbeat(
+                HeartbeatReport("n-obs", running=answer.assignments, observed=windows, applied_revision=answer.revision)
+            )
+    out = tmp_path / "r.html"
+    profile = tmp_path / "cpu.json"
+    save_profile(cpu_profile(), profile)
+    code, text, err = run(capsys, "report", str(workloads), "--profile", str(profile), "--out", str(out), "--observed")
+    assert code == 0, err
+    assert "observation window(s)" in text
+    html = out.read_text()
+    assert html.count("<img ") == 4 and "observed against predicted p99 over time" in html
