@@ -30,7 +30,13 @@ WORKLOADS = "workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ctl")
+    srv = start_server(tmp_path_factory.mktemp("ctl"))
+    yield srv
+    srv.stop()
+
+
+def start_server(tmp: Path) -> ControllerServer:
+    """A controller on loopback with the user token TOKEN and the CPU test profile."""
     (tmp / "token").write_text(TOKEN + "\n")
     save_profile(cpu_profile(), tmp / "cpu.json")
     config = ControllerConfig(
@@ -42,9 +48,7 @@ def server(tmp_path_factory):
         profiles=(ProfileSource(str(tmp / "cpu.json"), "CPU"),),
         service=ServiceConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0),
     )
-    srv = ControllerServer(config).start()
-    yield srv
-    srv.stop()
+    return ControllerServer(config).start()
 
 
 @pytest.fixture
@@ -282,8 +286,20 @@ def test_profiles_upload_warns_when_no_node_has_the_profile_s_device_type(env, c
     assert code == 0 and err == "" and json.loads(out)["warnings"] == []
 
 
-def test_report_draws_observed_against_predicted_p99_from_a_running_controller(env, capsys, tmp_path):
+def test_report_draws_observed_against_predicted_p99_from_a_running_controller(
+    capsys, tmp_path, tmp_path_factory, monkeypatch
+):
     """`stoke report --observed`: the controller's observation windows become the over-time figure."""
+    srv = start_server(tmp_path_factory.mktemp("ctl-report"))  # a controller of its own: its only node is below
+    monkeypatch.setenv("STOKE_CONTROLLER", srv.address)
+    monkeypatch.setenv("STOKE_TOKEN", TOKEN)
+    try:
+        _report_with_observations(srv, capsys, tmp_path)
+    finally:
+        srv.stop()
+
+
+def _report_with_observations(env, capsys, tmp_path):
     from controller.messages import Observation
 
     workloads = tmp_path / "w.yaml"
