@@ -3,6 +3,13 @@
 The test folders mirror the source tree (tests/agents, tests/controller, tests/interference, tests/stoke);
 the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
 of them, since pytest puts this folder on sys.path for its conftest.
+
+Floats: never compare a computed float for exact equality with a value computed elsewhere (a bundled profile,
+a literal worked out by hand, another formula). A refit's last digits follow the CPU's BLAS and LAPACK kernels
+(relative differences around 1e-8 between machines), so compare with a tolerance that still catches a real
+change: rel 1e-6 for refitted coefficients (floats.assert_close for nested profiles and JSON, pytest.approx for
+one number). Exact equality stays right for values carried unchanged (a configured 4.0 read back, a round trip
+through a file) and for the same computation run twice on the same input (a determinism check).
 """
 
 from __future__ import annotations
