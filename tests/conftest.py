@@ -1,8 +1,9 @@
 """Fixtures shared across the test tree: the demo repository, a moto S3 server.
 
-The test folders mirror the source tree (tests/agents, tests/controller, tests/interference, tests/stoke);
-the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
-of them, since pytest puts this folder on sys.path for its conftest.
+The test folders mirror the packages (tests/foundation, tests/interference, tests/planner, tests/training,
+tests/controller, tests/agents, tests/deploy, tests/stoke; tests/chaos); the helper modules beside this file
+(triton_helpers, control_helpers, device_fakes, floats, profiles: the synthetic device profiles) are importable
+from all of them, since pytest puts this folder on sys.path for its conftest.
 
 Floats: never compare a computed float for exact equality with a value computed elsewhere (a bundled profile,
 a literal worked out by hand, another formula). A refit's digits follow the CPU's BLAS and LAPACK kernels and
