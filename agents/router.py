@@ -62,7 +62,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 log = logging.getLogger("stoke.router")
 

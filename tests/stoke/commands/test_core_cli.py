@@ -212,9 +212,9 @@ def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(cap
 
 
 def test_plot_of_a_large_plan_is_a_summary_plus_pages(capsys, tmp_path):
-    from controller.solver import Problem, solve
-    from controller.solver.random_mix import random_workloads
-    from controller.workload_file import default_gpu_types
+    from planner.solver import Problem, solve
+    from planner.solver.random_mix import random_workloads
+    from planner.workload_file import default_gpu_types
     from stoke.plots import DETAIL_GPUS, plot_plan
 
     plan = solve(Problem(random_workloads(60, seed=4), default_gpu_types()), "stoke")
