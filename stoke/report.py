@@ -5,7 +5,7 @@ only counts the figures the browser decoded, for the headless check). No CDN, no
 offline. Sections:
 
 1. the plan: GPUs, cost, one row per replica;
-2. GPUs and cost against the alternatives (`controller.solver.alternatives`: one model per GPU, an equal
+2. GPUs and cost against the alternatives (`planner.solver.alternatives`: one model per GPU, an equal
    MPS split as Kubernetes' device plugin gives, each model tuned alone and packed by share), all
    planned with the same model;
 3. per-GPU share packing;
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.solver import Plan
-from controller.solver.alternatives import Alternative
+from planner.solver import Plan
+from planner.solver.alternatives import Alternative
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import math
 import sys
 from typing import Any
 
-from stoke import validate as check
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
+from foundation import validate as check
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 

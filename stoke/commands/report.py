@@ -10,8 +10,8 @@ import argparse
 import math
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options
-from stoke.errors import UserError
 from stoke.output import emit
 from stoke.table import print_table
 
@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def plan_and_alternatives(workloads: str | None, profile: str | None, strategy: str) -> tuple[Any, list[Any], str]:
     """(plan, alternatives, source) for a workload file, as `stoke plan` would plan it."""
-    from controller.solver import ProblemError, solve
-    from controller.solver.alternatives import alternatives
+    from planner.solver import ProblemError, solve
+    from planner.solver.alternatives import alternatives
     from stoke.commands.core import load_problem
 
     source = workloads or "the bundled example workloads"
@@ -103,7 +103,7 @@ def _observed(args: argparse.Namespace) -> tuple[list[Any], str]:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from stoke.files import atomic_write_text
+    from foundation.files import atomic_write_text
     from stoke.report import render_report
 
     plan, options, source = plan_and_alternatives(args.workloads, args.profile, args.strategy)

@@ -250,8 +250,8 @@ def test_plan_remote_status_and_metrics_count_the_same_devices_and_cost():
     from controller.api.views import plan_to_pb, status_to_pb
     from controller.reconcile.planning import PlanView
     from controller.reconcile.slots import Binding
-    from controller.solver.problem import GpuPlan, Placement, Plan, Workload
     from controller.status import cluster_status
+    from planner.solver.problem import GpuPlan, Placement, Plan, Workload
     from stoke.commands.control import format_remote_plan
 
     gpus = tuple(

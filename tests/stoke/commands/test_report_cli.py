@@ -60,9 +60,9 @@ def test_the_report_is_one_file_that_needs_no_network(report):
 def test_headless_chromium_loads_the_report_and_every_figure_renders(report, tmp_path):
     observed = report.with_name("observed.html")
     points = [ObservedPoint(1000.0 + 5 * i, "photo-tagging", 10 + i % 3, 11.0) for i in range(20)]
-    from controller.solver import solve
-    from controller.solver.alternatives import alternatives
-    from controller.workload_file import load_workloads_file
+    from planner.solver import solve
+    from planner.solver.alternatives import alternatives
+    from planner.workload_file import load_workloads_file
 
     problem = load_workloads_file(None).problem()
     plan = solve(problem)
