@@ -22,7 +22,8 @@ from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
 from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
-from stoke.table import print_table, render_table
+from stoke.plan_table import REMOTE, plan_table
+from stoke.table import print_table
 
 __all__ = ["register", "remote_plan", "to_dict"]
 
@@ -283,46 +284,12 @@ def format_remote_plan(plan: Any, wide: bool = False) -> str:
     head = f"plan revision {plan.revision} ({plan.strategy}): {used} device(s) in use, ${cost:,.2f}/hour"
     if waiting:
         head += f"; {waiting} more planned GPU(s) without a free device (${waiting_cost:,.2f}/hour, not counted)"
-    rows = []
-    for g in plan.gpus:
-        where = f"{g.node_id}/{g.device}" if g.node_id else "(no free device)"
-        for p in g.placements:
-            row = [
-                where,
-                g.gpu_type,
-                p.workload,
-                f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else "",
-                p.model,
-                p.slo_ms,
-                p.rate_rps,
-                p.share_pct,
-                p.batch,
-                p.queue_delay_ms,
-                p.predicted_latency_ms,
-            ]
-            if wide:
-                row += [
-                    p.predicted_throughput_rps,
-                    p.rate_rps / p.predicted_throughput_rps if p.predicted_throughput_rps > 0 else None,
-                    g.price_per_hour,
-                ]
-            rows.append(row)
-    headers = [
-        "node/device",
-        "type",
-        "workload",
-        "replica",
-        "model",
-        "slo_ms",
-        "rate_rps",
-        "share_%",
-        "batch",
-        "queue_ms",
-        "pred_ms",
-    ]
-    if wide:
-        headers += ["thru_rps", "util", "gpu_$/h"]
-    lines = [head, "", render_table(headers, rows)]
+    rows = (
+        (f"{g.node_id}/{g.device}" if g.node_id else "(no free device)", g.gpu_type, p.workload, p)
+        for g in plan.gpus
+        for p in g.placements
+    )
+    lines = [head, "", plan_table(rows, REMOTE, wide=wide)]
     lines += [f"pending: {p.workload}: {p.reason}" for p in plan.pending]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from planner.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.output import add_output_file_option, add_output_option, emit
+from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
 
@@ -78,8 +79,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     )
     add_output_option(
         p,
-        wide="each replica's predicted throughput, utilisation (rate/throughput) and arrivals; with --remote "
-        "throughput, utilisation and the device's price",
+        wide="each replica's predicted throughput and utilisation (rate/throughput), and a local plan's arrivals",
     )
     p.add_argument(
         "--fail-on-miss",
@@ -325,59 +325,8 @@ def run_plan(args: argparse.Namespace) -> int:
 def format_plan(plan: Plan, wide: bool = False) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
     head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
-    rows = []
-    for index, gpu in enumerate(plan.gpus):
-        for p in gpu.placements:
-            replica = f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else ""
-            rows.append(
-                [
-                    index,
-                    gpu.gpu_type,
-                    p.name,
-                    replica,
-                    p.model,
-                    p.slo_ms,
-                    p.rate_rps,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.predicted_latency_ms,
-                    _p99_cell(p.predicted_p99_ms),
-                    _p99_cell(p.p99_slo_ratio),
-                    p.binding,
-                    "ok" if p.meets_slo else "MISS",
-                ]
-                + (
-                    [
-                        p.predicted_throughput_rps,
-                        p.rate_rps / p.predicted_throughput_rps if p.predicted_throughput_rps > 0 else None,
-                        p.arrivals,
-                    ]
-                    if wide
-                    else []
-                )
-            )
-    table = render_table(
-        [
-            "gpu",
-            "type",
-            "workload",
-            "replica",
-            "model",
-            "slo_ms",
-            "rate_rps",
-            "share_%",
-            "batch",
-            "delay_ms",
-            "infer_ms",
-            "p99_ms",
-            "p99/slo",
-            "binding",
-            "slo",
-        ]
-        + (["thru_rps", "util", "arrivals"] if wide else []),
-        rows,
-    )
+    rows = ((index, gpu.gpu_type, p.name, p) for index, gpu in enumerate(plan.gpus) for p in gpu.placements)
+    table = plan_table(rows, LOCAL, wide=wide)
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
@@ -408,15 +357,11 @@ def format_explanation(explanation: Any) -> str:
             f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}",
         ]
         rows = [
-            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
+            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, p99_cell(r.p99_ms), r.utilisation, r.verdict]
             for r in replica.rows
         ]
         lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"], rows))
     return "\n".join(lines)
-
-
-def _p99_cell(value: float) -> float | str:
-    return value if math.isfinite(value) else ("unstable" if value > 0 else "?")
 
 
 # -- predict ---------------------------------------------------------------------------------------

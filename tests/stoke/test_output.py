@@ -139,6 +139,7 @@ def test_wide_is_accepted_only_where_it_adds_columns(capsys):
     assert err.value.code == 2 and "invalid choice: 'wide'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_dash_reads_stdin(capsys, monkeypatch):
     plan = run(capsys, "plan", "--json")[1]
     monkeypatch.setattr("sys.stdin", io.StringIO(plan))
@@ -203,6 +204,7 @@ def test_json_help_names_the_commands_own_format_flag(capsys, argv, flag):
     assert f"--json same as {flag} json" in text
 
 
+@pytest.mark.slow
 def test_bash_completion_completes_commands_options_and_formats(tmp_path):
     script = tmp_path / "stoke.bash"
     result = subprocess.run(
@@ -244,6 +246,7 @@ def test_the_readme_documents_every_controller_config_key_and_workload_key():
         assert f"`{key}`" in workloads, f"README: workload key {key} is not documented"
 
 
+@pytest.mark.slow
 def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
     result = subprocess.run(
         [

@@ -21,6 +21,7 @@ def test_plan_defaults_print_a_table(capsys):
     assert "strategy stoke" in out and "photo-tagging" in out and "share_%" in out
 
 
+@pytest.mark.slow
 def test_plan_json_has_the_documented_shape(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json", "--strategy", "igniter", "--plot", str(tmp_path / "p.png"))
     assert code == 0
@@ -60,6 +61,7 @@ def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
     assert all(r["predicted_latency_ms"] > 0 and r["predicted_throughput_rps"] > 0 for r in result)
 
 
+@pytest.mark.slow
 def test_simulate_a_plan_file(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json")
     (tmp_path / "plan.json").write_text(out)
@@ -243,6 +245,7 @@ def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(cap
     assert code == 0
 
 
+@pytest.mark.slow
 def test_plot_of_a_large_plan_is_a_summary_plus_pages(capsys, tmp_path):
     from planner.solver import Problem, solve
     from planner.solver.random_mix import random_workloads

@@ -14,6 +14,8 @@ from stoke.cli import main
 from stoke.report import ObservedPoint, render_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# the report plans every alternative (seconds) and the browser test starts Chromium: make test-fast skips them
+pytestmark = pytest.mark.slow
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
