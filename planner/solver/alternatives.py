@@ -124,8 +124,9 @@ def best_equal_split(problem: Problem, options: StokeOptions | None = None) -> A
         return Alternative("equal MPS split", None, note="no slice count fits the GPU types' share steps")
     tried = [equal_split(problem, n, options) for n in counts]
 
-    def rank(a: Alternative) -> tuple[float, float, float]:
-        return (len(a.misses), math.inf if a.gpus is None else a.gpus, a.cost_per_hour or math.inf)
+    def rank(a: Alternative) -> tuple[bool, float, float, float]:
+        # one that cannot serve the workloads at all ranks last, whatever its (empty) list of misses
+        return (a.plan is None, len(a.misses), math.inf if a.gpus is None else a.gpus, a.cost_per_hour or math.inf)
 
     best = min(tried, key=rank)
     return replace(best, tried=tuple((a.name, a.gpus) for a in tried))
