@@ -6,8 +6,8 @@ offline. Sections:
 
 1. the plan: GPUs, cost, one row per replica;
 2. GPUs and cost against the alternatives (`planner.solver.alternatives`: one model per GPU, an equal
-   MPS split as Kubernetes' device plugin gives, each model tuned alone and packed by share), all
-   planned with the same model;
+   MPS split as Kubernetes' device plugin gives, each model's best configuration alone packed by share,
+   iGniter's rule packed by share), all planned with the same model;
 3. per-GPU share packing;
 4. predicted p99 against the SLO per workload (with the plan's upper bound where it has one);
 5. with a running controller: observed against predicted p99 over time (its stored observation windows).
@@ -256,8 +256,9 @@ def render_report(
         "<p class='note'>Every row is planned by the same solver over the same profiles. One model per GPU: "
         "every replica on a whole GPU. Equal MPS split: every GPU cut into N equal slices, one pod per slice "
         "(Kubernetes' device plugin with MPS sharing), N the best the share step allows. Best configuration "
-        "alone: each model at its own best batch and share, packed by share with no interference check; "
-        "its predicted misses are why it looks cheap.</p>"
+        "alone: each model at the share and batch it needs on an empty GPU (what a per-model sweep finds), "
+        "packed by share with no interference check; iGniter's rule alone: the same with iGniter's rule "
+        "(stoke plan --strategy ffd). Their predicted misses are the interference they ignore.</p>"
     )
     parts.append("<h2>Per-GPU share packing</h2>")
     parts.append(f"<img alt='share packing per GPU' src='{packing_figure(plan)}'>")

@@ -12,9 +12,12 @@ and interference model), so GPUs, cost and predicted misses compare like for lik
   (replicas of one slice each, splitting its rate) that can; one whose pod interference pushes past its
   slice cannot grow there and is listed in `Alternative.misses`. N is the best of the slice counts the
   GPU type's share step allows (up to `MAX_SLICES`); the others are kept in `Alternative.tried`.
-- ``best configuration alone, packed by share``: each model at the configuration it would get alone
-  (iGniter's batch and share rule), packed first-fit by share with no interference check (the `ffd`
-  strategy): a Model Analyzer sweep per model, then packed by hand. Its predicted misses are listed.
+- ``best configuration alone, packed by share``: each model at its best configuration alone (the
+  share and batch stoke picks for it on an empty GPU: what a per-model sweep such as Model Analyzer's
+  finds), packed first-fit by share with no interference check: a sweep per model, then packed by hand.
+  Its predicted misses (interference) are listed.
+- ``iGniter's rule alone, packed by share``: the same with iGniter's batch and share rule (the `ffd`
+  strategy, `stoke plan --strategy ffd`).
 
 Pure: no I/O, plain dataclasses in and out.
 """
@@ -25,9 +28,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from planner.solver.ffd import solve_ffd
 from planner.solver.problem import GpuType, Plan, Problem, ProblemError, Workload
 from planner.solver.solve import solve
-from planner.solver.stoke import StokeOptions
+from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions, stoke_items
 
 #: Largest slice count tried for the equal MPS split.
 MAX_SLICES = 10
@@ -133,12 +137,27 @@ def best_equal_split(problem: Problem, options: StokeOptions | None = None) -> A
 
 
 def packed_alone(problem: Problem) -> Alternative:
-    name = "best configuration alone, packed by share"
+    """iGniter's rule per model alone, packed first-fit by share: `stoke plan --strategy ffd`."""
+    name = "iGniter's rule alone, packed by share"
     try:
         plan = solve(problem, "ffd")
     except ProblemError as err:
         return Alternative(name, None, note=str(err))
-    return Alternative(name, plan, tuple(plan.slo_misses), "each model tuned alone, no interference check (ffd)")
+    return Alternative(name, plan, tuple(plan.slo_misses), "no interference check (stoke plan --strategy ffd)")
+
+
+def best_alone_packed(problem: Problem, options: StokeOptions | None = None) -> Alternative:
+    """Each model's best configuration alone (stoke's own choice for it on an empty GPU: what a
+    per-model sweep finds), packed first-fit by share with no interference check."""
+    name = "best configuration alone, packed by share"
+    chosen = options or DEFAULT_OPTIONS
+    try:
+        plan = solve_ffd(problem, lambda w, cache: stoke_items(w, cache, chosen), "best-alone")
+    except ProblemError as err:
+        return Alternative(name, None, note=str(err))
+    return Alternative(
+        name, plan, tuple(plan.slo_misses), "each model's own best share and batch, neighbours ignored when packing"
+    )
 
 
 def alternatives(problem: Problem, plan: Plan, options: StokeOptions | None = None) -> list[Alternative]:
@@ -147,5 +166,6 @@ def alternatives(problem: Problem, plan: Plan, options: StokeOptions | None = No
         Alternative("stoke", plan, tuple(plan.slo_misses), "shares, batches and placement chosen together"),
         one_model_per_gpu(problem, options),
         best_equal_split(problem, options),
+        best_alone_packed(problem, options),
         packed_alone(problem),
     ]

@@ -95,8 +95,9 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compare",
         action="store_true",
-        help="instead of the plan, compare its GPUs and cost with one model per GPU, an equal MPS split and "
-        "each model tuned alone (the same model; what `stoke report` draws)",
+        help="instead of the plan, compare its GPUs and cost with one model per GPU, an equal MPS split, each "
+        "model's best configuration alone packed by share, and iGniter's rule packed by share (the same model; "
+        "what `stoke report` draws)",
     )
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     add_client_options(p, group_title="controller connection (--remote)")

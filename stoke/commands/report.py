@@ -26,10 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "p99 against SLO (and, with --observed, observed against predicted p99 from a running controller)",
         description="Plan WORKLOADS.yaml as `stoke plan` does and write one HTML file with everything inside "
         "(figures as embedded PNG, no network needed to open it): the plan; GPUs and cost against one model "
-        "per GPU, an equal MPS split (Kubernetes' device plugin) and each model tuned alone and packed by "
-        "share, all planned with the same model; per-GPU share packing; predicted p99 (and its upper bound "
-        "where the plan has one) against each SLO. With --observed it also reads a running controller's "
-        "observation windows and draws observed against predicted p99 over time.",
+        "per GPU, an equal MPS split (Kubernetes' device plugin), each model's best configuration alone "
+        "packed by share, and iGniter's rule packed by share, all planned with the same model; per-GPU share "
+        "packing; predicted p99 (and its upper bound where the plan has one) against each SLO. With --observed "
+        "it also reads a running controller's observation windows and draws observed against predicted p99 "
+        "over time.",
     )
     p.add_argument("workloads", nargs="?", help="workloads YAML (default: the bundled example); - reads stdin")
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (as `stoke plan`)")
