@@ -32,6 +32,8 @@ from agents.loadgen import (
 )
 from agents.triton import TritonError, TritonFleet
 from controller.messages import ModelAssignment
+from foundation.errors import StokeError
+from foundation.files import atomic_write_text
 from interference.profiling import (
     Measurement,
     MeasurePoint,
@@ -40,8 +42,6 @@ from interference.profiling import (
     eta_seconds,
     measure_until_stable,
 )
-from stoke.errors import StokeError
-from stoke.files import atomic_write_text
 
 
 class ProfilingError(StokeError, RuntimeError):

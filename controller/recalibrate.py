@@ -51,10 +51,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.messages import Replica
-from controller.simulate import service_curve
-from controller.solver import Placement, Plan
 from interference.batching import end_to_end_p99_ms, latency_distribution
 from interference.profile import DeviceProfile
+from planner.simulate import service_curve
+from planner.solver import Placement, Plan
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from controller.loop_output import WorkloadFeedback
 from controller.messages import AssignmentError, Observation, Replica, ServingEndpoint
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
-from controller.solver import Workload
+from planner.solver import Workload
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from chaos_helpers import SimFleet, free_port, wait_for
 
 from controller.api.client import ControllerClient
 from controller.messages import NodeDevice
-from controller.solver import Workload
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

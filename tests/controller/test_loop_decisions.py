@@ -8,14 +8,14 @@ import math
 from dataclasses import replace
 
 import pytest
+from profiles import accel_sim_profile
 
 from controller.config import DemandConfig, GuardConfig
 from controller.demand import DemandState, quantile, track
 from controller.guard import GuardState, GuardWindow, clear, expire, refuse, step
 from controller.recalibrate import Confirmation, Move, crosses, factor_move, p99_moves, placed_replicas
-from controller.solver import GpuPlan, Placement, Plan, Workload
 from interference.recalibration import Correction, apply_corrections
-from stoke.commands.demo import accel_sim_profile
+from planner.solver import GpuPlan, Placement, Plan, Workload
 
 GUARD = GuardConfig(windows=3, min_requests=10, hold_s=60.0, cooldown_s=10.0)
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from control_helpers import cpu_profile
 
-from controller.solver import GpuType, Problem, ProblemError, Workload, plan_from_dict, plan_to_dict, solve
 from interference.batching import end_to_end_p99_ms
 from interference.profile import DEFAULT_SERVING_P99_MS, DeviceProfile
 from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
 from interference.profiling import ProfileSession
+from planner.solver import GpuType, Problem, ProblemError, Workload, plan_from_dict, plan_to_dict, solve
 from stoke.commands.core import format_plan
 
 
