@@ -43,11 +43,14 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)
+    # the serving path outside the batch, measured once per model over gRPC (client less Triton's own time)
+    assert set(session.serving_p99_ms) == {"mlp_small"} and 0 < session.serving_p99_ms["mlp_small"] < 1000
     capsys.readouterr()
     assert main(argv) == 0  # resuming a finished profile measures nothing again
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
     profile = fit_measured_profile(session)
     assert set(profile.models) == {"mlp_small"}
+    assert profile.models["mlp_small"].serving_p99_ms == session.serving_p99_ms["mlp_small"]
     # real measurements on a shared machine may or may not fit well: the report is printed either way
     assert main(["profile", "fit", str(out), "-o", str(tmp_path / "p.json"), "--force"]) == 0
     assert "MAPE_%" in capsys.readouterr().out and (tmp_path / "p.json").exists()
