@@ -78,7 +78,6 @@ from interference.recalibration import (
     MAX_POINTS,
     CalibrationPoint,
     Correction,
-    Estimate,
     RecalibrationOptions,
     apply_corrections,
     estimate,
@@ -400,15 +399,53 @@ class FeedbackLoop:
         cfg = self.config.recalibration
         state = self.store.profile_state().get(pair, (0, False))
         fitted = self.profiles.fitted().get(gpu_type)
-        active_profiles, _ = self.profiles.snapshot()
-        active = active_profiles.get(gpu_type)
+        active = self.profiles.snapshot()[0].get(gpu_type)
         if state[1] or fitted is None or active is None or model not in fitted.models or model not in active.models:
             return
+        evidence = self._evidence(pair)
+        if evidence is None:
+            return  # no new window since the last estimate: it would only repeat (and confirm) itself
+        points, replicas, sli, ratios = evidence
+        current = self._active_factor(pair, state[0])
+        correction = self._service_time(pair, points, fitted, ratios, current, now)
+        corrected = active
+        if correction is not None:
+            serving_now = active.models[model].serving_p99_ms
+            corrected = with_serving(
+                _with_model(active, apply_corrections(fitted, {model: correction}), model), model, serving_now
+            )
+        slo = min((r.placement.slo_ms for r in replicas), default=0.0)
+        tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
+        serving = serving_estimate(
+            corrected, model, replicas, sli, min_windows=int(cfg.min_windows), tolerance_ms=tolerance
+        )
+        if correction is None and not serving.changed:
+            self._confirm[pair] = Confirmation()
+            return
+        candidate = with_serving(corrected, model, serving.serving_p99_ms)
+        moves = p99_moves(active, candidate, replicas)
+        factor = correction.factor if correction else current
+        crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
+        confirmation = self._confirm.get(pair, Confirmation()).next(
+            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance
+        )
+        self._confirm[pair] = confirmation
+        if confirmation.count < cfg.confirmations or not self._due(
+            pair, _prediction_below(active, replicas, sli, moves, tolerance), now
+        ):
+            return
+        self._publish(pair, correction, current, candidate, serving, why, now)
+
+    def _evidence(
+        self, pair: tuple[str, str]
+    ) -> tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], dict[str, list[float]]] | None:
+        """(calibration points, placed replicas, their SLI windows at the placement and the planned load, each
+        node's recent observed/predicted execution times); None when no window arrived since the last estimate."""
+        gpu_type, model = pair
+        cfg = self.config.recalibration
         with self._lock:
             points = list(self._points.get(pair, ()))
-            applied = self._applied
-            replicas = placed_replicas(applied.plan, gpu_type, model) if applied else []
-            keys = {r.key for r in replicas}
+            replicas = placed_replicas(self._applied.plan, gpu_type, model) if self._applied else []
             sli = [
                 SliWindow(w.key, w.node_id, w.p99_ms, w.p50_ms, w.queue_ms, w.compute_ms)
                 for r in replicas
@@ -421,65 +458,45 @@ class FeedbackLoop:
                 and w.batch == r.placement.batch
                 and _at_planned_load(w, r.placement.rate_rps)
             ]
-            newest = max([points[-1].window if points else 0] + [w.id for k in keys for w in self._windows(k)])
-            ratios: dict[str, list[float]] = {}  # node -> its recent windows' observed/predicted execution time
+            newest = max([points[-1].window if points else 0] + [w.id for r in replicas for w in self._windows(r.key)])
+            ratios: dict[str, list[float]] = {}
             for replica in self._replicas.values():
                 for w in list(replica.windows)[-cfg.recent_windows :]:
                     if w.model == model and w.gpu_type == gpu_type and w.error_ratio is not None:
                         ratios.setdefault(w.node_id, []).append(w.error_ratio)
             if self._estimated.get(pair) == newest:
-                return  # no new window since the last estimate: it would only repeat (and confirm) itself
+                return None
             self._estimated[pair] = newest
-        result = estimate(points, fitted, model, now, self.options)
-        serving_now = active.models[model].serving_p99_ms
-        corrected = active
-        current = self._active_factor(pair, state[0])
-        if result.correction is not None:
-            agreeing, voters, accepted = nodes_agree(ratios, current, result.correction.factor)
-            if not accepted:
-                log.info(
-                    "%s/%s: service time x%.3f held: %d of %d node(s) show it",
-                    model,
-                    gpu_type,
-                    result.correction.factor,
-                    agreeing,
-                    voters,
-                )
-                result = Estimate(None, f"{agreeing} of {voters} node(s) agree")
-        if result.correction is not None:
-            corrected = with_serving(
-                _with_model(active, apply_corrections(fitted, {model: result.correction}), model), model, serving_now
+        return points, replicas, sli, ratios
+
+    def _service_time(
+        self,
+        pair: tuple[str, str],
+        points: list[CalibrationPoint],
+        fitted: DeviceProfile,
+        ratios: Mapping[str, list[float]],
+        current: float,
+        now: float,
+    ) -> Correction | None:
+        """The estimator's correction of the service time, if the nodes running the model agree (one vote each)."""
+        correction = estimate(points, fitted, pair[1], now, self.options).correction
+        if correction is None:
+            return None
+        agreeing, voters, accepted = nodes_agree(ratios, current, correction.factor)
+        if not accepted:
+            log.info(
+                "%s/%s: x%.3f held: %d of %d node(s) show it", pair[1], pair[0], correction.factor, agreeing, voters
             )
-        slo = min((r.placement.slo_ms for r in replicas), default=0.0)
-        tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
-        serving = serving_estimate(
-            corrected, model, replicas, sli, min_windows=int(cfg.min_windows), tolerance_ms=tolerance
-        )
-        if result.correction is None and not serving.changed:
-            self._confirm[pair] = Confirmation()
-            return
-        candidate = with_serving(corrected, model, serving.serving_p99_ms)
-        moves = p99_moves(active, candidate, replicas)
-        factor = result.correction.factor if result.correction else current
-        crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
-        confirmation = self._confirm.get(pair, Confirmation()).next(
-            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance
-        )
-        self._confirm[pair] = confirmation
-        if confirmation.count < cfg.confirmations:
-            return
-        below_sli = _prediction_below(active, replicas, sli, moves, tolerance)
+            return None
+        return correction
+
+    def _due(self, pair: tuple[str, str], below_sli: bool, now: float) -> bool:
+        """Hysteresis in time: a version at most every `min_interval_s`, unless clients see more than predicted."""
         last = self._last_published.get(pair)
         if last is None:  # after a restart: the stored versions say when the last one was published
-            created = [v.created_unix for v in self.store.profile_versions(model) if v.gpu_type == gpu_type]
+            created = [v.created_unix for v in self.store.profile_versions(pair[1]) if v.gpu_type == pair[0]]
             last = self._last_published[pair] = max(created, default=-math.inf)
-        if not below_sli and now - last < cfg.min_interval_s:
-            return  # hysteresis in time: a lowering (or a sideways move) waits for the interval
-        hysteresis = (
-            f"hysteresis: moves under {cfg.replan_threshold:.0%} of the SLO ignored, {cfg.confirmations} agreeing "
-            f"estimates, >= {cfg.min_interval_s:g}s between versions unless the SLI is above the prediction"
-        )
-        self._publish(pair, result.correction, current, candidate, serving, why, hysteresis, now)
+        return below_sli or now - last >= self.config.recalibration.min_interval_s
 
     def _windows(self, key: str) -> list[ObservationRecord]:
         replica = self._replicas.get(key)
@@ -493,11 +510,15 @@ class FeedbackLoop:
         candidate: DeviceProfile,
         serving: ServingEstimate,
         why: str,
-        hysteresis: str,
         now: float,
     ) -> None:
         """Store the corrected model as the pair's new active version; the next reconcile re-plans."""
         gpu_type, model = pair
+        cfg = self.config.recalibration
+        hysteresis = (
+            f"hysteresis: moves under {cfg.replan_threshold:.0%} of the SLO ignored, {cfg.confirmations} agreeing "
+            f"estimates, >= {cfg.min_interval_s:g}s between versions unless the SLI is above the prediction"
+        )
         service = (
             f"service time {c.summary} from {c.windows:.1f} windows (Triton compute)"
             if c
