@@ -400,7 +400,8 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
         "client_p99_ms",
         "over_slo",
     ]
-    rows = [line.split() for line in lines[head + 3 :] if line and not line.startswith("client figures")]
+    legend = ("client figures", "plan_p99_ms:")
+    rows = [line.split() for line in lines[head + 3 :] if line and not line.startswith(legend)]
     assert len(rows) == 2
     for row in rows:
         state, rate, requests, failed = row[1], float(row[3]), int(row[5]), int(row[6])
