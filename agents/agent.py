@@ -226,6 +226,8 @@ class AgentState:
     events: list[str] = field(default_factory=list)
     refused: tuple[AssignmentError, ...] = ()  # why the last answer was refused (nothing of it applied)
     refused_revision: int = 0
+    #: why this node's serving endpoints cannot serve (the router's own probe); non-empty: no heartbeat
+    serving_problems: tuple[str, ...] = ()
 
 
 class Agent:
@@ -293,6 +295,13 @@ class Agent:
         now = self.clock()
         if now < s.next_attempt:
             return s.next_attempt - now
+        with self._lock:
+            serving_problems = s.serving_problems
+        if serving_problems:
+            # a node whose endpoints cannot serve must not look ready: no heartbeat, so the controller's
+            # timeout marks it not ready and moves its workloads; beats resume once the probe passes
+            log.error("not heartbeating: this node cannot serve (%s)", "; ".join(serving_problems[:3]))
+            return self._next_beat()
         try:
             if not s.registered:
                 interval = self.client.register(self.node_id, self.devices, self.address)
@@ -404,6 +413,12 @@ class Agent:
                 )
         for e in self.fleet.check_health():
             self._event(e)
+        probe = getattr(self.fleet, "serving_problems", None)
+        problems = tuple(probe()) if probe is not None else ()
+        with self._lock:
+            if problems and not s.serving_problems:
+                s.events.append(f"endpoints cannot serve: {'; '.join(problems[:3])}"[: limits.MAX_EVENT_CHARS])
+            s.serving_problems = problems
         observed = self._observe()
         running = tuple(self.fleet.running())
         endpoints_of = getattr(self.fleet, "serving_endpoints", None)

@@ -396,6 +396,10 @@ class TritonFleet:
                 self.router.in_flight(old.process.grpc_url),
             )
 
+    def serving_problems(self) -> list[str]:
+        """Why this node's stable endpoints cannot serve ([] without a router, or when they can)."""
+        return self.router.problems() if self.router is not None else []
+
     def serving_endpoint(self, key: str) -> ServingEndpoint:
         """Where clients reach one assignment: the router's stable endpoints, else the process's own."""
         with self._lock:
