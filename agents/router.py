@@ -51,6 +51,7 @@ import re
 import resource
 import socket
 import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -277,6 +278,7 @@ class _Route:
     grpc_server: Any = None
     http: Any = None  # _HttpRoute
     channels: dict[str, Any] = field(default_factory=dict)  # backend grpc address -> aio channel (loop thread only)
+    hold_until: float = 0.0  # monotonic time: until then a call that finds no backend waits for one
 
 
 class Router:
@@ -319,6 +321,22 @@ class Router:
             route.backends = tuple(sorted(backends, key=lambda b: b.key))
             self._changed.notify_all()
         return self._endpoints(route)
+
+    def hold(self, workload: str, seconds: float) -> None:
+        """For `seconds`, calls to `workload` that find no backend wait for one (a replacement is starting)
+        instead of failing at once; 0 ends the hold."""
+        with self._lock:
+            route = self._routes.get(workload)
+            if route is not None:
+                route.hold_until = time.monotonic() + seconds if seconds > 0 else 0.0
+
+    async def _acquire_waiting(self, route: _Route) -> Backend | None:
+        """`_acquire`, waiting while the route is held without a backend (the call's own timeout bounds it)."""
+        backend = self._acquire(route)
+        while backend is None and time.monotonic() < route.hold_until:
+            await asyncio.sleep(0.05)
+            backend = self._acquire(route)
+        return backend
 
     def remove(self, workload: str) -> None:
         """Close the workload's ports (it left this node)."""
@@ -540,7 +558,7 @@ class _GrpcHandler(grpc.GenericRpcHandler):
 
     async def _backend(self, context: Any) -> Backend:
         """The route's current backend, counted in flight (release it); the call aborted when there is none."""
-        backend = self.router._acquire(self.route)
+        backend = await self.router._acquire_waiting(self.route)
         if backend is None:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"workload {self.route.workload}: no Triton process serves it here"
@@ -706,7 +724,7 @@ class _HttpRoute:
         router, route = self.router, self.route
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         for attempt in (0, 1):
-            backend = router._acquire(route)
+            backend = await router._acquire_waiting(route)
             if backend is None:
                 return _plain(503, f"workload {route.workload}: no Triton process serves it here")
             try:
@@ -716,9 +734,9 @@ class _HttpRoute:
                     data = await reply.read()
                     out = [(k, v) for k, v in reply.headers.items() if k.lower() not in _HOP_BY_HOP]
                     return web.Response(status=reply.status, body=data, headers=CIMultiDict(out))
-            except aiohttp.ClientConnectorError:
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 if attempt == 0 and not router._still_current(route, backend):
-                    continue  # the process went away before the call reached it (a crash): once more
+                    continue  # the process went away (a crash, or killed as hung): once more on the current one
                 return _plain(502, f"workload {route.workload}: its Triton process refused the connection")
             except aiohttp.ClientError as err:
                 return _plain(502, f"workload {route.workload}: {type(err).__name__}: {err}")

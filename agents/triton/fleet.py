@@ -108,8 +108,11 @@ class TritonFleet:
         clock: Callable[[], float] = time.monotonic,
         router: Any = None,
         drain_timeout_s: float = 30.0,
+        probe_deadline_s: float = 2.0,
     ) -> None:
-        """`router`: an `agents.router.Router` giving each workload stable endpoints (closed with the fleet)."""
+        """`router`: an `agents.router.Router` giving each workload stable endpoints (closed with the fleet).
+        `probe_deadline_s`: a running Triton that does not answer its readiness probe within it is hung: it
+        is killed and replaced (`check_health`)."""
         if device_kind not in ("cpu", "gpu"):
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
@@ -130,6 +133,7 @@ class TritonFleet:
         self.drain_s = drain_s
         self.router: Any = router
         self.drain_timeout_s = drain_timeout_s
+        self.probe_deadline_s = probe_deadline_s
         self._clock = clock
         self._base_config = base_config or self._default_base_config
         self._binary = find_tritonserver()
@@ -360,8 +364,9 @@ class TritonFleet:
         )
 
     # -- stable endpoints (the router)
-    def _route(self, workload: str) -> str:
-        """Point the workload's stable endpoints at its processes (close them when none is left); "" or the error."""
+    def _route(self, workload: str, keep: bool = False) -> str:
+        """Point the workload's stable endpoints at its processes (close them when none is left, unless `keep`:
+        a replacement is coming); "" or the error."""
         if self.router is None:
             return ""
         backends = [
@@ -375,7 +380,7 @@ class TritonFleet:
             if s.assignment.workload == workload
         ]
         try:
-            if backends:
+            if backends or keep:
                 self.router.set_backends(workload, backends)
             else:
                 self.router.remove(workload)
@@ -432,14 +437,24 @@ class TritonFleet:
             pass  # check_health restarts it with the old config
 
     def check_health(self) -> list[str]:
-        """Restart crashed Triton processes (re-loading their models); returns events."""
+        """Replace crashed and hung Triton processes (re-loading their models); returns events.
+
+        Hung: alive, but its readiness probe does not answer within `probe_deadline_s` (a stopped or wedged
+        server). It is killed (SIGKILL: a stopped process cannot act on SIGTERM) and its workload's calls are
+        held at the router (up to the replacement's start timeout) instead of failing, then a new process
+        takes them. Bound, from the hang to traffic moving off it: one fleet step (the agent's heartbeat
+        interval, 2 s by default) + `probe_deadline_s`; served again once the replacement is ready (Triton's
+        start and the model's load; see the README, "Hung Triton")."""
         events: list[str] = []
         with self._lock:
             for key in sorted(self._slots):
                 slot = self._slots[key]
                 model = slot.assignment.model
+                if slot.process.alive() and not slot.process.server_ready(self.probe_deadline_s):
+                    events.append(self._replace_hung(key, slot))
+                    continue
                 if slot.process.alive():
-                    if slot.process.model_ready(model):
+                    if slot.process.model_ready(model, self.probe_deadline_s):
                         continue
                     try:
                         slot.process.load(model, slot.config)
@@ -460,6 +475,28 @@ class TritonFleet:
                 except (RuntimeError, OSError) as err:  # TritonError, MpsError
                     events.append(f"{key}: Triton pid {pid} exited with code {code}; restart failed: {err}")
         return events
+
+    def _replace_hung(self, key: str, slot: _Slot) -> str:
+        pid, workload = slot.process.pid, slot.assignment.workload
+        slot.process.kill()
+        del self._slots[key]
+        if self.router is not None:
+            self.router.hold(workload, self.ready_timeout_s + 30.0)  # calls wait for the replacement
+            self._route(workload, keep=True)
+        what = f"{key}: Triton pid {pid} did not answer its readiness probe within {self.probe_deadline_s:g}s (hung)"
+        try:
+            new = self._spawn(slot.assignment, slot.config, exclude=key)
+        except (RuntimeError, OSError) as err:  # TritonError, MpsError
+            self._release_hold(workload)
+            return f"{what}; killed; restart failed: {err}"
+        self._slots[key] = new
+        self._release_hold(workload)
+        return f"{what}; killed and restarted as pid {new.process.pid} on {new.process.grpc_url}"
+
+    def _release_hold(self, workload: str) -> None:
+        self._route(workload)
+        if self.router is not None:
+            self.router.hold(workload, 0.0)
 
     def observe(self) -> list[ObservedModel]:
         """Per-assignment figures since the previous `observe` (or since the model was loaded)."""
