@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -268,6 +269,9 @@ class Agent:
         self.sli = SliReader(sli_sources)
         self.device = device
         self.state = AgentState()
+        #: this agent process, for the controller's replay check; heartbeats are numbered from 1 within it
+        self.incarnation = secrets.token_hex(16)
+        self._sequence = 0
         self._lock = threading.Lock()
         self._wake_fleet = threading.Event()
         self._stop = threading.Event()
@@ -284,6 +288,10 @@ class Agent:
         with self._lock:
             self.state.events.append(line)
             del self.state.events[: -limits.MAX_EVENTS]
+
+    def _next_sequence(self) -> int:
+        self._sequence += 1
+        return self._sequence
 
     def _next_beat(self) -> float:
         """The heartbeat interval, +-`jitter` at random."""
@@ -323,6 +331,8 @@ class Agent:
                     applied_revision=s.applied_revision,
                     errors_revision=errors_revision,
                     endpoints=s.endpoints[: limits.MAX_ASSIGNMENTS],
+                    sequence=self._next_sequence(),
+                    incarnation=self.incarnation,
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving

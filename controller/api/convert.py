@@ -192,6 +192,8 @@ def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
         applied_revision=r.applied_revision,
         errors_revision=r.errors_revision,
         endpoints=[endpoint_to_pb(e) for e in r.endpoints],
+        sequence=r.sequence,
+        incarnation=r.incarnation,
     )
 
 
@@ -205,6 +207,8 @@ def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
         applied_revision=m.applied_revision,
         errors_revision=m.errors_revision,
         endpoints=tuple(endpoint_from_pb(e) for e in m.endpoints),
+        sequence=m.sequence,
+        incarnation=m.incarnation,
     )
 
 
