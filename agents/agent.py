@@ -231,6 +231,10 @@ class AgentState:
     serving_problems: tuple[str, ...] = ()
 
 
+#: The agent's shutdown bound (s): loops 2 s + the fleet's `SHUTDOWN_S` (20 s) + 3 s, documented as <= 30 s.
+SHUTDOWN_S = 30.0
+
+
 class Agent:
     def __init__(
         self,
@@ -483,13 +487,20 @@ class Agent:
             self._threads.append(t)
 
     def stop(self, close_fleet: bool = True) -> None:
+        """Stop within `SHUTDOWN_S` whatever runs: the loops get a moment to finish their step, then the fleet
+        closes with its own deadline (killing a Triton still starting or loading a model, which also ends a
+        fleet step blocked on it), then the loops get another moment."""
         self._stop.set()
         self._wake_fleet.set()
         for t in self._threads:
-            t.join(timeout=30)
-        self._threads.clear()
+            t.join(timeout=2.0)
         if close_fleet:
             self.fleet.close()
+        for t in self._threads:
+            t.join(timeout=3.0)
+            if t.is_alive():
+                log.warning("thread %s still running at shutdown; leaving it (daemon)", t.name)
+        self._threads.clear()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stop.wait(timeout)

@@ -86,6 +86,11 @@ def _placement(a: ModelAssignment) -> tuple[str, int, float]:
     return (a.model, a.device, round(float(a.share_pct), 6))
 
 
+#: How long `TritonFleet.close` may take, whatever is loading: the agent's whole shutdown stays within 30 s
+#: (under systemd's default 90 s stop timeout), see `agents.agent.SHUTDOWN_S`.
+SHUTDOWN_S = 20.0
+
+
 class TritonFleet:
     """All Triton processes of one node; makes the node serve exactly the given assignments."""
 
@@ -140,6 +145,11 @@ class TritonFleet:
         self._backend_dir = prepare_backend_dir(self.workdir)
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.RLock()
+        #: every process spawned and maybe alive (a start or a load in progress included): what `close` kills
+        #: when its deadline passes, without the fleet lock a long load may hold
+        self._spawned: list[TritonProcess] = []
+        self._spawned_lock = threading.Lock()
+        self._closing = threading.Event()
         self._counter = 0
         self._mps_started = False
         self._store: Any = None  # the S3 store of a remote repository, opened on first use
@@ -238,6 +248,8 @@ class TritonFleet:
             self._ensure_mps()
         cores, env = self.resources(a, exclude)
         self._counter += 1
+        if self._closing.is_set():
+            raise TritonError("the fleet is shutting down")
         process = TritonProcess(
             self.repository,
             workdir=self.workdir,
@@ -250,6 +262,8 @@ class TritonFleet:
             ready_timeout_s=self.ready_timeout_s,
             exit_timeout_s=self.exit_timeout_s,
         )
+        with self._spawned_lock:
+            self._spawned = [p for p in self._spawned if p.proc is None or p.alive()] + [process]
         process.start()
         try:
             process.load(a.model, config)
@@ -446,6 +460,8 @@ class TritonFleet:
         interval, 2 s by default) + `probe_deadline_s`; served again once the replacement is ready (Triton's
         start and the model's load; see the README, "Hung Triton")."""
         events: list[str] = []
+        if self._closing.is_set():
+            return events
         with self._lock:
             for key in sorted(self._slots):
                 slot = self._slots[key]
@@ -559,19 +575,34 @@ class TritonFleet:
         slot = self._slots[key]
         return slot.process.model_config(slot.assignment.model)
 
-    def close(self) -> None:
-        """Stop every process (graceful, then forceful), in parallel."""
+    def close(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """Stop every process (graceful, then forceful), in parallel, within `deadline_s` whatever runs.
+
+        A start or a model load in progress holds the fleet lock (a load may take minutes): after half the
+        deadline close stops waiting for it; at the deadline every process still alive, that one included,
+        is killed (SIGKILL of its process group)."""
+        end = time.monotonic() + deadline_s
+        self._closing.set()
         if self.router is not None:
             self.router.close()  # stop taking calls first
-        with self._lock:
+        locked = self._lock.acquire(timeout=deadline_s / 2)
+        try:
             slots, self._slots = list(self._slots.values()), {}
+        finally:
+            if locked:
+                self._lock.release()
         threads = [
             threading.Thread(target=s.process.unload_and_stop, args=([s.assignment.model],), daemon=True) for s in slots
         ]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout=max(0.0, end - time.monotonic() - 1.0))
+        with self._spawned_lock:
+            left = [p for p in self._spawned if p.proc is not None and p.alive()]
+        for p in left:
+            log.warning("%s: still running at shutdown (a start or load in progress); killed", p.name)
+            p.kill()
         if self.mps is not None and self._mps_started:
             try:
                 self.mps.quit()
