@@ -313,8 +313,16 @@ class Store:
                 if action == "write" or kind == "corrupt":
                     self._failed(kind, message)
                 raise DatabaseError(message, kind) from None
-            if action == "write":
+            if action == "write" and self._failure is not None and self._room_again():
                 self._failure = None
+
+    def _room_again(self) -> bool:
+        """Whether a failure may be cleared: a full disk needs real room back (a quarter of the reserve), not
+        just one small write that fit into a freed page, or health would flap while the disk is still full."""
+        if self._failure is None or self._failure[0] != "disk_full":
+            return True
+        free = self.free_bytes()
+        return free is None or free >= self._reserve() // 4
 
     def _failed(self, kind: str, message: str) -> None:
         self._failures += 1
@@ -351,6 +359,9 @@ class Store:
 
     def probe_write(self) -> bool:
         """One small write (to `meta`): True when writes work; clears a failure once the cause is gone."""
+        with self._lock:
+            if not self._room_again():
+                return False
         try:
             with self._use("write") as db:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('probe_unix', ?)", (repr(time.time()),))
