@@ -66,7 +66,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 log = logging.getLogger("stoke.router")
 

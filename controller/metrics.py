@@ -24,7 +24,7 @@ The store (`controller.store.Store.health`): stoke_store_healthy (0 while writes
   stoke_store_degraded{reason} (1 for the cause: disk_full, read_only, corrupt, io, gone,
   observations_paused), stoke_store_write_failures_total, stoke_store_free_bytes,
   stoke_store_last_backup_unix (0: none yet). The generated rules alert on them
-  (`controller.alerts.controller_rules`: StokeStoreDegraded names the reason).
+  (`deploy.alerts.controller_rules`: StokeStoreDegraded names the reason).
 Durations and errors (fed by the service through the Observer protocol):
   stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
   (histogram), stoke_reconcile_errors_total (counter).
@@ -173,10 +173,14 @@ class _StateCollector(Collector):
         yield from _profile_and_counter_families(self.service)
         yield from _store_families(self.service, self.backups)
         yield GaugeMetricFamily(
-            "stoke_gpus_in_use", "GPUs (device slots) used by the applied plan", value=status.gpus_in_use
+            "stoke_gpus_in_use",
+            "Devices in use: the applied plan's GPUs bound to a node device (as stoke status counts)",
+            value=status.gpus_in_use,
         )
         yield GaugeMetricFamily(
-            "stoke_plan_cost_per_hour", "Hourly cost of the applied plan", value=status.cost_per_hour
+            "stoke_plan_cost_per_hour",
+            "Hourly cost of the devices in use (bound GPUs of the applied plan)",
+            value=status.cost_per_hour,
         )
         yield GaugeMetricFamily("stoke_plan_revision", "Revision of the applied plan", value=status.revision)
         nodes = GaugeMetricFamily("stoke_nodes", "Nodes by state", labels=["state"])

@@ -23,12 +23,18 @@ import time
 
 import yaml
 
-from controller.training import readers
-from controller.training.blocks import gradient_profile_from_dict, plan_blocks
-from controller.training.comm_sim import SCHEDULERS, compare
-from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
-from controller.training.homogeneous import provision_homogeneous
-from controller.training.kube import (
+from foundation import validate as check
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
+from stoke.output import add_output_file_option, add_output_option, emit
+from stoke.progress import Progress
+from stoke.table import print_table
+from training import readers
+from training.blocks import gradient_profile_from_dict, plan_blocks
+from training.comm_sim import SCHEDULERS, compare
+from training.estimators import LossCurveEstimator, SpotLossEstimator
+from training.homogeneous import provision_homogeneous
+from training.kube import (
     DEFAULT_IMAGE,
     DEFAULT_MEMORY,
     DEFAULT_SPOT_LABEL,
@@ -36,20 +42,17 @@ from controller.training.kube import (
     render_manifests,
     validate_manifests,
 )
-from controller.training.spec import (
+from training.spec import (
     TrainingPlan,
     spec_from_dict,
     training_plan_from_dict,
     training_plan_to_dict,
     with_overrides,
 )
-from controller.training.spot import provision_spot
-from stoke import validate as check
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
-from stoke.output import add_output_option, emit
-from stoke.progress import Progress
-from stoke.table import print_table
+from training.spot import provision_spot
+
+#: What `train render` writes: YAML documents, or one JSON List (`--format`, or `-o json|yaml`).
+RENDER_FORMATS = ("yaml", "json")
 
 FIT_FORMAT_VERSION = 1
 
@@ -92,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", type=float, help="override job.target_loss")
     p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="also write the plan JSON here (input of `train launch`)")
+    add_output_file_option(p, metavar="PLAN.json", help="also write the plan JSON here (input of `train launch`)")
     p.add_argument("--endpoint-url", help="EC2/pricing endpoint for --prices live")
     p.add_argument("--region", default="us-east-1")
     p.set_defaults(run=run_plan)
@@ -103,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, help="also report the samples to reach this loss")
     p.add_argument("--r-weight", type=float, default=1.0, help="heterogeneous fit: weight of R (0 = R term off)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="write the fitted coefficients (JSON) here")
+    add_output_file_option(p, metavar="FIT.json", help="write the fitted coefficients (JSON) here")
     p.set_defaults(run=run_fit_loss)
 
     p = sub.add_parser("launch", help="launch the plan's spot workers and PS (idempotent)")
@@ -164,7 +167,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default %(default)s; 'none' to leave it out)",
     )
     p.add_argument("--namespace", default="default")
-    p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        choices=RENDER_FORMATS,
+        default="yaml",
+        help="yaml (default: a multi-document stream for kubectl apply -f) or json (a List object)",
+    )
+    add_output_file_option(p, metavar="FILE", formats=RENDER_FORMATS, help="write the manifests here instead of stdout")
     p.set_defaults(run=run_render)
 
     p = sub.add_parser("comm-sim", help="simulate PS push/pull under FIFO, priority and block scheduling")
@@ -190,7 +200,7 @@ def _load_spec(
 ):
     data, source = readers.read_spec(path)
     if prices == "live":
-        from controller.cloud import CloudError, PriceSource, make_clients
+        from training.cloud import CloudError, PriceSource, make_clients
 
         ec2, pricing = make_clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
@@ -322,17 +332,22 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 def _cloud_error(err: Exception) -> UserError:
     """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
-    from controller.cloud import AWS_CREDENTIALS_FIX
+    from foundation.aws import AWS_CREDENTIALS_FIX
 
     if getattr(err, "reason", "") == "credentials":
         fix = AWS_CREDENTIALS_FIX
+    elif getattr(err, "reason", "") == "metadata":
+        fix = (
+            "run `train watch` on an EC2 instance that reaches the workers' metadata, or pass --metadata-url "
+            "of a metadata relay (a base URL, or a template with {instance_id})"
+        )
     else:
         fix = "check --region, --endpoint-url and the account's EC2 permissions"
     return UserError(f"{err}; {fix}")
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from training.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
 
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
@@ -347,7 +362,7 @@ def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
@@ -365,14 +380,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_terminate(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from controller.cloud import SpotLauncher, make_clients
+        from training.cloud import SpotLauncher, make_clients
 
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
@@ -385,7 +400,7 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError, RevocationWatcher
+    from training.cloud import CloudError, RevocationWatcher
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")
@@ -482,7 +497,10 @@ def run_render(args: argparse.Namespace) -> int:
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
-    text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
+    if args.output_format == "json":  # one kubectl-readable List, so `kubectl apply -f` takes the file whole
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+    else:
+        text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from profiles import accel_sim_profile
 
 from controller.api import convert
 from controller.api import stoke_pb2_grpc as pb_grpc
@@ -26,7 +27,6 @@ from controller.store import Store
 from interference.latency import predict_gpu
 from interference.profile_io import profile_to_dict
 from interference.recalibration import Correction, apply_corrections
-from stoke.commands.demo import accel_sim_profile
 
 CPU = (NodeDevice(0, "cpu", "cpu", cores=2),)
 PROFILE = accel_sim_profile(2)

@@ -21,13 +21,13 @@ import pytest
 from control_helpers import cpu_profile_json, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.alerts import controller_rules
 from controller.api.client import ControllerClient
 from controller.config import ControllerConfig, ObservationsConfig, ServiceConfig
 from controller.observations import ObservationRecord
 from controller.server import ControllerServer
-from controller.solver import Workload
 from controller.store import BackupSchedule, DatabaseError, Store, recover
+from deploy.alerts import controller_rules
+from planner.solver import Workload
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
