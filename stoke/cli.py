@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "stoke.commands.alerts",
     "stoke.commands.device",
     "stoke.commands.train",
+    "stoke.commands.k8s",
     "stoke.commands.completion",
 )
 
