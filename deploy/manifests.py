@@ -117,12 +117,7 @@ def rbac(options: RenderOptions) -> list[dict[str, Any]]:
         "kind": "ClusterRole",
         "metadata": {"name": cluster_name, "labels": _labels("operator")},
         "rules": [
-            # the API server's discovery of the StokeWorkload resource, and the agents' bootstrap tokens
-            {
-                "apiGroups": ["apiextensions.k8s.io"],
-                "resources": ["customresourcedefinitions"],
-                "verbs": ["list", "watch"],
-            },
+            # the agents' bootstrap tokens (kopf lists no namespaces and no CRDs: its scanning is off)
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         ],
     }
