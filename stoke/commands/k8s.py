@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default=defaults.namespace, help="namespace (default %(default)s)")
     p.add_argument("--image", default=defaults.image, help="stoke's container image (default %(default)s)")
     p.add_argument(
-        "--repository",
+        "--repo",
         default=defaults.repository,
         help="Triton model repository of the agents: a path in their image or s3://bucket/path (default %(default)s)",
     )
@@ -107,7 +107,7 @@ def run_render(args: argparse.Namespace) -> int:
     options = RenderOptions(
         namespace=kubernetes_name(args.namespace, "--namespace"),
         image=args.image,
-        repository=args.repository,
+        repository=args.repo,
         gpu_node_selector=_labels(args.gpu_node_label) or RenderOptions().gpu_node_selector,
         runtime_class=args.runtime_class,
         gpu_type=args.gpu_type,
