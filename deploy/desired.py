@@ -91,8 +91,10 @@ def service(name: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, An
         "spec": {
             "type": "ClusterIP",
             "ports": [
-                {"name": "grpc", "port": GRPC_PORT, "protocol": "TCP", "appProtocol": "grpc"},
-                {"name": "http", "port": HTTP_PORT, "protocol": "TCP", "appProtocol": "http"},
+                # targetPort as the API server defaults it (a selector-less Service takes the slices' ports),
+                # so comparing with what the server holds finds no difference to patch on every pass
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP", "appProtocol": "grpc"},
+                {"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT, "protocol": "TCP", "appProtocol": "http"},
             ],
         },
     }
