@@ -40,10 +40,10 @@ bench: $(BIN)/.installed
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # The JSON Schemas of the controller config and of workload files, generated from their classes
-# (controller/config.py, controller/workload_file.py).
+# (controller/config.py, planner/workload_file.py).
 schema: $(BIN)/.installed
 	$(BIN)/python -m controller.config
-	$(BIN)/python -m controller.workload_file
+	$(BIN)/python -m planner.workload_file
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -3,7 +3,7 @@
 The node side (`agents`) and the client side (`controller.api.client`) import
 this module and nothing of the controller's service, store or solver (an
 import contract holds it). It depends on nothing heavy: dataclasses and
-`stoke.errors`.
+`foundation.errors`.
 
 - `Replica`: the key of one replica of a workload, ``"name#replica"`` on the
   wire, in Triton's process names and in every report;
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stoke.errors import InputError, StokeError
-from stoke.names import name_problem
+from foundation.errors import InputError, StokeError
+from foundation.names import name_problem
 
 #: Separates the workload name from the replica index in a `Replica` key.
 REPLICA_SEPARATOR = "#"
@@ -69,7 +69,7 @@ def invalid(field: str, problem: str) -> InvalidArgument:
 
 
 def check_name(value: Any, field: str) -> str:
-    """A workload, model, GPU type or node name, stripped; the rule is `stoke.names` (shared with the agent)."""
+    """A workload, model, GPU type or node name, stripped; the rule is `foundation.names` (shared with the agent)."""
     name = value.strip() if isinstance(value, str) else value
     problem = name_problem(name)
     if problem:

@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.messages import ModelAssignment
 from controller.render import CONFIG_NAME, ModelConfig, config_to_text, read_config, render_config, write_config
-from controller.solver.problem import Plan, plan_from_dict
+from planner.solver.problem import Plan, plan_from_dict
 
 
 def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignment]:

@@ -31,8 +31,8 @@ from typing import Any
 from aiohttp import web
 
 from controller.messages import ApiError
-from stoke.errors import StokeError
-from stoke.files import write_private_text
+from foundation.errors import StokeError
+from foundation.files import write_private_text
 
 log = logging.getLogger("stoke.bootstrap")
 PATH = "/v1/node-token"

@@ -10,7 +10,7 @@
       gpu_type: V100
       arrivals: poisson
 
-The spec's keys are the workload file's (`controller.workload_file.WorkloadEntry`), so a file's entry
+The spec's keys are the workload file's (`planner.workload_file.WorkloadEntry`), so a file's entry
 pastes into a spec unchanged, and its OpenAPI schema is generated from the same declarations as the
 file's JSON Schema (`structural_schema` converts that JSON Schema into Kubernetes' structural subset).
 The one place Kubernetes cannot say what the file says: a value that is a number *or* the string
@@ -29,9 +29,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from controller.solver import Workload
-from controller.workload_file import WorkloadEntry, WorkloadFileError, entry_workload
-from stoke import validate as check
+from foundation import validate as check
+from planner.solver import Workload
+from planner.workload_file import WorkloadEntry, WorkloadFileError, entry_workload
 
 GROUP = "stoke.dev"
 VERSION = "v1alpha1"
@@ -50,7 +50,7 @@ class StokeWorkloadError(WorkloadFileError):
 
 
 def structural_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Kubernetes' structural OpenAPI v3 schema for a JSON Schema (draft 2020-12) of `stoke.validate`.
+    """Kubernetes' structural OpenAPI v3 schema for a JSON Schema (draft 2020-12) of `foundation.validate`.
 
     Every node gets a `type` (an enum's is its values' type), `const` becomes a one-value `enum`, a
     numeric `exclusiveMinimum` becomes OpenAPI 3.0's boolean form, and number-or-"auto" becomes

@@ -31,11 +31,11 @@ from typing import Any
 
 import yaml
 
-from controller.alerts import SloOptions, grafana_dashboard, prometheus_rules
-from controller.solver import Workload
 from deploy import crd
+from deploy.alerts import SloOptions, grafana_dashboard, prometheus_rules
 from deploy.options import RenderOptions
-from stoke.files import atomic_write_text
+from foundation.files import atomic_write_text
+from planner.solver import Workload
 
 CONTROLLER_PORT = 50051
 METRICS_PORT = 9470

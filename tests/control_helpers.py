@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from profiles import demo_cpu_profile
+
 from controller.messages import ApiError
 from interference.profile_io import profile_to_dict
-from stoke.commands.demo import demo_cpu_profile
 
 DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
 
@@ -27,7 +28,7 @@ def spinning_solver(problem, strategy="stoke", *, current=None):
     """The real solver, except that a problem holding a workload named spin-* never finishes (a runaway solve).
 
     Module-level, so the controller's solver worker process can import it (`controller.reconcile.budget`)."""
-    from controller.solver import solve
+    from planner.solver import solve
 
     if any(w.name.startswith("spin") for w in problem.workloads):
         while True:
@@ -37,7 +38,7 @@ def spinning_solver(problem, strategy="stoke", *, current=None):
 
 def hungry_solver(problem, strategy="stoke", *, current=None):
     """The real solver, except that a workload named hog-* allocates memory without end."""
-    from controller.solver import solve
+    from planner.solver import solve
 
     if any(w.name.startswith("hog") for w in problem.workloads):
         hoard = []

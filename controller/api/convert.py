@@ -19,7 +19,7 @@ from controller.messages import (
     Observation,
     ServingEndpoint,
 )
-from controller.solver import Workload
+from planner.solver import Workload
 
 
 def workload_to_pb(w: Workload) -> pb.Workload:

@@ -14,7 +14,7 @@ starts a new worker.
 
 The protocol is length-prefixed pickles over the worker's stdin/stdout
 (it is the controller's own child: nothing else writes there). The solver is
-sent by reference, so it must be a module-level function (`controller.solver.solve`
+sent by reference, so it must be a module-level function (`planner.solver.solve`
 or a test's). Any exception inside a solve comes back as a `ProblemError`
 naming it, so one workload that trips a solver bug is pending instead of
 blocking every plan. One worker serves the whole process (calls are
@@ -41,9 +41,9 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from controller.reconcile.planning import BudgetExceeded
-from controller.solver import Plan, Problem, ProblemError
+from planner.solver import Plan, Problem, ProblemError
 
-log = logging.getLogger("stoke.controller.solver")
+log = logging.getLogger("stoke.planner.solver")
 _HEADER = struct.Struct("!Q")
 
 

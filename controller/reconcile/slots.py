@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.messages import ModelAssignment, Replica
-from controller.solver import GpuPlan, Plan
+from planner.solver import GpuPlan, Plan
 
 
 @dataclass(frozen=True)

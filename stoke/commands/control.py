@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
-from stoke.errors import UserError
 from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
 from stoke.table import print_table, render_table
@@ -201,7 +201,7 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from controller.workload_file import parse_workloads_text
+    from planner.workload_file import parse_workloads_text
 
     text, source = read_text_input(args.file, "the workload file")
     workloads = parse_workloads_text(

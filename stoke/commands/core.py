@@ -11,18 +11,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from controller.simulate import SimulationReport, simulate
-from controller.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
-from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
-from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
+from foundation.errors import UserError
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
+from planner.simulate import SimulationReport, simulate
+from planner.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
+from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
+from planner.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
-from stoke.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import render_table
 
@@ -45,7 +45,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         "workloads",
         nargs="?",
         metavar="WORKLOADS.yaml",
-        help="workload file (format: README, schema: controller/data/workloads.schema.json; - reads stdin); "
+        help="workload file (format: README, schema: planner/data/workloads.schema.json; - reads stdin); "
         "default: bundled example",
     )
     p.add_argument(
@@ -278,7 +278,7 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plan))
     if args.explain:
-        from controller.solver.explain import explain
+        from planner.solver.explain import explain
 
         try:
             explanation = explain(workloads_file.problem(), plan, args.explain, options or DEFAULT_OPTIONS)

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, controller_address
-from stoke.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -96,10 +96,10 @@ def _labels(items: list[str] | None) -> tuple[tuple[str, str], ...] | None:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from controller.workload_file import read_workloads
     from deploy.crd import kubernetes_name
     from deploy.manifests import render, write
     from deploy.options import RenderOptions
+    from planner.workload_file import read_workloads
 
     workloads = read_workloads(args.workloads) if args.workloads else ()
     for w in workloads:

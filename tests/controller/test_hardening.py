@@ -263,7 +263,7 @@ def test_names_that_leave_a_folder_or_hide_characters_are_refused(tmp_path, name
 
 
 def test_an_unconfigured_gpu_gets_a_gpu_type_name_that_follows_the_rule():
-    from stoke.names import is_name
+    from foundation.names import is_name
 
     config = ServiceConfig()
     for raw in ("NVIDIA GeForce RTX 3090 (tm)", "NVIDIA H200", "  ", "a#b:c/d\\e\x1b"):

@@ -14,8 +14,8 @@ from controller.api.client import ControllerClient
 from controller.config import SCHEMA_FILE, ConfigError, ControllerConfig, ServiceConfig, config_schema, load_config
 from controller.messages import Unavailable
 from controller.server import ControllerServer
-from controller.solver import STRATEGIES
-from stoke.validate import keys
+from foundation.validate import keys
+from planner.solver import STRATEGIES
 
 
 def test_config_defaults_and_relative_paths(tmp_path):

@@ -16,11 +16,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controller.workload_file import WorkloadEntry, example_workloads_path, read_workloads
 from deploy import crd
 from deploy.manifests import render
 from deploy.options import RenderOptions
-from stoke import validate as check
+from foundation import validate as check
+from planner.workload_file import WorkloadEntry, example_workloads_path, read_workloads
 from stoke.cli import main
 
 K8S_VERSION = "1.30.0"

@@ -15,9 +15,9 @@ import pytest
 from chaos.chaos_helpers import needs_triton
 from control_helpers import wait_for
 
-from controller.solver import Workload
 from deploy.bootstrap import BootstrapError, fetch_node_token
 from deploy.operator import FINALIZER
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.e2e]
 

@@ -203,8 +203,8 @@ def _readme_section(title: str) -> str:
 
 def test_the_readme_documents_every_controller_config_key_and_workload_key():
     from controller.config import ControllerConfig
-    from controller.workload_file import WorkloadFileSpec
-    from stoke.validate import key_docs
+    from foundation.validate import key_docs
+    from planner.workload_file import WorkloadFileSpec
 
     section = _readme_section("Controller configuration")
     for key, _, doc in key_docs(ControllerConfig):

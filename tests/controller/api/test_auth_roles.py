@@ -17,7 +17,7 @@ from controller.config import ControllerConfig, ServiceConfig
 from controller.identity import agent_token_node
 from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, PermissionDenied, Unauthenticated
 from controller.server import ControllerServer
-from controller.solver import Workload
+from planner.solver import Workload
 
 TOKEN = "user-s3cret"
 CPU = [NodeDevice(0, "cpu", "cpu", cores=2)]

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from floats import assert_close
 
 from interference.profile_io import bundled_profile, bundled_raw_path, load_profile, profile_to_dict
 from stoke.cli import main
@@ -72,7 +73,7 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     out_path = tmp_path / "v100.json"
     code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
     assert code == 0 and "alexnet" in out
-    assert load_profile(out_path) == bundled_profile()
+    assert_close(profile_to_dict(load_profile(out_path)), profile_to_dict(bundled_profile()))
 
 
 def test_a_missing_workload_file_says_what_to_do(capsys, tmp_path):
@@ -95,7 +96,8 @@ def test_profile_fit_shows_coefficients_to_four_significant_figures(capsys, tmp_
     lines = out.splitlines()
     header = lines[0].split()
     assert header == ["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"]
-    profile = bundled_profile()
+    # the profile this very fit wrote (not the bundled one: its last digits follow another machine's BLAS)
+    profile = load_profile(tmp_path / "p.json")
     for line in lines[2 : 2 + len(profile.models)]:
         name, _, *cells = line.split()
         m = profile.models[name]
@@ -210,9 +212,9 @@ def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(cap
 
 
 def test_plot_of_a_large_plan_is_a_summary_plus_pages(capsys, tmp_path):
-    from controller.solver import Problem, solve
-    from controller.solver.random_mix import random_workloads
-    from controller.workload_file import default_gpu_types
+    from planner.solver import Problem, solve
+    from planner.solver.random_mix import random_workloads
+    from planner.workload_file import default_gpu_types
     from stoke.plots import DETAIL_GPUS, plot_plan
 
     plan = solve(Problem(random_workloads(60, seed=4), default_gpu_types()), "stoke")

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from controller.render import read_config
-from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from foundation.errors import StokeError, UserError
+from planner.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.commands import triton as commands
-from stoke.errors import StokeError, UserError
 
 
 @pytest.fixture
