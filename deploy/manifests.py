@@ -422,7 +422,6 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
                     "runtimeClassName": options.runtime_class,
                     "nodeSelector": dict(options.gpu_node_selector),
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "priorityClassName": "system-node-critical",
                     "terminationGracePeriodSeconds": 60,  # the agent drains its routers and stops Triton
                     "securityContext": {"fsGroup": 1000},
                     "initContainers": [bootstrap],
@@ -443,8 +442,9 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
                                 ]
                             },
                         },
-                        # the agent's pid ledger: a restarted agent reaps the Triton processes a crashed one left
-                        {"name": "state", "hostPath": {"path": "/var/lib/stoke/agent", "type": "DirectoryOrCreate"}},
+                        # the agent's workdir and pid ledger: kept across container restarts (its Triton
+                        # processes die with the container, so nothing needs to outlive the pod; no hostPath)
+                        {"name": "state", "emptyDir": {}},
                         {"name": "tmp", "emptyDir": {}},
                         {"name": "shm", "emptyDir": {"medium": "Memory"}},
                     ],

@@ -173,6 +173,7 @@ def test_render_command_writes_a_kustomize_base_and_rewrites_nothing_unchanged(t
     assert "hostIPC" not in pod and pod["automountServiceAccountToken"] is False
     assert all(c["securityContext"]["runAsNonRoot"] for c in pod["containers"] + pod["initContainers"])
     assert not any("secret" in v for v in pod["volumes"]), "no shared agent secret in the DaemonSet"
+    assert not any("hostPath" in v for v in pod["volumes"]) and not pod.get("hostNetwork")
     capsys.readouterr()
     assert main(["k8s", "render", "-o", str(out), "--workloads", str(wl), "--image", "reg.example/stoke:1.2"]) == 0
     assert "written" not in capsys.readouterr().err.replace("unchanged", "")
