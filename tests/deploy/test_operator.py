@@ -168,45 +168,77 @@ def test_end_to_end_a_stokeworkload_is_served_by_triton_and_its_status_and_servi
     cluster, kube, operator
 ):
     """StokeWorkload in the mock API -> the operator -> the controller -> a real agent with Triton on CPU ->
-    status (endpoint, p99) and the Service's EndpointSlice written back."""
+    status (endpoint, predicted and observed p99) and the Service's EndpointSlice written back.
+
+    The observed p99 comes the way it does in production: a client measures each request's latency into
+    the SLI histogram (`stoke_request_latency_ms`), the agent reads it each window (--sli-metrics), the
+    controller's status carries the window's p99, the operator writes it to the resource."""
+    import numpy as np
     import tritonclient.grpc as grpcclient
 
-    cluster.agent("n1")
-    wait_for(
-        "the node",
-        lambda: [n for n in cluster.client().list_nodes().nodes if n.node_id == "n1" and n.state == "ready"],
-        60,
-    )
-    started = time.monotonic()
-    kube.apply_workload("served", {"model": "mlp_small", "slo_ms": 100, "rate_rps": 20})
+    from agents.latency_metrics import BASE_BUCKETS_MS, RequestLatencyExporter
 
-    def served():
-        status = status_of(kube, "served")
-        return status if status.get("state") == "serving" and status.get("endpoint") else None
-
-    status = wait_for("served serving, written back", served, 120)
-    print(f"StokeWorkload applied -> status serving: {time.monotonic() - started:.1f}s (loaded 2-core machine)")
-    assert status["endpoint"] == "served.stoke.svc:8001" and status["httpEndpoint"] == "http://served.stoke.svc:8000"
-    assert status["replicas"] == status["ready"] == 1
-    assert 0 < status["predictedP99Ms"] <= 100
-    conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Accepted": "True", "Serving": "True"}
-    # the status names the node router; the Service's slice routes to that same router, and it serves the model
-    [router] = status["routers"]
-    host, port = router.rsplit(":", 1)
-    code, slices = kube.request("GET", SLICES)
-    [endpoint_slice] = [s for s in slices["items"] if s["metadata"]["labels"]["kubernetes.io/service-name"] == "served"]
-    assert endpoint_slice["addressType"] == "IPv4" and endpoint_slice["endpoints"][0]["addresses"] == [host]
-    assert {p["name"]: p["port"] for p in endpoint_slice["ports"]}["grpc"] == int(port)
-    replica = next(w for w in cluster.client().status().workloads if w.name == "served").replicas[0]
-    assert replica.endpoint == router
-    client = grpcclient.InferenceServerClient(router)
+    sli = RequestLatencyExporter(slos_ms=[100])
+    cluster.agent("n1", extra=("--sli-metrics", sli.serve()))
     try:
-        assert client.is_model_ready("mlp_small")
-        assert client.get_model_config("mlp_small").config.max_batch_size == replica.batch
-    finally:
-        client.close()
+        wait_for(
+            "the node",
+            lambda: [n for n in cluster.client().list_nodes().nodes if n.node_id == "n1" and n.state == "ready"],
+            60,
+        )
+        started = time.monotonic()
+        kube.apply_workload("served", {"model": "mlp_small", "slo_ms": 100, "rate_rps": 20})
 
-    assert kube.delete_workload("served") == 200
-    wait_for("served gone", lambda: kube.workload("served") is None, 60)
-    assert "served" not in controller_workloads(cluster)
+        def served():
+            status = status_of(kube, "served")
+            return status if status.get("state") == "serving" and status.get("endpoint") else None
+
+        status = wait_for("served serving, written back", served, 120)
+        print(f"StokeWorkload applied -> status serving: {time.monotonic() - started:.1f}s (loaded 2-core machine)")
+        assert status["endpoint"] == "served.stoke.svc:8001"
+        assert status["httpEndpoint"] == "http://served.stoke.svc:8000"
+        assert status["replicas"] == status["ready"] == 1
+        assert 0 < status["predictedP99Ms"] <= 100
+        conditions = {c["type"]: c["status"] for c in status["conditions"]}
+        assert conditions == {"Accepted": "True", "Serving": "True"}
+        # the status names the node router; the Service's slice routes to that same router, which serves the model
+        [router] = status["routers"]
+        host, port = router.rsplit(":", 1)
+        code, slices = kube.request("GET", SLICES)
+        [endpoint_slice] = [
+            s for s in slices["items"] if s["metadata"]["labels"]["kubernetes.io/service-name"] == "served"
+        ]
+        assert endpoint_slice["addressType"] == "IPv4" and endpoint_slice["endpoints"][0]["addresses"] == [host]
+        assert {p["name"]: p["port"] for p in endpoint_slice["ports"]}["grpc"] == int(port)
+        replica = next(w for w in cluster.client().status().workloads if w.name == "served").replicas[0]
+        assert replica.endpoint == router
+
+        client = grpcclient.InferenceServerClient(router)
+        measured: list[float] = []
+        data = np.random.default_rng(0).random((1, 64)).astype(np.float32)
+
+        def observed_p99():  # a few requests per poll, each measured into the SLI histogram the agent reads
+            for _ in range(5):
+                tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+                tensor.set_data_from_numpy(data)
+                begin = time.perf_counter()
+                assert client.infer("mlp_small", [tensor]).as_numpy("OUTPUT0").shape == (1, 16)
+                measured.append((time.perf_counter() - begin) * 1000)
+                sli.observe("served", "mlp_small", measured[-1])
+            return status_of(kube, "served").get("observedP99Ms")
+
+        try:
+            assert client.get_model_config("mlp_small").config.max_batch_size == replica.batch
+            observed = wait_for("the observed p99 written back", observed_p99, 90, interval=0.05)
+        finally:
+            client.close()
+        # a p99 read from histogram buckets lies at most at the bucket bound above the slowest request
+        ceiling = min(b for b in (*BASE_BUCKETS_MS, 100, float("inf")) if b >= max(measured))
+        print(f"observed p99 {observed} ms over {len(measured)} requests (slowest {max(measured):.1f} ms)")
+        assert 0 < observed <= ceiling
+
+        assert kube.delete_workload("served") == 200
+        wait_for("served gone", lambda: kube.workload("served") is None, 60)
+        assert "served" not in controller_workloads(cluster)
+    finally:
+        sli.close()
