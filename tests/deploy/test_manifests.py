@@ -9,6 +9,8 @@ CRD this project generates, and structurally.
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -205,3 +207,32 @@ def test_render_writes_yaml_kubectl_reads(tmp_path):
     for path, _ in written:
         for doc in yaml.safe_load_all(Path(path).read_text()):
             assert doc is None or ("apiVersion" in doc and "kind" in doc)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its kustomize) not installed")
+def test_kustomize_builds_both_bases_and_an_image_override(tmp_path):
+    out = tmp_path / "k8s"
+    assert main(["k8s", "render", "-o", str(out), "--workloads", str(example_workloads_path())]) == 0
+    (tmp_path / "overlay").mkdir()  # an overlay, as a user would keep one beside the rendered base
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../k8s]\nimages: [{name: stoke, newName: reg.example/stoke, newTag: '2.0'}]\n"
+    )
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(built) if d]
+    assert len(docs) == sum(len(ms) for name, ms in render(example_workloads()).items() if "/" not in name) - 1
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] in ("StatefulSet", "Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+    }
+    assert images == {"reg.example/stoke:2.0"}
+    for d in docs:
+        if d["kind"] not in NOT_KUBERNETES:
+            k8s_validate(d)
+    monitoring = subprocess.run(
+        ["kubectl", "kustomize", str(out / "monitoring")], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert {d["kind"] for d in yaml.safe_load_all(monitoring) if d} == {"ServiceMonitor", "PrometheusRule"}
