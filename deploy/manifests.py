@@ -306,7 +306,7 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
 
     - GPUs: the NVIDIA container runtime (`runtimeClassName`, NVIDIA_VISIBLE_DEVICES=all) gives the
       pod every GPU of the node; the nodes are stoke's alone (no device plugin hands them out too).
-    - MPS: the container starts `nvidia-cuda-mps-control -d` before the agent, so the control
+    - MPS: the agent starts `nvidia-cuda-mps-control -d` itself (`stoke agent --mps`), so the control
       daemon, its MPS server and every Triton client are processes of one container: they share its
       IPC namespace and its /tmp pipe directory, and run under one user, which MPS requires of its
       clients. hostIPC is therefore not set; it would be needed only with the daemon in another pod
@@ -344,6 +344,8 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
         ],
     )
     agent_args = [
+        "agent",
+        "--mps",  # the agent starts its node's MPS control daemon, and stops it on exit
         "--controller",
         controller_address(options),
         "--token-file",
@@ -367,9 +369,6 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
     ]
     if options.gpu_type:
         agent_args += ["--gpu-type", options.gpu_type]
-    # exec form through a shell: the MPS control daemon first (it forks and returns), then the agent as PID 1's
-    # successor so SIGTERM reaches it; "$@" keeps every argument as given
-    mps_then_agent = 'nvidia-cuda-mps-control -d && exec stoke agent "$@"'
     exporter_probe = {
         "exec": {
             "command": [
@@ -386,7 +385,7 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
         "name": "agent",
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c", mps_then_agent, "stoke-agent"],
+        "command": ["stoke"],
         "args": agent_args,
         "env": [
             *env,
