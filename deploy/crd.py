@@ -26,13 +26,19 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from foundation import validate as check
 from planner.solver import Workload
 from planner.workload_file import WorkloadEntry, WorkloadFileError, entry_workload
 
+#: The CRD as committed (`make schema` rewrites it; a test fails when it is stale), so its changes show in review.
+CRD_FILE = Path(__file__).resolve().parent / "data" / "stokeworkloads.crd.yaml"
 GROUP = "stoke.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -269,3 +275,15 @@ def workload_from_resource(name: str, spec: Any, where: str) -> Workload:
     data["name"] = name
     entry = check.load(WorkloadEntry, data, where=where, error=StokeWorkloadError, prefix="spec.")
     return entry_workload(entry)
+
+
+def crd_text() -> str:
+    header = "# Generated from planner/workload_file.py by `make schema` (python -m deploy.crd); do not edit.\n"
+    return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=120)
+
+
+if __name__ == "__main__":  # `make schema`: rewrite the committed CRD
+    from foundation.files import atomic_write_text
+
+    CRD_FILE.parent.mkdir(exist_ok=True)
+    print(f"{CRD_FILE}: {'written' if atomic_write_text(CRD_FILE, crd_text()) else 'unchanged'}", file=sys.stderr)

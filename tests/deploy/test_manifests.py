@@ -105,6 +105,10 @@ def _walk(schema, where="openAPIV3Schema"):
         yield from _walk(schema["items"], f"{where}[]")
 
 
+def test_the_committed_crd_is_current():
+    assert crd.CRD_FILE.read_text() == crd.crd_text(), "stale CRD: run `make schema`"
+
+
 def test_the_crd_schema_is_structural_and_comes_from_the_workload_file_declarations():
     manifest = crd.crd_manifest()
     version = manifest["spec"]["versions"][0]
