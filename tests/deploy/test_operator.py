@@ -162,6 +162,44 @@ def test_an_agent_pod_trades_its_projected_token_for_its_own_nodes_token(cluster
     assert not (tmp_path / "other.token").exists()
 
 
+def test_the_service_and_slices_follow_a_replica_to_another_router_and_leave_others_alone(kube):
+    """deploy.kube against the mock API directly: create what is missing, leave what holds, delete what moved."""
+    import kubernetes
+
+    from deploy import desired
+    from deploy.kube import WorkloadObjects
+
+    config = kubernetes.client.Configuration()
+    config.host = kube.url
+    objects = WorkloadObjects(kubernetes.client.ApiClient(config))
+    owner = desired.owner_reference("mover", "uid-m")
+    here = desired.RouterEndpoint("10.0.0.1", 30010, 30011, "a")
+    there = desired.RouterEndpoint("10.0.0.2", 30020, 30021, "b")
+    unrelated = desired.endpoint_slices("bystander", "stoke", [here], desired.owner_reference("bystander", "u"))
+    assert objects.ensure_slices("bystander", "stoke", unrelated) == {"bystander-ipv4-30010": "created"}
+
+    service = desired.service("mover", "stoke", owner)
+    assert [objects.ensure_service(service) for _ in range(2)] == ["created", "unchanged"]
+    first = desired.endpoint_slices("mover", "stoke", [here], owner)
+    assert objects.ensure_slices("mover", "stoke", first) == {"mover-ipv4-30010": "created"}
+    assert objects.ensure_slices("mover", "stoke", first) == {"mover-ipv4-30010": "unchanged"}
+    moved = desired.endpoint_slices("mover", "stoke", [there], owner)
+    assert objects.ensure_slices("mover", "stoke", moved) == {
+        "mover-ipv4-30020": "created",
+        "mover-ipv4-30010": "deleted",
+    }
+    both = desired.endpoint_slices(
+        "mover", "stoke", [there, desired.RouterEndpoint("10.0.0.3", 30020, 30021, "c")], owner
+    )
+    assert objects.ensure_slices("mover", "stoke", both) == {"mover-ipv4-30020": "updated"}
+    assert [e["addresses"] for e in kube.get(f"{SLICES}/mover-ipv4-30020")["endpoints"]] == [["10.0.0.2"], ["10.0.0.3"]]
+
+    objects.delete_all("mover", "stoke")
+    objects.delete_all("mover", "stoke")  # absent is fine
+    assert kube.get(f"{SERVICES}/mover") is None and kube.get(f"{SLICES}/mover-ipv4-30020") is None
+    assert kube.get(f"{SLICES}/bystander-ipv4-30010") is not None  # another workload's slice stays
+
+
 @pytest.mark.triton
 @needs_triton
 def test_end_to_end_a_stokeworkload_is_served_by_triton_and_its_status_and_service_written_back(
