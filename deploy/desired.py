@@ -194,7 +194,9 @@ def status_fields(
     }
     if workload.predicted_p99_ms > 0:
         out["predictedP99Ms"] = round(workload.predicted_p99_ms, 3)
-    upper = _optional(workload, "predicted_p99_upper_ms")  # present once the controller's plans carry it
+    # present once the controller's plans carry an upper bound (issue "plans that hold"; either spelling)
+    upper = _optional(workload, "p99_upper_ms")
+    upper = upper if upper is not None else _optional(workload, "predicted_p99_upper_ms")
     if upper is not None:
         out["p99UpperMs"] = round(upper, 3)
     observed = _optional(workload, "observed_p99_ms")
@@ -221,7 +223,12 @@ def status_fields(
 
 
 def _optional(message: Any, field: str) -> float | None:
-    """A protobuf `optional double` field's value, or None (unset, or not a field of this message)."""
-    if field not in type(message).DESCRIPTOR.fields_by_name:
+    """A protobuf number field's value, or None: unset (a field with presence), 0 (one without), or not a field
+    of this message (a controller older than the field)."""
+    descriptor = type(message).DESCRIPTOR.fields_by_name.get(field)
+    if descriptor is None:
         return None
-    return float(getattr(message, field)) if message.HasField(field) else None
+    if descriptor.has_presence:
+        return float(getattr(message, field)) if message.HasField(field) else None
+    value = float(getattr(message, field))
+    return value if value > 0 else None

@@ -64,3 +64,13 @@ def test_a_condition_keeps_its_transition_time_while_its_status_holds():
     same = desired.merge_conditions(old, [{"type": "Serving", "status": "True", "lastTransitionTime": NOW}])
     flipped = desired.merge_conditions(old, [{"type": "Serving", "status": "False", "lastTransitionTime": NOW}])
     assert same[0]["lastTransitionTime"] == "then" and flipped[0]["lastTransitionTime"] == NOW
+
+
+def test_an_optional_figure_is_none_when_unset_zero_or_unknown_to_this_controller():
+    w = pb.WorkloadStatus(predicted_p99_ms=3.5)
+    assert desired._optional(w, "predicted_p99_ms") == 3.5  # a plain double: 0 means unknown
+    assert desired._optional(pb.WorkloadStatus(), "predicted_p99_ms") is None
+    assert desired._optional(w, "observed_p99_ms") is None  # optional, unset
+    w.observed_p99_ms = 0.0
+    assert desired._optional(w, "observed_p99_ms") == 0.0  # optional, set
+    assert desired._optional(w, "p99_upper_ms") is None  # not a field of this controller's status
