@@ -7,8 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from profiles import demo_cpu_profile
-
 from controller.messages import ApiError
 from interference.profile_io import profile_to_dict
 
@@ -17,6 +15,9 @@ DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
 
 def cpu_profile(name: str = "CPU"):
     """Plausible coefficients for the demo models on a CPU node (share = % of its cores)."""
+    # imported here: a solver worker that unpickles spinning_solver imports this module, and the CLI is heavy
+    from profiles import demo_cpu_profile
+
     return demo_cpu_profile(name)
 
 

@@ -133,6 +133,7 @@ def test_retention_bounds_rows_and_age(tmp_path):
     assert svc.store.observation_count() == 1  # older than retention_s
 
 
+@pytest.mark.slow
 def test_oscillating_noise_causes_no_replans(tmp_path):
     """Windows that oscillate +-8% around the truth for 10 simulated minutes: no new version, no re-plan."""
     svc, clock = service(tmp_path)

@@ -213,6 +213,7 @@ def test_render_writes_yaml_kubectl_reads(tmp_path):
             assert doc is None or ("apiVersion" in doc and "kind" in doc)
 
 
+@pytest.mark.slow  # kubectl subprocesses
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its kustomize) not installed")
 def test_kustomize_builds_both_bases_and_an_image_override(tmp_path):
     out = tmp_path / "k8s"

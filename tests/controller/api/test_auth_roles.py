@@ -19,6 +19,8 @@ from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, Pe
 from controller.server import ControllerServer
 from planner.solver import Workload
 
+pytestmark = pytest.mark.slow  # gRPC servers on loopback: make test-fast skips it
+
 TOKEN = "user-s3cret"
 CPU = [NodeDevice(0, "cpu", "cpu", cores=2)]
 

@@ -15,6 +15,8 @@ from controller.server import ControllerServer
 from interference.profile_io import profile_to_dict
 from stoke.cli import main
 
+pytestmark = pytest.mark.slow  # a gRPC server on loopback: make test-fast skips it
+
 TOKEN = "loop-token"
 
 

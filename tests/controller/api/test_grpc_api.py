@@ -17,6 +17,8 @@ from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, No
 from controller.server import ControllerServer
 from planner.solver import Workload
 
+pytestmark = pytest.mark.slow  # gRPC servers on loopback: make test-fast skips it
+
 TOKEN = "s3cret-token"
 
 

@@ -65,6 +65,7 @@ def test_igniter_meets_its_own_rule_after_interference(workloads):
         assert p.predicted_throughput_rps >= p.rate_rps
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload_mixes(max_size=5))
 def test_stoke_plans_are_not_padded(workloads):
@@ -115,6 +116,7 @@ def exhaustive_fewest_gpus(workloads):
     return best[0], len(items)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(workload_mixes(min_size=2, max_size=6, max_rate=400.0))
 def test_stoke_matches_the_exhaustive_optimum_on_small_instances(workloads):

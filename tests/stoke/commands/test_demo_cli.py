@@ -43,6 +43,7 @@ def test_a_failed_start_leaves_no_temporary_directory(capsys, private_tmp, flag)
     assert not list(private_tmp.glob("stoke-up-*"))
 
 
+@pytest.mark.slow
 def test_the_token_file_is_private_from_the_start(capsys, private_tmp, monkeypatch):
     seen = {}
 
