@@ -335,7 +335,6 @@ def agent(options: RenderOptions) -> list[dict[str, Any]]:
             "--token-file",
             f"{token_dir}/token",
         ],
-        env=env[:1],
         resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
         securityContext={**_RESTRICTED, "readOnlyRootFilesystem": True},
         volumeMounts=[
