@@ -137,6 +137,11 @@ def failure_kind(err: BaseException) -> str:
 
 def advice(path: str, kind: str, action: str, err: object) -> str:
     """The message for a failed database call: what happened and what to do, per kind."""
+    if kind == "disk_full" and action == "open":
+        return (
+            f"{path}: cannot open the controller database: the disk is full ({err}). Free space on that "
+            f"filesystem, then start the controller again (nothing is lost: the database is as it was)"
+        )
     if kind == "disk_full":
         return (
             f"{path}: cannot {action} the controller database: the disk is full ({err}). Free space on that "
@@ -251,6 +256,9 @@ class Store:
                 )
         except sqlite3.Error as err:
             kind = failure_kind(err)
+            free = self.free_bytes()
+            if kind == "io" and free is not None and free < 2**20:
+                kind = "disk_full"  # SQLite cannot even make its WAL index: say so, not "disk I/O error"
             raise DatabaseError(
                 advice(self.path, kind, "open", err)
                 if kind != "io"

@@ -216,3 +216,11 @@ def test_recover_without_a_backup_salvages_what_is_readable(tmp_path):
             assert any("new token" in n for n in result.notes)
     finally:
         fresh.close()
+
+
+def test_opening_on_a_full_disk_says_the_disk_is_full(small_disk):
+    Store(small_disk / "c.db").close()
+    fill(small_disk)
+    with pytest.raises(DatabaseError, match="the disk is full.*start the controller again") as err:
+        Store(small_disk / "c.db")
+    assert err.value.reason == "disk_full"
