@@ -12,6 +12,7 @@ trust-region least squares (scipy) from a closed-form initial value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
-from interference.profile import DeviceProfile, GpuProfile, ModelProfile
+from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, FitDomain, GpuProfile, ModelProfile
 from stoke import validate as check
 from stoke.errors import InputError
 
@@ -43,6 +44,8 @@ DOMAIN_MAX_BATCH = 32
 #: is measurement noise, not a shape.
 MONOTONE_TOLERANCE = 0.01
 K_NAMES = ("k1", "k2", "k3", "k4", "k5")
+#: The quantile of the in-sample |relative residual| that sets a fit's error floor (`FitDomain.floor`).
+ERROR_QUANTILE = 0.9
 
 
 class RawProfileError(InputError):
@@ -160,6 +163,56 @@ def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray)
     return tuple(float(v) for v in bounded_least_squares(residual, x0, lower, upper))
 
 
+def leave_one_out_errors(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> np.ndarray | None:
+    """|measured - refitted| / refitted at each point, the model refitted without that point.
+
+    None when leaving a point out leaves fewer than 6 points (5 coefficients and one to spare): the
+    refit would pass through the rest and say nothing about the point left out.
+    """
+    n = len(active_ms)
+    if n - 1 < len(K_NAMES) + 1:
+        return None
+    out = np.empty(n)
+    for i in range(n):
+        keep = np.arange(n) != i
+        refitted = fit_active_time(batch[keep], share[keep], active_ms[keep])
+        predicted = float(_active_time(np.asarray(refitted), batch[i], share[i]))
+        out[i] = abs(active_ms[i] - predicted) / predicted if predicted > 0 else 10.0
+    return np.minimum(out, 10.0)
+
+
+def fit_domain(
+    k_act: Sequence[float], batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray
+) -> FitDomain:
+    """The measured domain of one model and its fit's out-of-sample error (see `FitDomain`).
+
+    Points off a full batches x shares grid leave holes; a hole takes the largest error measured.
+    With too few points for leave-one-out every cell is `DEFAULT_FIT_ERROR`.
+    """
+    batches = tuple(sorted({int(b) for b in batch}))
+    shares = tuple(sorted({float(r) for r in share}))
+    loo = leave_one_out_errors(batch, share, active_ms)
+    if loo is None:
+        grid = np.full((len(batches), len(shares)), DEFAULT_FIT_ERROR)
+        floor = DEFAULT_FIT_ERROR
+    else:
+        grid = np.full((len(batches), len(shares)), float(loo.max()))
+        cells: dict[tuple[int, int], list[float]] = {}
+        for b, r, e in zip(batch, share, loo):
+            cells.setdefault((batches.index(int(b)), shares.index(float(r))), []).append(float(e))
+        for (i, j), errors in cells.items():
+            grid[i, j] = max(errors)
+        residual = np.abs(_active_time(np.asarray(k_act), batch, share) - active_ms) / active_ms
+        inflate = math.sqrt(len(active_ms) / (len(active_ms) - len(K_NAMES)))
+        floor = float(np.quantile(residual, ERROR_QUANTILE)) * inflate
+    return FitDomain(
+        batches=batches,
+        shares=shares,
+        error=tuple(tuple(round(float(v), 6) for v in row) for row in grid),
+        floor=round(min(floor, 10.0), 6),
+    )
+
+
 def active_points(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> tuple[np.ndarray, ...]:
     """(batch, share, active ms) of the solo grid: latency normalised to the max clock, less the idle time."""
     idle_solo = float(_field(section, name, "idletime_1"))
@@ -217,6 +270,7 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
         cache_sensitivity=max(0.0, float(alpha)),
         bytes_in=int(bytes_in),
         bytes_out=int(bytes_out),
+        domain=fit_domain(k_act, batch, share, active),
     )
 
 
@@ -428,5 +482,6 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             cache_sensitivity=alpha,
             bytes_in=bytes_in,
             bytes_out=bytes_out,
+            domain=fit_domain(k_act, batch, share, latency),
         )
     return DeviceProfile(gpu=gpu, models=models), reports

@@ -7,9 +7,12 @@ frozen data; reading and writing it (JSON with a format version) lives in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+import numpy as np
 
 from stoke.errors import StokeError
 
@@ -38,6 +41,98 @@ class GpuProfile:
         return max(0.0, self.sched_slope_ms * colocated + self.sched_intercept_ms)
 
 
+#: Relative error assumed where a profile does not record its own: profiles saved before they recorded
+#: their domain and error (they load with no `domain`), and fits with too few points for leave-one-out
+#: (5 coefficients need at least 7 points). About twice the worst interior leave-one-out error of the
+#: bundled V100 fit, so an old profile plans more cautiously than a refitted one.
+DEFAULT_FIT_ERROR = 0.10
+#: Outside the measured domain (only where the operator allows it) the error bound grows by this much
+#: per halving of the share below the smallest measured share, or doubling of the batch above the
+#: largest: a fit extrapolates its curve with nothing to check it against.
+EXTRAPOLATION_ERROR_PER_OCTAVE = 0.15
+
+
+@dataclass(frozen=True)
+class FitDomain:
+    """Where a model's fit was measured, and how wrong it is out of sample.
+
+    `batches` x `shares` are the measured batch sizes and shares (ascending); `error[i][j]` is the
+    leave-one-out relative error of the fitted active time at (batches[i], shares[j]): the point is
+    left out, the model refitted on the rest, and |measured - refitted| / refitted taken. `floor` is
+    the in-sample error quantile (`fit.ERROR_QUANTILE` of |residual|) inflated for the coefficients the
+    fit spent (sqrt(n / (n - 5))). The bound at a point between measured ones interpolates the grid in
+    (log batch, log share) and never goes below `floor`. The active time is the only fitted term of
+    L(k) and O(k) (the rest is measured or zero), so its relative error bounds theirs.
+    """
+
+    batches: tuple[int, ...]
+    shares: tuple[float, ...]
+    error: tuple[tuple[float, ...], ...]
+    floor: float
+
+    def __post_init__(self) -> None:
+        if not self.batches or not self.shares:
+            raise ValueError("a fit domain needs at least one measured batch and share")
+        if list(self.batches) != sorted(set(self.batches)) or list(self.shares) != sorted(set(self.shares)):
+            raise ValueError("a fit domain's batches and shares must be ascending and distinct")
+        if len(self.error) != len(self.batches) or any(len(row) != len(self.shares) for row in self.error):
+            raise ValueError("a fit domain's error grid must be batches x shares")
+        values = [self.floor, *(v for row in self.error for v in row)]
+        if not all(math.isfinite(v) and 0.0 <= v <= 10.0 for v in values):
+            raise ValueError("a fit domain's errors must be finite relative errors in [0, 10]")
+
+    @property
+    def min_share(self) -> float:
+        return self.shares[0]
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
+
+    def contains(self, batch: float, share_pct: float) -> bool:
+        return bool(
+            self.batches[0] <= batch <= self.batches[-1] and self.shares[0] - 1e-9 <= share_pct <= self.shares[-1] + 1e-9
+        )
+
+    def quantile(self, q: float = 0.9) -> float:
+        """A quantile of the leave-one-out errors over the measured points (what `profile show` reports)."""
+        return float(np.quantile(np.asarray(self.error, dtype=float), q))
+
+    def error_at(self, batch: object, share_pct: object) -> np.ndarray:
+        """The relative error bound of L and O at (batch, share); arrays broadcast (see the class doc).
+
+        Outside the domain the bound is the one at the nearest measured edge, plus
+        `EXTRAPOLATION_ERROR_PER_OCTAVE` per octave beyond it.
+        """
+        b = np.asarray(batch, dtype=float)
+        r = np.asarray(share_pct, dtype=float)
+        grid = np.asarray(self.error, dtype=float)
+        inside = _interpolate(grid, np.log(self.batches), np.log(self.shares), np.log(b), np.log(r))
+        below = np.log2(np.maximum(1.0, self.shares[0] / r))
+        above = np.log2(np.maximum(1.0, b / self.batches[-1]))
+        return np.asarray(np.maximum(inside, self.floor) + EXTRAPOLATION_ERROR_PER_OCTAVE * (below + above))
+
+
+def _interpolate(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bilinear interpolation of `grid` (len(xs) x len(ys)) at (x, y), clamped to the grid's edges."""
+
+    def axis(nodes: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(nodes) == 1:
+            return np.zeros(at.shape, dtype=np.intp), np.zeros(at.shape)
+        pos = np.interp(at, nodes, np.arange(len(nodes), dtype=float))
+        low = np.minimum(np.floor(pos).astype(np.intp), len(nodes) - 2)
+        return low, pos - low
+
+    x, y = np.broadcast_arrays(x, y)
+    i, wx = axis(xs, x)
+    j, wy = axis(ys, y)
+    i1 = np.minimum(i + 1, grid.shape[0] - 1)
+    j1 = np.minimum(j + 1, grid.shape[1] - 1)
+    return np.asarray(
+        grid[i, j] * (1 - wx) * (1 - wy) + grid[i1, j] * wx * (1 - wy) + grid[i, j1] * (1 - wx) * wy + grid[i1, j1] * wx * wy
+    )
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """Coefficients of one model on one GPU type.
@@ -60,6 +155,18 @@ class ModelProfile:
     cache_sensitivity: float  # alpha_cache
     bytes_in: int  # d_in per request
     bytes_out: int  # d_out per request
+    #: Measured batches and shares and the fit's out-of-sample error there; None for a profile saved
+    #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
+    domain: FitDomain | None = None
+
+    def in_domain(self, batch: float, share_pct: float) -> bool:
+        return self.domain is None or self.domain.contains(batch, share_pct)
+
+    def fit_error(self, batch: object, share_pct: object) -> np.ndarray:
+        """Relative error bound of L and O at (batch, share) (arrays broadcast); see `FitDomain`."""
+        if self.domain is None:
+            return np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
+        return self.domain.error_at(batch, share_pct)
 
     def active_time_ms(self, batch: float, share_pct: float) -> float:
         k1, k2, k3, k4, k5 = self.k_act

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, FitDomain, GpuProfile, ModelProfile
 from stoke import names
 from stoke import validate as check
 from stoke.errors import InputError
@@ -85,14 +85,16 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ProfileFileError(f"{where} must be an object")
-    names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in data]
+    fields = [f for f in dataclasses.fields(cls) if f.name in data or f.default is dataclasses.MISSING]
+    missing = [f.name for f in fields if f.name not in data]
     if missing:
         raise ProfileFileError(f"{where} lacks field {missing[0]!r}; refit with `stoke profile fit`")
-    values = {n: data[n] for n in names}
-    for f in dataclasses.fields(cls):
+    values = {f.name: data[f.name] for f in fields}
+    for f in fields:
         value = values[f.name]
-        if f.name == "name":
+        if f.name == "domain":
+            values["domain"] = None if value is None else _domain(value, f"{where} field 'domain'")
+        elif f.name == "name":
             if not isinstance(value, str) or not value:
                 raise ProfileFileError(f"{where} field 'name' must be a non-empty string")
         elif f.name == "k_act":
@@ -106,6 +108,31 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if "kernels" in values:
         values["kernels"] = int(values["kernels"])
     return cls(**values)
+
+
+def _domain(data: Any, where: str) -> FitDomain:
+    """A `FitDomain` from its JSON object (absent in profiles saved before it existed: see `ModelProfile`)."""
+    fix = "refit the profile with `stoke profile fit`"
+    if not isinstance(data, dict) or set(data) != {"batches", "shares", "error", "floor"}:
+        raise ProfileFileError(f"{where} must be an object of batches, shares, error and floor; {fix}")
+    batches, shares, error = data["batches"], data["shares"], data["error"]
+    if not (isinstance(batches, list) and 0 < len(batches) <= 1024 and all(isinstance(b, int) for b in batches)):
+        raise ProfileFileError(f"{where}: 'batches' must be a list of whole batch sizes; {fix}")
+    if not (isinstance(shares, list) and 0 < len(shares) <= 1024 and all(_finite(r) for r in shares)):
+        raise ProfileFileError(f"{where}: 'shares' must be a list of share percentages; {fix}")
+    if not (isinstance(error, list) and all(isinstance(row, list) and all(_finite(v) for v in row) for row in error)):
+        raise ProfileFileError(f"{where}: 'error' must be a grid (batches x shares) of relative errors; {fix}")
+    if not _finite(data["floor"]):
+        raise ProfileFileError(f"{where}: 'floor' must be a relative error; {fix}")
+    try:
+        return FitDomain(
+            batches=tuple(int(b) for b in batches),
+            shares=tuple(float(r) for r in shares),
+            error=tuple(tuple(float(v) for v in row) for row in error),
+            floor=float(data["floor"]),
+        )
+    except ValueError as err:
+        raise ProfileFileError(f"{where}: {err}; {fix}") from None
 
 
 #: Fields that divide or scale time: zero or negative values cannot be meant.

@@ -17,7 +17,7 @@ from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
-from interference.profile import DeviceProfile, UnknownModelError
+from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from stoke.client_options import add_client_options
@@ -208,6 +208,19 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
     r.set_defaults(run=run_profile_run)
+    sh = profile.add_parser(
+        "show",
+        help="show a fitted profile's models: measured domain and the fit's out-of-sample error",
+        description="Per model: the batch sizes and shares the profile measured (the domain the planner stays "
+        "in), and the fit's leave-one-out error there (each measured point left out, the model refitted "
+        "without it, and the point predicted): its 90% quantile and worst, the error floor, and the error "
+        "grid. A profile saved before profiles recorded this shows the conservative default.",
+    )
+    sh.add_argument(
+        "profile", nargs="?", metavar="PROFILE.json", help="fitted profile (default: the bundled V100 profile)"
+    )
+    add_output_option(sh, wide="the leave-one-out error at every measured point")
+    sh.set_defaults(run=run_profile_show)
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -650,6 +663,74 @@ def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]
             bar.update(task, completed=event.done)
 
         yield show
+
+
+# -- profile show ----------------------------------------------------------------------------------
+
+
+def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    for name, m in sorted(profile.models.items()):
+        d = m.domain
+        models[name] = (
+            {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
+            if d is None
+            else {
+                "recorded": True,
+                "batches": list(d.batches),
+                "shares_pct": list(d.shares),
+                "loo_error_p90": round(d.quantile(0.9), 6),
+                "loo_error_max": round(d.quantile(1.0), 6),
+                "error_floor": d.floor,
+                "loo_error": [list(row) for row in d.error],
+            }
+        )
+    return {"gpu": profile.gpu.name, "share_step_pct": profile.gpu.share_step_pct, "models": models}
+
+
+def run_profile_show(args: argparse.Namespace) -> int:
+    profile = _load_profile_arg(args.profile) or bundled_profile()
+    if args.json:
+        emit(args, profile_domain_dict(profile))
+        return 0
+    rows = []
+    for name, m in sorted(profile.models.items()):
+        d = m.domain
+        if d is None:
+            rows.append([name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-"])
+            continue
+        rows.append(
+            [
+                name,
+                ",".join(str(b) for b in d.batches),
+                ",".join(f"{r:g}" for r in d.shares),
+                f"{d.quantile(0.9):.1%}",
+                f"{d.quantile(1.0):.1%}",
+                f"{d.floor:.1%}",
+            ]
+        )
+    print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
+    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor"], rows))
+    if getattr(args, "output_format", "table") == "wide":
+        print()
+        print(
+            render_table(
+                ["model", "batch", "share_%", "LOO_err"],
+                [
+                    [name, b, f"{r:g}", f"{m.domain.error[i][j]:.1%}"]
+                    for name, m in sorted(profile.models.items())
+                    if m.domain is not None
+                    for i, b in enumerate(m.domain.batches)
+                    for j, r in enumerate(m.domain.shares)
+                ],
+            )
+        )
+    if any(m.domain is None for m in profile.models.values()):
+        print(
+            f"note: models without a recorded domain were fitted before stoke recorded it: the planner treats "
+            f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error; refit with `stoke profile fit`"
+        )
+    return 0
 
 
 # -- profile fit -----------------------------------------------------------------------------------
