@@ -181,9 +181,7 @@ def leave_one_out_errors(batch: np.ndarray, share: np.ndarray, active_ms: np.nda
     return np.minimum(out, 10.0)
 
 
-def fit_domain(
-    k_act: Sequence[float], batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray
-) -> FitDomain:
+def fit_domain(k_act: Sequence[float], batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> FitDomain:
     """The measured domain of one model and its fit's out-of-sample error (see `FitDomain`).
 
     Points off a full batches x shares grid leave holes; a hole takes the largest error measured.

@@ -90,9 +90,8 @@ class FitDomain:
         return self.batches[-1]
 
     def contains(self, batch: float, share_pct: float) -> bool:
-        return bool(
-            self.batches[0] <= batch <= self.batches[-1] and self.shares[0] - 1e-9 <= share_pct <= self.shares[-1] + 1e-9
-        )
+        in_batches = self.batches[0] <= batch <= self.batches[-1]
+        return bool(in_batches and self.shares[0] - 1e-9 <= share_pct <= self.shares[-1] + 1e-9)
 
     def quantile(self, q: float = 0.9) -> float:
         """A quantile of the leave-one-out errors over the measured points (what `profile show` reports)."""
@@ -128,9 +127,9 @@ def _interpolate(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray, x: np.ndarray
     j, wy = axis(ys, y)
     i1 = np.minimum(i + 1, grid.shape[0] - 1)
     j1 = np.minimum(j + 1, grid.shape[1] - 1)
-    return np.asarray(
-        grid[i, j] * (1 - wx) * (1 - wy) + grid[i1, j] * wx * (1 - wy) + grid[i, j1] * (1 - wx) * wy + grid[i1, j1] * wx * wy
-    )
+    low = grid[i, j] * (1 - wx) + grid[i1, j] * wx
+    high = grid[i, j1] * (1 - wx) + grid[i1, j1] * wx
+    return np.asarray(low * (1 - wy) + high * wy)
 
 
 @dataclass(frozen=True)

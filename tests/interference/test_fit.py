@@ -43,7 +43,8 @@ def test_fit_is_deterministic_and_matches_the_bundled_profile(raw):
     assert fitted.keys() == bundled.keys()
     numbers = [k for k, v in fitted.items() if isinstance(v, float)]
     assert [fitted[k] for k in numbers] == pytest.approx([bundled[k] for k in numbers], rel=1e-3, abs=1e-6)
-    assert {k: v for k, v in fitted.items() if k not in numbers} == {k: v for k, v in bundled.items() if k not in numbers}
+    others = set(fitted) - set(numbers)
+    assert {k: fitted[k] for k in others} == {k: bundled[k] for k in others}
 
 
 def _flat(data, prefix=""):
