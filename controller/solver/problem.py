@@ -146,6 +146,9 @@ class Placement:
     predicted_p99_ms: float = math.nan
     #: What keeps the share from one step less (`candidates.binding_constraint`); "" when unknown.
     binding: str = ""
+    #: p99 with L and O raised to the profile's error bound at this point (share, batch); NaN in plans
+    #: written before profiles recorded their error.
+    p99_upper_ms: float = math.nan
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -250,6 +253,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                         "predicted_latency_ms": round(p.predicted_latency_ms, 6),
                         "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
                         # from the rounded p99, so that a plan read back writes the same figures
+                        "p99_upper_ms": _finite_or_none(p.p99_upper_ms),
                         "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
                         "binding": p.binding,
                         "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
@@ -317,6 +321,13 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                         else math.nan
                         if "predicted_p99_ms" not in w
                         else num(w, "predicted_p99_ms", where)
+                    ),
+                    p99_upper_ms=(
+                        math.inf
+                        if w.get("p99_upper_ms", math.nan) is None
+                        else math.nan
+                        if "p99_upper_ms" not in w
+                        else num(w, "p99_upper_ms", where)
                     ),
                 )
             )

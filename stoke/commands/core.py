@@ -76,6 +76,22 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
         f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
     )
+    p.add_argument(
+        "--allow-extrapolation",
+        dest="extrapolate",
+        action="store_const",
+        const=True,
+        help="stoke: also use shares and batches outside the profile's measured domain (`stoke profile show`), "
+        "at an error bound widened by 15 points per octave beyond it (default: stay inside)",
+    )
+    p.add_argument(
+        "--no-error-bound",
+        dest="error_bound",
+        action="store_const",
+        const=False,
+        help="stoke: trust the fitted curve (central prediction) instead of raising L and O to the profile's "
+        "out-of-sample error; give --safety-margin 0.05 --max-paced-utilisation 0.98 for stoke before issue 15",
+    )
     add_output_option(p)
     p.add_argument(
         "--fail-on-miss",
@@ -259,10 +275,13 @@ def run_plan(args: argparse.Namespace) -> int:
         "safety_margin": args.safety_margin,
         "max_utilisation": args.max_utilisation,
         "max_paced_utilisation": args.max_paced_utilisation,
+        "extrapolate": getattr(args, "extrapolate", None),
+        "error_bound": getattr(args, "error_bound", None),
     }
     given = {k: v for k, v in knobs.items() if v is not None}
     if given:
-        flags = "/".join("--" + k.replace("_", "-") for k in given)
+        flag_names = {"extrapolate": "allow-extrapolation", "error_bound": "no-error-bound"}
+        flags = "/".join("--" + flag_names.get(k, k.replace("_", "-")) for k in given)
         if args.strategy != "stoke":
             one = len(given) == 1
             raise UserError(
@@ -338,6 +357,7 @@ def format_plan(plan: Plan) -> str:
                     p.queue_delay_ms,
                     p.predicted_latency_ms,
                     _p99_cell(p.predicted_p99_ms),
+                    _p99_cell(p.p99_upper_ms),
                     _p99_cell(p.p99_slo_ratio),
                     p.binding,
                     "ok" if p.meets_slo else "MISS",
@@ -357,6 +377,7 @@ def format_plan(plan: Plan) -> str:
             "delay_ms",
             "infer_ms",
             "p99_ms",
+            "p99_upper",
             "p99/slo",
             "binding",
             "slo",
@@ -376,6 +397,7 @@ def format_plan(plan: Plan) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines.append(
         "p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
+        "p99_upper: the same with L and O raised to the profile's error bound there; "
         "infer_ms: one batch's inference; delay_ms: Triton's max queue delay."
     )
     return "\n".join(lines)
@@ -390,13 +412,14 @@ def format_explanation(explanation: Any) -> str:
             "",
             f"{label}: GPU {replica.gpu_index}, {p.rate_rps:g} req/s, share {p.share_pct:g}%, batch {p.batch}, "
             f"delay {p.queue_delay_ms:.2f} ms; predicted p99 {p.predicted_p99_ms:.2f} ms "
-            f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}",
+            f"({p.p99_slo_ratio:.2f} x SLO), {p.p99_upper_ms:.2f} ms at the error bound; binding: {p.binding}",
         ]
         rows = [
             [r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
             for r in replica.rows
         ]
-        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"], rows))
+        p99_head = "p99_upper (alone)" if explanation.error_bound else "p99_ms (alone)"
+        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", p99_head, "util", "verdict"], rows))
     return "\n".join(lines)
 
 

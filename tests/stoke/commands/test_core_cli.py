@@ -72,7 +72,11 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     out_path = tmp_path / "v100.json"
     code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
     assert code == 0 and "alexnet" in out
-    assert load_profile(out_path) == bundled_profile()
+    written, bundled = load_profile(out_path), bundled_profile()
+    assert written.models.keys() == bundled.models.keys()
+    for name, model in bundled.models.items():  # refits agree to the optimiser's tolerance, not to the bit
+        assert written.model(name).k_act == pytest.approx(model.k_act, rel=1e-3, abs=1e-6)
+        assert written.model(name).domain.batches == model.domain.batches
 
 
 def test_a_missing_workload_file_says_what_to_do(capsys, tmp_path):
