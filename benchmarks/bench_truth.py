@@ -13,7 +13,9 @@ carries `p99_upper_ms`, replicas whose replayed p99 <= it.
 
 Variants: `today` (stoke before issue 15: the central fit trusted everywhere, 5% p99 margin, 0.98
 paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the wide-margin baseline
-of issue 15) and `error-aware` (stoke's defaults: the profile's domain and error bound).
+of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
+(error-aware, then `controller.solver.verify` measures the chosen points on the truth, the simulated
+device, and re-plans until the plan holds on measured points; rounds and points are printed).
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
 """
@@ -30,10 +32,11 @@ import numpy as np
 from controller.simulate import _arrivals, service_curve
 from controller.solver import Plan, Problem, solve
 from controller.solver.stoke import CENTRAL_OPTIONS, DEFAULT_OPTIONS
+from controller.solver.verify import verify
 from controller.workload_file import default_gpu_types
 from interference.batching import serve
 from interference.profile_io import bundled_raw_path, read_raw
-from interference.truth import truth_profile
+from interference.truth import measure_on, truth_profile
 from stoke.progress import Progress
 
 try:  # the mixes of bench_core (run from the repository root)
@@ -45,6 +48,7 @@ VARIANTS = {
     "today": CENTRAL_OPTIONS,
     "blunt": replace(CENTRAL_OPTIONS, safety_margin=0.10, max_utilisation=0.85),
     "error-aware": DEFAULT_OPTIONS,
+    "verified": DEFAULT_OPTIONS,  # error-aware, then `verify` on the simulated device (the truth)
 }
 
 
@@ -157,17 +161,29 @@ def main() -> None:
         f"{'mix':>5} {'arrivals':8} {'variant':12} {'gpus':>5} {'repl.':>6} {'repl.ok':>9} {'wl.ok':>9} "
         f"{'u.max':>6} {'u>1':>4} {'<=upper':>7} {'worst p99/SLO':>9} {'solve_s':>7}"
     )
+    notes: list[str] = []
     with Progress("bench_truth", len(sizes) * len(kinds) * len(variants)) as bar:
         for arrivals in kinds:
             for size in sizes:
                 workloads = mix(size, arrivals)
                 for variant in variants:
                     started = time.perf_counter()
-                    plan = solve(Problem(workloads, types), "stoke", options=VARIANTS[variant])
+                    if variant == "verified":
+                        checked = verify(Problem(workloads, types), measure_on(truth))
+                        plan = checked.plan
+                        rounds = ", ".join(f"{r.measured} pts -> {r.gpus_after} GPUs" for r in checked.rounds)
+                        notes.append(
+                            f"{size} {arrivals}: verified in {len(checked.rounds)} round(s), {checked.points} points "
+                            f"measured ({rounds}); holds on measured points: {checked.holds}"
+                        )
+                    else:
+                        plan = solve(Problem(workloads, types), "stoke", options=VARIANTS[variant])
                     solve_s = time.perf_counter() - started
                     replicas = replay(plan, truth, args.requests)
                     print(row(size, arrivals, variant, plan, solve_s, replicas), flush=True)
                     bar.advance(note=f"{arrivals} {size} {variant}")
+    for note in notes:
+        print(note)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -50,6 +50,10 @@ DEFAULT_FIT_ERROR = 0.10
 #: per halving of the share below the smallest measured share, or doubling of the batch above the
 #: largest: a fit extrapolates its curve with nothing to check it against.
 EXTRAPOLATION_ERROR_PER_OCTAVE = 0.15
+#: Relative error of a point measured by verification (`stoke profile verify`): what stands in for
+#: the fit there. About the spread of repeated stable medians (a few percent); it covers noise, not
+#: a wrong curve.
+MEASURED_ERROR = 0.02
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,23 @@ class ModelProfile:
     #: Measured batches and shares and the fit's out-of-sample error there; None for a profile saved
     #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
     domain: FitDomain | None = None
+    #: Points measured after the fit (verification): (batch, share %, solo active ms). There the
+    #: measurement replaces the fitted active time, at `MEASURED_ERROR`.
+    measured: tuple[tuple[int, float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        lookup = {(int(b), round(float(r), 6)): float(ms) for b, r, ms in self.measured}
+        object.__setattr__(self, "_measured", lookup)
+
+    def with_measured(self, points: Mapping[tuple[int, float], float]) -> ModelProfile:
+        """This model with `points` ((batch, share) -> solo active ms) measured, overriding the fit there."""
+        merged = {(int(b), round(float(r), 6)): float(ms) for b, r, ms in self.measured}
+        merged.update({(int(b), round(float(r), 6)): float(ms) for (b, r), ms in points.items()})
+        return replace(self, measured=tuple((b, r, ms) for (b, r), ms in sorted(merged.items())))
+
+    def measured_ms(self, batch: float, share_pct: float) -> float | None:
+        found: float | None = self._measured.get((int(batch), round(float(share_pct), 6)))  # type: ignore[attr-defined]
+        return found if found is not None and float(batch) == int(batch) else None
 
     def in_domain(self, batch: float, share_pct: float) -> bool:
         return self.domain is None or self.domain.contains(batch, share_pct)
@@ -164,10 +185,21 @@ class ModelProfile:
     def fit_error(self, batch: object, share_pct: object) -> np.ndarray:
         """Relative error bound of L and O at (batch, share) (arrays broadcast); see `FitDomain`."""
         if self.domain is None:
-            return np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
-        return self.domain.error_at(batch, share_pct)
+            error = np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
+        else:
+            error = np.asarray(self.domain.error_at(batch, share_pct), dtype=float)
+        if self.measured:
+            b, r = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(share_pct, dtype=float))
+            error = np.array(np.broadcast_to(error, b.shape))
+            for mb, mr, _ in self.measured:
+                error[(b == mb) & (np.abs(r - mr) < 1e-6)] = MEASURED_ERROR
+        return error
 
     def active_time_ms(self, batch: float, share_pct: float) -> float:
+        if self.measured:
+            found = self.measured_ms(batch, share_pct)
+            if found is not None:
+                return found
         k1, k2, k3, k4, k5 = self.k_act
         return (k1 * batch * batch + k2 * batch + k3) / (share_pct + k4) + k5
 

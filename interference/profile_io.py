@@ -94,6 +94,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         value = values[f.name]
         if f.name == "domain":
             values["domain"] = None if value is None else _domain(value, f"{where} field 'domain'")
+        elif f.name == "measured":
+            values["measured"] = _measured(value, f"{where} field 'measured'")
         elif f.name == "name":
             if not isinstance(value, str) or not value:
                 raise ProfileFileError(f"{where} field 'name' must be a non-empty string")
@@ -133,6 +135,25 @@ def _domain(data: Any, where: str) -> FitDomain:
         )
     except ValueError as err:
         raise ProfileFileError(f"{where}: {err}; {fix}") from None
+
+
+def _measured(data: Any, where: str) -> tuple[tuple[int, float, float], ...]:
+    """Verified points: a list of [batch, share %, solo active ms]."""
+    if not isinstance(data, list) or len(data) > 100_000:
+        raise ProfileFileError(f"{where} must be a list of [batch, share_pct, active_ms]; re-run verification")
+    out = []
+    for item in data:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], int)
+            and item[0] >= 1
+            and all(_finite(v) and v > 0 for v in item)
+            and item[1] <= 100
+        ):
+            raise ProfileFileError(f"{where}: {shown(item)} is not [batch, share_pct, active_ms]; re-run verification")
+        out.append((int(item[0]), float(item[1]), float(item[2])))
+    return tuple(out)
 
 
 #: Fields that divide or scale time: zero or negative values cannot be meant.

@@ -105,3 +105,13 @@ def truth_profile(profile: DeviceProfile, raw: Mapping[str, Mapping[str, Any]]) 
             share_step=profile.gpu.share_step_pct,
         )
     return replace(profile, models=models)
+
+
+def measure_on(truth: Mapping[str, DeviceProfile]) -> Any:
+    """A simulated device for verification (`controller.solver.verify.Measure`): the truth's solo
+    active time of a model at (batch, share) on a GPU type, exactly (no measurement noise)."""
+
+    def measure(gpu_type: str, model: str, batch: int, share_pct: float) -> float:
+        return float(truth[gpu_type].model(model).active_time_ms(batch, share_pct))
+
+    return measure

@@ -193,7 +193,14 @@ class PointCache:
             latency, throughput = predictor.predict(
                 index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool)
             )
-            table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
+            latency, throughput = latency.reshape(batches.shape), throughput.reshape(batches.shape)
+            # verified points: the measurement, not the fit (the vectorised predictor reads k_act only)
+            for batch, share, _ in self.profile.model(model).measured:
+                column = int(round(share / self.step)) - 1
+                if batch <= MAX_BATCH and abs((column + 1) * self.step - share) < 1e-6:
+                    solo = predict_points(self.profile.gpu, [solo_point(self.profile, model, batch, share)])[0]
+                    latency[batch - 1, column], throughput[batch - 1, column] = solo.latency_ms, solo.throughput_rps
+            table = self._tables[model] = (latency, throughput)
         return table
 
     def occupancy_table(self, model: str) -> NDArray[Any]:
