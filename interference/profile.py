@@ -162,12 +162,35 @@ class ModelProfile:
     #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
     domain: FitDomain | None = None
     #: Points measured after the fit (verification): (batch, share %, solo active ms). There the
-    #: measurement replaces the fitted active time, at `MEASURED_ERROR`.
+    #: measurement replaces the fitted active time, at `MEASURED_ERROR`; elsewhere the fit is raised
+    #: by the nearest measurement's excess (`calibration`).
     measured: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         lookup = {(int(b), round(float(r), 6)): float(ms) for b, r, ms in self.measured}
         object.__setattr__(self, "_measured", lookup)
+        nodes = [(math.log(b), math.log(r), ms / self.fitted_active_ms(b, r)) for (b, r), ms in lookup.items()]
+        object.__setattr__(self, "_calibration", nodes)
+
+    def fitted_active_ms(self, batch: float, share_pct: float) -> float:
+        k1, k2, k3, k4, k5 = self.k_act
+        return (k1 * batch * batch + k2 * batch + k3) / (share_pct + k4) + k5
+
+    def calibration(self, batch: float, share_pct: float) -> float:
+        """Measured / fitted at the measured point nearest (batch, share) in (log b, log r), never below 1.
+
+        A point a measurement found slower than the fit says its neighbourhood is slower too, so a
+        re-plan does not flee one share step up to a point the fit still flatters; a faster one is
+        not trusted beyond itself (1: no measured point).
+        """
+        nodes = self._calibration  # type: ignore[attr-defined]
+        if not nodes:
+            return 1.0
+        lb, lr = math.log(batch), math.log(share_pct)
+        distance = [(n[0] - lb) ** 2 + (n[1] - lr) ** 2 for n in nodes]
+        least = min(distance)
+        # equally near measurements (to rounding): the slowest speaks for the point
+        return max(1.0, max(n[2] for n, d in zip(nodes, distance) if d <= least + 1e-9))
 
     def with_measured(self, points: Mapping[tuple[int, float], float]) -> ModelProfile:
         """This model with `points` ((batch, share) -> solo active ms) measured, overriding the fit there."""
@@ -195,13 +218,29 @@ class ModelProfile:
                 error[(b == mb) & (np.abs(r - mr) < 1e-6)] = MEASURED_ERROR
         return error
 
+    def active_grid_ms(self, batch: np.ndarray, share_pct: np.ndarray) -> np.ndarray:
+        """`active_time_ms` over arrays (broadcast): the fit, calibrated and overridden by measured points."""
+        b, r = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(share_pct, dtype=float))
+        k1, k2, k3, k4, k5 = self.k_act
+        fitted = (k1 * b * b + k2 * b + k3) / (r + k4) + k5
+        nodes = self._calibration  # type: ignore[attr-defined]
+        if not nodes:
+            return np.asarray(fitted)
+        lb, lr, ratio = (np.asarray(column, dtype=float) for column in zip(*nodes))
+        distance = (np.log(b)[..., None] - lb) ** 2 + (np.log(r)[..., None] - lr) ** 2
+        nearest = distance <= distance.min(axis=-1, keepdims=True) + 1e-9
+        out = np.array(fitted * np.maximum(1.0, np.where(nearest, ratio, -np.inf).max(axis=-1)), dtype=float)
+        for (mb, mr), ms in self._measured.items():  # type: ignore[attr-defined]
+            out[(b == mb) & (np.abs(r - mr) < 1e-6)] = ms
+        return np.asarray(out)
+
     def active_time_ms(self, batch: float, share_pct: float) -> float:
         if self.measured:
             found = self.measured_ms(batch, share_pct)
             if found is not None:
                 return found
-        k1, k2, k3, k4, k5 = self.k_act
-        return (k1 * batch * batch + k2 * batch + k3) / (share_pct + k4) + k5
+            return self.fitted_active_ms(batch, share_pct) * self.calibration(batch, share_pct)
+        return self.fitted_active_ms(batch, share_pct)
 
 
 @dataclass(frozen=True)

@@ -190,17 +190,13 @@ class PointCache:
             predictor = VectorPredictor(self.profile)
             batches, shares = np.meshgrid(np.arange(1, MAX_BATCH + 1, dtype=float), self.shares, indexing="ij")
             index = np.full((batches.size, 1), predictor.index[model], dtype=np.intp)
+            m = self.profile.model(model)
+            # verified points and their calibrated neighbourhood (the predictor alone reads k_act only)
+            active = m.active_grid_ms(batches, shares).reshape(-1, 1) if m.measured else None
             latency, throughput = predictor.predict(
-                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool)
+                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool), active
             )
-            latency, throughput = latency.reshape(batches.shape), throughput.reshape(batches.shape)
-            # verified points: the measurement, not the fit (the vectorised predictor reads k_act only)
-            for batch, share, _ in self.profile.model(model).measured:
-                column = int(round(share / self.step)) - 1
-                if batch <= MAX_BATCH and abs((column + 1) * self.step - share) < 1e-6:
-                    solo = predict_points(self.profile.gpu, [solo_point(self.profile, model, batch, share)])[0]
-                    latency[batch - 1, column], throughput[batch - 1, column] = solo.latency_ms, solo.throughput_rps
-            table = self._tables[model] = (latency, throughput)
+            table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
         return table
 
     def occupancy_table(self, model: str) -> NDArray[Any]:

@@ -24,7 +24,7 @@ from interference.profile import DeviceProfile
 
 #: (GPU type, model, batch, share %) -> the model's solo active time there (ms), measured.
 Measure = Callable[[str, str, int, float], float]
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 8
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,21 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     )
     add_output_option(sh, wide="the leave-one-out error at every measured point")
     sh.set_defaults(run=run_profile_show)
+    v = profile.add_parser(
+        "verify",
+        help="measure the points a plan chose, put them in the profile and re-plan until the plan holds on them",
+        description="Verify before serving: each (model, batch, share) the plan chose is measured on the device, "
+        "the measurement replaces the fit there (and raises its neighbourhood when slower), and the workloads "
+        "are planned again; a round that chooses only measured points ends it (at most --rounds). Devices: "
+        "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests). Measuring on "
+        "real Triton (CPU) or through NVML/MPS (GPU) is not built yet.",
+    )
+    v.add_argument("plan", metavar="PLAN.json", help="a plan from `stoke plan --json` (- reads stdin)")
+    v.add_argument("--device", choices=("simulated",), default="simulated", help="where to measure")
+    v.add_argument("--rounds", type=int, default=8, help="at most this many measure/re-plan rounds (default 8)")
+    v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
+    v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
+    v.set_defaults(run=run_profile_verify)
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -754,6 +769,58 @@ def run_profile_show(args: argparse.Namespace) -> int:
             f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error; refit with `stoke profile fit`"
         )
     return 0
+
+
+# -- profile verify --------------------------------------------------------------------------------
+
+
+def run_profile_verify(args: argparse.Namespace) -> int:
+    from controller.solver import Problem, Workload
+    from controller.solver.verify import verify
+    from interference.profile_io import bundled_raw_path
+    from interference.profile_io import read_raw as read_raw_file
+    from interference.truth import measure_on, truth_profile
+    from stoke.files import atomic_write_text
+
+    plan = read_plan(args.plan)
+    if not plan.gpus:
+        raise UserError(f"{args.plan}: the plan places no workload; nothing to verify")
+    rates: dict[str, float] = {}
+    first: dict[str, Any] = {}
+    for _, p in plan.placements():
+        rates[p.name] = rates.get(p.name, 0.0) + p.rate_rps
+        first.setdefault(p.name, p)
+    try:
+        workloads = tuple(
+            Workload(n, p.model, p.slo_ms, rates[n], arrivals=p.arrivals) for n, p in sorted(first.items())
+        )
+        types = default_gpu_types()
+        unknown = sorted({g.gpu_type for g in plan.gpus} - {t.name for t in types})
+        if unknown:
+            raise UserError(f"{args.plan}: GPU type {unknown[0]!r} has no simulated device; plan for V100")
+        truth = {t.name: truth_profile(t.profile, read_raw_file(bundled_raw_path())) for t in types}
+        problem = Problem(workloads, types)
+
+        def progress(done: Any) -> None:
+            print(
+                f"round {done.number}: measured {done.measured} point(s) (worst measured/fitted "
+                f"{done.worst_ratio:.3f}); re-planned: {done.gpus_before} -> {done.gpus_after} GPU(s)",
+                flush=True,
+            )
+
+        checked = verify(problem, measure_on(truth), plan=plan, max_rounds=args.rounds, progress=progress)
+    except ProblemError as err:
+        raise UserError(f"{args.plan}: {err}") from None
+    if args.plan_out:
+        atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
+    if args.profile_out:
+        save_profile(checked.problem.inventory[0].profile, args.profile_out)
+    status = "holds on measured points" if checked.holds else "still uses unmeasured points"
+    print(
+        f"verified in {len(checked.rounds)} round(s), {checked.points} point(s) measured: "
+        f"{checked.plan.gpu_count} GPU(s), the plan {status}"
+    )
+    return 0 if checked.holds else 1
 
 
 # -- profile fit -----------------------------------------------------------------------------------

@@ -91,3 +91,37 @@ def test_domain_round_trips_and_a_bad_domain_is_refused(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(ProfileFileError, match=r"relative errors"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_a_measured_point_overrides_the_fit_and_raises_its_neighbourhood_only_when_slower():
+    from interference.profile import MEASURED_ERROR
+
+    ssd = bundled_profile().model("ssd")
+    fitted = ssd.active_time_ms(8, 50.0)
+    slow = ssd.with_measured({(8, 50.0): fitted * 1.2})
+    assert slow.active_time_ms(8, 50.0) == pytest.approx(fitted * 1.2, rel=1e-12)
+    assert float(slow.fit_error(8, 50.0)) == MEASURED_ERROR
+    assert float(slow.fit_error(8, 52.5)) == pytest.approx(float(ssd.fit_error(8, 52.5)), rel=1e-12)
+    # the nearest unmeasured point is raised by the same excess; the vectorised path agrees
+    assert slow.active_time_ms(8, 52.5) == pytest.approx(ssd.active_time_ms(8, 52.5) * 1.2, rel=1e-9)
+    grid = slow.active_grid_ms(np.array([[8.0], [9.0]]), np.array([[50.0, 52.5]]))
+    assert grid[0, 0] == pytest.approx(fitted * 1.2) and grid[1, 1] == pytest.approx(slow.active_time_ms(9, 52.5))
+    fast = ssd.with_measured({(8, 50.0): fitted * 0.8})
+    assert fast.active_time_ms(8, 50.0) == pytest.approx(fitted * 0.8)
+    assert fast.active_time_ms(8, 52.5) == pytest.approx(ssd.active_time_ms(8, 52.5))  # not trusted beyond itself
+
+
+def test_measured_points_round_trip_and_garbage_is_refused(tmp_path):
+    from interference.profile import DeviceProfile
+
+    profile = bundled_profile()
+    measured = DeviceProfile(
+        profile.gpu, {**profile.models, "ssd": profile.model("ssd").with_measured({(4, 50.0): 9.5})}
+    )
+    save_profile(measured, tmp_path / "m.json")
+    assert load_profile(tmp_path / "m.json").model("ssd").measured == ((4, 50.0, 9.5),)
+    data = profile_to_dict(measured)
+    data["models"]["ssd"]["measured"] = [[4, 50.0, -1.0]]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileFileError, match=r"models\.ssd field 'measured'.*batch, share_pct, active_ms"):
+        load_profile(tmp_path / "bad.json")
