@@ -129,7 +129,17 @@ def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:
         sched_slope_ms=float(sched_slope),
         sched_intercept_ms=float(sched_intercept),
         freq_slope_mhz_per_w=min(0.0, freq_slope),
+        memory_mib=_optional(hardware, "hardware", "memory_mib"),
+        context_mib=_optional(hardware, "hardware", "context_mib"),
+        max_clients=int(_optional(hardware, "hardware", "max_clients")),
     )
+
+
+def _optional(section: Mapping[str, Any], name: str, key: str) -> float:
+    """A non-negative figure the raw layout may leave out (memory, client limit): 0 = not recorded."""
+    if key not in section:
+        return 0.0
+    return check.non_negative(section[key], f"section {name!r} field {key!r}", error=RawProfileError)
 
 
 def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
@@ -269,6 +279,8 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
         bytes_in=int(bytes_in),
         bytes_out=int(bytes_out),
         domain=fit_domain(k_act, batch, share, active),
+        weights_mib=_optional(section, name, "weights_mib"),
+        activation_mib=_optional(section, name, "activation_mib"),
     )
 
 

@@ -33,6 +33,12 @@ class GpuProfile:
     sched_slope_ms: float  # a_sch: per-kernel scheduling delay growth per co-located workload
     sched_intercept_ms: float  # b_sch
     freq_slope_mhz_per_w: float  # a_f (< 0): SM clock lost per watt above the cap
+    #: Device memory (MiB) and what each Triton process (one per replica: its own CUDA context) takes
+    #: before any model; 0 = not recorded (not checked).
+    memory_mib: float = 0.0
+    context_mib: float = 0.0
+    #: Most MPS clients (processes) one GPU serves: 48 on Volta and later; 0 = not recorded.
+    max_clients: int = 0
 
     def scheduling_delay_ms(self, colocated: int) -> float:
         """Per-kernel extra scheduling delay with `colocated` workloads on the GPU."""
@@ -158,6 +164,10 @@ class ModelProfile:
     cache_sensitivity: float  # alpha_cache
     bytes_in: int  # d_in per request
     bytes_out: int  # d_out per request
+    #: Device memory of one instance: weights, and activations per request of a batch (MiB); 0 = not
+    #: recorded. A replica takes context + weights + batch x activations (`replica_memory_mib`).
+    weights_mib: float = 0.0
+    activation_mib: float = 0.0
     #: Measured batches and shares and the fit's out-of-sample error there; None for a profile saved
     #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
     domain: FitDomain | None = None
@@ -201,6 +211,10 @@ class ModelProfile:
     def measured_ms(self, batch: float, share_pct: float) -> float | None:
         found: float | None = self._measured.get((int(batch), round(float(share_pct), 6)))  # type: ignore[attr-defined]
         return found if found is not None and float(batch) == int(batch) else None
+
+    def memory_mib(self, batch: int) -> float:
+        """Weights and activations of one instance at max batch `batch` (the process context aside)."""
+        return self.weights_mib + self.activation_mib * batch
 
     def in_domain(self, batch: float, share_pct: float) -> bool:
         return self.domain is None or self.domain.contains(batch, share_pct)

@@ -107,8 +107,12 @@ def _build(cls: type, data: Any, where: str) -> Any:
             check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
         else:
             check.number(value, f"{where} field {f.name!r}", error=ProfileFileError)
-    if "kernels" in values:
-        values["kernels"] = int(values["kernels"])
+    for whole in ("kernels", "max_clients"):
+        if whole in values:
+            values[whole] = int(values[whole])
+    for name in ("memory_mib", "context_mib", "weights_mib", "activation_mib", "max_clients"):
+        if name in values and values[name] < 0:
+            raise ProfileFileError(f"{where} field {name!r} must be >= 0 (0: not recorded); fix the profile")
     return cls(**values)
 
 

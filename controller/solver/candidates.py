@@ -269,6 +269,8 @@ def colocate(
     and adds one share step to every workload that misses its target. Returns (shares, predictions), or None when the
     shares would pass 100% or more than `max_added` would be added.
     """
+    if not fits_memory(cache, items):
+        return None
     current = [i.min_share for i in items] if shares is None else list(shares)
     start = sum(current)
     step = cache.step
@@ -288,6 +290,19 @@ def colocate(
             if current[k] + step > 100.0 + EPS:
                 return None
             current[k] = round(current[k] + step, 6)
+
+
+def replica_memory_mib(cache: PointCache, item: Item) -> float:
+    """Device memory of one replica: its process's context, the weights, activations of a full batch."""
+    return cache.profile.gpu.context_mib + cache.profile.model(item.workload.model).memory_mib(item.batch)
+
+
+def fits_memory(cache: PointCache, items: Sequence[Item]) -> bool:
+    """The replicas fit the GPU's memory and its MPS client limit (limits not recorded are not checked)."""
+    gpu = cache.profile.gpu
+    if gpu.max_clients and len(items) > gpu.max_clients:
+        return False
+    return not gpu.memory_mib or sum(replica_memory_mib(cache, i) for i in items) <= gpu.memory_mib + EPS
 
 
 def min_share_solo(cache: PointCache, model: str, batch: int, target: Target) -> float | None:
@@ -373,6 +388,7 @@ def to_placement(cache: PointCache, item: Item, share: float, prediction: Predic
         predicted_throughput_rps=prediction.throughput_rps,
         predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
         p99_upper_ms=replica_p99_upper_ms(cache, item, share, prediction),
+        memory_mib=replica_memory_mib(cache, item),
         binding=binding_constraint(cache, item, share),
         replica=item.replica,
         replicas=item.replicas,

@@ -94,6 +94,8 @@ def explain(
                 f"domain: measured shares {domain.min_share:g}-{domain.shares[-1]:g}%, batches "
                 f"{domain.batches[0]}-{domain.max_batch}; nothing outside is used (--allow-extrapolation allows it)"
             )
+        for gpu_index, p in placed:
+            summary.append(_memory_line(problem, plan, gpu_index, p))
         for _, p in placed:
             cache = PointCache(types[plan.gpus[placed[0][0]].gpu_type])
             summary.append(
@@ -130,6 +132,26 @@ def explain(
     else:
         summary.append("one replica: a single GPU share holds the budget")
     return Explanation(name, tuple(summary), tuple(replicas), error_bound=options.error_bound)
+
+
+def _memory_line(problem: Problem, plan: Plan, gpu_index: int, placement: Placement) -> str:
+    """Memory and MPS clients on the replica's GPU, and whether either keeps another replica off it."""
+    gpu = plan.gpus[gpu_index]
+    limits = next(g for g in problem.inventory if g.name == gpu.gpu_type).profile.gpu
+    if not limits.memory_mib:
+        return f"memory: not recorded for {gpu.gpu_type} (not checked)"
+    smallest = min((p.memory_mib for _, p in plan.placements()), default=0.0)
+    free = limits.memory_mib - gpu.memory_mib
+    line = (
+        f"memory: replica {placement.replica + 1} takes {placement.memory_mib:,.0f} MiB; GPU {gpu_index} holds "
+        f"{gpu.memory_mib:,.0f} of {limits.memory_mib:,.0f} MiB, {len(gpu.placements)} of {limits.max_clients or '-'} "
+        f"MPS clients"
+    )
+    if free < smallest and gpu.share_pct < 100.0 - EPS:
+        line += f"; memory binds: {free:,.0f} MiB free is less than any replica of this plan needs, share or not"
+    elif limits.max_clients and len(gpu.placements) >= limits.max_clients:
+        line += "; the MPS client limit binds: no further process fits"
+    return line
 
 
 def _binding_words(binding: str) -> str:

@@ -402,6 +402,9 @@ def format_plan(plan: Plan) -> str:
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
+    if any(g.memory_mib for g in plan.gpus):
+        memory = ", ".join(f"{i}: {g.memory_mib / 1024:.1f}" for i, g in enumerate(plan.gpus))
+        lines.append(f"GPU memory in use (GiB; process contexts, weights, activations): {memory}")
     ratios = sorted(p.p99_slo_ratio for _, p in plan.placements() if math.isfinite(p.p99_slo_ratio))
     if ratios:
         lines.append(

@@ -160,3 +160,26 @@ def test_stoke_matches_the_exhaustive_optimum_on_small_instances(workloads):
 def test_rejection_is_the_only_failure():
     with pytest.raises(ProblemError):
         solve(Problem((Workload("w", "ssd", 1.0, 10),), (V100,)), "stoke")
+
+
+@pytest.mark.parametrize("arrivals", ["poisson", "constant"])
+def test_no_gpu_of_a_benchmark_plan_exceeds_its_memory_or_client_limit(arrivals):
+    from controller.solver.random_mix import random_workloads
+
+    plan = solve(Problem(random_workloads(100, seed=2026, arrivals=arrivals), (V100,)), "stoke")
+    limits = V100.profile.gpu
+    assert limits.memory_mib > 0 and limits.max_clients == 48
+    for gpu in plan.gpus:
+        assert 0 < gpu.memory_mib <= limits.memory_mib + 1e-6
+        assert len(gpu.placements) <= limits.max_clients
+
+
+@SETTINGS
+@given(workload_mixes())
+def test_no_stoke_plan_exceeds_memory_or_clients_even_when_they_are_tight(workloads):
+    # a GPU of 3 GiB and 3 clients: memory and the client limit bind often
+    tight = replace(V100.profile.gpu, memory_mib=3072.0, max_clients=3)
+    gpu_type = GpuType("V100", 3.06, replace(V100.profile, gpu=tight))
+    plan = solve(Problem(workloads, (gpu_type,)), "stoke")
+    for gpu in plan.gpus:
+        assert gpu.memory_mib <= 3072.0 + 1e-6 and len(gpu.placements) <= 3
