@@ -11,8 +11,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from stoke.errors import StokeError
 
@@ -107,7 +109,7 @@ class FitDomain:
         """A quantile of the leave-one-out errors over the measured points (what `profile show` reports)."""
         return float(np.quantile(np.asarray(self.error, dtype=float), q))
 
-    def error_at(self, batch: object, share_pct: object) -> np.ndarray:
+    def error_at(self, batch: object, share_pct: object) -> NDArray[Any]:
         """The relative error bound of L and O at (batch, share); arrays broadcast (see the class doc).
 
         Outside the domain the bound is the one at the nearest measured edge, plus
@@ -122,10 +124,12 @@ class FitDomain:
         return np.asarray(np.maximum(inside, self.floor) + EXTRAPOLATION_ERROR_PER_OCTAVE * (below + above))
 
 
-def _interpolate(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _interpolate(
+    grid: NDArray[Any], xs: NDArray[Any], ys: NDArray[Any], x: NDArray[Any], y: NDArray[Any]
+) -> NDArray[Any]:
     """Bilinear interpolation of `grid` (len(xs) x len(ys)) at (x, y), clamped to the grid's edges."""
 
-    def axis(nodes: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def axis(nodes: NDArray[Any], at: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
         if len(nodes) == 1:
             return np.zeros(at.shape, dtype=np.intp), np.zeros(at.shape)
         pos = np.interp(at, nodes, np.arange(len(nodes), dtype=float))
@@ -200,7 +204,7 @@ class ModelProfile:
         distance = [(n[0] - lb) ** 2 + (n[1] - lr) ** 2 for n in nodes]
         least = min(distance)
         # equally near measurements (to rounding): the slowest speaks for the point
-        return max(1.0, max(n[2] for n, d in zip(nodes, distance) if d <= least + 1e-9))
+        return float(max(1.0, max(n[2] for n, d in zip(nodes, distance) if d <= least + 1e-9)))
 
     def with_measured(self, points: Mapping[tuple[int, float], float]) -> ModelProfile:
         """This model with `points` ((batch, share) -> solo active ms) measured, overriding the fit there."""
@@ -219,7 +223,7 @@ class ModelProfile:
     def in_domain(self, batch: float, share_pct: float) -> bool:
         return self.domain is None or self.domain.contains(batch, share_pct)
 
-    def fit_error(self, batch: object, share_pct: object) -> np.ndarray:
+    def fit_error(self, batch: object, share_pct: object) -> NDArray[Any]:
         """Relative error bound of L and O at (batch, share) (arrays broadcast); see `FitDomain`."""
         if self.domain is None:
             error = np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
@@ -232,7 +236,7 @@ class ModelProfile:
                 error[(b == mb) & (np.abs(r - mr) < 1e-6)] = MEASURED_ERROR
         return error
 
-    def active_grid_ms(self, batch: np.ndarray, share_pct: np.ndarray) -> np.ndarray:
+    def active_grid_ms(self, batch: NDArray[Any], share_pct: NDArray[Any]) -> NDArray[Any]:
         """`active_time_ms` over arrays (broadcast): the fit, calibrated and overridden by measured points."""
         b, r = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(share_pct, dtype=float))
         k1, k2, k3, k4, k5 = self.k_act
