@@ -64,7 +64,7 @@ from controller.messages import (
     ServingEndpoint,
     Unauthenticated,
 )
-from stoke.names import clean_text
+from foundation.names import clean_text
 
 log = logging.getLogger("stoke.agent")
 

@@ -28,7 +28,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 ARRIVALS = ("constant", "poisson")
 

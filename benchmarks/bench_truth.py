@@ -14,7 +14,7 @@ carries `p99_upper_ms`, replicas whose replayed p99 <= it.
 Variants: `today` (stoke before issue 15: the central fit trusted everywhere, 5% p99 margin, 0.98
 paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the wide-margin baseline
 of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
-(error-aware, then `controller.solver.verify` measures the chosen points on the truth, the simulated
+(error-aware, then `planner.solver.verify` measures the chosen points on the truth, the simulated
 device, and re-plans until the plan holds on measured points; rounds and points are printed).
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
@@ -29,14 +29,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from controller.simulate import _arrivals, service_curve
-from controller.solver import Plan, Problem, solve
-from controller.solver.stoke import CENTRAL_OPTIONS, DEFAULT_OPTIONS
-from controller.solver.verify import verify
-from controller.workload_file import default_gpu_types
 from interference.batching import serve
 from interference.profile_io import bundled_raw_path, read_raw
 from interference.truth import measure_on, truth_profile
+from planner.simulate import _arrivals, service_curve
+from planner.solver import Plan, Problem, solve
+from planner.solver.stoke import CENTRAL_OPTIONS, DEFAULT_OPTIONS
+from planner.solver.verify import verify
+from planner.workload_file import default_gpu_types
 from stoke.progress import Progress
 
 try:  # the mixes of bench_core (run from the repository root)

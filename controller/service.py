@@ -48,12 +48,12 @@ from controller.observations import ObservationRecord
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView, stamp
-from controller.solver import ProblemError, Workload, solve
 from controller.status import ClusterStatus, cluster_status
 from controller.store import ProfileRow, ProfileVersionRow, Store
+from foundation import validate as check
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
 from interference.profile_io import ProfileFileError, parse_profile_json, profile_from_dict, profile_to_dict
-from stoke import validate as check
+from planner.solver import ProblemError, Workload, solve
 
 log = logging.getLogger("stoke.controller.service")
 

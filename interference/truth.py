@@ -1,6 +1,6 @@
 """A latency truth that is not the fit: the fitted V100 profile, perturbed the way measurements differ.
 
-Benchmarks and tests replay plans on it (`controller.simulate` with `truth_profile(...)` in place of
+Benchmarks and tests replay plans on it (`planner.simulate` with `truth_profile(...)` in place of
 the fitted profile) to see what a plan does when the model is wrong. The planner never sees it: it
 plans with the fitted profile, whose domain and leave-one-out error (`interference.profile.FitDomain`)
 are all it knows about its own error.
@@ -108,7 +108,7 @@ def truth_profile(profile: DeviceProfile, raw: Mapping[str, Mapping[str, Any]]) 
 
 
 def measure_on(truth: Mapping[str, DeviceProfile]) -> Any:
-    """A simulated device for verification (`controller.solver.verify.Measure`): the truth's solo
+    """A simulated device for verification (`planner.solver.verify.Measure`): the truth's solo
     active time of a model at (batch, share) on a GPU type, exactly (no measurement noise)."""
 
     def measure(gpu_type: str, model: str, batch: int, share_pct: float) -> float:

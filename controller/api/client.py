@@ -33,7 +33,7 @@ from controller.messages import (
     Unauthenticated,
     Unavailable,
 )
-from controller.solver import Workload
+from planner.solver import Workload
 
 log = logging.getLogger("stoke.client")
 _ERRORS: dict[Any, type[ApiError]] = {

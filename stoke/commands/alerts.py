@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from controller.alerts import (
+from deploy.alerts import (
     DASHBOARD_FILE,
     DEFAULT_HISTOGRAM,
     DEFAULT_OBJECTIVE,
@@ -22,10 +22,10 @@ from controller.alerts import (
     shared_selectors,
     summary_rows,
 )
-from controller.workload_file import load_workloads_file
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
+from planner.workload_file import load_workloads_file
 from stoke.commands.inputs import read_plan
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
-from stoke.errors import UserError
 from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
-from stoke.table import print_table, render_table
+from stoke.plan_table import REMOTE, plan_table
+from stoke.table import print_table
 
 __all__ = ["register", "remote_plan", "to_dict"]
 
@@ -201,7 +202,7 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from controller.workload_file import parse_workloads_text
+    from planner.workload_file import parse_workloads_text
 
     text, source = read_text_input(args.file, "the workload file")
     workloads = parse_workloads_text(
@@ -263,39 +264,12 @@ def format_remote_plan(plan: Any) -> str:
     head = (
         f"plan revision {plan.revision} ({plan.strategy}): {len(plan.gpus)} device(s), ${plan.cost_per_hour:,.2f}/hour"
     )
-    rows = []
-    for g in plan.gpus:
-        where = f"{g.node_id}/{g.device}" if g.node_id else "(no free device)"
-        for p in g.placements:
-            rows.append(
-                [
-                    where,
-                    g.gpu_type,
-                    p.workload,
-                    f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else "",
-                    p.model,
-                    p.slo_ms,
-                    p.rate_rps,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.predicted_latency_ms,
-                ]
-            )
-    headers = [
-        "node/device",
-        "type",
-        "workload",
-        "replica",
-        "model",
-        "slo_ms",
-        "rate_rps",
-        "share_%",
-        "batch",
-        "queue_ms",
-        "pred_ms",
-    ]
-    lines = [head, "", render_table(headers, rows)]
+    rows = (
+        (f"{g.node_id}/{g.device}" if g.node_id else "(no free device)", g.gpu_type, p.workload, p)
+        for g in plan.gpus
+        for p in g.placements
+    )
+    lines = [head, "", plan_table(rows, REMOTE)]
     lines += [f"pending: {p.workload}: {p.reason}" for p in plan.pending]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

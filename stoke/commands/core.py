@@ -11,19 +11,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from controller.simulate import SimulationReport, simulate
-from controller.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
-from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
-from controller.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
+from foundation.errors import UserError
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
+from planner.simulate import SimulationReport, simulate
+from planner.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
+from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
+from planner.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
-from stoke.errors import UserError
 from stoke.output import add_output_option, emit
+from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
 
@@ -45,7 +46,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         "workloads",
         nargs="?",
         metavar="WORKLOADS.yaml",
-        help="workload file (format: README, schema: controller/data/workloads.schema.json; - reads stdin); "
+        help="workload file (format: README, schema: planner/data/workloads.schema.json; - reads stdin); "
         "default: bundled example",
     )
     p.add_argument(
@@ -325,7 +326,7 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plan))
     if args.explain:
-        from controller.solver.explain import explain
+        from planner.solver.explain import explain
 
         try:
             explanation = explain(workloads_file.problem(), plan, args.explain, options or DEFAULT_OPTIONS)
@@ -354,51 +355,8 @@ def run_plan(args: argparse.Namespace) -> int:
 def format_plan(plan: Plan) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
     head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
-    rows = []
-    for index, gpu in enumerate(plan.gpus):
-        for p in gpu.placements:
-            replica = f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else ""
-            rows.append(
-                [
-                    index,
-                    gpu.gpu_type,
-                    p.name,
-                    replica,
-                    p.model,
-                    p.slo_ms,
-                    p.rate_rps,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.predicted_latency_ms,
-                    _p99_cell(p.predicted_p99_ms),
-                    _p99_cell(p.p99_upper_ms),
-                    _p99_cell(p.p99_slo_ratio),
-                    p.binding,
-                    "ok" if p.meets_slo else "MISS",
-                ]
-            )
-    table = render_table(
-        [
-            "gpu",
-            "type",
-            "workload",
-            "replica",
-            "model",
-            "slo_ms",
-            "rate_rps",
-            "share_%",
-            "batch",
-            "delay_ms",
-            "infer_ms",
-            "p99_ms",
-            "p99_upper",
-            "p99/slo",
-            "binding",
-            "slo",
-        ],
-        rows,
-    )
+    rows = ((index, gpu.gpu_type, p.name, p) for index, gpu in enumerate(plan.gpus) for p in gpu.placements)
+    table = plan_table(rows, LOCAL)
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
@@ -433,16 +391,12 @@ def format_explanation(explanation: Any) -> str:
             f"({p.p99_slo_ratio:.2f} x SLO), {p.p99_upper_ms:.2f} ms at the error bound; binding: {p.binding}",
         ]
         rows = [
-            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
+            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, p99_cell(r.p99_ms), r.utilisation, r.verdict]
             for r in replica.rows
         ]
         p99_head = "p99_upper (alone)" if explanation.error_bound else "p99_ms (alone)"
         lines.append(render_table(["share_%", "batch", "delay", "delay_ms", p99_head, "util", "verdict"], rows))
     return "\n".join(lines)
-
-
-def _p99_cell(value: float) -> float | str:
-    return value if math.isfinite(value) else ("unstable" if value > 0 else "?")
 
 
 # -- predict ---------------------------------------------------------------------------------------
@@ -778,12 +732,12 @@ def run_profile_show(args: argparse.Namespace) -> int:
 
 
 def run_profile_verify(args: argparse.Namespace) -> int:
-    from controller.solver import Problem, Workload
-    from controller.solver.verify import verify
+    from foundation.files import atomic_write_text
     from interference.profile_io import bundled_raw_path
     from interference.profile_io import read_raw as read_raw_file
     from interference.truth import measure_on, truth_profile
-    from stoke.files import atomic_write_text
+    from planner.solver import Problem, Workload
+    from planner.solver.verify import verify
 
     plan = read_plan(args.plan)
     if not plan.gpus:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.inputs import add_repo_option
-from stoke.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
 from agents.device_exporter import serve_device_metrics
-from stoke.errors import UserError
+from foundation.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 

@@ -23,12 +23,18 @@ import time
 
 import yaml
 
-from controller.training import readers
-from controller.training.blocks import gradient_profile_from_dict, plan_blocks
-from controller.training.comm_sim import SCHEDULERS, compare
-from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
-from controller.training.homogeneous import provision_homogeneous
-from controller.training.kube import (
+from foundation import validate as check
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
+from stoke.output import add_output_option, emit
+from stoke.progress import Progress
+from stoke.table import print_table
+from training import readers
+from training.blocks import gradient_profile_from_dict, plan_blocks
+from training.comm_sim import SCHEDULERS, compare
+from training.estimators import LossCurveEstimator, SpotLossEstimator
+from training.homogeneous import provision_homogeneous
+from training.kube import (
     DEFAULT_IMAGE,
     DEFAULT_MEMORY,
     DEFAULT_SPOT_LABEL,
@@ -36,20 +42,14 @@ from controller.training.kube import (
     render_manifests,
     validate_manifests,
 )
-from controller.training.spec import (
+from training.spec import (
     TrainingPlan,
     spec_from_dict,
     training_plan_from_dict,
     training_plan_to_dict,
     with_overrides,
 )
-from controller.training.spot import provision_spot
-from stoke import validate as check
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
-from stoke.output import add_output_option, emit
-from stoke.progress import Progress
-from stoke.table import print_table
+from training.spot import provision_spot
 
 FIT_FORMAT_VERSION = 1
 
@@ -190,7 +190,7 @@ def _load_spec(
 ):
     data, source = readers.read_spec(path)
     if prices == "live":
-        from controller.cloud import CloudError, PriceSource, make_clients
+        from training.cloud import CloudError, PriceSource, make_clients
 
         ec2, pricing = make_clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
@@ -322,7 +322,7 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 def _cloud_error(err: Exception) -> UserError:
     """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
-    from controller.cloud import AWS_CREDENTIALS_FIX
+    from foundation.aws import AWS_CREDENTIALS_FIX
 
     if getattr(err, "reason", "") == "credentials":
         fix = AWS_CREDENTIALS_FIX
@@ -332,7 +332,7 @@ def _cloud_error(err: Exception) -> UserError:
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from training.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
 
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
@@ -347,7 +347,7 @@ def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
@@ -365,14 +365,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_terminate(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from controller.cloud import SpotLauncher, make_clients
+        from training.cloud import SpotLauncher, make_clients
 
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
@@ -385,7 +385,7 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError, RevocationWatcher
+    from training.cloud import CloudError, RevocationWatcher
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoke import validate as check
+from foundation import validate as check
+from foundation.errors import UserError
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import add_repo_option, read_plan
-from stoke.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
@@ -238,7 +238,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def _with_store_fix(err: Exception) -> Exception:
     """agents.repo_store's S3 error plus what to do, for the failures a first sync meets."""
-    from controller.cloud import AWS_CREDENTIALS_FIX
+    from foundation.aws import AWS_CREDENTIALS_FIX
 
     fixes = {
         "credentials": AWS_CREDENTIALS_FIX,

@@ -90,12 +90,15 @@ def test_report_names_coefficients_at_their_bounds():
     measured = np.array([2.0, 9.0, 2.0, 9.0])
     report = active_time_report("m", (0.0, 100.0, 0.0, 1000.0, 2.0), batch, share, measured, share_step_pct=50.0)
     assert report.at_bounds == ("k4 = 1000 (upper bound)", "k5 = 2 (upper bound)")
-    assert [round(p.error_pct, 6) for p in report.points] == [
-        round(100 * ((100 / 1050 + 2) - 2) / 2, 6),
-        round(100 * ((800 / 1050 + 2) - 9) / 9, 6),
-        round(100 * ((100 / 1100 + 2) - 2) / 2, 6),
-        round(100 * ((800 / 1100 + 2) - 9) / 9, 6),
-    ]
+    assert [p.error_pct for p in report.points] == pytest.approx(
+        [
+            100 * ((100 / 1050 + 2) - 2) / 2,
+            100 * ((800 / 1050 + 2) - 9) / 9,
+            100 * ((100 / 1100 + 2) - 2) / 2,
+            100 * ((800 / 1100 + 2) - 9) / 9,
+        ],
+        rel=1e-6,
+    )
     assert report.mape_pct == pytest.approx(np.mean([abs(p.error_pct) for p in report.points]))
 
 

@@ -59,21 +59,13 @@ def test_incomplete_measurements_are_refused(tmp_path, capsys):
 
 
 def test_bundled_cpu_profile_loads_and_plans():
-    from controller.solver import GpuType, Problem, Workload, solve
     from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
+    from planner.solver import GpuType, Problem, Workload, solve
 
     profile = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert profile.gpu.share_step_pct == 50.0
     plan = solve(Problem((Workload("demo", "mlp_small", 50, 20),), (GpuType("cpu", 0.1, profile),)))
     assert plan.gpu_count == 1 and plan.slo_misses == ()
-
-
-def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
-    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
-    from stoke.commands.demo import find_cpu_profile
-
-    assert find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
-    assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
 def test_stability_is_perf_analyzers_rule_three_windows_within_ten_percent():

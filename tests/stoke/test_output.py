@@ -110,6 +110,7 @@ def test_output_formats_give_the_same_data(capsys):
     assert err.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_dash_reads_stdin(capsys, monkeypatch):
     plan = run(capsys, "plan", "--json")[1]
     monkeypatch.setattr("sys.stdin", io.StringIO(plan))
@@ -174,6 +175,7 @@ def test_json_help_names_the_commands_own_format_flag(capsys, argv, flag):
     assert f"--json same as {flag} json" in text
 
 
+@pytest.mark.slow
 def test_bash_completion_completes_commands_options_and_formats(tmp_path):
     script = tmp_path / "stoke.bash"
     result = subprocess.run(
@@ -203,8 +205,8 @@ def _readme_section(title: str) -> str:
 
 def test_the_readme_documents_every_controller_config_key_and_workload_key():
     from controller.config import ControllerConfig
-    from controller.workload_file import WorkloadFileSpec
-    from stoke.validate import key_docs
+    from foundation.validate import key_docs
+    from planner.workload_file import WorkloadFileSpec
 
     section = _readme_section("Controller configuration")
     for key, _, doc in key_docs(ControllerConfig):
@@ -215,6 +217,7 @@ def test_the_readme_documents_every_controller_config_key_and_workload_key():
         assert f"`{key}`" in workloads, f"README: workload key {key} is not documented"
 
 
+@pytest.mark.slow
 def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
     result = subprocess.run(
         [

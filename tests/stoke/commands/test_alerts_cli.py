@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from planner.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.cli import main
 
 WORKLOADS_YAML = """workloads:
@@ -90,7 +90,7 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
-    from controller.alerts import SloOptions
+    from deploy.alerts import SloOptions
 
     with pytest.raises(SystemExit):
         main(["alerts", "render", "--help"])

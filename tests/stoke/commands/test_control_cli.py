@@ -23,6 +23,8 @@ from controller.server import ControllerServer
 from interference.profile_io import save_profile
 from stoke.cli import main
 
+pytestmark = pytest.mark.slow  # a gRPC server on loopback (and a watch subprocess): make test-fast skips it
+
 TOKEN = "cli-token"
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS = "workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps: 20}\n"

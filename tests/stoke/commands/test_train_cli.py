@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from controller.training import readers
 from stoke.cli import main
+from training import readers
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

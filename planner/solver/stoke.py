@@ -1,0 +1,684 @@
+"""stoke's strategy: share, max batch and queue delay from the accurate p99, fewest replicas, best fit.
+
+Formulation. A replica of workload w (SLO T, rate R split over replicas) is
+one Triton instance with dynamic batching at max batch b, max queue delay d
+and MPS share r. Its request latency distribution comes from the batching
+model (`interference.batching`): queueing behind earlier batches, the wait
+for a batch to fill, and the batch's co-located inference, for the
+workload's arrival kind. With a safety margin m (`StokeOptions`, default
+5% of the SLO) and a utilisation cap u (0.95 for Poisson clients, the
+table's range; 0.98 for paced ones, which do not queue below 1):
+
+    p99(b, d, r | rate, co-located) <= (1 - m) * T,     rate / h(b, r) <= u
+
+Candidates are every b in 1..32, every share step, and d in {0 (greedy
+batching), the fill time (b-1)/rate} for Poisson clients, or d = the fill
+time plus half an interval for paced clients (batches then start full, and
+the p99 is exactly L(b) + (b-1)/rate). The whole table of one workload is
+evaluated at once; the smallest feasible share wins, and at that share the
+smallest batch whose p99 is within 2% of the lowest. Shares below a
+workload's `min_share_pct` (a floor the controller's SLO guard sets) are not
+candidates.
+
+Replicas. One replica when one GPU can hold the SLO; otherwise the fewest
+that can: n = ceil(R / C), C the highest rate a whole GPU serves within the
+budget. The rate is split either evenly or as n-1 whole GPUs at C plus the
+remainder on a smaller share, whichever needs less GPU in total. A workload
+whose model cannot meet (1-m)*T even alone at batch 1 on a whole GPU is
+rejected, naming the term that makes it impossible.
+
+Placement: candidates in decreasing share order, best fit (the GPU left
+fullest after `colocate` raises the shares that interference pushes over
+their target); a new GPU is opened from the type where the workload costs
+least (price x share). Then a local search tries to empty GPUs, lightest
+first: move each of its workloads to another GPU, or swap it for a smaller
+workload that moves to a third; a GPU is dropped only when all its workloads
+found a place. Instances of up to `EXACT_LIMIT` candidates are also solved
+exactly (depth-first search over partitions with the same feasibility
+check), so small plans are optimal for the model.
+
+Stability: with `current` (the plan that runs), its GPUs are re-used first,
+in order and with their keys, holding the workloads they held where those
+still fit; only what no longer fits, and new workloads, are placed again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
+from planner.bounds import MAX_REPLICAS
+from planner.solver.candidates import (
+    EPS,
+    MAX_BATCH,
+    Item,
+    P99Target,
+    PointCache,
+    allowed_types,
+    colocate,
+    smallest_latency_ms,
+    to_placement,
+    with_replicas,
+)
+from planner.solver.packing import Bin, Packing
+from planner.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, too_many_replicas
+
+
+@dataclass(frozen=True)
+class StokeOptions:
+    """Knobs of the stoke strategy (defaults checked with the plan simulator).
+
+    error_bound: check the p99 budget and the utilisation cap with L(k) and
+    O(k) raised to the profile's out-of-sample error at each candidate's
+    (batch, share) (`interference.profile.FitDomain`); off, the central fit is
+    trusted (stoke before issue 15). extrapolate: allow shares and batches
+    outside the profile's measured domain (then at the widened error there).
+    safety_margin: share of the SLO kept free for what neither the fit nor its
+    error bound captures (jitter); with error_bound off it has to cover
+    prediction error too (0.05 was the default then). max_utilisation: highest
+    planned utilisation of a replica, rate / throughput at its batch, for
+    Poisson clients (the batching model covers up to 0.953).
+    max_paced_utilisation: the same for paced clients (no queueing below 1).
+    """
+
+    safety_margin: float = 0.02
+    max_utilisation: float = 0.95
+    max_paced_utilisation: float = 0.99
+    error_bound: bool = True
+    extrapolate: bool = False
+
+    def cap(self, arrivals: str) -> float:
+        """The utilisation cap for a workload's arrival kind."""
+        return self.max_paced_utilisation if arrivals == "constant" else self.max_utilisation
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ProblemError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}")
+        if not 0.0 < self.max_utilisation <= MAX_UTILISATION:
+            raise ProblemError(f"max_utilisation must be in (0, {MAX_UTILISATION}], got {self.max_utilisation!r}")
+        if not 0.0 < self.max_paced_utilisation <= 1.0:
+            raise ProblemError(f"max_paced_utilisation must be in (0, 1], got {self.max_paced_utilisation!r}")
+
+
+DEFAULT_OPTIONS = StokeOptions()
+#: stoke before issue 15: the central fit trusted everywhere, a blanket 5% margin and a 0.98 paced cap.
+CENTRAL_OPTIONS = StokeOptions(safety_margin=0.05, max_paced_utilisation=0.98, error_bound=False, extrapolate=True)
+#: Up to this many candidates the placement is solved exactly.
+EXACT_LIMIT = 8
+#: Co-location checks the local search may spend (a work bound keeps solves deterministic).
+SEARCH_EVALUATIONS = 6000
+#: Delay modes considered per arrival kind ("paced": the fill time plus half an interval).
+DELAY_MODES = {"poisson": ("zero", "fill"), "constant": ("paced",)}
+
+
+@dataclass(frozen=True)
+class CandidateGrid:
+    """Every candidate of one replica at one rate: axes (delay mode, batch 1..32, share step)."""
+
+    modes: tuple[str, ...]
+    p99_ms: NDArray[Any]  # (modes, batches, shares); inf where unstable
+    utilisation: NDArray[Any]  # (batches, shares)
+    queue_delay_ms: NDArray[Any]  # (modes, batches)
+    budget_ms: float
+    max_utilisation: float
+
+    @property
+    def feasible(self) -> NDArray[Any]:
+        return (self.p99_ms <= self.budget_ms + EPS) & (self.utilisation <= self.max_utilisation + EPS)
+
+
+def budget_ms(workload: Workload, options: StokeOptions) -> float:
+    return (1.0 - options.safety_margin) * workload.slo_ms
+
+
+def _p99(
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    rate: Any,
+    columns: tuple[int, int] | None = None,
+    options: StokeOptions = DEFAULT_OPTIONS,
+) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """(modes, p99 (modes, ..., batches, shares), utilisation, delays (modes, ..., batches, 1)).
+
+    `rate` is a scalar, or an array of shape (R, 1, 1): then the results have a rate axis
+    after the modes. `columns` = (first, stop) restricts the share steps (with rates only).
+    With `options.error_bound` the p99 and utilisation are those at the error bound (L and O
+    raised); the batching table's occupancy shape stays the central one. Candidates outside
+    the profile's domain are infinite unless `options.extrapolate`.
+    """
+    latency, throughput = cache.upper_table(model) if options.error_bound else cache.solo_table(model)
+    outside = np.zeros(latency.shape, dtype=bool) if options.extrapolate else ~cache.domain_table(model)
+    if columns is not None:
+        latency, throughput = latency[:, columns[0] : columns[1]], throughput[:, columns[0] : columns[1]]
+        outside = outside[:, columns[0] : columns[1]]
+    modes, p99, utilisation, delays = _p99_tables(latency, throughput, cache, model, arrivals, rate, columns)
+    if outside.any():
+        p99, utilisation = np.where(outside, np.inf, p99), np.where(outside, np.inf, utilisation)
+    return modes, p99, utilisation, delays
+
+
+def _p99_tables(
+    latency: NDArray[Any],
+    throughput: NDArray[Any],
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    rate: Any,
+    columns: tuple[int, int] | None,
+) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """`_p99` on given L and throughput tables (already cut to `columns`)."""
+    batch = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+    rate = np.asarray(rate, dtype=float)
+    utilisation = rate / throughput
+    modes = DELAY_MODES[arrivals]
+    if arrivals == "constant":
+        p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
+        return modes, p99[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
+    occupancy = 1000.0 * batch / throughput
+    curves = cache.rated_curves(model, modes, columns) if rate.ndim else cache.p99_curves(model, modes)
+    ratio, size = curves.at_utilisation(utilisation)
+    p99 = ratio * occupancy + (latency - occupancy) * size / batch
+    delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
+    return modes, p99, utilisation, delays
+
+
+def candidate_grid(
+    workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> CandidateGrid:
+    modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps, options=options)
+    return CandidateGrid(
+        modes, p99, utilisation, delays[..., 0], budget_ms(workload, options), options.cap(workload.arrivals)
+    )
+
+
+def stoke_target(
+    workload: Workload, rate_rps: float, batch: int, queue_delay_ms: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> P99Target:
+    return P99Target(
+        budget_ms(workload, options),
+        rate_rps,
+        batch,
+        queue_delay_ms,
+        workload.model,
+        paced=workload.arrivals == "constant",
+        max_utilisation=options.cap(workload.arrivals),
+        error_bound=options.error_bound,
+    )
+
+
+def best_candidate(
+    workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
+) -> Item | None:
+    """The (delay, batch, share) with the smallest share meeting the budget alone, or None.
+
+    Ties on the share go to the smallest batch whose predicted p99 is within 2% of the lowest
+    (the most room for interference, without a larger max batch that buys nothing).
+    """
+    return best_candidates([workload], cache, options, [rate_rps])[0]
+
+
+#: p99s within this of the lowest count as equal when picking the batch at the smallest share
+#: (about the batching table's noise at light load).
+NEAR_BEST_P99 = 0.02
+#: Share steps `best_candidates` tries above the first one that can carry a workload's rate.
+SHARE_WINDOW = 12
+#: Workloads evaluated together by `best_candidates` (bounds the temporary arrays to ~10 MB).
+CANDIDATE_CHUNK = 96
+
+
+def best_candidates(
+    workloads: Sequence[Workload],
+    cache: PointCache,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    rates: Sequence[float] | None = None,
+) -> list[Item | None]:
+    """`best_candidate` for many workloads at once (each at its own rate, default its whole rate).
+
+    Workloads of one model and arrival kind share their candidate curves, so their tables are
+    evaluated as one array (workloads x delay modes x batches x shares): a few numpy calls for
+    a hundred workloads instead of a few per workload.
+    """
+    out: list[Item | None] = [None] * len(workloads)
+    rates = [w.rate_rps for w in workloads] if rates is None else list(rates)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k, w in enumerate(workloads):
+        groups.setdefault((w.model, w.arrivals), []).append(k)
+    shares = len(cache.shares)
+    for (model, arrivals), members in groups.items():
+        # The first share step whose best batch can carry each rate under the cap: nothing below
+        # it is feasible. Most workloads find their share within a window above it; the rest get
+        # a second pass over every step.
+        top = (cache.upper_table(model) if options.error_bound else cache.solo_table(model))[1].max(axis=0)
+        start = {k: int(np.searchsorted(top, rates[k] / options.cap(arrivals) - EPS)) for k in members}
+        ordered = sorted((k for k in members if start[k] < shares), key=lambda k: start[k])
+        retry: list[int] = []
+        for lo in range(0, len(ordered), CANDIDATE_CHUNK):
+            chunk = ordered[lo : lo + CANDIDATE_CHUNK]
+            first = start[chunk[0]]
+            window = (first, min(shares, max(start[chunk[-1]], first) + SHARE_WINDOW))
+            retry += _pick(workloads, rates, chunk, cache, model, arrivals, options, window, out)
+        for lo in range(0, len(retry), CANDIDATE_CHUNK):
+            _pick(workloads, rates, retry[lo : lo + CANDIDATE_CHUNK], cache, model, arrivals, options, (0, shares), out)
+    return out
+
+
+def _pick(
+    workloads: Sequence[Workload],
+    rates: Sequence[float],
+    chunk: Sequence[int],
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    options: StokeOptions,
+    window: tuple[int, int],
+    out: list[Item | None],
+) -> list[int]:
+    """Fill `out` for the workloads of `chunk` from the share steps in `window`; returns those not found."""
+    rate = np.array([rates[k] for k in chunk])
+    budget = np.array([budget_ms(workloads[k], options) for k in chunk])
+    modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None], window, options)
+    p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
+    ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
+    floor = np.array([workloads[k].min_share_pct for k in chunk])  # the SLO guard's floors (0: none)
+    ok &= cache.shares[window[0] : window[1]][None, None, None, :] >= floor[:, None, None, None] - EPS
+    columns = ok.any(axis=(1, 2))  # (N, shares)
+    found = columns.any(axis=1)
+    first = np.argmax(columns, axis=1)
+    at = np.take_along_axis(np.where(ok, p99, np.inf), first[:, None, None, None], axis=3)[..., 0]
+    # At the smallest share: the smallest batch whose p99 is within NEAR_BEST_P99 of the lowest
+    # (a larger max batch that buys nothing only makes the config look odd).
+    best = at.reshape(len(chunk), -1).min(axis=1)
+    near = at <= best[:, None, None] * (1.0 + NEAR_BEST_P99)
+    pick = np.argmax(near.any(axis=1), axis=1)  # smallest such batch
+    modes_at = np.argmax(np.where(near, -at, -np.inf)[np.arange(len(chunk)), :, pick], axis=1)
+    missing = []
+    for n, k in enumerate(chunk):
+        if not found[n]:
+            missing.append(k)
+            continue
+        b, r = int(pick[n]) + 1, rates[k]
+        delay = _delay_ms(modes[int(modes_at[n])], b, r)
+        share = float(cache.shares[window[0] + int(first[n])])
+        target = stoke_target(workloads[k], r, b, delay, options)
+        out[k] = Item(workloads[k], r, b, share, target, delay, extrapolate=options.extrapolate)
+    return missing if window != (0, len(cache.shares)) else []
+
+
+def _delay_ms(mode: str, batch: int, rate_rps: float) -> float:
+    if mode == "paced":
+        return float(paced_delay_ms(batch, rate_rps))
+    return 0.0 if mode == "zero" else fill_time_ms(batch, rate_rps)
+
+
+def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS) -> float | None:
+    """Highest rate one whole GPU serves within the budget (any batch and delay), or None.
+
+    A coarse log grid of rates is evaluated at once, then the edge is refined by bisection.
+    """
+    _, throughput = cache.upper_table(workload.model) if options.error_bound else cache.solo_table(workload.model)
+    cap = options.cap(workload.arrivals)
+    top = float(throughput[:, -1].max()) * cap
+    budget = budget_ms(workload, options)
+
+    def feasible(rates: NDArray[Any]) -> NDArray[Any]:
+        whole_gpu = (len(cache.shares) - 1, len(cache.shares))
+        _, p99, utilisation, _ = _p99(
+            cache, workload.model, workload.arrivals, rates[:, None, None], whole_gpu, options
+        )
+        ok = (p99 <= budget + EPS) & (utilisation <= cap + EPS)
+        return np.asarray(ok.any(axis=(0, 2, 3)), dtype=bool)
+
+    rates = top * np.geomspace(1e-4, 1.0, 48)
+    ok = feasible(rates)
+    if not ok.any():
+        return None
+    last = int(np.flatnonzero(ok)[-1])
+    lo, hi = float(rates[last]), float(rates[last + 1]) if last + 1 < len(rates) else top
+    if last + 1 == len(rates):
+        return lo
+    for _ in range(12):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if feasible(np.array([mid]))[0] else (lo, mid)
+    return lo
+
+
+def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> ProblemError:
+    """Why no replica of `workload` can meet its SLO on this GPU type, naming the term that fails."""
+    budget = budget_ms(workload, options)
+    floor = smallest_latency_ms(cache, workload.model)
+    where = f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms on a {cache.gpu_type.name}"
+    if floor > workload.slo_ms:
+        return ProblemError(
+            f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
+            f"alone (batch 1, 100%); relax the SLO or use a faster GPU type"
+        )
+    if floor > budget:
+        return ProblemError(
+            f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), more than the "
+            f"{budget:.2f} ms left after stoke's {options.safety_margin:.0%} safety margin; "
+            f"relax the SLO, lower --safety-margin, or use a faster GPU type"
+        )
+    return ProblemError(
+        f"{where}: inference alone takes {floor:.2f} ms (batch 1, 100%), but with queueing at "
+        f"any useful rate the p99 exceeds the {budget:.2f} ms budget; relax the SLO or use a "
+        f"faster GPU type"
+    )
+
+
+def stoke_items(
+    workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS, single: Item | None | bool = False
+) -> list[Item]:
+    """Replicas of one workload on one GPU type: one when a GPU can hold it, else the fewest that can.
+
+    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known.
+    """
+    if single is False:
+        single = best_candidate(workload, cache, workload.rate_rps, options)
+    if isinstance(single, Item):
+        return [single]
+    capacity = full_gpu_capacity(workload, cache, options)
+    if capacity is None:
+        raise rejection(workload, cache, options)
+    full = best_candidate(workload, cache, capacity, options)
+    if full is None:  # the capacity edge is feasible by construction; guard against rounding
+        raise rejection(workload, cache, options)
+    needed = workload.rate_rps / capacity
+    if needed > MAX_REPLICAS:
+        raise too_many_replicas(workload, needed, cache.gpu_type.name)
+    count = max(2, math.ceil(needed - 1e-9))
+    choices = []
+    even = best_candidate(workload, cache, workload.rate_rps / count, options)
+    if even is not None:
+        choices.append([even] * count)
+    remainder = workload.rate_rps - (count - 1) * capacity
+    rest = best_candidate(workload, cache, remainder, options) if remainder > EPS else None
+    if rest is not None:
+        choices.append([full] * (count - 1) + [rest])
+    if not choices:  # a remainder no candidate serves alone rides on a whole GPU like the others
+        delay = paced_delay_ms(full.batch, remainder) if workload.arrivals == "constant" else 0.0
+        choices.append(
+            [full] * (count - 1)
+            + [
+                Item(
+                    workload,
+                    remainder,
+                    full.batch,
+                    100.0,
+                    stoke_target(workload, remainder, full.batch, delay, options),
+                    delay,
+                    extrapolate=options.extrapolate,
+                )
+            ]
+        )
+    # Least GPU in total; on a tie the uneven split (whole GPUs pack perfectly).
+    return min(reversed(choices), key=lambda items: round(sum(i.min_share for i in items), 6))
+
+
+def _choose_type(
+    workload: Workload,
+    problem: Problem,
+    packing: Packing,
+    options: StokeOptions,
+    exclude: Sequence[str] = (),
+    singles: dict[tuple[str, str], Item | None] | None = None,
+) -> tuple[str, list[Item]]:
+    """The allowed GPU type where the workload costs least (price x total share).
+
+    `singles` holds precomputed single-replica candidates per (GPU type, workload name).
+    """
+    costs = []
+    allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
+    for g in allowed:
+        known = singles.get((g.name, workload.name), False) if singles is not None else False
+        try:
+            items = stoke_items(workload, packing.caches[g.name], options, single=known)
+        except ProblemError:
+            continue
+        costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
+    if not costs:
+        if not allowed:
+            raise ProblemError(
+                f"workload {workload.name!r} needs another GPU but every allowed GPU type is at its "
+                f"max_count; raise max_count or add a GPU type"
+            )
+        stoke_items(workload, packing.caches[allowed[0].name], options)  # raises the descriptive rejection
+    costs.sort(key=lambda o: (o[0], o[1]))
+    return costs[0][1], costs[0][2]
+
+
+def _place(packing: Packing, item: Item, gpu_type: str) -> bool:
+    """Best fit, else a new GPU; False when the type is at its count limit."""
+    found = packing.best_fit(item, gpu_type)
+    if found is not None:
+        b, shares = found
+        packing.update(b, b.items + [item], shares)
+        return True
+    if not packing.can_open(gpu_type):
+        return False
+    fitted = colocate(packing.caches[gpu_type], [item])
+    if fitted is None:  # cannot happen: min_share was checked alone
+        raise ProblemError(f"workload {item.workload.name!r} does not fit a whole {gpu_type}")
+    packing.open_bin(gpu_type, [item], fitted[0])
+    return True
+
+
+def _try_empty(packing: Packing, victim: Bin) -> bool:
+    """Move (or swap) every workload off `victim`; keep the changes only if it empties."""
+    packing.checkpoint()
+    for item in sorted(victim.items, key=lambda i: -i.min_share):
+        found = packing.best_fit(item, victim.gpu_type, exclude=(victim.id,))
+        if found is None:
+            found = _swap_in(packing, item, victim)
+        if found is None:
+            packing.rollback()
+            return False
+        b, shares = found
+        packing.update(b, b.items + [item], shares)
+    packing.close(victim)
+    packing.commit()
+    return True
+
+
+def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float]] | None:
+    """Make room for `item` on a GPU by moving one smaller workload from there to a third GPU."""
+    cache = packing.caches[victim.gpu_type]
+    for tried, b in enumerate(packing.candidates(victim.gpu_type, 0.0, exclude=(victim.id,))):
+        if tried >= 8:
+            return None
+        for k, other in enumerate(b.items):
+            if other.min_share >= item.min_share or b.load - b.shares[k] + item.min_share > 100.0 + EPS:
+                continue
+            rest = b.items[:k] + b.items[k + 1 :]
+            packing.evaluations += 1
+            fitted = colocate(cache, rest + [item], [i.min_share for i in rest] + [item.min_share])
+            if fitted is None:
+                continue
+            moved = packing.best_fit(other, victim.gpu_type, exclude=(victim.id, b.id))
+            if moved is None:
+                continue
+            target, target_shares = moved
+            packing.update(target, target.items + [other], target_shares)
+            packing.update(b, rest, fitted[0][:-1])
+            return b, fitted[0]
+    return None
+
+
+def _local_search(packing: Packing, budget: int) -> None:
+    """Empty GPUs, lightest first, until none can be emptied or `budget` checks are spent.
+
+    The budget counts co-location checks, not seconds, so a solve is deterministic.
+    """
+    stop = packing.evaluations + budget
+    improved = True
+    while improved and packing.evaluations < stop:
+        improved = False
+        for victim_id in [b.id for b in sorted(packing.bins.values(), key=lambda b: (b.load, b.id))]:
+            if packing.evaluations >= stop:
+                return
+            victim = packing.bins.get(victim_id)  # earlier moves may have emptied or changed it
+            if victim is not None and _try_empty(packing, victim):
+                improved = True
+
+
+def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
+    """Fewest GPUs for `items` on one type: depth-first search over partitions."""
+    items = sorted(items, key=lambda i: -i.min_share)
+    best: list[list[Item]] | None = None
+    feasible: dict[frozenset[int], bool] = {}
+
+    def fits(group: list[int]) -> bool:
+        key = frozenset(group)
+        if key not in feasible:
+            feasible[key] = colocate(cache, [items[i] for i in group]) is not None
+        return feasible[key]
+
+    def search(k: int, groups: list[list[int]]) -> None:
+        nonlocal best
+        if best is not None and len(groups) >= len(best):
+            return
+        if k == len(items):
+            best = [[items[i] for i in g] for g in groups]
+            return
+        for g in groups:
+            g.append(k)
+            if fits(g):
+                search(k + 1, groups)
+            g.pop()
+        groups.append([k])
+        search(k + 1, groups)
+        groups.pop()
+
+    search(0, [])
+    return best
+
+
+def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], tuple[Item, str]]) -> None:
+    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold."""
+    for gpu in current.gpus:
+        if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
+            continue
+        items: list[Item] = []
+        shares: list[float] = []
+        for placement in gpu.placements:
+            found = pending.get((placement.name, placement.replica))
+            if found is None or found[1] != gpu.gpu_type:
+                continue
+            fitted = colocate(packing.caches[gpu.gpu_type], items + [found[0]], shares + [found[0].min_share])
+            if fitted is not None:
+                items, shares = items + [found[0]], fitted[0]
+                del pending[(placement.name, placement.replica)]
+        if items:
+            packing.open_bin(gpu.gpu_type, items, shares, key=gpu.key)
+
+
+def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
+    packing = Packing(
+        {g.name: PointCache(g) for g in problem.inventory}, {g.name: g.max_count for g in problem.inventory}
+    )
+    singles: dict[tuple[str, str], Item | None] = {}
+    for g in problem.inventory:
+        allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
+        for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
+            singles[(g.name, w.name)] = item
+    pending: dict[tuple[str, int], tuple[Item, str]] = {}
+    for workload in problem.workloads:
+        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles)
+        for item in with_replicas(items):
+            pending[item.key] = (item, gpu_type)
+    if current is not None:
+        _seed_from(packing, current, pending)
+    spilled: dict[str, list[str]] = {}
+    for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
+        if _place(packing, item, gpu_type):
+            continue
+        # Out of GPUs of this type: the rate this replica should have served goes to the next
+        # cheapest allowed type, sized for that type (it may need several replicas there).
+        full = spilled.setdefault(item.workload.name, [gpu_type])
+        remaining = item.rate_rps
+        while remaining > EPS:
+            part = replace(item.workload, rate_rps=remaining)
+            other, items = _choose_type(part, problem, packing, options, exclude=full)
+            for replica in items:
+                if not _place(packing, replica, other):
+                    full.append(other)
+                    break
+                remaining -= replica.rate_rps
+    _local_search(packing, SEARCH_EVALUATIONS)
+
+    notes: list[str] = []
+    bins = _renumber(list(packing.bins.values()))
+    types = {b.gpu_type for b in bins}
+    all_items = [i for b in bins for i in b.items]
+    if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
+        gpu_type = types.pop()
+        exact = _exact(packing.caches[gpu_type], all_items)
+        if exact is not None and len(exact) < len(bins):
+            cache = packing.caches[gpu_type]
+            bins = [Bin(k, gpu_type, group, _fitted_shares(cache, group)) for k, group in enumerate(exact)]
+            notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
+        elif exact is not None:
+            notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
+    elif len(types) == 1 and bins:
+        bound = share_lower_bound([i.min_share for i in all_items])
+        gap = len(bins) / bound - 1.0
+        notes.append(
+            f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
+            f"aside); this plan uses {len(bins)} ({gap:+.1%})"
+        )
+    return _to_plan(problem, packing.caches, bins, tuple(notes))
+
+
+def share_lower_bound(shares: Sequence[float]) -> int:
+    """Fewest GPUs any packing needs for replicas of these minimum shares (interference only adds share).
+
+    The larger of the total share in whole GPUs and the count of replicas over half a GPU (no two
+    of them share one); a cheap bound, reported beside heuristic plans too big for the exact search.
+    """
+    return max(math.ceil(sum(shares) / 100.0 - EPS), sum(1 for s in shares if s > 50.0 + EPS), 1 if shares else 0)
+
+
+def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
+    fitted = colocate(cache, group)
+    assert fitted is not None, "the exact search only returns groups that fit"
+    return fitted[0]
+
+
+def _renumber(bins: list[Bin]) -> list[Bin]:
+    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n)."""
+    counts: dict[str, int] = {}
+    for b in bins:
+        for i in b.items:
+            counts[i.workload.name] = counts.get(i.workload.name, 0) + 1
+    seen: dict[str, int] = {}
+    for b in bins:
+        for k, i in enumerate(b.items):
+            n = seen.get(i.workload.name, 0)
+            seen[i.workload.name] = n + 1
+            b.items[k] = replace(i, replica=n, replicas=counts[i.workload.name])
+    return bins
+
+
+def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], notes: tuple[str, ...]) -> Plan:
+    prices = {g.name: g.price_per_hour for g in problem.inventory}
+    gpus = []
+    for b in bins:
+        predictions = caches[b.gpu_type].predict(b.items, b.shares)
+        order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
+        gpus.append(
+            GpuPlan(
+                gpu_type=b.gpu_type,
+                price_per_hour=prices[b.gpu_type],
+                key=b.key,
+                placements=tuple(
+                    to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order
+                ),
+            )
+        )
+    return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)
