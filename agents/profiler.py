@@ -74,6 +74,23 @@ class PointDone:
         )
 
 
+def process_rss_mib(pid: object) -> float | None:
+    """Resident memory of a process (MiB, /proc/PID/status VmRSS); None when it cannot be read.
+
+    On a CPU node this is the device memory of a replica: Triton's own process, the model's weights
+    and the buffers of the batch sizes it has served (`interference.fit.fit_measured` fits it).
+    """
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -139,6 +156,10 @@ def run_session(
                 for t in threads:
                     t.join(timeout=10)
             session.tell(point, measurement.latency_ms, measurement.spread_pct)
+            if point.neighbours == 0:
+                rss = process_rss_mib(fleet.processes()[copies[0].key].get("pid"))
+                if rss is not None:
+                    session.memory_mib[point.key] = rss
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
             measured += 1
             done, total = session.progress()

@@ -432,6 +432,25 @@ class InterferenceModel(BaseEstimator):
         return out
 
 
+def _memory_line(session: ProfileSession, points: Sequence[Any]) -> tuple[float, float]:
+    """(weights, activations per request) in MiB from the serving process's RSS at each batch size.
+
+    The largest RSS seen at each batch (over shares), fitted as a line in the batch: the intercept is
+    the process with the model loaded (on a CPU node there is no separate device context, so
+    Triton's own memory is in it), the slope what one more request of a batch adds. (0, 0) when
+    fewer than two batch sizes have a reading (not recorded).
+    """
+    by_batch: dict[int, float] = {}
+    for p in points:
+        memory = session.memory_mib.get(p.key)
+        if memory is not None:
+            by_batch[p.batch] = max(by_batch.get(p.batch, 0.0), memory)
+    if len(by_batch) < 2:
+        return 0.0, 0.0
+    slope, intercept = np.polyfit(np.array(sorted(by_batch), float), [by_batch[b] for b in sorted(by_batch)], 1)
+    return round(max(0.0, float(intercept)), 3), round(max(0.0, float(slope)), 3)
+
+
 def fit_measured_profile(session: ProfileSession) -> DeviceProfile:
     """A device profile from `stoke profile run` measurements (see `fit_measured`)."""
     return fit_measured(session)[0]
@@ -480,6 +499,7 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             solo = session.results.get(MeasurePoint(model, s, b).key) or float(_active_time(np.asarray(k_act), b, s))
             alpha = max(0.0, pair / solo - 1.0)
         bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
+        weights_mib, activation_mib = _memory_line(session, points)
         models[model] = ModelProfile(
             name=model,
             kernels=1,
@@ -493,5 +513,7 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             bytes_in=bytes_in,
             bytes_out=bytes_out,
             domain=fit_domain(k_act, batch, share, latency),
+            weights_mib=weights_mib,
+            activation_mib=activation_mib,
         )
     return DeviceProfile(gpu=gpu, models=models), reports

@@ -119,6 +119,8 @@ class ProfileSession:
     model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (bytes_in, bytes_out)
     results: dict[str, float] = field(default_factory=dict)  # point key -> median latency (ms)
     spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
+    #: point key -> resident memory of the serving process after the point (MiB; RSS on CPU)
+    memory_mib: dict[str, float] = field(default_factory=dict)
 
     @property
     def shares(self) -> list[float]:
@@ -164,6 +166,7 @@ class ProfileSession:
                     asdict(p),
                     latency_ms=self.results.get(p.key),
                     **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}),
+                    **({"memory_mib": round(self.memory_mib[p.key], 3)} if p.key in self.memory_mib else {}),
                 )
                 for p in self.points()
             ],
@@ -206,6 +209,11 @@ class ProfileSession:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
                     spread = p.get("spread_pct")
                     session.tell(point, float(p["latency_ms"]), None if spread is None else float(spread))
+                    memory = p.get("memory_mib")
+                    if memory is not None:
+                        if not (isinstance(memory, (int, float)) and 0 <= memory < 1e7):
+                            raise ValueError(f"memory_mib of {point.key} must be a size in MiB, got {memory!r}")
+                        session.memory_mib[point.key] = float(memory)
         except (KeyError, TypeError, IndexError, ValueError) as err:
             raise InputError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session

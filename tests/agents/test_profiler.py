@@ -37,6 +37,10 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)
+    # every solo point recorded the serving process's resident memory; the fit turns it into a line
+    solo = [p.key for p in session.points() if p.neighbours == 0]
+    assert set(session.memory_mib) == set(solo) and all(10 < v < 65536 for v in session.memory_mib.values())
+    assert 10 < fit_measured_profile(session).model("mlp_small").weights_mib < 65536
     capsys.readouterr()
     assert main(argv) == 0  # resuming a finished profile measures nothing again
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
