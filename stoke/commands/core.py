@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from foundation.errors import UserError
+from foundation.errors import StokeError, UserError
 from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
 from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, UnknownModelError
@@ -244,11 +244,22 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         description="Verify before serving: each (model, batch, share) the plan chose is measured on the device, "
         "the measurement replaces the fit there (and raises its neighbourhood when slower), and the workloads "
         "are planned again; a round that chooses only measured points ends it (at most --rounds). Devices: "
-        "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests). Measuring on "
-        "real Triton (CPU) or through NVML/MPS (GPU) is not built yet.",
+        "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests), or 'cpu', real "
+        "Triton processes on this node (the plan must be made with a CPU profile: --profile). Measuring "
+        "through NVML/MPS on a GPU is not built yet.",
     )
     v.add_argument("plan", metavar="PLAN.json", help="a plan from `stoke plan --json` (- reads stdin)")
-    v.add_argument("--device", choices=("simulated",), default="simulated", help="where to measure")
+    v.add_argument(
+        "--device",
+        choices=("simulated", "cpu"),
+        default="simulated",
+        help="where to measure: 'simulated' (the perturbed V100 truth) or 'cpu' (real Triton on this node)",
+    )
+    add_repo_option(v, "cpu: the model repository to serve from (default %(default)s)")
+    v.add_argument(
+        "--profile", metavar="FILE", help="cpu: the fitted profile the plan was made with (default: bundled CPU)"
+    )
+    v.add_argument("--requests", type=int, default=20, help="cpu: requests per measurement window (default 20)")
     v.add_argument("--rounds", type=int, default=8, help="at most this many measure/re-plan rounds (default 8)")
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
     v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
@@ -736,7 +747,7 @@ def run_profile_verify(args: argparse.Namespace) -> int:
     from interference.profile_io import bundled_raw_path
     from interference.profile_io import read_raw as read_raw_file
     from interference.truth import measure_on, truth_profile
-    from planner.solver import Problem, Workload
+    from planner.solver import GpuType, Problem, Workload
     from planner.solver.verify import verify
 
     plan = read_plan(args.plan)
@@ -751,11 +762,27 @@ def run_profile_verify(args: argparse.Namespace) -> int:
         workloads = tuple(
             Workload(n, p.model, p.slo_ms, rates[n], arrivals=p.arrivals) for n, p in sorted(first.items())
         )
-        types = default_gpu_types()
-        unknown = sorted({g.gpu_type for g in plan.gpus} - {t.name for t in types})
-        if unknown:
-            raise UserError(f"{args.plan}: GPU type {unknown[0]!r} has no simulated device; plan for V100")
-        truth = {t.name: truth_profile(t.profile, read_raw_file(bundled_raw_path())) for t in types}
+        if args.device == "simulated":
+            types = default_gpu_types()
+            unknown = sorted({g.gpu_type for g in plan.gpus} - {t.name for t in types})
+            if unknown:
+                raise UserError(f"{args.plan}: GPU type {unknown[0]!r} has no simulated device; plan for V100")
+            truth = {t.name: truth_profile(t.profile, read_raw_file(bundled_raw_path())) for t in types}
+            measure: Any = measure_on(truth)
+        else:
+            kinds = sorted({g.gpu_type for g in plan.gpus})
+            if len(kinds) != 1:
+                raise UserError(f"{args.plan}: --device cpu verifies a plan of one device type, got {kinds}")
+            from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
+
+            profile = load_profile(args.profile or bundled_data_dir() / BUNDLED_CPU_PROFILE)
+            types = (GpuType(kinds[0], plan.gpus[0].price_per_hour, profile),)
+            from agents.profiler import ProfilingError, TritonMeasurer
+
+            try:
+                measure = TritonMeasurer(args.repo, requests=args.requests)
+            except ProfilingError as err:
+                raise UserError(f"--device cpu: {err}") from None
         problem = Problem(workloads, types)
 
         def progress(done: Any) -> None:
@@ -765,9 +792,17 @@ def run_profile_verify(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-        checked = verify(problem, measure_on(truth), plan=plan, max_rounds=args.rounds, progress=progress)
+        try:
+            checked = verify(problem, measure, plan=plan, max_rounds=args.rounds, progress=progress)
+        finally:
+            if hasattr(measure, "close"):
+                measure.close()
     except ProblemError as err:
         raise UserError(f"{args.plan}: {err}") from None
+    except ProfileFileError as err:
+        raise UserError(str(err)) from None
+    except StokeError as err:  # the device failed to measure (ProfilingError)
+        raise UserError(f"--device {args.device}: {err}") from None
     if args.plan_out:
         atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
     if args.profile_out:
