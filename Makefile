@@ -21,12 +21,17 @@ run: $(BIN)/.installed
 	$(BIN)/stoke plan
 	$(BIN)/stoke up --seconds 40
 
-# System tools the integration tests need (promtool from Debian's prometheus package).
+# System tools the integration tests need (promtool from Debian's prometheus package; headless chromium,
+# Debian's chromium package, which loads `stoke report`'s HTML in tests/stoke/commands/test_report_cli.py).
 tools:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "installing promtool (Debian package prometheus)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
 	  || echo "warning: could not install promtool; promtool tests will be skipped"; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package chromium, headless browser for the report test)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "warning: could not install chromium; the report's browser test will be skipped"; }
 
 test: $(BIN)/.installed tools
 	$(BIN)/lint-imports

@@ -100,6 +100,7 @@ GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
 _LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
 _GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
 DEFAULT_DASHBOARD_UID = "stoke-slo"
+DEFAULT_DATASOURCE_UID = "prometheus"
 
 
 class AlertConfigError(InputError):
@@ -119,7 +120,9 @@ class SloOptions:
     triton_selector: str = 'model="{model}",workload="{name}"'
     dashboard_uid: str = DEFAULT_DASHBOARD_UID  # stable Grafana uid, whatever the workloads
     rule_interval: str | None = None  # group evaluation interval (None: Prometheus' global)
-    datasource_uid: str = "prometheus"  # Grafana data source of the dashboard/alerts
+    # uid of the Grafana Prometheus data source the alert rules query (the dashboard offers a picker instead);
+    # Grafana gives data sources random uids unless provisioned with one, so the default must be said aloud
+    datasource_uid: str = DEFAULT_DATASOURCE_UID
     folder: str = "stoke"  # Grafana folder of the alert rules
     org_id: int = 1
 
@@ -817,7 +820,14 @@ def render_all(
     files = {
         RULES_FILE: _yaml(prometheus_rules(workloads, options), header),
         DASHBOARD_FILE: json.dumps(grafana_dashboard(workloads, options, plan, nodes), indent=2) + "\n",
-        GRAFANA_ALERTS_FILE: _yaml(grafana_alerting(workloads, options), header),
+        GRAFANA_ALERTS_FILE: _yaml(
+            grafana_alerting(workloads, options),
+            header
+            + f"# The rules query the Grafana data source with uid {options.datasource_uid!r}"
+            + (" (the default)" if options.datasource_uid == DEFAULT_DATASOURCE_UID else "")
+            + ": it must be your Prometheus data source's uid\n# (Grafana: Connections > Data sources, the last "
+            "part of its URL); render with --datasource-uid UID for another.\n",
+        ),
     }
     files[RULES_TEST_FILE] = _yaml(rule_tests(workloads, options), header)
     return files

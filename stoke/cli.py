@@ -20,11 +20,13 @@ from stoke import __version__
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.load",
     "stoke.commands.daemons",
     "stoke.commands.control",
     "stoke.commands.tokens",
     "stoke.commands.demo",
     "stoke.commands.alerts",
+    "stoke.commands.report",
     "stoke.commands.device",
     "stoke.commands.train",
     "stoke.commands.completion",

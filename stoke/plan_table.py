@@ -34,13 +34,16 @@ def p99_cell(value: float) -> float | str:
     return value if math.isfinite(value) else ("unstable" if value > 0 else "?")
 
 
-def plan_table(rows: Iterable[tuple[Any, str, str, Any]], columns: PlanColumns) -> str:
+def plan_table(rows: Iterable[tuple[Any, str, str, Any]], columns: PlanColumns, *, wide: bool = False) -> str:
     """The table of `rows`: (where, GPU type, workload name, placement) each; a placement is a
-    `planner.solver.Placement` or the wire's `Placement` (the predictions need the first)."""
+    `planner.solver.Placement` or the wire's `Placement` (the predictions need the first). `wide` (-o wide)
+    adds each replica's predicted throughput and utilisation (rate / throughput), and a local plan's arrivals."""
     headers = [columns.where, "type", "workload", "replica", "model", "slo_ms", "rate_rps", "share_%", "batch"]
     headers += [columns.delay, columns.infer]
     if columns.predictions:
         headers += ["p99_ms", "p99_upper", "p99/slo", "binding", "slo"]
+    if wide:
+        headers += ["thru_rps", "util"] + (["arrivals"] if columns.predictions else [])
     cells = []
     for where, gpu_type, workload, p in rows:
         row = [where, gpu_type, workload, f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else "", p.model]
@@ -48,5 +51,9 @@ def plan_table(rows: Iterable[tuple[Any, str, str, Any]], columns: PlanColumns) 
         if columns.predictions:
             row += [p99_cell(p.predicted_p99_ms), p99_cell(p.p99_upper_ms), p99_cell(p.p99_slo_ratio)]
             row += [p.binding, "ok" if p.meets_slo else "MISS"]
+        if wide:
+            throughput = p.predicted_throughput_rps
+            row += [throughput, p.rate_rps / throughput if throughput > 0 else None]
+            row += [p.arrivals] if columns.predictions else []
         cells.append(row)
     return render_table(headers, cells)

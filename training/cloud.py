@@ -392,6 +392,16 @@ class MetadataClient:
         self.clock = clock
         self._token: str | None = None
         self._expires = 0.0
+        # the metadata service is link-local: never through an http(s)_proxy, which would answer for it
+        # (a proxy's "HTTP 500" is what an operator saw), as the AWS SDKs do for IMDS
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _unavailable(self, what: str, detail: str) -> CloudError:
+        return CloudError(
+            f"instance metadata at {self.base_url} is not available ({what}: {detail}); `train watch` reads each "
+            f"spot worker's interruption notice there (IMDSv2, only reachable from inside EC2)",
+            reason="metadata",
+        )
 
     def _fetch_token(self) -> str:
         req = urllib.request.Request(
@@ -399,8 +409,13 @@ class MetadataClient:
             method="PUT",
             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.ttl_s)},
         )
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            body: bytes = resp.read()
+        try:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
+                body: bytes = resp.read()
+        except urllib.error.HTTPError as err:
+            raise self._unavailable("token request", f"HTTP {err.code}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise self._unavailable("token request", str(getattr(err, "reason", err))) from None
         token = body.decode()
         self._token, self._expires = token, self.clock() + self.ttl_s - 60
         return token
@@ -414,7 +429,7 @@ class MetadataClient:
                 f"{self.base_url}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": self._token or ""}
             )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                with self._opener.open(req, timeout=self.timeout_s) as resp:
                     page: bytes = resp.read()
                     return page.decode()
             except urllib.error.HTTPError as err:
@@ -423,7 +438,9 @@ class MetadataClient:
                 if err.code == 401 and attempt == 0:
                     self._token = None
                     continue
-                raise CloudError(f"metadata {path}: HTTP {err.code}") from None
+                raise self._unavailable(path, f"HTTP {err.code}") from None
+            except (urllib.error.URLError, OSError) as err:
+                raise self._unavailable(path, str(getattr(err, "reason", err))) from None
         return None
 
     def instance_action(self) -> dict[str, Any] | None:
@@ -498,8 +515,8 @@ class RevocationWatcher:
                 continue
             try:
                 notice = self._client(inst.id).instance_action()
-            except (urllib.error.URLError, OSError) as err:
-                raise CloudError(f"metadata of {inst.id} unreachable ({err}); check --metadata-url") from None
+            except CloudError as err:
+                raise CloudError(f"worker {inst.id}: {err}", reason=err.reason) from None
             if notice:
                 notices[inst.id] = notice
         return notices

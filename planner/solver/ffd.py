@@ -9,17 +9,25 @@ workload that the interference model says will miss its SLO or rate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.solver.candidates import EPS, Item, PointCache, allowed_types, with_replicas
 from planner.solver.igniter import _plan, igniter_items
-from planner.solver.problem import Plan, Problem, ProblemError
+from planner.solver.problem import Plan, Problem, ProblemError, Workload
 
 
-def solve_ffd(problem: Problem) -> Plan:
+def solve_ffd(
+    problem: Problem,
+    items_for: Callable[[Workload, PointCache], list[Item]] = igniter_items,
+    strategy: str = "ffd",
+) -> Plan:
+    """`items_for` chooses each workload's replicas alone (default iGniter's rule; `stoke report` also packs
+    the stoke strategy's own choice alone this way, to show what ignoring interference costs)."""
     caches = {g.name: PointCache(g) for g in problem.inventory}
     items: list[tuple[Item, str]] = []
     for workload in problem.workloads:
         gpu_type = min(allowed_types(workload, problem.inventory), key=lambda g: g.price_per_hour).name
-        items += [(i, gpu_type) for i in with_replicas(igniter_items(workload, caches[gpu_type]))]
+        items += [(i, gpu_type) for i in with_replicas(items_for(workload, caches[gpu_type]))]
     items.sort(key=lambda pair: -pair[0].min_share)
 
     limits = {g.name: g.max_count for g in problem.inventory}
@@ -38,10 +46,10 @@ def solve_ffd(problem: Problem) -> Plan:
                     f"workload {item.workload.name!r} needs another; raise max_count"
                 )
             bins.append((gpu_type, [item], [item.min_share]))
-    plan = _plan("ffd", problem, caches, bins)
+    plan = _plan(strategy, problem, caches, bins)
     if plan.slo_misses:
         plan = _plan(
-            "ffd",
+            strategy,
             problem,
             caches,
             bins,

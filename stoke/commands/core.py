@@ -23,7 +23,7 @@ from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 from planner.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
-from stoke.output import add_output_option, emit
+from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
@@ -93,7 +93,10 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="stoke: trust the fitted curve (central prediction) instead of raising L and O to the profile's "
         "out-of-sample error; give --safety-margin 0.05 --max-paced-utilisation 0.98 for stoke before issue 15",
     )
-    add_output_option(p)
+    add_output_option(
+        p,
+        wide="each replica's predicted throughput and utilisation (rate/throughput), and a local plan's arrivals",
+    )
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
@@ -105,6 +108,13 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was not taken",
     )
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="instead of the plan, compare its GPUs and cost with one model per GPU, an equal MPS split, each "
+        "model's best configuration alone packed by share, and iGniter's rule packed by share (the same model; "
+        "what `stoke report` draws)",
+    )
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     add_client_options(p, group_title="controller connection (--remote)")
     p.set_defaults(run=run_plan)
@@ -178,7 +188,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument(
         "raw", metavar="RAW.jsonl", help="raw measurements (iGniter JSON lines or `profile run` output); - reads stdin"
     )
-    f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
+    add_output_file_option(f, metavar="PROFILE.json", required=True, help="the fitted profile to write")
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
     f.add_argument(
         "--max-mape",
@@ -223,7 +233,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         help="windows per point before it is recorded as unstable (default %(default)s)",
     )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
-    r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
+    add_output_file_option(
+        r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
+    )
     r.set_defaults(run=run_profile_run)
     sh = profile.add_parser(
         "show",
@@ -332,10 +344,16 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
+    if args.compare:
+        from planner.solver.alternatives import alternatives
+        from stoke.commands.report import print_comparison
+
+        print_comparison(args, alternatives(workloads_file.problem(), plan, options))
+        return 0
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
-        print(format_plan(plan))
+        print(format_plan(plan, wide=args.wide))
     if args.explain:
         from planner.solver.explain import explain
 
@@ -363,11 +381,11 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, wide: bool = False) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
     head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
     rows = ((index, gpu.gpu_type, p.name, p) for index, gpu in enumerate(plan.gpus) for p in gpu.placements)
-    table = plan_table(rows, LOCAL)
+    table = plan_table(rows, LOCAL, wide=wide)
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
@@ -618,6 +636,7 @@ def run_profile_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(f"--stability-percentage/--max-windows: {err}") from None
     unstable: list[str] = []
+    before = dict(session.retries)
     with _progress_display(session) as show:
 
         def progress(event: Any) -> None:
@@ -638,6 +657,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
             f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
             f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy"
         )
+    remeasured = sorted(k for k, n in session.retries.items() if n > before.get(k, 0))
+    if remeasured:
+        print(f"re-measured {len(remeasured)} non-monotone point(s): {', '.join(remeasured)}")
+    for key, why in sorted(session.rejected().items()):
+        print(f"rejected {key}: {why}; `profile fit` leaves it out")
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 
@@ -837,6 +861,7 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
         "r2": None if r.r2 != r.r2 else round(r.r2, 5),
         "at_bounds": list(r.at_bounds),
         "problems": list(r.problems),
+        "excluded": list(r.excluded),
         "points": [
             {
                 "batch": p.batch,
@@ -926,6 +951,16 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         for name, r in sorted(reports.items()):
             for bound in r.at_bounds:
                 print(f"note: {name}: {bound}: the measurements do not pin it down (more batches or shares would)")
+        excluded = [line for r in reports.values() for line in r.excluded]
+        if excluded:
+            print(
+                f"note: {len(excluded)} non-monotone point(s) left out of the fit. On a CPU node a share is whole "
+                f"cores, one model instance each, and a batch runs on one core: a bigger share adds throughput, "
+                f"not speed, and where its cores also run the load it is slower. That is contention, not the "
+                f"model (the slower point of each disagreeing pair is left out):"
+            )
+            for line in excluded:
+                print(f"  {line}")
         if written:
             print(
                 f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "

@@ -263,6 +263,16 @@ def agent_node_id(args: argparse.Namespace) -> str:
 
     token = read_token(getattr(args, "token_file", None))
     bound = agent_token_node(token) if token else None
+    if token and bound is None:
+        # the user token (or anything else) can never register a node: the controller would refuse every
+        # heartbeat, so an agent started with it would retry forever while serving nothing
+        where = f"--token-file {args.token_file}" if getattr(args, "token_file", None) else "$STOKE_TOKEN"
+        node = args.node_id or "NODE"
+        raise UserError(
+            f"{where}: not an agent token (agent tokens look like stoke-node:NODE:...; the user token cannot "
+            f"register a node); mint one with `stoke token agent {node} --file {node}.token` (with the user "
+            f"token) and start the agent with --token-file {node}.token"
+        )
     if args.node_id and bound and args.node_id != bound:
         raise UserError(
             f"--node-id {args.node_id}: the agent token is bound to node {bound!r}; drop --node-id or mint a token "

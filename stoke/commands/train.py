@@ -26,7 +26,7 @@ import yaml
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
-from stoke.output import add_output_option, emit
+from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.progress import Progress
 from stoke.table import print_table
 from training import readers
@@ -50,6 +50,9 @@ from training.spec import (
     with_overrides,
 )
 from training.spot import provision_spot
+
+#: What `train render` writes: YAML documents, or one JSON List (`--format`, or `-o json|yaml`).
+RENDER_FORMATS = ("yaml", "json")
 
 FIT_FORMAT_VERSION = 1
 
@@ -92,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", type=float, help="override job.target_loss")
     p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="also write the plan JSON here (input of `train launch`)")
+    add_output_file_option(p, metavar="PLAN.json", help="also write the plan JSON here (input of `train launch`)")
     p.add_argument("--endpoint-url", help="EC2/pricing endpoint for --prices live")
     p.add_argument("--region", default="us-east-1")
     p.set_defaults(run=run_plan)
@@ -103,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, help="also report the samples to reach this loss")
     p.add_argument("--r-weight", type=float, default=1.0, help="heterogeneous fit: weight of R (0 = R term off)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="write the fitted coefficients (JSON) here")
+    add_output_file_option(p, metavar="FIT.json", help="write the fitted coefficients (JSON) here")
     p.set_defaults(run=run_fit_loss)
 
     p = sub.add_parser("launch", help="launch the plan's spot workers and PS (idempotent)")
@@ -164,7 +167,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default %(default)s; 'none' to leave it out)",
     )
     p.add_argument("--namespace", default="default")
-    p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        choices=RENDER_FORMATS,
+        default="yaml",
+        help="yaml (default: a multi-document stream for kubectl apply -f) or json (a List object)",
+    )
+    add_output_file_option(p, metavar="FILE", formats=RENDER_FORMATS, help="write the manifests here instead of stdout")
     p.set_defaults(run=run_render)
 
     p = sub.add_parser("comm-sim", help="simulate PS push/pull under FIFO, priority and block scheduling")
@@ -326,6 +336,11 @@ def _cloud_error(err: Exception) -> UserError:
 
     if getattr(err, "reason", "") == "credentials":
         fix = AWS_CREDENTIALS_FIX
+    elif getattr(err, "reason", "") == "metadata":
+        fix = (
+            "run `train watch` on an EC2 instance that reaches the workers' metadata, or pass --metadata-url "
+            "of a metadata relay (a base URL, or a template with {instance_id})"
+        )
     else:
         fix = "check --region, --endpoint-url and the account's EC2 permissions"
     return UserError(f"{err}; {fix}")
@@ -482,7 +497,10 @@ def run_render(args: argparse.Namespace) -> int:
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
-    text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
+    if args.output_format == "json":  # one kubectl-readable List, so `kubectl apply -f` takes the file whole
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+    else:
+        text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")

@@ -75,6 +75,7 @@ class MetadataServer(ThreadingHTTPServer):
         self.tokens: set[str] = set()
         self.token_requests = 0
         self.unauthorised = 0
+        self.fail_with = 0  # an HTTP status every request gets instead (0: serve normally)
 
     def rotate_tokens(self) -> None:
         self.tokens.clear()
@@ -98,6 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_PUT(self) -> None:
+        if self.server.fail_with:
+            return self._send(self.server.fail_with, "<html>Internal Server Error</html>")
         if not self.path.endswith("/latest/api/token") or "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
             return self._send(400)
         self.server.token_requests += 1
@@ -106,6 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, token)
 
     def do_GET(self) -> None:
+        if self.server.fail_with:
+            return self._send(self.server.fail_with, "<html>Internal Server Error</html>")
         if self.headers.get("X-aws-ec2-metadata-token") not in self.server.tokens:
             self.server.unauthorised += 1
             return self._send(401)
@@ -304,3 +309,40 @@ def test_cli_plan_with_live_prices(moto_url, tmp_path, capsys):
     assert any("pricing API" in n or "on-demand" in n for n in body["prices"]["notes"])
     assert json.loads(cache.read_text())["catalog"]["types"]["m5.xlarge"]["spot_per_hour"] == pytest.approx(0.00001)
     assert body["counts"]["p3.2xlarge"] == 2  # the spec's own fixture prices still decide the plan
+
+
+def test_cli_watch_without_instance_metadata_is_a_stoke_error_with_the_fix(
+    moto_url, metadata, tmp_path, capsys, monkeypatch
+):
+    """No metadata service (here: one answering HTTP 500) is one line naming the metadata and the fix; an
+    http_proxy in the environment (which answers 500 for 169.254.169.254) is not used for the metadata."""
+    plan_file = tmp_path / "plan.json"
+    assert main(["train", "plan", "-o", str(plan_file)]) == 0
+    args = ["--endpoint-url", moto_url, "--cluster", "nometa"]
+    assert main(["train", "launch", str(plan_file), *args]) == 0
+    capsys.readouterr()
+    watch = ["train", "watch", str(plan_file), "--spec", str(readers.data_path("resnet110.yaml")), *args]
+    watch += ["--metadata-url", metadata.url + "/{instance_id}", "--max-polls", "1"]
+    try:
+        metadata.fail_with = 500
+        assert main(watch) == 2
+        err = capsys.readouterr().err
+        line = next(line for line in err.splitlines() if line.startswith("stoke: error:"))
+        assert "instance metadata at " in line and "not available (token request: HTTP 500)" in line
+        assert "--metadata-url" in line and "EC2 permissions" not in line and "Internal Server Error" not in line
+        metadata.fail_with = 0
+        proxy = MetadataServer()  # an HTTP proxy that fails everything, as a corporate proxy does for IMDS
+        proxy.fail_with = 500
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            # EC2 (moto, 127.0.0.1) bypasses the proxy; the metadata, named localhost, would go through it
+            monkeypatch.setenv("http_proxy", proxy.url)
+            monkeypatch.setenv("no_proxy", "127.0.0.1")
+            watch[watch.index("--metadata-url") + 1] = metadata.url.replace("127.0.0.1", "localhost") + "/{instance_id}"
+            assert main(watch) == 0, capsys.readouterr().err
+            assert "0 revocation(s) handled" in capsys.readouterr().out
+        finally:
+            proxy.shutdown()
+            proxy.server_close()
+    finally:
+        assert main(["train", "terminate", *args]) == 0

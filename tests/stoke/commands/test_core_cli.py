@@ -201,6 +201,38 @@ def test_the_cpu_example_plans_the_demo_models(capsys):
     assert plan["slo_misses"] == [] and {g["gpu_type"] for g in plan["gpus"]} == {"cpu-2core"}
 
 
+def test_the_cpu_example_s_own_commands_leave_the_bundled_repository_as_it_is(capsys, tmp_path, monkeypatch):
+    """The commands in examples/cpu-demo.yaml's comment, run as written, do not rewrite triton_repo's configs."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    repo = tmp_path / "triton_repo"  # a copy stands in for the bundled one: a failing run must not dirty the checkout
+    shutil.copytree(root / "triton_repo", repo)
+    configs = {p: p.read_bytes() for p in repo.glob("*/config.pbtxt")}
+    lines = [
+        line.lstrip("# ").strip()
+        for line in (root / "examples" / "cpu-demo.yaml").read_text().splitlines()
+        if line.lstrip("# ").startswith("stoke ")
+    ]
+    assert any(line.startswith("stoke triton render") for line in lines)
+    monkeypatch.chdir(root)
+    plan_path = tmp_path / "plan.json"
+    for line in lines:
+        argv = shlex.split(line.replace("plan.json", str(plan_path)).replace("triton_repo", str(repo)))[1:]
+        if argv[:2] == ["triton", "up"]:
+            continue  # serving runs until Ctrl-C (tested elsewhere)
+        if ">" in argv:  # the plan goes to a file
+            argv = argv[: argv.index(">")]
+            code, out, err = run(capsys, *argv)
+            plan_path.write_text(out)
+        else:
+            code, out, err = run(capsys, *argv)
+        assert code == 0, (line, err)
+    assert {p: p.read_bytes() for p in configs} == configs
+
+
 def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(capsys, tmp_path):
     # iGniter runs replicas near saturation: under Poisson arrivals its p99 misses
     code, out, err = run(capsys, "plan", "--strategy", "igniter", "--json", "--fail-on-miss")

@@ -16,8 +16,12 @@ from stoke.commands import triton as commands
 
 @pytest.fixture
 def parser():
+    from stoke.commands import load
+
     p = argparse.ArgumentParser(prog="stoke")
-    commands.register(p.add_subparsers(dest="command", required=True))
+    subparsers = p.add_subparsers(dest="command", required=True)
+    commands.register(subparsers)
+    load.register(subparsers)
     return p
 
 
