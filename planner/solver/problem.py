@@ -149,6 +149,11 @@ class Placement:
     #: The serving path outside the batch, p99 (ms), included in `predicted_p99_ms`
     #: (`interference.batching.end_to_end_p99_ms`); 0 in plans written before it was modelled.
     serving_p99_ms: float = 0.0
+    #: p99 with L and O raised to the profile's error bound at this point (share, batch); NaN in plans
+    #: written before profiles recorded their error.
+    p99_upper_ms: float = math.nan
+    #: Device memory of this replica (process context + weights + activations), MiB; 0 when not recorded.
+    memory_mib: float = 0.0
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -185,6 +190,10 @@ class GpuPlan:
     @property
     def share_pct(self) -> float:
         return sum(p.share_pct for p in self.placements)
+
+    @property
+    def memory_mib(self) -> float:
+        return sum(p.memory_mib for p in self.placements)
 
 
 @dataclass(frozen=True)
@@ -241,6 +250,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "key": g.key,
                 "price_per_hour": g.price_per_hour,
                 "share_pct": round(g.share_pct, 6),
+                "memory_mib": round(g.memory_mib, 3),
                 "workloads": [
                     {
                         "name": p.name,
@@ -253,6 +263,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                         "predicted_latency_ms": round(p.predicted_latency_ms, 6),
                         "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
                         # from the rounded p99, so that a plan read back writes the same figures
+                        "p99_upper_ms": _finite_or_none(p.p99_upper_ms),
+                        "memory_mib": round(p.memory_mib, 3),
                         "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
                         "serving_p99_ms": round(p.serving_p99_ms, 6),
                         "binding": p.binding,
@@ -315,6 +327,7 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                     arrivals=str(w.get("arrivals", "poisson")),
                     binding=str(w.get("binding", "")),
                     serving_p99_ms=max(0.0, num(w, "serving_p99_ms", where, 0.0)),
+                    memory_mib=num(w, "memory_mib", where, 0.0),
                     # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
                     predicted_p99_ms=(
                         math.inf
@@ -322,6 +335,13 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                         else math.nan
                         if "predicted_p99_ms" not in w
                         else num(w, "predicted_p99_ms", where)
+                    ),
+                    p99_upper_ms=(
+                        math.inf
+                        if w.get("p99_upper_ms", math.nan) is None
+                        else math.nan
+                        if "p99_upper_ms" not in w
+                        else num(w, "p99_upper_ms", where)
                     ),
                 )
             )

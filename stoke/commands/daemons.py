@@ -26,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "controller/config.py; its JSON Schema is "
         "controller/data/controller-config.schema.json.",
     )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "recover"),
+        default="run",
+        help="run (default), or recover a damaged database (the controller stopped): keep it aside, restore the "
+        "newest good backup or salvage what is readable",
+    )
     p.add_argument("--config", metavar="FILE", help="controller YAML config")
     p.add_argument("--listen", metavar="HOST:PORT", help="override `listen`")
     p.add_argument("--db", metavar="FILE", help="override `db`")
@@ -77,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gpu-type",
         default="",
         help="GPU type of this node's devices (default: decided by the controller's gpu_types)",
+    )
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="start the MPS control daemon of this node's GPUs (nvidia-cuda-mps-control -d, with "
+        "$CUDA_MPS_PIPE_DIRECTORY/$CUDA_MPS_LOG_DIRECTORY) before serving, and stop it on exit; without it a "
+        "daemon must already run (GPU nodes only; the Kubernetes DaemonSet uses it)",
     )
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
     p.add_argument(
@@ -155,6 +170,8 @@ def run_controller(args: argparse.Namespace) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout,
         heartbeat_interval_s=args.heartbeat_interval,
     )
+    if args.action == "recover":
+        return recover_database(config.db, config.backup_dir)
     server = ControllerServer(config).start()
     print(
         f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})", flush=True
@@ -163,6 +180,25 @@ def run_controller(args: argparse.Namespace) -> int:
     stop.wait()
     server.stop()
     return 0
+
+
+def recover_database(db: str, backup_dir: str | None) -> int:
+    from controller.store import recover
+
+    result = recover(db, backup_dir)
+    if result.action == "sound":
+        print(f"{db}: passes its integrity check; nothing to recover")
+        return 0
+    print(f"{db}: damaged; kept aside as {result.kept_aside}")
+    if result.action == "restored":
+        print(f"restored from the backup {result.source}")
+    else:
+        print("no good backup: salvaged what was readable into a fresh database")
+    for line in result.lost:
+        print(f"  lost: {line}")
+    for line in result.notes:
+        print(f"  note: {line}")
+    return 0 if not result.lost else 1
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -182,8 +218,21 @@ def run_agent(args: argparse.Namespace) -> int:
         raise UserError(
             f"--repo {args.repo}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
         )
-    router = open_router(args.bind, args.advertise, args.ports)
-    client = connect(args)
+    mps = None
+    if args.mps:
+        if kind != "gpu":
+            raise UserError("--mps needs GPU devices (--device nvml or auto on a GPU node); this node has none")
+        from agents.mps import MpsControl
+
+        mps = MpsControl()
+        mps.start()  # now, so a missing MPS binary stops the agent instead of failing every assignment
+    try:
+        router = open_router(args.bind, args.advertise, args.ports)
+        client = connect(args)
+    except BaseException:
+        if mps is not None:
+            mps.quit()  # the fleet that would stop it never came to be
+        raise
     fleet = TritonFleet(
         args.repo,
         device_kind=kind,
@@ -192,6 +241,7 @@ def run_agent(args: argparse.Namespace) -> int:
         latency_histogram=args.latency_histogram,
         router=router,
         devices=sum(1 for d in devices if d.kind == "gpu") if kind == "gpu" else None,
+        mps=mps,  # the fleet stops the daemon when it closes (only one it started)
     )
     exporter = None
     if args.metrics_port >= 0:

@@ -80,7 +80,7 @@ def test_le_forms_match_triton_and_prometheus3_printing():
 
 def test_recording_rules_cover_every_window_per_workload():
     groups = prometheus_rules(WORKLOADS)["groups"]
-    assert len(groups) == 1 + 4 * len(WORKLOADS)  # the control plane's alerts, then four groups per workload
+    assert len(groups) == 4 * len(WORKLOADS) + 1  # and the controller's own group
     by_name = {g["name"]: g for g in groups}
     for w in WORKLOADS:
         sli = by_name[f"stoke-slo-sli-{w.name}"]["rules"]
@@ -330,12 +330,14 @@ def test_controller_alerts_cover_pending_workloads_held_plans_lost_nodes_and_ref
 
     rules = {r["alert"]: r for r in controller_alert_rules(SloOptions(pending_for="90s"))}
     assert set(rules) == {"StokeWorkloadPending", "StokePlanHeld", "StokeNodesLost", "StokeGuardFloorRefused"}
+    group = {r["alert"] for r in prometheus_rules(WORKLOADS)["groups"][-1]["rules"]}
+    assert set(rules) <= group and "StokeStoreDegraded" in group  # one controller group with the store's alerts
     assert (
         rules["StokeWorkloadPending"]["for"] == "90s"
         and "stoke_workload_pending" in rules["StokeWorkloadPending"]["expr"]
     )
     assert "more than 90s" in rules["StokeWorkloadPending"]["annotations"]["description"]
-    assert prometheus_rules(WORKLOADS)["groups"][0]["name"] == "stoke-controller"
+    assert prometheus_rules(WORKLOADS)["groups"][-1]["name"] == "stoke-controller"
     test = controller_rule_test(SloOptions(pending_for="90s"))
     cases = {(c["alertname"], c["eval_time"]): c["exp_alerts"] for c in test["alert_rule_test"]}
     assert cases[("StokeWorkloadPending", "150s")] == []  # pending for 30 s: not yet
