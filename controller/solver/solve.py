@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from controller.solver.ffd import solve_ffd
-from controller.solver.igniter import solve_igniter
+from typing import TYPE_CHECKING
+
 from controller.solver.problem import Plan, Problem, ProblemError
-from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions, solve_stoke
+
+if TYPE_CHECKING:
+    from controller.solver.stoke import StokeOptions
 
 STRATEGIES = ("stoke", "igniter", "ffd")
 
@@ -26,8 +28,15 @@ def solve(
         raise ProblemError(
             f"strategy {strategy!r} takes no options (safety margin, utilisation cap); they tune the stoke strategy"
         )
+    # The strategies (numpy) load on first use: STRATEGIES alone is what the CLI's parser needs.
     if strategy == "igniter":
+        from controller.solver.igniter import solve_igniter
+
         return solve_igniter(problem)
     if strategy == "ffd":
+        from controller.solver.ffd import solve_ffd
+
         return solve_ffd(problem)
+    from controller.solver.stoke import DEFAULT_OPTIONS, solve_stoke
+
     return solve_stoke(problem, current, options or DEFAULT_OPTIONS)

@@ -20,36 +20,23 @@ import math
 import shlex
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import yaml
-
-from controller.training import readers
-from controller.training.blocks import gradient_profile_from_dict, plan_blocks
-from controller.training.comm_sim import SCHEDULERS, compare
-from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
-from controller.training.homogeneous import provision_homogeneous
-from controller.training.kube import (
-    DEFAULT_IMAGE,
-    DEFAULT_MEMORY,
-    DEFAULT_SPOT_LABEL,
-    DEFAULT_WORKER_COMMAND,
-    render_manifests,
-    validate_manifests,
-)
-from controller.training.spec import (
-    TrainingPlan,
-    spec_from_dict,
-    training_plan_from_dict,
-    training_plan_to_dict,
-    with_overrides,
-)
-from controller.training.spot import provision_spot
+from controller.training.kube import DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND
 from stoke import validate as check
 from stoke.errors import UserError
 from stoke.files import atomic_write_text
 from stoke.output import add_output_option, emit
 from stoke.progress import Progress
 from stoke.table import print_table
+
+# The planners, estimators (numpy, scikit-learn) and YAML load inside the commands that use them, so
+# that building the CLI's parser stays fast.
+if TYPE_CHECKING:
+    from controller.training.spec import TrainingPlan
+
+#: `stoke train comm-sim --scheduler` choices (controller.training.comm_sim.SCHEDULERS; a test keeps them equal).
+SCHEDULERS = ("fifo", "priority", "blocks")
 
 FIT_FORMAT_VERSION = 1
 
@@ -188,6 +175,9 @@ def _load_spec(
     region="us-east-1",
     cache=None,
 ):
+    from controller.training import readers
+    from controller.training.spec import spec_from_dict
+
     data, source = readers.read_spec(path)
     if prices == "live":
         from controller.cloud import CloudError, PriceSource, make_clients
@@ -212,12 +202,18 @@ def _load_spec(
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
+    from controller.training.homogeneous import provision_homogeneous
+    from controller.training.spot import provision_spot
+
     if strategy == "homogeneous":
         return provision_homogeneous(spec)
     return provision_spot(spec, search=search)
 
 
 def _load_plan(path: str | None) -> TrainingPlan:
+    from controller.training import readers
+    from controller.training.spec import training_plan_from_dict
+
     if path is None:
         spec, _, _ = _load_spec(None)
         return _solve(spec, "spot")
@@ -249,6 +245,8 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from controller.training.spec import training_plan_to_dict, with_overrides
+
     spec, catalog, notes = _load_spec(
         args.spec,
         args.strategy,
@@ -275,6 +273,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
+    from controller.training import readers
+    from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
+
     cols = readers.read_curve_csv(args.curve, args.batch)
     if {"b_w", "R", "n", "j"} <= set(cols):
         import numpy as np
@@ -439,17 +440,28 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-class _BlockDumper(yaml.SafeDumper):
+def _block_dumper() -> type:
     """Safe YAML that prints multi-line strings (the task prelude, the PS program) as literal blocks."""
+    import yaml
 
+    class BlockDumper(yaml.SafeDumper):
+        pass
 
-_BlockDumper.add_representer(
-    str,
-    lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None),
-)
+    BlockDumper.add_representer(
+        str,
+        lambda dumper, value: dumper.represent_scalar(
+            "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+        ),
+    )
+    return BlockDumper
 
 
 def run_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from controller.training import readers
+    from controller.training.kube import render_manifests, validate_manifests
+
     plan = _load_plan(args.plan)
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
@@ -482,7 +494,7 @@ def run_render(args: argparse.Namespace) -> int:
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
-    text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
+    text = yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")
@@ -492,6 +504,10 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_comm_sim(args: argparse.Namespace) -> int:
+    from controller.training import readers
+    from controller.training.blocks import gradient_profile_from_dict, plan_blocks
+    from controller.training.comm_sim import compare
+
     data, source = readers.read_gradient_profile(args.profile, args.model)
     profile = gradient_profile_from_dict(data, source)
     if args.bandwidth is not None:
