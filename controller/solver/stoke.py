@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,13 @@ DEFAULT_OPTIONS = StokeOptions()
 EXACT_LIMIT = 8
 #: Co-location checks the local search may spend (a work bound keeps solves deterministic).
 SEARCH_EVALUATIONS = 6000
+#: Above this many replicas (and without a current plan or GPU count limits) the packing is done in
+#: chunks of about this many, dealt so that each holds the same mix (`deal_chunks`): packing one
+#: huge instance at once collapses (a best-fit lookup sees only the fullest GPUs) and takes quadratic time.
+CHUNK_REPLICAS = 1200
+#: Co-location checks the local search may spend per replica of a chunk (measured on the fleet mix of
+#: `random_mix.fleet_workloads`: 2 finds what 6 does; the chunks' first fit leaves little to gain).
+CHUNK_SEARCH_PER_REPLICA = 2
 #: Delay modes considered per arrival kind ("paced": the fill time plus half an interval).
 DELAY_MODES = {"poisson": ("zero", "fill"), "constant": ("paced",)}
 
@@ -333,21 +340,85 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
     )
 
 
+def _shape(workload: Workload) -> tuple[Any, ...]:
+    """Everything of a workload but its name and rate: what a full GPU's capacity depends on."""
+    return tuple(getattr(workload, name) for name in _SHAPE_FIELDS)
+
+
+_SHAPE_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("name", "rate_rps"))
+
+
+class ReplicaMemo:
+    """What `stoke_items` asks of one GPU type in one solve, each computed once and in batches.
+
+    A full GPU's capacity, and the candidate at a given rate, depend on a workload's model, SLO,
+    arrival kind and floors, not on its name: workloads of one shape share them (at 100,000 workloads
+    a few thousand shapes). `prepare` evaluates the splits of many multi-replica workloads in one
+    vectorised `best_candidates` call instead of a few per workload.
+    """
+
+    def __init__(self, cache: PointCache, options: StokeOptions):
+        self.cache, self.options = cache, options
+        self._capacity: dict[tuple[Any, ...], float | None] = {}
+        self._items: dict[tuple[tuple[Any, ...], float], Item | None] = {}
+
+    def capacity(self, workload: Workload) -> float | None:
+        key = _shape(workload)
+        if key not in self._capacity:
+            self._capacity[key] = full_gpu_capacity(workload, self.cache, self.options)
+        return self._capacity[key]
+
+    def best(self, workload: Workload, rate_rps: float) -> Item | None:
+        key = (_shape(workload), rate_rps)
+        if key not in self._items:
+            self._items[key] = best_candidate(workload, self.cache, rate_rps, self.options)
+        item = self._items[key]
+        return item if item is None or item.workload is workload else replace(item, workload=workload)
+
+    def prepare(self, workloads: Sequence[Workload]) -> None:
+        """Compute at once what `stoke_items` will ask for these workloads (none fits one replica)."""
+        asks: dict[tuple[tuple[Any, ...], float], tuple[Workload, float]] = {}
+        for workload in workloads:
+            capacity = self.capacity(workload)
+            if capacity is None:
+                continue
+            rates = [capacity]
+            needed = workload.rate_rps / capacity
+            if needed <= MAX_REPLICAS:  # the same arithmetic as `stoke_items`, so its lookups hit
+                count = max(2, math.ceil(needed - 1e-9))
+                rates.append(workload.rate_rps / count)
+                remainder = workload.rate_rps - (count - 1) * capacity
+                if remainder > EPS:
+                    rates.append(remainder)
+            for rate in rates:
+                key = (_shape(workload), rate)
+                if key not in self._items:
+                    asks.setdefault(key, (workload, rate))
+        found = best_candidates([w for w, _ in asks.values()], self.cache, self.options, [r for _, r in asks.values()])
+        self._items.update(zip(asks, found))
+
+
 def stoke_items(
-    workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS, single: Item | None | bool = False
+    workload: Workload,
+    cache: PointCache,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    single: Item | None | bool = False,
+    memo: ReplicaMemo | None = None,
 ) -> list[Item]:
     """Replicas of one workload on one GPU type: one when a GPU can hold it, else the fewest that can.
 
-    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known.
+    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known;
+    `memo` (of this GPU type and options) the capacities and candidates computed before.
     """
     if single is False:
         single = best_candidate(workload, cache, workload.rate_rps, options)
     if isinstance(single, Item):
         return [single]
-    capacity = full_gpu_capacity(workload, cache, options)
+    memo = memo or ReplicaMemo(cache, options)
+    capacity = memo.capacity(workload)
     if capacity is None:
         raise rejection(workload, cache, options)
-    full = best_candidate(workload, cache, capacity, options)
+    full = memo.best(workload, capacity)
     if full is None:  # the capacity edge is feasible by construction; guard against rounding
         raise rejection(workload, cache, options)
     needed = workload.rate_rps / capacity
@@ -355,11 +426,11 @@ def stoke_items(
         raise too_many_replicas(workload, needed, cache.gpu_type.name)
     count = max(2, math.ceil(needed - 1e-9))
     choices = []
-    even = best_candidate(workload, cache, workload.rate_rps / count, options)
+    even = memo.best(workload, workload.rate_rps / count)
     if even is not None:
         choices.append([even] * count)
     remainder = workload.rate_rps - (count - 1) * capacity
-    rest = best_candidate(workload, cache, remainder, options) if remainder > EPS else None
+    rest = memo.best(workload, remainder) if remainder > EPS else None
     if rest is not None:
         choices.append([full] * (count - 1) + [rest])
     if not choices:  # a remainder no candidate serves alone rides on a whole GPU like the others
@@ -388,17 +459,20 @@ def _choose_type(
     options: StokeOptions,
     exclude: Sequence[str] = (),
     singles: dict[tuple[str, str], Item | None] | None = None,
+    memos: dict[str, ReplicaMemo] | None = None,
 ) -> tuple[str, list[Item]]:
     """The allowed GPU type where the workload costs least (price x total share).
 
-    `singles` holds precomputed single-replica candidates per (GPU type, workload name).
+    `singles` holds precomputed single-replica candidates per (GPU type, workload name), `memos`
+    each type's `ReplicaMemo`.
     """
     costs = []
     allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
     for g in allowed:
         known = singles.get((g.name, workload.name), False) if singles is not None else False
         try:
-            items = stoke_items(workload, packing.caches[g.name], options, single=known)
+            memo = memos.get(g.name) if memos is not None else None
+            items = stoke_items(workload, packing.caches[g.name], options, single=known, memo=memo)
         except ProblemError:
             continue
         costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
@@ -487,6 +561,49 @@ def _local_search(packing: Packing, budget: int) -> None:
                 improved = True
 
 
+def deal_chunks(pairs: Sequence[tuple[Item, str]], size: int = 0) -> list[list[tuple[Item, str]]]:
+    """Replicas dealt into chunks of at most about `size` (default `CHUNK_REPLICAS`), one GPU type each.
+
+    Per GPU type, the replicas in decreasing share order (ties by name and replica number) are dealt
+    round-robin, so every chunk holds the same mix of sizes as the whole: the same packing quality
+    as one chunk of that size, whatever the fleet's size.
+    """
+    size = size or CHUNK_REPLICAS
+    by_type: dict[str, list[tuple[Item, str]]] = {}
+    for pair in pairs:
+        by_type.setdefault(pair[1], []).append(pair)
+    chunks: list[list[tuple[Item, str]]] = []
+    for gpu_type in sorted(by_type):
+        ordered = sorted(by_type[gpu_type], key=lambda pair: (-pair[0].min_share, pair[0].key))
+        count = math.ceil(len(ordered) / size)
+        chunks += [ordered[j::count] for j in range(count)]
+    return chunks
+
+
+def pack_chunk(
+    caches: dict[str, PointCache], chunk: Sequence[tuple[Item, str]]
+) -> list[tuple[list[Item], list[float]]]:
+    """Best fit decreasing, then the local search (a budget in proportion to the chunk), on fresh GPUs of one type
+    without a count limit: each GPU's (replicas, shares). Pure and deterministic, so chunks may be
+    packed in any order or in other processes."""
+    packing = Packing(caches, {gpu_type: None for _, gpu_type in chunk})
+    for item, gpu_type in chunk:
+        _place(packing, item, gpu_type)
+    _local_search(packing, CHUNK_SEARCH_PER_REPLICA * len(chunk))
+    return [(b.items, b.shares) for b in packing.bins.values()]
+
+
+def _pack_in_chunks(packing: Packing, pairs: list[tuple[Item, str]]) -> None:
+    """Large instances: pack chunks of similar mix apart (time linear in the replicas, and the budget
+    of the local search grows with them), then let the local search empty the chunks' lightest GPUs
+    into each other's."""
+    for chunk in deal_chunks(pairs):
+        gpu_type = chunk[0][1]
+        for items, shares in pack_chunk(packing.caches, chunk):
+            packing.open_bin(gpu_type, items, shares)
+    _local_search(packing, SEARCH_EVALUATIONS)
+
+
 def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     """Fewest GPUs for `items` on one type: depth-first search over partitions."""
     items = sorted(items, key=lambda i: -i.min_share)
@@ -543,17 +660,26 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
         {g.name: PointCache(g) for g in problem.inventory}, {g.name: g.max_count for g in problem.inventory}
     )
     singles: dict[tuple[str, str], Item | None] = {}
+    memos = {g.name: ReplicaMemo(packing.caches[g.name], options) for g in problem.inventory}
     for g in problem.inventory:
         allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
         for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
             singles[(g.name, w.name)] = item
+        memos[g.name].prepare([w for w in allowed if singles[(g.name, w.name)] is None])
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
     for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles)
+        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
         for item in with_replicas(items):
             pending[item.key] = (item, gpu_type)
     if current is not None:
         _seed_from(packing, current, pending)
+    if (
+        current is None
+        and len(pending) > CHUNK_REPLICAS
+        and all(packing.limits[t] is None for _, t in pending.values())
+    ):
+        _pack_in_chunks(packing, list(pending.values()))
+        pending = {}
     spilled: dict[str, list[str]] = {}
     for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
         if _place(packing, item, gpu_type):
@@ -564,7 +690,7 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
         remaining = item.rate_rps
         while remaining > EPS:
             part = replace(item.workload, rate_rps=remaining)
-            other, items = _choose_type(part, problem, packing, options, exclude=full)
+            other, items = _choose_type(part, problem, packing, options, exclude=full, memos=memos)
             for replica in items:
                 if not _place(packing, replica, other):
                     full.append(other)
