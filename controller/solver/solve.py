@@ -7,20 +7,27 @@ from typing import TYPE_CHECKING
 from controller.solver.problem import Plan, Problem, ProblemError
 
 if TYPE_CHECKING:
-    from controller.solver.stoke import StokeOptions
+    from controller.solver.stoke import SolveMemo, StokeOptions
 
 STRATEGIES = ("stoke", "igniter", "ffd")
 
 
 def solve(
-    problem: Problem, strategy: str = "stoke", *, current: Plan | None = None, options: StokeOptions | None = None
+    problem: Problem,
+    strategy: str = "stoke",
+    *,
+    current: Plan | None = None,
+    options: StokeOptions | None = None,
+    memo: SolveMemo | None = None,
 ) -> Plan:
     """Solve `problem` with `strategy`.
 
     `current` (optional) is the plan that runs now; the `stoke` strategy keeps
     its placements where they stay feasible, so an unrelated change does not
     reshuffle GPUs. `options` tunes the `stoke` strategy (safety margin,
-    utilisation cap); the baselines take none.
+    utilisation cap); the baselines take none. `memo` (a `stoke.SolveMemo` the caller keeps across
+    solves) lets the `stoke` strategy re-plan a large fleet after a small change in a fraction of the
+    time, with the same answer; the baselines ignore it.
     """
     if strategy not in STRATEGIES:
         raise ProblemError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -39,4 +46,4 @@ def solve(
         return solve_ffd(problem)
     from controller.solver.stoke import DEFAULT_OPTIONS, solve_stoke
 
-    return solve_stoke(problem, current, options or DEFAULT_OPTIONS)
+    return solve_stoke(problem, current, options or DEFAULT_OPTIONS, memo)

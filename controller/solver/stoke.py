@@ -45,7 +45,7 @@ still fit; only what no longer fits, and new workloads, are placed again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -66,7 +66,15 @@ from controller.solver.candidates import (
     with_replicas,
 )
 from controller.solver.packing import Bin, Packing
-from controller.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, too_many_replicas
+from controller.solver.problem import (
+    GpuPlan,
+    Placement,
+    Plan,
+    Problem,
+    ProblemError,
+    Workload,
+    too_many_replicas,
+)
 from interference.batching import MAX_UTILISATION, fill_time_ms, paced_delay_ms
 
 
@@ -544,16 +552,18 @@ def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float
     return None
 
 
-def _local_search(packing: Packing, budget: int) -> None:
+def _local_search(packing: Packing, budget: int, keep: Callable[[Bin], bool] | None = None) -> None:
     """Empty GPUs, lightest first, until none can be emptied or `budget` checks are spent.
 
-    The budget counts co-location checks, not seconds, so a solve is deterministic.
+    The budget counts co-location checks, not seconds, so a solve is deterministic. GPUs for
+    which `keep` is true are not emptied (they may still receive replicas).
     """
     stop = packing.evaluations + budget
     improved = True
     while improved and packing.evaluations < stop:
         improved = False
-        for victim_id in [b.id for b in sorted(packing.bins.values(), key=lambda b: (b.load, b.id))]:
+        victims = [b for b in packing.bins.values() if keep is None or not keep(b)]
+        for victim_id in [b.id for b in sorted(victims, key=lambda b: (b.load, b.id))]:
             if packing.evaluations >= stop:
                 return
             victim = packing.bins.get(victim_id)  # earlier moves may have emptied or changed it
@@ -636,43 +646,157 @@ def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     return best
 
 
-def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], tuple[Item, str]]) -> None:
-    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold."""
+def _seed_from(
+    packing: Packing,
+    current: Plan,
+    pending: dict[tuple[str, int], tuple[Item, str]],
+    memo: SolveMemo | None = None,
+) -> set[int]:
+    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold.
+
+    Returns the ids of the GPUs that hold exactly what they held (nothing for the search to do
+    there). With a `memo`, a GPU whose replicas are the same as in an earlier solve takes that
+    solve's shares instead of checking its co-location again (the same check, the same answer)."""
+    untouched: set[int] = set()
+    # A placement takes the pending replica of its workload with its rate and batch (replica numbers
+    # follow GPU order, so they need not match), else the one with its number.
+    by_name: dict[str, list[tuple[str, int]]] = {}
+    for key in pending:
+        by_name.setdefault(key[0], []).append(key)
+
+    def match(p: Placement, gpu_type: str) -> Item | None:
+        keys = by_name.get(p.name, [])
+        own = (p.name, p.replica)
+        found = pending.get(own) if own in keys else None
+        if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+            same: tuple[str, int] | None = own  # the usual case: its own number
+        else:
+            same = next(
+                (
+                    k
+                    for k in keys
+                    if pending[k][0].batch == p.batch and abs(pending[k][0].rate_rps - p.rate_rps) <= 1e-6
+                ),
+                own if own in keys else None,
+            )
+        if same is None or pending[same][1] != gpu_type:
+            return None
+        keys.remove(same)
+        return pending[same][0]
+
     for gpu in current.gpus:
         if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
             continue
-        items: list[Item] = []
-        shares: list[float] = []
-        for placement in gpu.placements:
-            found = pending.get((placement.name, placement.replica))
-            if found is None or found[1] != gpu.gpu_type:
-                continue
-            fitted = colocate(packing.caches[gpu.gpu_type], items + [found[0]], shares + [found[0].min_share])
-            if fitted is not None:
-                items, shares = items + [found[0]], fitted[0]
-                del pending[(placement.name, placement.replica)]
-        if items:
-            packing.open_bin(gpu.gpu_type, items, shares, key=gpu.key)
+        candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
+        # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
+        # entry holds them, so their ids stay theirs
+        key = (gpu.gpu_type, tuple(map(id, candidates)))
+        seeded = memo.seeded.get(key) if memo is not None else None
+        if seeded is None:
+            cache = packing.caches[gpu.gpu_type]
+            # all of them together from their minimum shares (a share the SLO guard raised comes back
+            # down when its floor goes), else one by one, dropping those that no longer fit
+            together = colocate(cache, candidates)
+            if together is not None:
+                seeded = (candidates, tuple(together[0]))
+            else:
+                items: list[Item] = []
+                shares: list[float] = []
+                for item in candidates:
+                    fitted = colocate(cache, items + [item], shares + [item.min_share])
+                    if fitted is not None:
+                        items, shares = items + [item], fitted[0]
+                seeded = (tuple(items), tuple(shares))
+            if memo is not None:
+                memo.seeded[key] = seeded
+                memo.held.append(candidates)
+        for item in seeded[0]:
+            del pending[item.key]
+        if seeded[0]:
+            b = packing.open_bin(gpu.gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
+            if len(seeded[0]) == len(gpu.placements):
+                untouched.add(b.id)
+    return untouched
 
 
-def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
-    packing = Packing(
-        {g.name: PointCache(g) for g in problem.inventory}, {g.name: g.max_count for g in problem.inventory}
-    )
+class SolveMemo:
+    """What one stoke solve hands the next, for re-planning a large fleet after a small change.
+
+    Per workload (its whole value: a changed rate is another key) the replicas and GPU type
+    chosen; per GPU of the current plan, the shares its replicas were seeded with; per GPU of a
+    plan, its finished placements. Every entry is what the solve would compute again from the same
+    inputs, so a solve with a memo returns the plan it returns without one, only sooner. The caller
+    keeps the memo (the controller's solver worker holds one across solves), so the solver stays a
+    function of what it is given. It is emptied when the GPU types (names, prices, profiles) or the
+    options change, and trimmed to the workloads of the last solve when it grows past them.
+    """
+
+    def __init__(self) -> None:
+        self._basis: Any = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.caches: dict[str, PointCache] = {}
+        self.replicas: dict[str, ReplicaMemo] = {}
+        self.choices: dict[Workload, tuple[str, tuple[Item, ...]]] = {}
+        self.seeded: dict[tuple[Any, ...], tuple[tuple[Item, ...], tuple[float, ...]]] = {}
+        self.placements: dict[tuple[Any, ...], tuple[Placement, ...]] = {}
+        self.renumbered: dict[tuple[int, int, int], Item] = {}
+        #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
+        self.held: list[tuple[Item, ...]] = []
+
+    def open(self, problem: Problem, options: StokeOptions) -> None:
+        """Ready for a solve of `problem`: valid entries kept, stale ones dropped."""
+        basis = (tuple((g.name, g.price_per_hour, g.profile) for g in problem.inventory), options)
+        if basis != self._basis:
+            self._basis = basis
+            self.clear()
+        if len(self.choices) > 2 * len(problem.workloads) + 1000:
+            names = set(problem.workloads)
+            self.choices = {w: c for w, c in self.choices.items() if w in names}
+            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+        if len(self.held) > 4 * len(problem.workloads) + 1000:
+            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+        for g in problem.inventory:
+            if g.name not in self.caches:
+                self.caches[g.name] = PointCache(g)
+                self.replicas[g.name] = ReplicaMemo(self.caches[g.name], options)
+
+
+def solve_stoke(
+    problem: Problem,
+    current: Plan | None = None,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    memo: SolveMemo | None = None,
+) -> Plan:
+    if memo is not None:
+        memo.open(problem, options)
+        caches, memos = dict(memo.caches), dict(memo.replicas)
+    else:
+        caches = {g.name: PointCache(g) for g in problem.inventory}
+        memos = {g.name: ReplicaMemo(caches[g.name], options) for g in problem.inventory}
+    packing = Packing(caches, {g.name: g.max_count for g in problem.inventory})
+    known = memo.choices if memo is not None else {}
+    chosen = [known.get(w) for w in problem.workloads]
+    fresh = [w for w, choice in zip(problem.workloads, chosen) if choice is None]
     singles: dict[tuple[str, str], Item | None] = {}
-    memos = {g.name: ReplicaMemo(packing.caches[g.name], options) for g in problem.inventory}
     for g in problem.inventory:
-        allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
+        allowed = [w for w in fresh if g in allowed_types(w, problem.inventory)]
         for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
             singles[(g.name, w.name)] = item
         memos[g.name].prepare([w for w in allowed if singles[(g.name, w.name)] is None])
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
-    for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
-        for item in with_replicas(items):
-            pending[item.key] = (item, gpu_type)
+    for workload, choice in zip(problem.workloads, chosen):
+        if choice is None:
+            gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
+            choice = (gpu_type, tuple(with_replicas(items)))
+            if memo is not None:
+                memo.choices[workload] = choice
+        for item in choice[1]:
+            pending[item.key] = (item, choice[0])
+    seeded: dict[int, int] = {}  # GPU id -> replicas, for the current plan's GPUs that hold what they held
     if current is not None:
-        _seed_from(packing, current, pending)
+        seeded = {b_id: len(packing.bins[b_id].items) for b_id in _seed_from(packing, current, pending, memo)}
     if (
         current is None
         and len(pending) > CHUNK_REPLICAS
@@ -696,10 +820,12 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
                     full.append(other)
                     break
                 remaining -= replica.rate_rps
-    _local_search(packing, SEARCH_EVALUATIONS)
+    # Re-planning: the GPUs that hold what they held were searched when that plan was made; only the
+    # changed ones are emptied (which keeps the rest where it runs). Count is enough: replicas only arrive.
+    _local_search(packing, SEARCH_EVALUATIONS, keep=lambda b: seeded.get(b.id) == len(b.items))
 
     notes: list[str] = []
-    bins = _renumber(list(packing.bins.values()))
+    bins = _renumber(list(packing.bins.values()), memo)
     types = {b.gpu_type for b in bins}
     all_items = [i for b in bins for i in b.items]
     if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
@@ -718,7 +844,7 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
             f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
             f"aside); this plan uses {len(bins)} ({gap:+.1%})"
         )
-    return _to_plan(problem, packing.caches, bins, tuple(notes))
+    return _to_plan(problem, packing.caches, bins, tuple(notes), memo)
 
 
 def share_lower_bound(shares: Sequence[float]) -> int:
@@ -736,8 +862,11 @@ def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
     return fitted[0]
 
 
-def _renumber(bins: list[Bin]) -> list[Bin]:
-    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n)."""
+def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
+    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n).
+
+    With a memo, a replica renumbered the same way as in an earlier solve is that solve's object
+    (so the memo's identity keys find it again)."""
     counts: dict[str, int] = {}
     for b in bins:
         for i in b.items:
@@ -747,24 +876,36 @@ def _renumber(bins: list[Bin]) -> list[Bin]:
         for k, i in enumerate(b.items):
             n = seen.get(i.workload.name, 0)
             seen[i.workload.name] = n + 1
-            b.items[k] = replace(i, replica=n, replicas=counts[i.workload.name])
+            if i.replica != n or i.replicas != counts[i.workload.name]:
+                key = (id(i), n, counts[i.workload.name])
+                renumbered = memo.renumbered.get(key) if memo is not None else None
+                if renumbered is None:
+                    renumbered = replace(i, replica=n, replicas=counts[i.workload.name])
+                    if memo is not None:
+                        memo.renumbered[key] = renumbered
+                        memo.held.append((i,))
+                b.items[k] = renumbered
     return bins
 
 
-def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], notes: tuple[str, ...]) -> Plan:
+def _to_plan(
+    problem: Problem,
+    caches: dict[str, PointCache],
+    bins: list[Bin],
+    notes: tuple[str, ...],
+    memo: SolveMemo | None = None,
+) -> Plan:
     prices = {g.name: g.price_per_hour for g in problem.inventory}
     gpus = []
     for b in bins:
-        predictions = caches[b.gpu_type].predict(b.items, b.shares)
-        order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
-        gpus.append(
-            GpuPlan(
-                gpu_type=b.gpu_type,
-                price_per_hour=prices[b.gpu_type],
-                key=b.key,
-                placements=tuple(
-                    to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order
-                ),
-            )
-        )
+        key = (b.gpu_type, tuple(map(id, b.items)), tuple(b.shares))  # by identity, as in `_seed_from`
+        placements = memo.placements.get(key) if memo is not None else None
+        if placements is None:
+            predictions = caches[b.gpu_type].predict(b.items, b.shares)
+            order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
+            placements = tuple(to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order)
+            if memo is not None:
+                memo.placements[key] = placements
+                memo.held.append(tuple(b.items))
+        gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements))
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)

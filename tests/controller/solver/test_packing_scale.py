@@ -90,3 +90,54 @@ def test_a_gpu_count_limit_or_a_current_plan_packs_as_one(small_chunks):
     assert plan.gpu_count > 0 and plan.slo_misses == ()
     again = solve(Problem(workloads, (V100,)), "stoke", current=plan)
     assert [g.placements for g in again.gpus] == [g.placements for g in plan.gpus]  # nothing moved
+
+
+def test_a_memo_replans_to_the_same_plan_and_moves_only_the_change():
+    from dataclasses import replace
+
+    from controller.solver.stoke import SolveMemo, StokeOptions
+
+    workloads = list(fleet_workloads(40, seed=11))
+    memo = SolveMemo()
+    plan = solve(Problem(tuple(workloads), (V100,)), "stoke", memo=memo)
+    assert plan == solve(Problem(tuple(workloads), (V100,)), "stoke")
+    plan = replace(plan, gpus=tuple(replace(g, key=f"gpu{k}") for k, g in enumerate(plan.gpus)))
+    for k, factor in ((3, 1.8), (20, 0.4), (3, 0.5)):
+        workloads[k] = replace(workloads[k], rate_rps=round(workloads[k].rate_rps * factor, 1))
+        problem = Problem(tuple(workloads), (V100,))
+        remembered = solve(problem, "stoke", current=plan, memo=memo)
+        assert remembered == solve(problem, "stoke", current=plan)  # the memo only saves time
+
+        def cells(p):
+            return {(x.name, x.replica): (g.key, x.share_pct, x.batch) for g in p.gpus for x in g.placements}
+
+        before, after = cells(plan), cells(remembered)
+        others = {key for key in set(before) | set(after) if key[0] != workloads[k].name}
+        moved = {key for key in others if before.get(key) != after.get(key)}
+        assert len(moved) <= 2  # the rest stays where it runs (a neighbour may be re-fitted beside it)
+        plan = replace(
+            remembered, gpus=tuple(replace(g, key=g.key or f"new{k}-{n}") for n, g in enumerate(remembered.gpus))
+        )
+    # other options: the memo starts afresh instead of answering for the old ones
+    tighter = StokeOptions(safety_margin=0.2)
+    assert solve(problem, "stoke", options=tighter, memo=memo) == solve(problem, "stoke", options=tighter)
+
+
+def test_the_controller_keeps_one_memo_for_a_solver_that_takes_it():
+    from controller.reconcile.budget import remembering
+
+    calls = []
+
+    def with_memo(problem, strategy="stoke", *, current=None, memo=None):
+        calls.append(memo)
+        return solve(problem, strategy, current=current, memo=memo)
+
+    def without(problem, strategy="stoke", *, current=None):
+        return solve(problem, strategy, current=current)
+
+    assert remembering(without) is without
+    run = remembering(with_memo)
+    problem = Problem(fleet_workloads(5, seed=2), (V100,))
+    run(problem, "stoke")
+    run(problem, "stoke", current=None)
+    assert calls[0] is not None and calls[0] is calls[1]
