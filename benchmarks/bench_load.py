@@ -9,11 +9,14 @@
    register them all, then from `workload apply` of 1,000 workloads to the plan stored and to every
    node running its assignments (a node "runs" what its last heartbeat answer gave it, and reports it
    in the next heartbeat, as a real agent does), and the controller's RSS.
+3. Re-planning at 10,000 workloads (`bench_scale.replan`): the controller's planning step with its
+   solver memo, one workload's rate changed five times: re-plan time and assignments moved.
 
 Nodes are simulated by a few threads over shared gRPC channels (raw stubs, one bearer token per node),
 so 1,000 of them fit in this process.
 
     .venv/bin/python benchmarks/bench_load.py [--seconds 10] [--nodes 1000] [--workloads 1000]
+        [--replan-workloads 10000]
 """
 
 from __future__ import annotations
@@ -314,10 +317,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per load level")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--workloads", type=int, default=1000)
+    parser.add_argument(
+        "--replan-workloads",
+        type=int,
+        default=10_000,
+        help="re-planning in the controller's planning step with this many workloads placed (0: skip)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-load-") as tmp:
         bench_load(Path(tmp), args.seconds)
         bench_convergence(Path(tmp), args.nodes, args.workloads)
+    if args.replan_workloads:  # issue 16: 10,000 workloads placed, one rate changed (planning step, in process)
+        from bench_scale import replan
+
+        replan(args.replan_workloads)
 
 
 if __name__ == "__main__":
