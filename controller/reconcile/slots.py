@@ -74,13 +74,17 @@ def bind_gpus(
     if not unbound:
         return tuple(bound)
     ran = (previous() if callable(previous) else previous) or {}
-    # each replica ran on one slot: count, per unbound GPU, its replicas on each free slot
+    # count, per unbound GPU, its replicas that ran on each free slot (through an index: replica -> slots)
     healthy = set(free)
-    where = {key: slot for slot, keys in ran.items() if slot in healthy and slot not in taken for key in keys}
+    where: dict[str, list[Binding]] = {}
+    for slot, keys in ran.items():
+        if slot in healthy and slot not in taken:
+            for key in keys:
+                where.setdefault(key, []).append(slot)
     pairs = []
     for i in unbound:
         gpu = plan.gpus[i]
-        overlaps = Counter(where[k] for k in placement_keys(gpu) if k in where)
+        overlaps = Counter(slot for k in placement_keys(gpu) for slot in where.get(k, ()))
         pairs += [(-n, i, slot_order(slot), slot) for slot, n in overlaps.items() if slot.gpu_type == gpu.gpu_type]
     for _, i, _, slot in sorted(pairs):
         if bound[i] is None and slot not in taken:
