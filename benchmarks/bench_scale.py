@@ -4,8 +4,8 @@
    four models, SLOs 20-80 ms, 50-400 req/s, Poisson; a smaller size is a prefix of a larger one)
    at 1k, 2k, 4k and 10k workloads (100k with --with-100k), each a fresh `stoke plan FILE --json`
    process: workloads, GPUs, GPUs per workload, the plan's gap to its own lower bound, wall time
-   of the whole command (read, check, plan, print) and its peak RSS; then the time of each size
-   over the 1k one.
+   of the whole command (read, check, plan, print) and its ratio to the first size's, its CPU
+   time (what a busy machine does not inflate) and its peak RSS.
 2. Re-planning in the controller: the reconcile planning step (`plan_observed`, the controller's
    solver with its memo, in this process) with 10,000 workloads placed on 2-GPU nodes, then one
    workload's rate changed, several times: time of each re-plan and the assignments it moved.
@@ -41,8 +41,8 @@ def write_workloads(path: Path, count: int) -> None:
             f.write(f"  - {{name: {w.name}, model: {w.model}, slo_ms: {w.slo_ms:g}, rate_rps: {w.rate_rps:g}}}\n")
 
 
-def timed_process(argv: list[str], stdout: Path | None = None) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MiB, exit code) of one process."""
+def timed_process(argv: list[str], stdout: Path | None = None) -> tuple[float, float, int, float]:
+    """(wall seconds, peak RSS in MiB, exit code, CPU seconds) of one process."""
     started = time.perf_counter()
     out = stdout.open("wb") if stdout else subprocess.DEVNULL
     try:
@@ -52,20 +52,20 @@ def timed_process(argv: list[str], stdout: Path | None = None) -> tuple[float, f
     finally:
         if stdout:
             out.close()  # type: ignore[union-attr]
-    return time.perf_counter() - started, usage.ru_maxrss / 1024, proc.returncode
+    return time.perf_counter() - started, usage.ru_maxrss / 1024, proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def scale_table(sizes: list[int], tmp: Path) -> None:
     print("\nScale: `stoke plan FILE --json` of the fleet mix, one process per size")
     print(
         f"{'workloads':>9} {'GPUs':>7} {'GPUs/wl':>8} {'vs 1k':>6} {'bound':>7} {'gap':>6} "
-        f"{'wall s':>7} {'x 1k':>5} {'RSS MiB':>8}"
+        f"{'wall s':>7} {'x 1k':>5} {'CPU s':>6} {'RSS MiB':>8}"
     )
     first: tuple[float, float] | None = None
     for size in sizes:
         source, output = tmp / f"fleet-{size}.yaml", tmp / f"plan-{size}.json"
         write_workloads(source, size)
-        wall, rss, code = timed_process([sys.executable, "-m", "stoke", "plan", str(source), "--json"], output)
+        wall, rss, code, cpu = timed_process([sys.executable, "-m", "stoke", "plan", str(source), "--json"], output)
         if code != 0:
             print(f"{size:9,d} failed with exit code {code}")
             continue
@@ -78,7 +78,8 @@ def scale_table(sizes: list[int], tmp: Path) -> None:
             first = (per, wall)
         print(
             f"{size:9,d} {gpus:7,d} {per:8.3f} {per / first[0] - 1:+6.1%} {bound:7,d} "
-            f"{(gpus / bound - 1) if bound else float('nan'):+6.1%} {wall:7.1f} {wall / first[1]:5.1f} {rss:8.0f}",
+            f"{(gpus / bound - 1) if bound else float('nan'):+6.1%} {wall:7.1f} {wall / first[1]:5.1f} "
+            f"{cpu:6.1f} {rss:8.0f}",
             flush=True,
         )
 
