@@ -2,7 +2,9 @@
 #   make run    plan the bundled example workloads (V100 profile), then run the whole stack
 #               locally for 40 s: controller, agent, real Triton on the demo models, load
 #   make test   import contracts, ruff (lint + format check), mypy, then the whole test suite
-#               (unit, property, integration)
+#               (unit, property, integration), printing the 15 slowest tests
+#   make test-fast  the pure and in-process tests only (about a minute): no Triton, S3, gRPC servers,
+#               subprocesses, long simulations or heavy property searches (markers in pyproject.toml)
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -19,31 +21,38 @@ run: $(BIN)/.installed
 	$(BIN)/stoke plan
 	$(BIN)/stoke up --seconds 40
 
-# System tools the integration tests need (promtool from Debian's prometheus package).
+# System tools the integration tests need (promtool from Debian's prometheus package; headless chromium,
+# Debian's chromium package, which loads `stoke report`'s HTML in tests/stoke/commands/test_report_cli.py).
 tools:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "installing promtool (Debian package prometheus)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
 	  || echo "warning: could not install promtool; promtool tests will be skipped"; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package chromium, headless browser for the report test)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "warning: could not install chromium; the report's browser test will be skipped"; }
 
 test: $(BIN)/.installed tools
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -m "not triton and not s3 and not e2e"
+	$(BIN)/python -m pytest -q -m "not slow and not triton and not s3 and not e2e and not promtool and not chaos"
 
 bench: $(BIN)/.installed
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # The JSON Schemas of the controller config and of workload files, generated from their classes
-# (controller/config.py, controller/workload_file.py).
+# (controller/config.py, planner/workload_file.py), and the StokeWorkload CRD from the workload file's
+# declarations (deploy/data/stokeworkloads.crd.yaml).
 schema: $(BIN)/.installed
 	$(BIN)/python -m controller.config
-	$(BIN)/python -m controller.workload_file
+	$(BIN)/python -m planner.workload_file
+	$(BIN)/python -m deploy.crd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -64,7 +64,7 @@ from controller.messages import (
     ServingEndpoint,
     Unauthenticated,
 )
-from stoke.names import clean_text
+from foundation.names import clean_text
 
 log = logging.getLogger("stoke.agent")
 
@@ -320,16 +320,19 @@ class Agent:
             s.failures += 1
             delay = min(self.max_backoff_s, self.backoff_s * (2 ** min(s.failures - 1, 16)))
             delay *= 1.0 - self.backoff_jitter * self.rng.random()
+            # say what serves meanwhile: only what runs keeps serving (nothing, before the first assignment)
+            serving = "Triton keeps serving" if s.running else "nothing is served until it answers"
             if isinstance(err, (Unauthenticated, PermissionDenied, InvalidArgument, FailedPrecondition)):
                 # retrying cannot help until someone fixes the token or the node's identity: say so loudly
                 log.error(
                     "the controller refuses this agent (%s); fix the token (--token-file: this node's agent "
-                    "token, `stoke token agent NODE`) or the node id; retrying in %.1fs, Triton keeps serving",
+                    "token, `stoke token agent NODE`) or the node id; retrying in %.1fs, %s",
                     err,
                     delay,
+                    serving,
                 )
             elif s.connected or s.failures == 1:
-                log.warning("controller unreachable (%s); retrying in %.1fs, Triton keeps serving", err, delay)
+                log.warning("controller unreachable (%s); retrying in %.1fs, %s", err, delay, serving)
             s.connected = False
             s.next_attempt = now + delay
             return delay

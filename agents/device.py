@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 DEVICE_KINDS = ("auto", "cpu", "nvml")
 

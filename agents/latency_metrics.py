@@ -8,7 +8,7 @@ that embeds this) exports `stoke_request_latency_ms{workload, model}` with a
 bucket at every workload's SLO. A failed request is recorded as the client's
 timeout (the load generator does this): for an SLO it is as bad as a late one,
 and the histogram's sum stays finite. The generated alert rules read this histogram
-by default (`controller.alerts`).
+by default (`deploy.alerts`).
 
 The node agent reads the same histogram back (`parse_sli`, from a URL or an
 in-process exporter) and reports each window's percentiles and share over the

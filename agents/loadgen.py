@@ -28,7 +28,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 ARRIVALS = ("constant", "poisson")
 
@@ -355,3 +355,314 @@ def tensor_bytes(url: str, model: str) -> tuple[int, int]:
         return sum(int(np.prod([max(1, int(d)) for d in s["shape"][1:]])) * sizes.get(s["datatype"], 4) for s in specs)
 
     return total(meta["inputs"]), total(meta["outputs"])
+
+
+# -- the operator's load tool: blocking clients per thread, both protocols, Triton's own latency split ---
+
+PROTOCOLS = ("grpc", "http")
+#: Triton's statistics parts that add up to its server-side latency of a request (perf_analyzer's split).
+SERVER_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _strip_scheme(url: str) -> str:
+    return url.split("://", 1)[1] if "://" in url else url
+
+
+class TritonClients:
+    """One blocking Triton client (and one set of inputs) per thread, over gRPC or HTTP.
+
+    tritonclient's clients are not safe to share between threads, so each sender thread gets its own.
+    `statistics()` reads Triton's statistics extension of the model (cumulative), for `server_split`."""
+
+    def __init__(self, url: str, model: str, *, protocol: str = "grpc", batch: int = 1, timeout_s: float = 10.0):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.url, self.model, self.protocol, self.batch, self.timeout_s = (
+            _strip_scheme(url),
+            model,
+            protocol,
+            batch,
+            timeout_s,
+        )
+        self._local = threading.local()
+        self._all: list[object] = []
+        self._lock = threading.Lock()
+
+    def _client(self) -> object:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            if self.protocol == "grpc":
+                client = grpcclient.InferenceServerClient(self.url)
+                self._local.inputs = build_inputs(client, self.model, self.batch)
+            else:
+                import tritonclient.http as httpclient
+
+                client = httpclient.InferenceServerClient(
+                    self.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+                )
+                self._local.inputs = _http_inputs(client, self.model, self.batch)
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def prepare(self) -> None:
+        """Open this thread's client and build the inputs: a bad URL or model fails here, with LoadError."""
+        try:
+            self._client()
+        except InferenceServerException as err:
+            raise LoadError(f"{self.url}: {err}") from None
+        except OSError as err:
+            raise LoadError(f"{self.url}: cannot connect ({err})") from None
+
+    def infer(self) -> None:
+        client = self._client()
+        if self.protocol == "grpc":
+            client.infer(self.model, self._local.inputs, client_timeout=self.timeout_s)  # type: ignore[attr-defined]
+        else:
+            client.infer(self.model, self._local.inputs)  # type: ignore[attr-defined]
+
+    def statistics(self) -> dict[str, tuple[float, float]]:
+        """Cumulative {part: (count, ns)} of the model's inference statistics, "success" included."""
+        client = self._client()
+        try:
+            if self.protocol == "grpc":
+                stats = client.get_inference_statistics(self.model, as_json=True)  # type: ignore[attr-defined]
+            else:
+                stats = client.get_inference_statistics(self.model)  # type: ignore[attr-defined]
+        except InferenceServerException as err:
+            raise LoadError(f"{self.url}: statistics of {self.model!r}: {err}") from None
+        out: dict[str, tuple[float, float]] = {}
+        for entry in stats.get("model_stats", ()):
+            if entry.get("name") != self.model:
+                continue
+            for part in ("success", *SERVER_PARTS):
+                figure = entry.get("inference_stats", {}).get(part, {})
+                count, ns = out.get(part, (0.0, 0.0))
+                out[part] = (count + float(figure.get("count", 0)), ns + float(figure.get("ns", 0)))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            try:
+                client.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - closing only
+                pass
+
+
+def _http_inputs(client: object, model: str, batch: int) -> list[object]:
+    import tritonclient.http as httpclient
+
+    try:
+        meta = client.get_model_metadata(model)  # type: ignore[attr-defined]
+        config = client.get_model_config(model)  # type: ignore[attr-defined]
+    except InferenceServerException as err:
+        raise LoadError(f"model {model!r}: cannot read metadata ({err})") from None
+    batched = int(config.get("max_batch_size", 0)) > 0
+    rng = np.random.default_rng(0)
+    inputs = []
+    for spec in meta["inputs"]:
+        shape = [int(d) if int(d) > 0 else 1 for d in spec["shape"]]
+        if batched:
+            shape[0] = batch
+        dtype = triton_to_np_dtype(spec["datatype"])
+        if dtype is None or dtype == np.object_:
+            raise LoadError(f"model {model!r}: input {spec['name']} has unsupported type {spec['datatype']}")
+        tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
+        tensor.set_data_from_numpy((rng.random(shape) * 10).astype(dtype), binary_data=True)
+        inputs.append(tensor)
+    return inputs
+
+
+@dataclass(frozen=True)
+class ServerSplit:
+    """Triton's own account of one step, per request (ms): what perf_analyzer prints as the server side."""
+
+    requests: int
+    queue_ms: float
+    compute_input_ms: float
+    compute_infer_ms: float
+    compute_output_ms: float
+
+    @property
+    def server_ms(self) -> float:
+        return self.queue_ms + self.compute_input_ms + self.compute_infer_ms + self.compute_output_ms
+
+
+def server_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> ServerSplit:
+    """The statistics between two reads, as per-request means (NaN with no request in between)."""
+    requests = after.get("success", (0.0, 0.0))[0] - before.get("success", (0.0, 0.0))[0]
+
+    def mean_ms(part: str) -> float:
+        count = after.get(part, (0.0, 0.0))[0] - before.get(part, (0.0, 0.0))[0]
+        ns = after.get(part, (0.0, 0.0))[1] - before.get(part, (0.0, 0.0))[1]
+        return ns / count / 1e6 if count > 0 else math.nan
+
+    return ServerSplit(int(requests), *(mean_ms(p) for p in SERVER_PARTS))
+
+
+def _summary(
+    clients: TritonClients,
+    latency: list[float],
+    started: float,
+    ended: float,
+    *,
+    arrival: str,
+    rate_rps: float,
+    seconds: float,
+    slo_ms: float | None,
+    max_lag_ms: float,
+    errors: dict[str, int],
+) -> LoadReport:
+    values = np.array(latency, dtype=float)
+    good = values[~np.isnan(values)]
+    n, ok = len(values), int(good.size)
+    over = float((np.sum(good > slo_ms) + (n - ok)) / n) if slo_ms is not None and n else None
+    return LoadReport(
+        model=clients.model,
+        target=f"{clients.protocol}://{clients.url}",
+        arrival=arrival,
+        rate_rps=float(rate_rps),
+        seconds=float(seconds),
+        sent=n,
+        ok=ok,
+        failed=n - ok,
+        throughput_rps=ok / (ended - started) if ended > started else 0.0,
+        p50_ms=percentile(good, 50),
+        p95_ms=percentile(good, 95),
+        p99_ms=percentile(good, 99),
+        mean_ms=float(good.mean()) if ok else math.nan,
+        max_ms=float(good.max()) if ok else math.nan,
+        slo_ms=slo_ms,
+        over_slo_share=over,
+        max_send_lag_ms=max_lag_ms,
+        errors=tuple(f"{m} (x{c})" for m, c in sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+    )
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def run_concurrency(
+    clients: TritonClients,
+    concurrency: int,
+    seconds: float,
+    *,
+    slo_ms: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LoadReport:
+    """Closed loop: `concurrency` senders, each sending its next request when the previous one answered
+    (perf_analyzer's concurrency mode). Throughput is what the server sustains at that concurrency."""
+    clients.prepare()
+    latency: list[float] = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    started = clock()
+    deadline = started + seconds
+
+    def sender() -> None:
+        try:
+            clients.prepare()  # this thread's client, before its first timed request
+        except LoadError as err:
+            with lock:
+                errors[str(err)] = errors.get(str(err), 0) + 1
+            return
+        while clock() < deadline:
+            t0 = clock()
+            try:
+                clients.infer()
+                value = (clock() - t0) * 1000.0
+            except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
+                value = math.nan
+                with lock:
+                    errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
+            with lock:
+                latency.append(value)
+
+    threads = [threading.Thread(target=sender, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + clients.timeout_s + 5)
+    return _summary(
+        clients,
+        latency,
+        started,
+        clock(),
+        arrival="closed",
+        rate_rps=math.nan,
+        seconds=seconds,
+        slo_ms=slo_ms,
+        max_lag_ms=0.0,
+        errors=errors,
+    )
+
+
+def run_rate_blocking(
+    clients: TritonClients,
+    rate_rps: float,
+    seconds: float,
+    *,
+    arrival: str = "poisson",
+    seed: int = 0,
+    slo_ms: float | None = None,
+    max_in_flight: int = 32,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LoadReport:
+    """Open loop over blocking clients (any protocol): requests sent at their scheduled times by a pool of
+    up to `max_in_flight` threads; latency counts from the scheduled time (no coordinated omission). A
+    request that finds every thread busy waits for one, and that wait counts in its latency."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    clients.prepare()
+    latency: list[float] = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def send(i: int, due: float) -> None:
+        try:
+            clients.infer()
+            value = (clock() - due) * 1000.0
+        except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
+            value = math.nan
+            with lock:
+                errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
+        latency[i] = value
+
+    offsets = arrival_stream(rate_rps, arrival, seed)
+    max_lag = 0.0
+    ready = threading.Barrier(max_in_flight)
+
+    def open_client(_: int) -> None:
+        ready.wait(30)  # every pool thread waits here, so the pool starts them all
+        clients.prepare()
+
+    with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="stoke-load") as pool:
+        list(pool.map(open_client, range(max_in_flight)))  # every thread opens its client before the clock starts
+        started = clock() + 0.005
+        for i, offset in enumerate(offsets):
+            if offset >= seconds:
+                break
+            due = started + offset
+            wait = due - clock()
+            if wait > 0.0005:
+                time.sleep(wait)
+            max_lag = max(max_lag, clock() - due)
+            latency.append(math.nan)
+            pool.submit(send, i, due)
+    return _summary(
+        clients,
+        latency,
+        started,
+        clock(),
+        arrival=arrival,
+        rate_rps=rate_rps,
+        seconds=seconds,
+        slo_ms=slo_ms,
+        max_lag_ms=max_lag * 1000.0,
+        errors=errors,
+    )

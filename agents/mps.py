@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from agents.loadgen import LoadError, keep_busy, sequential_latency_ms, tensor_bytes
 from agents.triton import TritonError, TritonFleet
 from controller.messages import ModelAssignment
+from foundation.errors import StokeError
+from foundation.files import atomic_write_text
 from interference.profiling import (
     Measurement,
     MeasurePoint,
@@ -33,8 +35,6 @@ from interference.profiling import (
     eta_seconds,
     measure_until_stable,
 )
-from stoke.errors import StokeError
-from stoke.files import atomic_write_text
 
 
 class ProfilingError(StokeError, RuntimeError):

@@ -41,9 +41,9 @@ from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from controller.cloud import aws_failure
-from stoke.errors import StokeError
-from stoke.files import atomic_replace, atomic_write_bytes
+from foundation.aws import aws_failure
+from foundation.errors import StokeError
+from foundation.files import atomic_replace, atomic_write_bytes
 
 CONFIG_NAME = "config.pbtxt"
 #: Object metadata key holding a file's MD5 (S3 returns it as x-amz-meta-stoke-md5).

@@ -16,6 +16,15 @@ node (share moves, batch reloads, crash restarts):
   (with several replicas on the node, every sample gets a ``replica`` label),
   so a Prometheus scrape target does not change with the process either.
 
+What passes (an allow-list; everything else is refused with HTTP 403 /
+gRPC PERMISSION_DENIED before it reaches Triton): inference, health, server
+and model metadata, model config (read) and statistics; see `HTTP_ALLOWED`
+and `GRPC_ALLOWED`. Triton's model control (load, which takes files and so
+runs code, unload, the repository index, logging and trace settings,
+shared-memory registration) is stoke's alone: the agent drives it on the
+loopback ports, and an operator changes models through stoke's authenticated
+API (`stoke apply`).
+
 A move without a failed request: the fleet starts the new process, then
 `set_backends` switches the route (a call picks its backend and counts
 itself in flight atomically, so no call picks the old one afterwards), then
@@ -53,7 +62,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 log = logging.getLogger("stoke.router")
 
@@ -78,6 +87,47 @@ _HOP_BY_HOP = {
     "content-length",
     "host",
 }
+
+
+#: The gRPC methods the router forwards: inference, health, metadata, config (read) and statistics.
+GRPC_ALLOWED = frozenset(
+    f"/inference.GRPCInferenceService/{name}"
+    for name in (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelConfig",
+        "ModelStatistics",
+        "ModelInfer",
+        "ModelStreamInfer",
+    )
+) | {"/grpc.health.v1.Health/Check"}
+_MODEL = r"/v2/models/[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(?:/versions/[0-9]{1,19})?"
+#: The HTTP requests the router forwards, (method, full-match regex of the path without its query); the
+#: model-name pattern admits no '%', '..' or '/', so no encoding or dot segment reaches another handler.
+HTTP_ALLOWED: tuple[tuple[frozenset[str], re.Pattern[str]], ...] = (
+    (frozenset({"GET", "HEAD"}), re.compile(r"/v2|/v2/health/(?:live|ready)|/v2/models/stats|/metrics")),
+    (frozenset({"GET", "HEAD"}), re.compile(_MODEL + r"(?:/ready|/stats|/config)?")),
+    (frozenset({"POST"}), re.compile(_MODEL + r"/(?:infer|generate|generate_stream)")),
+)
+REFUSAL = (
+    "the workload endpoints serve inference, health, metadata and statistics only; model control "
+    "(load, unload, repository index, logging, trace, shared memory) is not served here: change what "
+    "runs with stoke's authenticated API (`stoke apply`)"
+)
+
+
+def http_allowed(method: str, path: str) -> bool:
+    """Whether the router forwards this HTTP request (`path` with or without its query)."""
+    bare = path.split("?", 1)[0]
+    return any(method in methods and pattern.fullmatch(bare) for methods, pattern in HTTP_ALLOWED)
+
+
+def grpc_allowed(method: str) -> bool:
+    """Whether the router forwards this gRPC method ('/package.Service/Method')."""
+    return method in GRPC_ALLOWED
 
 
 class RouterError(StokeError, RuntimeError):
@@ -384,9 +434,15 @@ class _GrpcHandler(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
+        if not grpc_allowed(method):
+            return grpc.unary_unary_rpc_method_handler(partial(self._refuse, method))
         if method in STREAMING_METHODS:
             return grpc.stream_stream_rpc_method_handler(partial(self._stream, method))
         return grpc.unary_unary_rpc_method_handler(partial(self._unary, method))
+
+    async def _refuse(self, method: str, request: bytes, context: Any) -> bytes:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method.rpartition('/')[2]}: {REFUSAL}")
+        raise AssertionError("unreachable")
 
     async def _backend(self, context: Any) -> Backend:
         """The route's current backend, counted in flight (release it); the call aborted when there is none."""
@@ -490,6 +546,10 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
         router, route = self.server.router, self.server.route
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self._reply(411, b"send a Content-Length (chunked requests are not forwarded)\n")
+            return
+        if not http_allowed(self.command, self.path):
+            self.close_connection = True  # its body, if any, is not read
+            self._reply(403, f"{self.command} {self.path.split('?', 1)[0][:200]!r}: {REFUSAL}\n".encode())
             return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None

@@ -122,11 +122,11 @@ def bench_accuracy(quick: bool) -> None:
 def bench_speed() -> None:
     """A planner's view: a workload's whole candidate table (32 batches x 40 shares x 2 delays), alone
     and amortised over a 1000-workload mix, and the scalar p99 the co-location check evaluates."""
-    from controller.solver import Workload
-    from controller.solver.candidates import PointCache
-    from controller.solver.random_mix import random_workloads
-    from controller.solver.stoke import best_candidate, best_candidates, candidate_grid
-    from controller.workload_file import default_gpu_types
+    from planner.solver import Workload
+    from planner.solver.candidates import PointCache
+    from planner.solver.random_mix import random_workloads
+    from planner.solver.stoke import best_candidate, best_candidates, candidate_grid
+    from planner.workload_file import default_gpu_types
 
     cache = PointCache(default_gpu_types()[0])
     workload = Workload("w", "resnet50", 40.0, 300.0)

@@ -52,7 +52,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the synthetic profiles the tests plan with
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no fork notices from Triton starts
+
+from profiles import accel_sim_profile  # noqa: E402
 
 from agents.agent import Agent, local_devices  # noqa: E402
 from agents.device import open_device  # noqa: E402
@@ -71,9 +74,8 @@ from controller.config import (  # noqa: E402
     ServiceConfig,
 )
 from controller.server import ControllerServer  # noqa: E402
-from controller.solver import Workload  # noqa: E402
 from interference.profile_io import profile_to_dict  # noqa: E402
-from stoke.commands.demo import accel_sim_profile  # noqa: E402
+from planner.solver import Workload  # noqa: E402
 
 MODEL = "accel_sim"
 SLO_MS = 80.0

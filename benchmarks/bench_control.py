@@ -39,7 +39,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no fork n
 from agents.agent import Agent  # noqa: E402
 from controller.api.client import ControllerClient  # noqa: E402
 from controller.messages import ModelAssignment, NodeDevice, Replica  # noqa: E402
-from controller.solver import Workload  # noqa: E402
+from planner.solver import Workload  # noqa: E402
 from stoke.progress import Progress  # noqa: E402
 
 TOKEN = "bench-token"

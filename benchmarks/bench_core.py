@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
-from controller.simulate import simulate
-from controller.solver import Problem, ProblemError, Workload, solve
-from controller.solver.random_mix import random_workloads
-from controller.workload_file import default_gpu_types
 from interference.latency import VectorPredictor
+from planner.simulate import simulate
+from planner.solver import Problem, ProblemError, Workload, solve
+from planner.solver.random_mix import random_workloads
+from planner.workload_file import default_gpu_types
 from stoke.progress import Progress
 
 STRATEGIES = ("igniter", "ffd", "stoke")

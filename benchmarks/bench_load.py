@@ -43,8 +43,8 @@ from controller.api import stoke_pb2 as pb  # noqa: E402
 from controller.api import stoke_pb2_grpc as pb_grpc  # noqa: E402
 from controller.api.client import ControllerClient  # noqa: E402
 from controller.messages import ApiError, HeartbeatReport, NodeDevice  # noqa: E402
-from controller.solver import Workload  # noqa: E402
-from controller.solver.random_mix import random_workloads  # noqa: E402
+from planner.solver import Workload  # noqa: E402
+from planner.solver.random_mix import random_workloads  # noqa: E402
 
 TOKEN = "bench-load-token"
 V100 = (NodeDevice(0, "Tesla V100-SXM2-16GB", "gpu"), NodeDevice(1, "Tesla V100-SXM2-16GB", "gpu"))

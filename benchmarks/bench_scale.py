@@ -1,6 +1,6 @@
 """Planning at fleet scale (issue 16): prints figures (no pass/fail), side by side in one run.
 
-1. The scale table: `stoke plan` of the fleet mix (`controller.solver.random_mix.fleet_workloads`:
+1. The scale table: `stoke plan` of the fleet mix (`planner.solver.random_mix.fleet_workloads`:
    four models, SLOs 20-80 ms, 50-400 req/s, Poisson; a smaller size is a prefix of a larger one)
    at 1k, 2k, 4k and 10k workloads (100k with --with-100k), each a fresh `stoke plan FILE --json`
    process: workloads, GPUs, GPUs per workload, the plan's gap to its own lower bound, wall time
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.solver.random_mix import fleet_workloads  # noqa: E402
+from planner.solver.random_mix import fleet_workloads  # noqa: E402
 
 
 def write_workloads(path: Path, count: int) -> None:
@@ -90,8 +90,8 @@ def replan(workloads: int, changes: int = 5) -> None:
     from controller.reconcile.budget import remembering
     from controller.reconcile.planning import Observed, plan_observed
     from controller.reconcile.slots import Binding
-    from controller.solver import solve
-    from controller.workload_file import default_gpu_types
+    from planner.solver import solve
+    from planner.workload_file import default_gpu_types
 
     profile = default_gpu_types()[0].profile
     mix = list(fleet_workloads(workloads))
@@ -153,7 +153,7 @@ def cli_startup(tmp: Path) -> None:
     if not source.exists():
         write_workloads(source, 10_000)
     probe = (
-        "import sys, time; t = time.perf_counter(); from controller.workload_file import load_workloads_file; "
+        "import sys, time; t = time.perf_counter(); from planner.workload_file import load_workloads_file; "
         "n = len(load_workloads_file(sys.argv[1]).problem().workloads); print(n, time.perf_counter() - t)"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(source)], capture_output=True, text=True, cwd=ROOT)

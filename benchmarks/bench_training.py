@@ -15,14 +15,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from controller.training import readers
-from controller.training.blocks import gradient_profile_from_dict, plan_blocks
-from controller.training.comm_sim import compare
-from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
-from controller.training.homogeneous import provision_homogeneous
-from controller.training.models import SpotLoss
-from controller.training.spec import spec_from_dict
-from controller.training.spot import provision_spot
+from training import readers
+from training.blocks import gradient_profile_from_dict, plan_blocks
+from training.comm_sim import compare
+from training.estimators import LossCurveEstimator, SpotLossEstimator
+from training.homogeneous import provision_homogeneous
+from training.models import SpotLoss
+from training.spec import spec_from_dict
+from training.spot import provision_spot
 
 TYPES = {  # type: (profiled samples/s, per-GPU batch) for a ResNet-110-like job
     "p3.2xlarge": (1885, 1024),

@@ -3,7 +3,7 @@
 `ControllerConfig` is what `stoke controller --config FILE` reads (YAML,
 every key optional); it contains the `ServiceConfig` the service runs with,
 whose keys sit at the top level of the file beside the process's own
-(listen, db, tls, ...). Each field is a `stoke.validate.setting`: its default,
+(listen, db, tls, ...). Each field is a `foundation.validate.setting`: its default,
 its rule and one line of meaning. From the same declarations come the error
 messages (file, field, value, fix), the list of known keys and the JSON
 Schema, `controller/data/controller-config.schema.json` (``make schema``
@@ -32,10 +32,10 @@ from typing import Any
 import yaml
 
 from controller.messages import NodeDevice
-from controller.solver import STRATEGIES
-from stoke import validate as check
-from stoke.errors import InputError
-from stoke.names import NAME_MAX
+from foundation import validate as check
+from foundation.errors import InputError
+from foundation.names import NAME_MAX
+from planner.solver import STRATEGIES
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "controller-config.schema.json"
 
@@ -189,7 +189,7 @@ class ServiceConfig:
         if device.kind == "cpu":
             return self.cpu_gpu_type
         # an unconfigured GPU: its NVML name ("NVIDIA H200") made into a valid GPU type name ("NVIDIA-H200",
-        # `stoke.names`' rule), so profiles and workloads can name it
+        # `foundation.names`' rule), so profiles and workloads can name it
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", device.name).strip("-._")[:NAME_MAX]
         return name or "gpu"
 
@@ -283,7 +283,7 @@ def schema_text() -> str:
 
 
 if __name__ == "__main__":  # `make schema`: rewrite the committed JSON Schema
-    from stoke.files import atomic_write_text
+    from foundation.files import atomic_write_text
 
     print(
         f"{SCHEMA_FILE}: {'written' if atomic_write_text(SCHEMA_FILE, schema_text()) else 'unchanged'}", file=sys.stderr

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.config import DemandConfig
-from controller.solver import Workload
+from planner.solver import Workload
 
 #: Lowest planned rate (req/s) of an auto workload without min_rps.
 MIN_RATE_RPS = 0.1

@@ -26,7 +26,7 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stoke.names import is_name
+from foundation.names import is_name
 
 AGENT_PREFIX = "stoke-node"
 

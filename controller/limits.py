@@ -4,7 +4,7 @@ Both sides check what they receive against the same rules: the controller
 checks what an agent registers and reports (`check_devices`, `check_report`),
 and the agent checks the assignments a controller sends (`assignment_problems`),
 because neither trusts the other to stay within bounds. Names follow
-`stoke.names` everywhere; free text (events, error messages, device names) is
+`foundation.names` everywhere; free text (events, error messages, device names) is
 capped and must be printable.
 
 A request outside the bounds is refused whole (`InvalidArgument` naming the
@@ -27,17 +27,16 @@ from controller.messages import (
     Replica,
     invalid,
 )
-from stoke.names import name_problem, shown
+from foundation.names import name_problem, shown
+
+# the bounds of one workload live one floor down, with the planner that checks them; named here too so that
+# every bound of the control plane reads limits.NAME
+from planner.bounds import MAX_RATE_RPS as MAX_RATE_RPS
+from planner.bounds import MAX_REPLICAS as MAX_REPLICAS
+from planner.bounds import MAX_SLO_MS as MAX_SLO_MS
 
 # ---------------------------------------------------------------- workloads (checked with every Workload)
 
-#: Highest request rate of one workload (req/s). Larger services are several workloads; the bound keeps
-#: every figure derived from the rate (replicas, queue delays) finite and small.
-MAX_RATE_RPS = 1_000_000.0
-#: Longest latency SLO (ms): one hour.
-MAX_SLO_MS = 3_600_000.0
-#: Most replicas one workload may need on a GPU type; a workload needing more is refused on that type.
-MAX_REPLICAS = 256
 #: Most workloads one apply may carry.
 MAX_WORKLOADS_PER_APPLY = 10_000
 

@@ -3,7 +3,7 @@
 The node side (`agents`) and the client side (`controller.api.client`) import
 this module and nothing of the controller's service, store or solver (an
 import contract holds it). It depends on nothing heavy: dataclasses and
-`stoke.errors`.
+`foundation.errors`.
 
 - `Replica`: the key of one replica of a workload, ``"name#replica"`` on the
   wire, in Triton's process names and in every report;
@@ -18,10 +18,10 @@ import contract holds it). It depends on nothing heavy: dataclasses and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from stoke.errors import InputError, StokeError
-from stoke.names import name_problem
+from foundation.errors import InputError, StokeError
+from foundation.names import name_problem
 
 #: Separates the workload name from the replica index in a `Replica` key.
 REPLICA_SEPARATOR = "#"
@@ -69,7 +69,7 @@ def invalid(field: str, problem: str) -> InvalidArgument:
 
 
 def check_name(value: Any, field: str) -> str:
-    """A workload, model, GPU type or node name, stripped; the rule is `stoke.names` (shared with the agent)."""
+    """A workload, model, GPU type or node name, stripped; the rule is `foundation.names` (shared with the agent)."""
     name = value.strip() if isinstance(value, str) else value
     problem = name_problem(name)
     if problem:
@@ -98,6 +98,27 @@ class Replica:
         return cls(name, int(index))
 
 
+class PlacedReplica(Protocol):
+    """What a replica's config is read from: a plan's placement (`planner.solver.Placement`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def share_pct(self) -> float: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def queue_delay_ms(self) -> float: ...
+    @property
+    def slo_ms(self) -> float: ...
+    @property
+    def rate_rps(self) -> float: ...
+    @property
+    def replica(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class ModelAssignment:
     """One model to serve on one device of a node, with its share and batching."""
@@ -115,6 +136,22 @@ class ModelAssignment:
     @property
     def key(self) -> str:
         return str(Replica(self.workload, self.replica))
+
+    @classmethod
+    def of(cls, placement: PlacedReplica, device: int) -> ModelAssignment:
+        """The assignment that serves `placement` on `device`: the one place a replica's config is copied."""
+        p = placement
+        return cls(
+            workload=p.name,
+            model=p.model,
+            device=device,
+            share_pct=float(p.share_pct),
+            batch=int(p.batch),
+            queue_delay_ms=float(p.queue_delay_ms),
+            slo_ms=float(p.slo_ms),
+            rate_rps=float(p.rate_rps),
+            replica=int(p.replica),
+        )
 
 
 # ---------------------------------------------------------------- registration and heartbeat

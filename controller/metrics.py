@@ -137,10 +137,14 @@ class _StateCollector(Collector):
         yield from _loop_families(status.workloads)
         yield from _profile_and_counter_families(self.service)
         yield GaugeMetricFamily(
-            "stoke_gpus_in_use", "GPUs (device slots) used by the applied plan", value=status.gpus_in_use
+            "stoke_gpus_in_use",
+            "Devices in use: the applied plan's GPUs bound to a node device (as stoke status counts)",
+            value=status.gpus_in_use,
         )
         yield GaugeMetricFamily(
-            "stoke_plan_cost_per_hour", "Hourly cost of the applied plan", value=status.cost_per_hour
+            "stoke_plan_cost_per_hour",
+            "Hourly cost of the devices in use (bound GPUs of the applied plan)",
+            value=status.cost_per_hour,
         )
         yield GaugeMetricFamily("stoke_plan_revision", "Revision of the applied plan", value=status.revision)
         nodes = GaugeMetricFamily("stoke_nodes", "Nodes by state", labels=["state"])

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.messages import Replica
-from controller.simulate import service_curve
-from controller.solver import Placement, Plan
 from interference.batching import latency_distribution
 from interference.profile import DeviceProfile
+from planner.simulate import service_curve
+from planner.solver import Placement, Plan
 
 
 @dataclass(frozen=True)

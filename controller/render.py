@@ -13,7 +13,7 @@ Fields a plan entry sets:
 - ``dynamic_batching``: ``preferred_batch_size [batch]`` (when batch > 1) and
   ``max_queue_delay_microseconds`` = the plan's ``queue_delay_ms`` x 1000. The
   solver derives it from the batch and the rate as ``1000 * (batch - 1) /
-  rate_rps`` (`controller.solver.problem.batch_queue_delay_ms`): the time for a
+  rate_rps`` (`planner.solver.problem.batch_queue_delay_ms`): the time for a
   full batch to arrive at the planned rate. At the planned rate batches fill to
   ``batch`` and go at once (preferred size); at a lower rate a batch waits at
   most that long for stragglers, which is the wait the solver already counted
@@ -45,8 +45,8 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from controller.messages import ModelAssignment
-from stoke.errors import InputError
-from stoke.files import atomic_write_text
+from foundation.errors import InputError
+from foundation.files import atomic_write_text
 
 CONFIG_NAME = "config.pbtxt"
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"

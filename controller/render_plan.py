@@ -14,27 +14,14 @@ from typing import Any
 
 from controller.messages import ModelAssignment
 from controller.render import CONFIG_NAME, ModelConfig, config_to_text, read_config, render_config, write_config
-from controller.solver.problem import Plan, plan_from_dict
+from planner.solver.problem import Plan, plan_from_dict
 
 
 def assignments_from_plan(plan: Plan | Mapping[str, Any]) -> list[ModelAssignment]:
     """One assignment per placement; the device is the GPU's position in the plan."""
     if not isinstance(plan, Plan):
         plan = plan_from_dict(plan)
-    return [
-        ModelAssignment(
-            workload=p.name,
-            model=p.model,
-            device=index,
-            share_pct=p.share_pct,
-            batch=p.batch,
-            queue_delay_ms=p.queue_delay_ms,
-            slo_ms=p.slo_ms,
-            rate_rps=p.rate_rps,
-            replica=p.replica,
-        )
-        for index, p in plan.placements()
-    ]
+    return [ModelAssignment.of(p, index) for index, p in plan.placements()]
 
 
 def _safe(key: str) -> str:

@@ -27,8 +27,8 @@ from controller.messages import InvalidArgument
 from controller.metrics import ControllerMetrics
 from controller.reconcile.budget import close_worker
 from controller.service import ControlService
-from controller.solver import solve
 from controller.store import DatabaseError, Store
+from planner.solver import solve
 
 log = logging.getLogger("stoke.controller")
 SERVICES = ("", "stoke.v1.StokeController", "stoke.v1.AgentGateway")

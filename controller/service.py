@@ -48,12 +48,13 @@ from controller.observations import ObservationRecord
 from controller.reconcile.loop import ApplyOutcome, Observer, Reconciler, Solver
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView, stamp
-from controller.solver import ProblemError, Workload, solve
 from controller.status import ClusterStatus, cluster_status
 from controller.store import ProfileRow, ProfileVersionRow, Store
+from foundation import validate as check
+from interference.latency import predict_gpu
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
 from interference.profile_io import ProfileFileError, parse_profile_json, profile_from_dict, profile_to_dict
-from stoke import validate as check
+from planner.solver import ProblemError, Workload, solve
 
 log = logging.getLogger("stoke.controller.service")
 
@@ -238,6 +239,8 @@ class ControlService:
                 raise invalid(f"workloads[{i}].name", f"{w.name!r} appears twice in the request; keep one")
             seen.add(w.name)
             workloads.append(w)
+        for i, w in enumerate(workloads):
+            self._check_slo_reachable(w, f"workloads[{i}]", profiles)
         result = self.store.upsert_workloads(workloads, self.clock(), dry_run=dry_run)
         if (result[0] or result[1]) and not dry_run:
             self.wake()
@@ -281,6 +284,27 @@ class ControlService:
                 f"profile for that GPU type or drop gpu_type",
             )
         return w
+
+    @staticmethod
+    def _check_slo_reachable(w: Workload, where: str, profiles: Mapping[str, DeviceProfile]) -> None:
+        """Refuse an SLO below the model's fastest inference on every profiled GPU type it may use (batch 1,
+        the whole device, alone): `stoke plan` refuses it with the same words, so `apply --dry-run` and
+        `apply` refuse it too instead of storing a workload that can only be pending. Only this certain,
+        cheap case (one prediction per type); what needs a solve (queueing at the rate, replica limits)
+        stays with the budgeted solver and shows as pending with its reason."""
+        floors = {
+            t: predict_gpu(p, [(w.model, 1, 100.0)])[0].latency_ms
+            for t, p in sorted(profiles.items())
+            if w.model in p.models and w.gpu_type in (None, t)
+        }
+        if floors and all(floor > w.slo_ms for floor in floors.values()):
+            t, floor = min(floors.items(), key=lambda item: item[1])
+            raise invalid(
+                f"{where}.slo_ms",
+                f"workload {w.name!r} cannot meet its SLO of {w.slo_ms:g} ms on a {t}: model {w.model!r} needs "
+                f"at least {floor:.2f} ms per inference even alone (batch 1, 100%); relax the SLO or use a "
+                f"faster GPU type (`stoke plan` refuses it too)",
+            )
 
     def delete_workload(self, name: str) -> bool:
         try:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from controller.messages import AssignmentError, Observation, Replica, ServingEndpoint
 from controller.reconcile.planning import PlanView
 from controller.registry import NodeView
-from controller.solver import Workload
+from planner.solver import Workload
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Tables
 - ``gpu_profiles`` and ``model_profiles``: the fitted profile of each GPU type,
   kept per (GPU type, model) so uploads merge model by model;
 - ``plans``: every applied plan with its revision (autoincrement), the plan
-  JSON (`controller.solver.plan_to_dict`) and the binding of each plan GPU to a
+  JSON (`planner.solver.plan_to_dict`) and the binding of each plan GPU to a
   (node, device, gpu_type) slot;
 - ``agent_tokens``: the current token generation of each node (`controller.identity`),
   and in ``meta`` the secret key agent tokens are signed with (created on first
@@ -50,9 +50,9 @@ from typing import Any
 
 from controller.observations import ObservationRecord
 from controller.reconcile.slots import Binding
-from controller.solver import Workload
-from stoke.errors import InputError, StokeError
-from stoke.names import shown
+from foundation.errors import InputError, StokeError
+from foundation.names import shown
+from planner.solver import Workload
 
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).

@@ -8,7 +8,7 @@ requests. A batch of k requests completes after L(k) and occupies the
 server for O(k) <= L(k) (the input copy of the next batch overlaps the
 current one). A request's latency runs from its arrival to its batch's
 completion. `serve` is this server as a discrete-event simulation; the plan
-replay (`controller.simulate`) runs it for every replica.
+replay (`planner.simulate`) runs it for every replica.
 
 How the distribution is computed, and why:
 

@@ -16,7 +16,7 @@ logarithmic because latency at light load is about O(1), so log latency is
 linear in it. It is made by a lockstep discrete-event
 simulation: thousands of independent queues advance one batch per step as
 numpy arrays, so a grid point gets millions of requests in seconds. The
-semantics are those of `controller.simulate` (the plan replay), which the
+semantics are those of `planner.simulate` (the plan replay), which the
 accuracy test and benchmark compare the interpolated table against.
 """
 

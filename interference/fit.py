@@ -13,7 +13,7 @@ trust-region least squares (scipy) from a closed-form initial value.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,11 +21,11 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
+from foundation import validate as check
+from foundation.errors import InputError
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
 from interference.profile import DeviceProfile, GpuProfile, ModelProfile
-from stoke import validate as check
-from stoke.errors import InputError
 
 if TYPE_CHECKING:
     from interference.profiling import ProfileSession
@@ -35,7 +35,7 @@ GRID_BATCHES = (1, 16, 32)
 GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
-#: A fitted model must hold over batches 1..this (the solvers' range, controller.solver.candidates.MAX_BATCH)
+#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
 #: and every share step, not only at the profiled points.
 DOMAIN_MAX_BATCH = 32
 #: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
@@ -250,6 +250,8 @@ class FitReport:
     r2: float
     at_bounds: tuple[str, ...]
     problems: tuple[str, ...]
+    #: measured points left out of the fit, each with why (non-monotone: contention on a CPU node)
+    excluded: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -384,10 +386,19 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
     a GPU. Interference: every co-located workload adds one unit of "cache
     pressure" (c = 1), and alpha is the measured slowdown with one busy
     neighbour: alpha = t_pair / t_solo - 1.
+
+    Why a CPU differs: a share is whole cores, each running its own model
+    instance, and one batch runs on one core. A bigger share adds instances
+    (throughput), not speed, and on a small machine its extra cores are the
+    ones the load generator and Triton also use: measured there, a batch can
+    be slower at 100% than at 50%. The model (k_act falls with the share)
+    cannot follow that, and it is contention, not the model: such
+    non-monotone points (`ProfileSession.excluded_from_fit`, the slower of
+    each pair) are left out of the fit and listed in the report.
     """
     from interference.profiling import MeasurePoint
 
-    if not session.done:
+    if not session.measured:
         done, total = session.progress()
         raise RawProfileError(f"measurements are incomplete ({done}/{total} points); resume `stoke profile run`")
     gpu = GpuProfile(
@@ -402,13 +413,32 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
         freq_slope_mhz_per_w=0.0,
     )
     models, reports = {}, {}
+    excluded = session.excluded_from_fit()
     for model in session.models:
-        points = [p for p in session.points() if p.model == model and p.neighbours == 0]
+        points = [p for p in session.points() if p.model == model and p.neighbours == 0 and p.key not in excluded]
         batch = np.array([p.batch for p in points], dtype=float)
         share = np.array([p.share_pct for p in points], dtype=float)
         latency = np.array([session.results[p.key] for p in points])
-        k_act = fit_active_time(batch, share, latency)
-        reports[model] = active_time_report(model, k_act, batch, share, latency, share_step_pct=gpu.share_step_pct)
+        # an excluded point slower at a bigger share stands in the fit for the latency at the nearest smaller
+        # share of its batch (a bigger share is not slower: on a CPU one batch runs on one core, so it is not
+        # faster either), so the fit stays flat in the share instead of guessing a slope from one share
+        stand_ins = [
+            (q.batch, q.share_pct, session.results[kept[-1].key])
+            for q in session.points()
+            if q.model == model
+            and q.neighbours == 0
+            and q.key in excluded
+            and (kept := [p for p in points if p.batch == q.batch and p.share_pct < q.share_pct])
+        ]
+        k_act = fit_active_time(
+            np.concatenate([batch, [b for b, _, _ in stand_ins]]),
+            np.concatenate([share, [r for _, r, _ in stand_ins]]),
+            np.concatenate([latency, [ms for _, _, ms in stand_ins]]),
+        )
+        reports[model] = replace(
+            active_time_report(model, k_act, batch, share, latency, share_step_pct=gpu.share_step_pct),
+            excluded=tuple(f"{key}: {why}" for key, why in excluded.items() if key.startswith(f"{model}|")),
+        )
         alpha = 0.0
         if session.cores >= 2:
             b, s = session.colocation_batch, session.shares[0]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
 PROFILE_FORMAT_VERSION = 1

@@ -1,7 +1,7 @@
 """Reading raw measurements and reading/writing fitted profiles.
 
 The one module of `interference` that touches files. Fitted profiles are JSON
-with a ``format_version``; writes go through `stoke.files.atomic_write_text`
+with a ``format_version``; writes go through `foundation.files.atomic_write_text`
 (a temporary file and a rename) so a reader never sees half a profile.
 """
 
@@ -15,12 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from foundation import names
+from foundation import validate as check
+from foundation.errors import InputError
+from foundation.files import atomic_write_text
+from foundation.names import shown
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
-from stoke import names
-from stoke import validate as check
-from stoke.errors import InputError
-from stoke.files import atomic_write_text
-from stoke.names import shown
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"

@@ -13,6 +13,13 @@ same model at the same share running closed-loop beside it).
 A point is measured in windows until it is stable (`Stability`, the rule
 perf_analyzer uses): a noisy point is measured again rather than recorded
 with whatever the first window happened to see.
+
+Once a model's grid is measured, its points must be monotone: a bigger batch
+not faster, a bigger share not slower (beyond the stability tolerance). A
+point that breaks this is asked again (up to `max_retries` times); one that
+still does is rejected (`rejected()`, with the reason) and left out of the
+fit. Of a pair that disagrees the slower point is the suspect: another
+process on the machine can only slow a measurement down, never speed it up.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stoke.errors import InputError
+from foundation.errors import InputError
 
 MEASUREMENTS_FORMAT = "stoke-measurements"
 MEASUREMENTS_VERSION = 1
@@ -119,6 +126,9 @@ class ProfileSession:
     model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (bytes_in, bytes_out)
     results: dict[str, float] = field(default_factory=dict)  # point key -> median latency (ms)
     spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
+    retries: dict[str, int] = field(default_factory=dict)  # point key -> times re-measured for monotonicity
+    max_retries: int = 2  # re-measurements of a non-monotone point before it is rejected
+    monotone_tolerance_pct: float = 10.0  # what two points may disagree by and still count as monotone
 
     @property
     def shares(self) -> list[float]:
@@ -132,18 +142,101 @@ class ProfileSession:
         return out
 
     def ask(self) -> MeasurePoint | None:
-        return next((p for p in self.points() if p.key not in self.results), None)
+        """The next point to measure: a new one, or a non-monotone one again (while it has retries left)."""
+        for point in self.points():
+            if point.key not in self.results:
+                return point
+            if point.neighbours == 0 and self._model_measured(point.model):
+                suspects = self.non_monotone(point.model)
+                if point.key in suspects and self.retries.get(point.key, 0) < self.max_retries:
+                    return point
+        return None
 
     def tell(self, point: MeasurePoint, latency_ms: float, spread_pct: float | None = None) -> None:
         if not latency_ms > 0:
             raise InputError(f"{point.key}: a latency must be > 0 ms, got {latency_ms!r}")
+        if point.key in self.results:  # asked again: a re-measurement of a non-monotone point
+            self.retries[point.key] = self.retries.get(point.key, 0) + 1
         self.results[point.key] = float(latency_ms)
         if spread_pct is not None:
             self.spreads[point.key] = float(spread_pct)
 
+    def _model_measured(self, model: str) -> bool:
+        return all(MeasurePoint(model, s, b).key in self.results for s in self.shares for b in self.batches)
+
+    def non_monotone(self, model: str, kinds: tuple[str, ...] = ("batch", "share")) -> dict[str, str]:
+        """{point key: why} of `model`'s solo points that break monotonicity, the slower of each pair.
+
+        Checked on the measured grid: at each share, latency must not fall by more than the tolerance
+        when the batch grows; at each batch, it must not rise by more than that when the share grows.
+        Suspects are taken out one at a time (the worst first) and the rest checked again, so one bad
+        point does not also condemn its neighbours."""
+        latency = {
+            (s, b): self.results[MeasurePoint(model, s, b).key]
+            for s in self.shares
+            for b in self.batches
+            if MeasurePoint(model, s, b).key in self.results
+        }
+        factor = 1.0 + self.monotone_tolerance_pct / 100.0
+        suspects: dict[str, str] = {}
+        while True:
+            worst: tuple[float, tuple[float, int], str] | None = None
+            for s in self.shares if "batch" in kinds else ():
+                row = sorted(b for (s2, b) in latency if s2 == s)
+                for b1, b2 in zip(row, row[1:]):
+                    slow, fast = latency[(s, b1)], latency[(s, b2)]
+                    if slow > fast * factor and (worst is None or slow / fast > worst[0]):
+                        why = (
+                            f"{slow:.3g} ms at batch {b1} is slower than {fast:.3g} ms at batch {b2} "
+                            f"(share {s:g}%): a bigger batch must not be faster"
+                        )
+                        worst = (slow / fast, (s, b1), why)
+            for b in self.batches if "share" in kinds else ():
+                column = sorted(s for (s, b2) in latency if b2 == b)
+                for s1, s2 in zip(column, column[1:]):
+                    fast, slow = latency[(s1, b)], latency[(s2, b)]
+                    if slow > fast * factor and (worst is None or slow / fast > worst[0]):
+                        why = (
+                            f"{slow:.3g} ms at share {s2:g}% is slower than {fast:.3g} ms at share {s1:g}% "
+                            f"(batch {b}): a bigger share must not be slower"
+                        )
+                        worst = (slow / fast, (s2, b), why)
+            if worst is None:
+                return suspects
+            _, (s, b), why = worst
+            suspects[MeasurePoint(model, s, b).key] = why
+            del latency[(s, b)]
+
+    def rejected(self) -> dict[str, str]:
+        """{point key: why} of points still non-monotone after their re-measurements: left out of the fit."""
+        out: dict[str, str] = {}
+        for model in self.models:
+            if self._model_measured(model):
+                for key, why in self.non_monotone(model).items():
+                    if self.retries.get(key, 0) >= self.max_retries:
+                        out[key] = f"{why} (after {self.retries[key]} re-measurement(s))"
+        return out
+
+    def excluded_from_fit(self) -> dict[str, str]:
+        """{point key: why} of the solo points the fit leaves out: the rejected ones, and every point slower
+        at a bigger share, re-measured or not (files written before re-measuring existed). On a CPU node
+        that is contention (see `interference.fit.fit_measured`); a bigger batch measured faster, never
+        re-measured, stays in, and the fit's own check judges the curve it gives."""
+        out = self.rejected()
+        for model in self.models:
+            if self._model_measured(model):
+                out.update({k: v for k, v in self.non_monotone(model, ("share",)).items() if k not in out})
+        return out
+
     @property
     def done(self) -> bool:
+        """Nothing left to ask: every point measured, and no non-monotone point with retries left."""
         return self.ask() is None
+
+    @property
+    def measured(self) -> bool:
+        """Every point has a result (what a fit needs; re-measurements may still be owed)."""
+        return all(p.key in self.results for p in self.points())
 
     def progress(self) -> tuple[int, int]:
         points = self.points()
@@ -164,6 +257,7 @@ class ProfileSession:
                     asdict(p),
                     latency_ms=self.results.get(p.key),
                     **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}),
+                    **({"retries": self.retries[p.key]} if p.key in self.retries else {}),
                 )
                 for p in self.points()
             ],
@@ -206,6 +300,8 @@ class ProfileSession:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
                     spread = p.get("spread_pct")
                     session.tell(point, float(p["latency_ms"]), None if spread is None else float(spread))
+                    if p.get("retries"):
+                        session.retries[point.key] = int(p["retries"])
         except (KeyError, TypeError, IndexError, ValueError) as err:
             raise InputError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session

@@ -2,7 +2,7 @@
 
 Each command group lives in `stoke.commands.<group>` and exposes
 `register(subparsers)`, which adds its sub-commands with `set_defaults(run=fn)`;
-`fn(args) -> int` returns the exit code. A `stoke.errors.StokeError` raised
+`fn(args) -> int` returns the exit code. A `foundation.errors.StokeError` raised
 anywhere below is printed here as one line (exit code 2).
 """
 
@@ -13,20 +13,23 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from foundation.errors import StokeError
 from stoke import __version__
-from stoke.errors import StokeError
 
 #: Command-group modules, in the order `stoke --help` lists them.
 COMMAND_MODULES = (
     "stoke.commands.core",
     "stoke.commands.triton",
+    "stoke.commands.load",
     "stoke.commands.daemons",
     "stoke.commands.control",
     "stoke.commands.tokens",
     "stoke.commands.demo",
     "stoke.commands.alerts",
+    "stoke.commands.report",
     "stoke.commands.device",
     "stoke.commands.train",
+    "stoke.commands.k8s",
     "stoke.commands.completion",
 )
 

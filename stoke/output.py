@@ -6,7 +6,9 @@
 `emit(args, data)`, which writes JSON or YAML as asked. Commands whose ``-o``
 already names the file they write (``profile fit``, ``profile run``, ``train
 plan``, ``train fit-loss``, ``train render``) take the same choice as
-``--format``.
+``--format``, and their ``-o`` (`add_output_file_option`) still reads a bare
+format name the kubectl way: ``train plan -o json`` prints JSON, it does not
+write a file named ``json`` (``-o ./json`` does).
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ class _Format(argparse.Action):
 def add_output_option(
     p: argparse.ArgumentParser, *, flags: tuple[str, ...] = ("-o", "--output"), wide: str = ""
 ) -> None:
-    """`-o FORMAT` (or `flags`) and `--json`. `wide` says what the wide table adds (empty: same as table)."""
+    """`-o FORMAT` (or `flags`) and `--json`. `wide` says what the wide table adds; without it the command
+    has no wide table, and `-o wide` is refused (argparse names the formats it takes) rather than accepted
+    to print the same table."""
     p.add_argument(
         *flags,
         dest="output_format",
         action=_Format,
-        choices=FORMATS,
+        choices=FORMATS if wide else tuple(f for f in FORMATS if f != "wide"),
         metavar="FORMAT",
-        help="output format: table (default), wide"
-        + (f" ({wide})" if wide else " (same as table here)")
-        + ", json or yaml",
+        help="output format: table (default), " + (f"wide ({wide}), " if wide else "") + "json or yaml",
     )
     # "same as" names this command's format flag: where -o is the output file (profile fit, train plan), --format
     p.add_argument(
@@ -59,3 +61,54 @@ def emit(args: argparse.Namespace, data: Any, *, file: Any = None) -> None:
         print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n"), file=file, flush=True)
     else:
         print(json.dumps(data, indent=2), file=file, flush=True)
+
+
+class _FileOrFormat(argparse.Action):
+    """``-o FILE``, where a bare format name (``json``, ``yaml``, ...) means the format, as everywhere else.
+
+    Where the command needs a file (`required`), a format name is refused with the fix instead."""
+
+    def __init__(self, *args: Any, formats: tuple[str, ...] = FORMATS, file_required: bool = False, **kw: Any):
+        self.formats = formats
+        self.file_required = file_required
+        super().__init__(*args, **kw)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        if values in self.formats:
+            if self.file_required:
+                parser.error(
+                    f"{option_string} {values}: here {option_string} names the file to write, and {values!r} is "
+                    f"an output format; give the file (e.g. {option_string} {self.metavar or 'FILE'}, or "
+                    f"{option_string} ./{values} for a file named {values})"
+                )
+            _Format(option_strings=[], dest="output_format")(parser, namespace, values, option_string)
+            setattr(namespace, self.dest, None)
+            return
+        setattr(namespace, self.dest, values)
+
+
+def add_output_file_option(
+    p: argparse.ArgumentParser,
+    *,
+    help: str,
+    metavar: str = "FILE",
+    required: bool = False,
+    formats: tuple[str, ...] = FORMATS,
+) -> None:
+    """``-o/--output FILE`` of a command that writes a file; ``-o json`` (a format name) means the format."""
+    names = ", ".join(formats)
+    p.add_argument(
+        "-o",
+        "--output",
+        action=_FileOrFormat,
+        formats=formats,
+        file_required=required,
+        required=required,
+        metavar=metavar,
+        help=help
+        + (
+            f" (a bare format name is refused: {names} are formats; ./NAME for such a file)"
+            if required
+            else f" ({names} alone mean the format, as --format does; ./NAME for a file of that name)"
+        ),
+    )

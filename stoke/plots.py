@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from controller.solver import Placement, Plan
+from planner.solver import Placement, Plan
 
 #: GPUs drawn on one detail page.
 DETAIL_GPUS = 16

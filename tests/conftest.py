@@ -1,8 +1,18 @@
 """Fixtures shared across the test tree: the demo repository, a moto S3 server.
 
-The test folders mirror the source tree (tests/agents, tests/controller, tests/interference, tests/stoke);
-the helper modules beside this file (triton_helpers, control_helpers, device_fakes) are importable from all
-of them, since pytest puts this folder on sys.path for its conftest.
+The test folders mirror the packages (tests/foundation, tests/interference, tests/planner, tests/training,
+tests/controller, tests/agents, tests/deploy, tests/stoke; tests/chaos); the helper modules beside this file
+(triton_helpers, control_helpers, device_fakes, floats, profiles: the synthetic device profiles) are importable
+from all of them, since pytest puts this folder on sys.path for its conftest.
+
+Floats: never compare a computed float for exact equality with a value computed elsewhere (a bundled profile,
+a literal worked out by hand, another formula). A refit's digits follow the CPU's BLAS and LAPACK kernels and
+how far scipy's least-squares solver converged (relative differences from 1e-8 up to 2e-6 measured between
+machines against the bundled V100 profile), so compare with a tolerance that still catches a real change:
+rel 1e-4 for refitted profiles (floats.assert_close for nested profiles and JSON: a list of coefficients is
+one vector, held to its largest entry), pytest.approx(rel=1e-6) for one number from a closed formula. Exact
+equality stays right for values carried unchanged (a configured 4.0 read back, a round trip through a file)
+and for the same computation run twice on the same input in one process (a determinism check).
 """
 
 from __future__ import annotations

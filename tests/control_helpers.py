@@ -9,13 +9,15 @@ from typing import Any
 
 from controller.messages import ApiError
 from interference.profile_io import profile_to_dict
-from stoke.commands.demo import demo_cpu_profile
 
 DEMO_MODELS = ("tiny_echo", "mlp_small", "conv_medium", "embed_large")
 
 
 def cpu_profile(name: str = "CPU"):
     """Plausible coefficients for the demo models on a CPU node (share = % of its cores)."""
+    # imported here: a solver worker that unpickles spinning_solver imports this module, and the CLI is heavy
+    from profiles import demo_cpu_profile
+
     return demo_cpu_profile(name)
 
 
@@ -27,7 +29,7 @@ def spinning_solver(problem, strategy="stoke", *, current=None):
     """The real solver, except that a problem holding a workload named spin-* never finishes (a runaway solve).
 
     Module-level, so the controller's solver worker process can import it (`controller.reconcile.budget`)."""
-    from controller.solver import solve
+    from planner.solver import solve
 
     if any(w.name.startswith("spin") for w in problem.workloads):
         while True:
@@ -37,7 +39,7 @@ def spinning_solver(problem, strategy="stoke", *, current=None):
 
 def hungry_solver(problem, strategy="stoke", *, current=None):
     """The real solver, except that a workload named hog-* allocates memory without end."""
-    from controller.solver import solve
+    from planner.solver import solve
 
     if any(w.name.startswith("hog") for w in problem.workloads):
         hoard = []

@@ -42,7 +42,7 @@ The one package that runs `tritonserver` and talks to it (`tritonclient`): `envi
 
 What a fleet refuses (`TritonFleet.refusals`, asked by the agent before
 every apply; nothing changes then, every assignment gets the error): a
-workload or model name outside `stoke.names`'s rule, a model folder that
+workload or model name outside `foundation.names`'s rule, a model folder that
 resolves outside the repository (``../x``, a symlink out), and assignments
 that over-commit a device (`overcommit_problems`). So a controller cannot make
 this node run code from outside its model repository, nor start processes it

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from controller.messages import ModelAssignment
-from stoke.errors import StokeError
+from foundation.errors import StokeError
 
 HOST = "127.0.0.1"
 

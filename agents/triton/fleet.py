@@ -38,7 +38,7 @@ from controller.render import (
     read_config,
     render_config,
 )
-from stoke.names import name_problem
+from foundation.names import name_problem
 
 log = logging.getLogger("stoke.triton")
 #: Requests per batch size that pre-warm a new process before a move switches traffic to it.

@@ -31,7 +31,7 @@ import grpc
 
 from controller.config import ConfigError
 from controller.identity import Verifier
-from stoke.names import shown
+from foundation.names import shown
 
 log = logging.getLogger("stoke.auth")
 TOKEN_ENV = "STOKE_TOKEN"

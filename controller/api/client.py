@@ -33,7 +33,7 @@ from controller.messages import (
     Unauthenticated,
     Unavailable,
 )
-from controller.solver import Workload
+from planner.solver import Workload
 
 log = logging.getLogger("stoke.client")
 _ERRORS: dict[Any, type[ApiError]] = {
@@ -63,7 +63,27 @@ def unavailable_error(address: str, detail: str, tls: bool) -> Unavailable:
             f"controller at {address} closed the connection ({detail}); it may serve TLS: pass --tls-ca FILE "
             f"(or --tls for the system's roots)"
         )
-    return Unavailable(f"controller at {address} is unreachable ({detail})")
+    return Unavailable(f"controller at {address} is unreachable: {unreachable_reason(detail)}")
+
+
+#: gRPC's UNAVAILABLE details (substrings) -> the same in an operator's words (checked against grpcio 1.6x).
+_UNREACHABLE_REASONS = (
+    (("Connection refused",), "nothing listens on that port"),
+    (("DNS resolution failed", "Name or service not known", "Could not resolve"), "its host name does not resolve"),
+    (("Deadline Exceeded", "deadline", "Timeout occurred", "timed out"), "no answer in time"),
+    (("No route to host", "Network is unreachable"), "no route to that host"),
+    (("Socket closed", "Connection reset", "Broken pipe"), "it closed the connection"),
+)
+
+
+def unreachable_reason(detail: str) -> str:
+    """What gRPC's UNAVAILABLE detail means, in a few plain words (never the raw text, which names
+    gRPC internals such as "failed to connect to all addresses; last error: UNKNOWN: ipv4:...")."""
+    lowered = detail.lower()
+    for needles, reason in _UNREACHABLE_REASONS:
+        if any(n.lower() in lowered for n in needles):
+            return reason
+    return "it did not answer"
 
 
 class ControllerClient:

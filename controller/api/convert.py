@@ -2,11 +2,18 @@
 
 Both the client (`controller.api.client`) and the handlers use these; the
 service's views (plans, nodes, status) go out through `controller.api.views`.
+
+The fields are declared once, in stoke.proto: `to_pb` and `from_pb` copy every field that the message
+and the dataclass both name, so a new field is one line in the proto and one in the dataclass. What
+differs from a plain copy is said by the caller: nested messages, renamed or derived fields.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from controller.api import stoke_pb2 as pb
 from controller.messages import (
@@ -19,210 +26,143 @@ from controller.messages import (
     Observation,
     ServingEndpoint,
 )
-from controller.solver import Workload
+from planner.solver import Workload
+
+M = TypeVar("M", bound=Message)
+T = TypeVar("T")
+
+
+def to_pb(message: type[M], source: object, **fields: Any) -> M:
+    """`message` with every field that `source` has an attribute for, then `fields` (which win).
+
+    None stays unset: proto3's zero, or absent for an `optional` field. A nested message field that
+    `source` also names must come in `fields`: its conversion is the caller's.
+    """
+    values: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.name in fields or not hasattr(source, field.name):
+            continue
+        if field.message_type is not None:
+            raise TypeError(f"{message.__name__}.{field.name} is a message: convert it and pass it by name")
+        value = getattr(source, field.name)
+        if value is not None:
+            values[field.name] = list(value) if field.is_repeated else value
+    values.update((name, value) for name, value in fields.items() if value is not None)
+    return message(**values)
+
+
+def from_pb(cls: type[T], message: Message, **fields: Any) -> T:
+    """The dataclass `cls` from every field of `message` that it names, then `fields` (which win).
+
+    An `optional` field that is absent reads None; so does proto3's zero for a field whose default is
+    None (`to_pb` wrote None as the zero); repeated fields read as tuples. A nested message field must
+    come in `fields`.
+    """
+    descriptors = message.DESCRIPTOR.fields_by_name
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        field = descriptors.get(f.name)
+        if field is None or f.name in fields or not f.init:
+            continue
+        if field.message_type is not None:
+            raise TypeError(f"{cls.__name__}.{f.name} is a message: convert it and pass it by name")
+        value = getattr(message, f.name)
+        if field.is_repeated:
+            value = tuple(value)
+        elif field.has_presence:
+            value = value if message.HasField(f.name) else None
+        elif not value and f.default is None:
+            value = None
+        values[f.name] = value
+    return cls(**values, **fields)
 
 
 def workload_to_pb(w: Workload) -> pb.Workload:
-    return pb.Workload(
-        name=w.name,
-        model=w.model,
-        slo_ms=w.slo_ms,
-        rate_rps=w.rate_rps,
-        gpu_type=w.gpu_type or "",
-        rate_auto=w.rate_auto,
-        min_rps=w.min_rps or 0.0,
-        max_rps=w.max_rps or 0.0,
-    )
+    return to_pb(pb.Workload, w)
 
 
 def workload_fields(m: pb.Workload) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "name": m.name,
-        "model": m.model,
-        "slo_ms": m.slo_ms,
-        "rate_rps": "auto" if m.rate_auto else m.rate_rps,
-        "gpu_type": m.gpu_type or None,
-    }
-    if m.rate_auto:
-        fields.update(min_rps=m.min_rps or None, max_rps=m.max_rps or None)
+    """The plain fields of an apply (the service checks them): rate_rps "auto" with its bounds, or a number."""
+    fields = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+    auto, low, high = fields.pop("rate_auto"), fields.pop("min_rps"), fields.pop("max_rps")
+    fields["gpu_type"] = fields["gpu_type"] or None
+    if auto:
+        fields.update(rate_rps="auto", min_rps=low or None, max_rps=high or None)
     return fields
 
 
 def workload_from_pb(m: pb.Workload) -> Workload:
-    return Workload(
-        name=m.name,
-        model=m.model,
-        slo_ms=m.slo_ms,
-        rate_rps=m.rate_rps,
-        gpu_type=m.gpu_type or None,
-        rate_auto=m.rate_auto,
-        min_rps=m.min_rps or None,
-        max_rps=m.max_rps or None,
-    )
+    return from_pb(Workload, m)
 
 
 def assignment_to_pb(a: ModelAssignment) -> pb.Assignment:
-    return pb.Assignment(
-        workload=a.workload,
-        model=a.model,
-        device=a.device,
-        share_pct=a.share_pct,
-        batch=a.batch,
-        queue_delay_ms=a.queue_delay_ms,
-        slo_ms=a.slo_ms,
-        rate_rps=a.rate_rps,
-        replica=a.replica,
-    )
+    return to_pb(pb.Assignment, a)
 
 
 def assignment_from_pb(m: pb.Assignment) -> ModelAssignment:
-    return ModelAssignment(
-        workload=m.workload,
-        model=m.model,
-        device=m.device,
-        share_pct=m.share_pct,
-        batch=m.batch,
-        queue_delay_ms=m.queue_delay_ms,
-        slo_ms=m.slo_ms,
-        rate_rps=m.rate_rps,
-        replica=m.replica,
-    )
+    return from_pb(ModelAssignment, m)
 
 
 def device_to_pb(d: NodeDevice) -> pb.Device:
-    return pb.Device(
-        index=d.index, name=d.name, kind=d.kind, memory_bytes=d.memory_bytes, cores=d.cores, gpu_type=d.gpu_type
-    )
+    return to_pb(pb.Device, d)
 
 
 def device_from_pb(m: pb.Device) -> NodeDevice:
-    return NodeDevice(
-        index=m.index, name=m.name, kind=m.kind, memory_bytes=m.memory_bytes, cores=m.cores, gpu_type=m.gpu_type
-    )
-
-
-#: Observation fields that may be absent (proto3 `optional`; None in `Observation`).
-OPTIONAL_OBSERVED = (
-    "latency_p50_ms",
-    "latency_p95_ms",
-    "latency_p99_ms",
-    "over_slo_ratio",
-    "device_utilization_pct",
-    "sm_clock_mhz",
-    "power_w",
-)
+    return from_pb(NodeDevice, m)
 
 
 def batch_stat_to_pb(b: BatchStat) -> pb.BatchStat:
-    return pb.BatchStat(batch=b.batch, executions=b.executions, compute_ms=b.compute_ms)
+    return to_pb(pb.BatchStat, b)
 
 
 def batch_stat_from_pb(m: pb.BatchStat) -> BatchStat:
-    return BatchStat(batch=m.batch, executions=m.executions, compute_ms=m.compute_ms)
+    return from_pb(BatchStat, m)
 
 
 def observation_to_pb(o: Observation) -> pb.Observed:
-    optional = {name: getattr(o, name) for name in OPTIONAL_OBSERVED if getattr(o, name) is not None}
-    return pb.Observed(
-        key=o.key,
-        model=o.model,
-        request_rate_rps=o.request_rate_rps,
-        mean_batch=o.mean_batch,
-        mean_queue_ms=o.mean_queue_ms,
-        mean_compute_ms=o.mean_compute_ms,
-        failures=o.failures,
-        success=o.success,
-        endpoint=o.endpoint,
-        seq=o.seq,
-        window_s=o.window_s,
-        requests=o.requests,
-        window_failures=o.window_failures,
-        pending=o.pending,
-        batch_stats=[batch_stat_to_pb(b) for b in o.batch_stats],
-        compute_input_ms=o.compute_input_ms,
-        compute_infer_ms=o.compute_infer_ms,
-        compute_output_ms=o.compute_output_ms,
-        instances=o.instances,
-        latency_count=o.latency_count,
-        **optional,
-    )
+    return to_pb(pb.Observed, o, batch_stats=[batch_stat_to_pb(b) for b in o.batch_stats])
 
 
 def observation_from_pb(m: pb.Observed) -> Observation:
-    return Observation(
-        key=m.key,
-        model=m.model,
-        request_rate_rps=m.request_rate_rps,
-        mean_batch=m.mean_batch,
-        mean_queue_ms=m.mean_queue_ms,
-        mean_compute_ms=m.mean_compute_ms,
-        failures=m.failures,
-        success=m.success,
-        endpoint=m.endpoint,
-        seq=m.seq,
-        window_s=m.window_s,
-        requests=m.requests,
-        window_failures=m.window_failures,
-        pending=m.pending,
-        batch_stats=tuple(batch_stat_from_pb(b) for b in m.batch_stats),
-        compute_input_ms=m.compute_input_ms,
-        compute_infer_ms=m.compute_infer_ms,
-        compute_output_ms=m.compute_output_ms,
-        instances=m.instances or 1,
-        latency_count=m.latency_count,
-        **{name: getattr(m, name) if m.HasField(name) else None for name in OPTIONAL_OBSERVED},
+    # an agent from before `instances` sends 0: one instance
+    return from_pb(
+        Observation, m, batch_stats=tuple(batch_stat_from_pb(b) for b in m.batch_stats), instances=m.instances or 1
     )
 
 
 def endpoint_to_pb(e: ServingEndpoint) -> pb.ServingEndpoint:
-    return pb.ServingEndpoint(key=e.key, grpc=e.grpc, http=e.http, metrics=e.metrics, backend=e.backend)
+    return to_pb(pb.ServingEndpoint, e)
 
 
 def endpoint_from_pb(m: pb.ServingEndpoint) -> ServingEndpoint:
-    return ServingEndpoint(key=m.key, grpc=m.grpc, http=m.http, metrics=m.metrics, backend=m.backend)
+    return from_pb(ServingEndpoint, m)
 
 
 def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
-    return pb.HeartbeatRequest(
-        node_id=r.node_id,
+    return to_pb(
+        pb.HeartbeatRequest,
+        r,
         running=[assignment_to_pb(a) for a in r.running],
         observed=[observation_to_pb(o) for o in r.observed],
-        events=list(r.events),
-        errors=[pb.AssignmentError(key=e.key, message=e.message) for e in r.errors],
-        applied_revision=r.applied_revision,
-        errors_revision=r.errors_revision,
+        errors=[to_pb(pb.AssignmentError, e) for e in r.errors],
         endpoints=[endpoint_to_pb(e) for e in r.endpoints],
     )
 
 
 def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
-    return HeartbeatReport(
-        node_id=m.node_id,
+    return from_pb(
+        HeartbeatReport,
+        m,
         running=tuple(assignment_from_pb(a) for a in m.running),
         observed=tuple(observation_from_pb(o) for o in m.observed),
-        events=tuple(m.events),
-        errors=tuple(AssignmentError(e.key, e.message) for e in m.errors),
-        applied_revision=m.applied_revision,
-        errors_revision=m.errors_revision,
+        errors=tuple(from_pb(AssignmentError, e) for e in m.errors),
         endpoints=tuple(endpoint_from_pb(e) for e in m.endpoints),
     )
 
 
 def answer_to_pb(a: HeartbeatAnswer) -> pb.HeartbeatResponse:
-    return pb.HeartbeatResponse(
-        registered=a.registered,
-        revision=a.revision,
-        assignments=[assignment_to_pb(x) for x in a.assignments],
-        heartbeat_interval_s=a.heartbeat_interval_s,
-        hold=a.hold,
-    )
+    return to_pb(pb.HeartbeatResponse, a, assignments=[assignment_to_pb(x) for x in a.assignments])
 
 
 def answer_from_pb(m: pb.HeartbeatResponse) -> HeartbeatAnswer:
-    return HeartbeatAnswer(
-        registered=m.registered,
-        revision=m.revision,
-        assignments=tuple(assignment_from_pb(x) for x in m.assignments),
-        heartbeat_interval_s=m.heartbeat_interval_s,
-        hold=m.hold,
-    )
+    return from_pb(HeartbeatAnswer, m, assignments=tuple(assignment_from_pb(x) for x in m.assignments))

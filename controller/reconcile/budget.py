@@ -14,12 +14,14 @@ starts a new worker.
 
 The protocol is length-prefixed pickles over the worker's stdin/stdout
 (it is the controller's own child: nothing else writes there). The solver is
-sent by reference, so it must be a module-level function (`controller.solver.solve`
+sent by reference, so it must be a module-level function (`planner.solver.solve`
 or a test's). Any exception inside a solve comes back as a `ProblemError`
 naming it, so one workload that trips a solver bug is pending instead of
 blocking every plan. One worker serves the whole process (calls are
 serialised), started on first use and stopped by `close_worker()` or when
-the process exits (its stdin closes).
+the process exits (its stdin closes). A new worker says it is ready (its
+imports done) before the first solve is sent, so the budget times the solve,
+not Python's start on a busy machine.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from controller.reconcile.planning import BudgetExceeded
-from controller.solver import Plan, Problem, ProblemError
+from planner.solver import Plan, Problem, ProblemError
 
-log = logging.getLogger("stoke.controller.solver")
+log = logging.getLogger("stoke.planner.solver")
 _HEADER = struct.Struct("!Q")
 
 
@@ -56,6 +58,8 @@ def _read_only(data: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
 copyreg.pickle(types.MappingProxyType, lambda m: (_read_only, (dict(m),)))
 #: Largest message either side accepts (a problem of 10,000 workloads is a few MB).
 MAX_MESSAGE = 256 * 1024 * 1024
+#: Longest wait for a new worker to import the solver and say it is ready (not part of any solve's budget).
+START_TIMEOUT_S = 60.0
 
 
 class _Dead(Exception):
@@ -86,6 +90,7 @@ class SolverWorker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self.started = 0  # worker processes started (a new one after each kill)
+        self.exit_code: int | None = None  # of the last worker that ended
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -93,7 +98,7 @@ class SolverWorker:
         env = dict(os.environ)
         # the child imports the solver (and a test's solver) from the same places as this process
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
+        proc = self._proc = subprocess.Popen(
             [sys.executable, "-m", "controller.reconcile.budget", str(self.memory_mib)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -101,20 +106,28 @@ class SolverWorker:
             close_fds=True,
         )
         self.started += 1
-        return self._proc
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            (size,) = _HEADER.unpack(self._read(proc, _HEADER.size, deadline, START_TIMEOUT_S))
+            ready = pickle.loads(self._read(proc, size, deadline, START_TIMEOUT_S)) if size <= 64 else None
+        except BudgetExceeded:
+            raise BudgetExceeded(f"the solver process did not start within {START_TIMEOUT_S:g} s") from None
+        if ready != ("ready", None):
+            self._kill()
+            raise _Dead
+        return proc
 
     def run(self, solver: Callable[..., Plan], budget_s: float, *args: Any, **kwargs: Any) -> Plan:
         """`solver(*args, **kwargs)` in the worker; `BudgetExceeded` after `budget_s` seconds."""
         with self._lock:
             for attempt in range(2):
-                proc = self._ensure()
                 try:
-                    return self._call(proc, budget_s, (solver, args, kwargs))
+                    return self._call(self._ensure(), budget_s, (solver, args, kwargs))
                 except _Dead:
                     self._kill()
                     if attempt:
                         raise BudgetExceeded(
-                            f"the solver process died (exit code {proc.returncode}) before answering; "
+                            f"the solver process died (exit code {self.exit_code}) before answering; "
                             f"its memory budget is {self.memory_mib} MiB (solver_memory_mib)"
                         ) from None
             raise AssertionError("unreachable")
@@ -160,7 +173,7 @@ class SolverWorker:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        self.exit_code = proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 try:
@@ -213,7 +226,7 @@ def remembering(solver: Callable[..., Plan]) -> Callable[..., Plan]:
         takes_memo = False
     if not takes_memo:
         return solver
-    from controller.solver.stoke import SolveMemo
+    from planner.solver.stoke import SolveMemo
 
     memo, lock = SolveMemo(), threading.Lock()
 
@@ -252,6 +265,9 @@ def _serve(memory_mib: int) -> None:
     os.dup2(2, 1)
     source = sys.stdin.buffer
     solvers: dict[Any, Callable[..., Plan]] = {}  # each solver `remembering` across the worker's solves
+    import planner.solver.stoke  # noqa: F401 - the strategies load on first use elsewhere; here before "ready"
+
+    _write(out, ("ready", None))  # the imports are done: the controller starts the budget's clock now
     while True:
         try:
             (size,) = _HEADER.unpack(_read_exact(source, _HEADER.size))

@@ -45,10 +45,10 @@ from controller.reconcile.diff import NodeChange, diff_assignments
 from controller.reconcile.planning import Observed, PlanView, plan_observed
 from controller.reconcile.slots import node_assignments
 from controller.registry import NodeRegistry
-from controller.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
 from controller.store import Store, StoredPlan
+from foundation.errors import StokeError
 from interference.profile import DeviceProfile
-from stoke.errors import StokeError
+from planner.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
 
 log = logging.getLogger("stoke.controller.reconcile")
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from controller.config import ServiceConfig
 from controller.reconcile.slots import Binding, bind_gpus, slot_key, slot_keys, without_slots
-from controller.solver import GpuType, Placement, Plan, Problem, ProblemError, Workload, plan_to_dict
 from interference.profile import DeviceProfile
+from planner.solver import GpuType, Placement, Plan, Problem, ProblemError, Workload, plan_to_dict
 
 RunSolver = Callable[[Problem, "Plan | None"], Plan]
 Pending = list[tuple[str, str]]  # (workload, reason)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.messages import ModelAssignment, Replica
-from controller.solver import GpuPlan, Plan
+from planner.solver import GpuPlan, Plan
 
 
 @dataclass(frozen=True)
@@ -116,19 +116,7 @@ def node_assignments(plan: Plan, bindings: Sequence[Binding | None]) -> dict[str
         if slot is None:
             continue
         for p in gpu.placements:
-            out.setdefault(slot.node_id, []).append(
-                ModelAssignment(
-                    workload=p.name,
-                    model=p.model,
-                    device=slot.device,
-                    share_pct=float(p.share_pct),
-                    batch=int(p.batch),
-                    queue_delay_ms=float(p.queue_delay_ms),
-                    slo_ms=float(p.slo_ms),
-                    rate_rps=float(p.rate_rps),
-                    replica=int(p.replica),
-                )
-            )
+            out.setdefault(slot.node_id, []).append(ModelAssignment.of(p, slot.device))
     return {node: tuple(sorted(items, key=lambda a: a.key)) for node, items in sorted(out.items())}
 
 

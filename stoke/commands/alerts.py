@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from controller.alerts import (
+from deploy.alerts import (
     DASHBOARD_FILE,
+    DEFAULT_DATASOURCE_UID,
     DEFAULT_HISTOGRAM,
     DEFAULT_OBJECTIVE,
     DEFAULT_PERIOD_DAYS,
@@ -22,10 +23,10 @@ from controller.alerts import (
     shared_selectors,
     summary_rows,
 )
-from controller.workload_file import load_workloads_file
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
+from planner.workload_file import load_workloads_file
 from stoke.commands.inputs import read_plan
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
@@ -97,7 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--datasource-uid",
         default=SloOptions().datasource_uid,
         metavar="UID",
-        help="Grafana Prometheus data source uid (default prometheus)",
+        help="uid of the Grafana Prometheus data source that grafana-alerts.yml queries (Grafana: Connections > "
+        "Data sources, the last part of its URL; default %(default)s, which matches only a data source "
+        "provisioned with that uid)",
     )
     add_output_option(r)
     r.set_defaults(run=run_render)
@@ -162,6 +165,7 @@ def run_render(args: argparse.Namespace) -> int:
                 "files": {n: ("written" if w else "unchanged") for n, w in written.items()},
                 "workloads": summary_rows(workloads, options),
                 "shared_selectors": shared_selectors(workloads, options),
+                "grafana_datasource_uid": options.datasource_uid,
             },
         )
         return 0
@@ -184,6 +188,12 @@ def run_render(args: argparse.Namespace) -> int:
         print(
             f"note: {', '.join(names)} share the series {{{sel}}}: their SLIs measure the same traffic "
             f"(give each its own with --selector, e.g. 'model=\"{{name}}\"')"
+        )
+    if options.datasource_uid == DEFAULT_DATASOURCE_UID:
+        print(
+            f"note: {GRAFANA_ALERTS_FILE} queries the Grafana data source with uid {DEFAULT_DATASOURCE_UID!r} (the "
+            f"default); if your Prometheus data source has another uid (Grafana: Connections > Data sources, the "
+            f"last part of its URL), render again with --datasource-uid UID"
         )
     print(f"\nhistogram: {options.histogram} (needs a bucket at each SLO); check with: stoke alerts check {out}")
     return 0

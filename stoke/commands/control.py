@@ -11,17 +11,19 @@ in `stoke.commands.daemons`, the local demo in `stoke.commands.demo`.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
-from stoke.errors import UserError
 from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
-from stoke.table import print_table, render_table
+from stoke.plan_table import REMOTE, plan_table
+from stoke.table import print_table
 
 __all__ = ["register", "remote_plan", "to_dict"]
 
@@ -141,7 +143,8 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "", 
         raise UserError(str(err)) from None
     except Unavailable as err:
         raise UserError(
-            f"{err}; start it with `stoke controller`, or pass --controller HOST:PORT (or set $STOKE_CONTROLLER)"
+            f"{err}; start it (`stoke controller`), or point at the running one with --controller HOST:PORT "
+            f"(or $STOKE_CONTROLLER)"
         ) from None
     except Unauthenticated as err:
         raise UserError(
@@ -201,7 +204,7 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from controller.workload_file import parse_workloads_text
+    from planner.workload_file import parse_workloads_text
 
     text, source = read_text_input(args.file, "the workload file")
     workloads = parse_workloads_text(
@@ -259,43 +262,34 @@ def run_workload_ls(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ plan (for `stoke plan --remote`)
 
 
-def format_remote_plan(plan: Any) -> str:
-    head = (
-        f"plan revision {plan.revision} ({plan.strategy}): {len(plan.gpus)} device(s), ${plan.cost_per_hour:,.2f}/hour"
+def devices_in_use(plan: Any) -> tuple[int, float, int, float]:
+    """(devices in use, their $/hour, planned GPUs without a free device, their $/hour) of a `pb.Plan`.
+
+    "In use" is one definition for every view: a planned GPU bound to a node device. `stoke status`, the
+    metrics `stoke_gpus_in_use` / `stoke_plan_cost_per_hour` and so the dashboard count the same
+    (`controller.status.cluster_status`); a planned GPU no node device could take runs nothing and costs
+    nothing, so it is listed apart."""
+    bound = [g for g in plan.gpus if g.node_id]
+    unbound = [g for g in plan.gpus if not g.node_id]
+    return (
+        len(bound),
+        sum(g.price_per_hour for g in bound),
+        len(unbound),
+        sum(g.price_per_hour for g in unbound),
     )
-    rows = []
-    for g in plan.gpus:
-        where = f"{g.node_id}/{g.device}" if g.node_id else "(no free device)"
-        for p in g.placements:
-            rows.append(
-                [
-                    where,
-                    g.gpu_type,
-                    p.workload,
-                    f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else "",
-                    p.model,
-                    p.slo_ms,
-                    p.rate_rps,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.predicted_latency_ms,
-                ]
-            )
-    headers = [
-        "node/device",
-        "type",
-        "workload",
-        "replica",
-        "model",
-        "slo_ms",
-        "rate_rps",
-        "share_%",
-        "batch",
-        "queue_ms",
-        "pred_ms",
-    ]
-    lines = [head, "", render_table(headers, rows)]
+
+
+def format_remote_plan(plan: Any, wide: bool = False) -> str:
+    used, cost, waiting, waiting_cost = devices_in_use(plan)
+    head = f"plan revision {plan.revision} ({plan.strategy}): {used} device(s) in use, ${cost:,.2f}/hour"
+    if waiting:
+        head += f"; {waiting} more planned GPU(s) without a free device (${waiting_cost:,.2f}/hour, not counted)"
+    rows = (
+        (f"{g.node_id}/{g.device}" if g.node_id else "(no free device)", g.gpu_type, p.workload, p)
+        for g in plan.gpus
+        for p in g.placements
+    )
+    lines = [head, "", plan_table(rows, REMOTE, wide=wide)]
     lines += [f"pending: {p.workload}: {p.reason}" for p in plan.pending]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
@@ -306,9 +300,12 @@ def remote_plan(args: argparse.Namespace) -> int:
     preview = bool(getattr(args, "preview", False))
     reply = _call(args, lambda c: c.preview_plan() if preview else c.get_plan())
     if args.json:
-        emit(args, to_dict(reply.plan))
+        used, cost, waiting, waiting_cost = devices_in_use(reply.plan)
+        # cost_per_hour is the solver's, over every planned GPU; these are what `status` and the metrics count
+        extra = {"devices_in_use": used, "cost_per_hour_in_use": cost, "devices_without_a_free_device": waiting}
+        emit(args, {**to_dict(reply.plan), **extra})
     else:
-        print(format_remote_plan(reply.plan))
+        print(format_remote_plan(reply.plan, wide=bool(getattr(args, "wide", False))))
     return 0
 
 
@@ -395,7 +392,7 @@ def status_blocks(
             row += [p99, None if over is None else f"{100 * over:.1f}%"]
         rows.append(row)
     head = (
-        f"plan revision {s.revision}: {s.gpus_in_use} device(s), ${s.cost_per_hour:,.2f}/hour; "
+        f"plan revision {s.revision}: {s.gpus_in_use} device(s) in use, ${s.cost_per_hour:,.2f}/hour; "
         f"nodes ready {s.nodes_ready}, lost {s.nodes_lost}" + (f", silent {s.nodes_silent}" if s.nodes_silent else "")
     )
     headers = [
@@ -520,11 +517,44 @@ def endpoint_key(s: Any) -> tuple[tuple[str, ...], ...]:
 def run_profiles_upload(args: argparse.Namespace) -> int:
     text, source = read_text_input(args.file, "the profile")
     reply = _call(args, lambda c: c.upload_profile(text, args.gpu_type), source=source)
+    nodes = _call(args, lambda c: c.list_nodes())
+    warning = unmatched_gpu_type_warning({p.gpu_type for p in reply.profiles}, nodes)
     if args.json:
-        emit(args, to_dict(reply))
+        emit(args, {**to_dict(reply), "warnings": [warning] if warning else []})
     else:
         print_table(["gpu_type", "model"], [[p.gpu_type, p.model] for p in reply.profiles])
+    if warning:
+        print(f"stoke: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def unmatched_gpu_type_warning(uploaded: set[str], nodes: Any) -> str:
+    """ "" when a registered node has a device of every uploaded GPU type; else what to do, naming the types
+    the nodes do have and where. A profile no device matches is stored, but plans nothing."""
+    where: dict[str, list[str]] = {}
+    for n in nodes.nodes:
+        for d in n.devices:
+            where.setdefault(d.gpu_type or d.name, []).append(f"{n.node_id}/{d.index}")
+    missing = sorted(uploaded - set(where))
+    if not missing:
+        return ""
+    have = "; ".join(
+        f"{t} on {', '.join(sorted(ds)[:5])}{' ...' if len(ds) > 5 else ''}" for t, ds in sorted(where.items())
+    )
+    fix = (
+        f"upload it again with --gpu-type {sorted(where)[0]}"
+        if len(where) == 1
+        else "upload it again with --gpu-type TYPE"
+    )
+    return (
+        f"no registered node has a device of GPU type {', '.join(map(repr, missing))}, so no workload will be "
+        f"planned with this profile; "
+        + (
+            f"the nodes' types: {have}; {fix} (or map device names to it with gpu_types[].match)"
+            if where
+            else "no node has registered yet: check that their devices map to this type (`stoke nodes` once they do)"
+        )
+    )
 
 
 def _when(unix: float) -> str:

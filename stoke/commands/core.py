@@ -11,22 +11,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.solver.solve import STRATEGIES
+from foundation.errors import UserError
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
+from planner.solver.solve import STRATEGIES
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
-from stoke.errors import UserError
-from stoke.output import add_output_option, emit
+from stoke.output import add_output_file_option, add_output_option, emit
+from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
 # The solver (numpy), the simulator and the fit (scikit-learn, scipy) load inside the commands that use
 # them, so `stoke --help` and every other command start at once (test_cli_start.py checks it).
 if TYPE_CHECKING:
-    from controller.simulate import SimulationReport
-    from controller.solver import Plan
-    from controller.workload_file import WorkloadsFile
     from interference.fit import FitReport
     from interference.profile import DeviceProfile
+    from planner.simulate import SimulationReport
+    from planner.solver import Plan
+    from planner.workload_file import WorkloadsFile
 
 #: Largest batch a fitted profile must be sane at (interference.fit.DOMAIN_MAX_BATCH; a test keeps them equal).
 FIT_DOMAIN_MAX_BATCH = 32
@@ -40,7 +41,7 @@ class _StokeDefaultsFormatter(argparse.HelpFormatter):
         if "%(stoke_" in (action.help or ""):
             from dataclasses import asdict
 
-            from controller.solver.stoke import DEFAULT_OPTIONS
+            from planner.solver.stoke import DEFAULT_OPTIONS
 
             for option, value in asdict(DEFAULT_OPTIONS).items():
                 setattr(action, f"stoke_{option}", value)  # argparse fills %(name)s from the action's fields
@@ -66,7 +67,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         "workloads",
         nargs="?",
         metavar="WORKLOADS.yaml",
-        help="workload file (format: README, schema: controller/data/workloads.schema.json; - reads stdin); "
+        help="workload file (format: README, schema: planner/data/workloads.schema.json; - reads stdin); "
         "default: bundled example",
     )
     p.add_argument(
@@ -96,7 +97,10 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
         "(default %(stoke_max_paced_utilisation)g)",
     )
-    add_output_option(p)
+    add_output_option(
+        p,
+        wide="each replica's predicted throughput and utilisation (rate/throughput), and a local plan's arrivals",
+    )
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
@@ -108,6 +112,13 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was not taken",
     )
     p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="instead of the plan, compare its GPUs and cost with one model per GPU, an equal MPS split, each "
+        "model's best configuration alone packed by share, and iGniter's rule packed by share (the same model; "
+        "what `stoke report` draws)",
+    )
     p.add_argument("--remote", action="store_true", help="ask a running controller for its current plan")
     add_client_options(p, group_title="controller connection (--remote)")
     p.set_defaults(run=run_plan)
@@ -181,7 +192,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument(
         "raw", metavar="RAW.jsonl", help="raw measurements (iGniter JSON lines or `profile run` output); - reads stdin"
     )
-    f.add_argument("-o", "--output", metavar="PROFILE.json", required=True)
+    add_output_file_option(f, metavar="PROFILE.json", required=True, help="the fitted profile to write")
     f.add_argument("--gpu-name", default="V100", help="GPU type name stored in the profile (default V100)")
     f.add_argument(
         "--max-mape",
@@ -226,7 +237,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         help="windows per point before it is recorded as unstable (default %(default)s)",
     )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
-    r.add_argument("-o", "--output", metavar="MEASUREMENTS.json", required=True)
+    add_output_file_option(
+        r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
+    )
     r.set_defaults(run=run_profile_run)
 
 
@@ -245,7 +258,7 @@ def _load_profile_arg(path: str | None) -> DeviceProfile | None:
 
 
 def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
-    from controller.workload_file import WorkloadFileError, load_workloads_file
+    from planner.workload_file import WorkloadFileError, load_workloads_file
 
     # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
     profile = _load_profile_arg(profile_path)
@@ -259,8 +272,8 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from controller.solver import ProblemError, plan_to_dict, solve
-    from controller.solver.stoke import DEFAULT_OPTIONS, StokeOptions
+    from planner.solver import ProblemError, plan_to_dict, solve
+    from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 
     if args.remote:
         from stoke.commands.control import remote_plan
@@ -300,12 +313,18 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = solve(workloads_file.problem(), args.strategy, options=options)
     except ProblemError as err:
         raise UserError(f"{source}: {err}") from None
+    if args.compare:
+        from planner.solver.alternatives import alternatives
+        from stoke.commands.report import print_comparison
+
+        print_comparison(args, alternatives(workloads_file.problem(), plan, options))
+        return 0
     if args.json:
         emit(args, plan_to_dict(plan))
     else:
-        print(format_plan(plan))
+        print(format_plan(plan, wide=args.wide))
     if args.explain:
-        from controller.solver.explain import explain
+        from planner.solver.explain import explain
 
         try:
             explanation = explain(workloads_file.problem(), plan, args.explain, options or DEFAULT_OPTIONS)
@@ -331,52 +350,11 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, wide: bool = False) -> str:
     types = sorted({g.gpu_type for g in plan.gpus})
     head = f"strategy {plan.strategy}: {plan.gpu_count} GPU(s) ({', '.join(types)}), ${plan.cost_per_hour:,.2f}/hour"
-    rows = []
-    for index, gpu in enumerate(plan.gpus):
-        for p in gpu.placements:
-            replica = f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else ""
-            rows.append(
-                [
-                    index,
-                    gpu.gpu_type,
-                    p.name,
-                    replica,
-                    p.model,
-                    p.slo_ms,
-                    p.rate_rps,
-                    p.share_pct,
-                    p.batch,
-                    p.queue_delay_ms,
-                    p.predicted_latency_ms,
-                    _p99_cell(p.predicted_p99_ms),
-                    _p99_cell(p.p99_slo_ratio),
-                    p.binding,
-                    "ok" if p.meets_slo else "MISS",
-                ]
-            )
-    table = render_table(
-        [
-            "gpu",
-            "type",
-            "workload",
-            "replica",
-            "model",
-            "slo_ms",
-            "rate_rps",
-            "share_%",
-            "batch",
-            "delay_ms",
-            "infer_ms",
-            "p99_ms",
-            "p99/slo",
-            "binding",
-            "slo",
-        ],
-        rows,
-    )
+    rows = ((index, gpu.gpu_type, p.name, p) for index, gpu in enumerate(plan.gpus) for p in gpu.placements)
+    table = plan_table(rows, LOCAL, wide=wide)
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
@@ -407,15 +385,11 @@ def format_explanation(explanation: Any) -> str:
             f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}",
         ]
         rows = [
-            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, _p99_cell(r.p99_ms), r.utilisation, r.verdict]
+            [r.share_pct, r.batch, r.delay, r.queue_delay_ms, p99_cell(r.p99_ms), r.utilisation, r.verdict]
             for r in replica.rows
         ]
         lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"], rows))
     return "\n".join(lines)
-
-
-def _p99_cell(value: float) -> float | str:
-    return value if math.isfinite(value) else ("unstable" if value > 0 else "?")
 
 
 # -- predict ---------------------------------------------------------------------------------------
@@ -495,9 +469,9 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from controller.simulate import simulate
-    from controller.workload_file import default_gpu_types
     from interference.profile import UnknownModelError
+    from planner.simulate import simulate
+    from planner.workload_file import default_gpu_types
 
     plan = read_plan(args.plan)
     if not 0 < args.seconds <= MAX_SIMULATED_SECONDS:
@@ -634,6 +608,7 @@ def run_profile_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(f"--stability-percentage/--max-windows: {err}") from None
     unstable: list[str] = []
+    before = dict(session.retries)
     with _progress_display(session) as show:
 
         def progress(event: Any) -> None:
@@ -654,6 +629,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
             f"warning: {len(unstable)} point(s) never stabilised within {stability.tolerance_pct:g}% in "
             f"{stability.max_windows} windows: {', '.join(unstable)}; the machine is busy or the point is noisy"
         )
+    remeasured = sorted(k for k, n in session.retries.items() if n > before.get(k, 0))
+    if remeasured:
+        print(f"re-measured {len(remeasured)} non-monotone point(s): {', '.join(remeasured)}")
+    for key, why in sorted(session.rejected().items()):
+        print(f"rejected {key}: {why}; `profile fit` leaves it out")
     print(f"measurements written to {output}; fit them with `stoke profile fit {output} -o PROFILE.json`")
     return 0
 
@@ -709,6 +689,7 @@ def _report_dict(r: FitReport) -> dict[str, Any]:
         "r2": None if r.r2 != r.r2 else round(r.r2, 5),
         "at_bounds": list(r.at_bounds),
         "problems": list(r.problems),
+        "excluded": list(r.excluded),
         "points": [
             {
                 "batch": p.batch,
@@ -801,6 +782,16 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         for name, r in sorted(reports.items()):
             for bound in r.at_bounds:
                 print(f"note: {name}: {bound}: the measurements do not pin it down (more batches or shares would)")
+        excluded = [line for r in reports.values() for line in r.excluded]
+        if excluded:
+            print(
+                f"note: {len(excluded)} non-monotone point(s) left out of the fit. On a CPU node a share is whole "
+                f"cores, one model instance each, and a batch runs on one core: a bigger share adds throughput, "
+                f"not speed, and where its cores also run the load it is slower. That is contention, not the "
+                f"model (the slower point of each disagreeing pair is left out):"
+            )
+            for line in excluded:
+                print(f"  {line}")
         if written:
             print(
                 f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "

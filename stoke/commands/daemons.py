@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.inputs import add_repo_option
-from stoke.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,6 +77,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gpu-type",
         default="",
         help="GPU type of this node's devices (default: decided by the controller's gpu_types)",
+    )
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="start the MPS control daemon of this node's GPUs (nvidia-cuda-mps-control -d, with "
+        "$CUDA_MPS_PIPE_DIRECTORY/$CUDA_MPS_LOG_DIRECTORY) before serving, and stop it on exit; without it a "
+        "daemon must already run (GPU nodes only; the Kubernetes DaemonSet uses it)",
     )
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
     p.add_argument(
@@ -182,8 +189,21 @@ def run_agent(args: argparse.Namespace) -> int:
         raise UserError(
             f"--repo {args.repo}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
         )
-    router = open_router(args.bind, args.advertise, args.ports)
-    client = connect(args)
+    mps = None
+    if args.mps:
+        if kind != "gpu":
+            raise UserError("--mps needs GPU devices (--device nvml or auto on a GPU node); this node has none")
+        from agents.mps import MpsControl
+
+        mps = MpsControl()
+        mps.start()  # now, so a missing MPS binary stops the agent instead of failing every assignment
+    try:
+        router = open_router(args.bind, args.advertise, args.ports)
+        client = connect(args)
+    except BaseException:
+        if mps is not None:
+            mps.quit()  # the fleet that would stop it never came to be
+        raise
     fleet = TritonFleet(
         args.repo,
         device_kind=kind,
@@ -192,6 +212,7 @@ def run_agent(args: argparse.Namespace) -> int:
         latency_histogram=args.latency_histogram,
         router=router,
         devices=sum(1 for d in devices if d.kind == "gpu") if kind == "gpu" else None,
+        mps=mps,  # the fleet stops the daemon when it closes (only one it started)
     )
     exporter = None
     if args.metrics_port >= 0:
@@ -263,6 +284,16 @@ def agent_node_id(args: argparse.Namespace) -> str:
 
     token = read_token(getattr(args, "token_file", None))
     bound = agent_token_node(token) if token else None
+    if token and bound is None:
+        # the user token (or anything else) can never register a node: the controller would refuse every
+        # heartbeat, so an agent started with it would retry forever while serving nothing
+        where = f"--token-file {args.token_file}" if getattr(args, "token_file", None) else "$STOKE_TOKEN"
+        node = args.node_id or "NODE"
+        raise UserError(
+            f"{where}: not an agent token (agent tokens look like stoke-node:NODE:...; the user token cannot "
+            f"register a node); mint one with `stoke token agent {node} --file {node}.token` (with the user "
+            f"token) and start the agent with --token-file {node}.token"
+        )
     if args.node_id and bound and args.node_id != bound:
         raise UserError(
             f"--node-id {args.node_id}: the agent token is bound to node {bound!r}; drop --node-id or mint a token "

@@ -15,11 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from foundation.errors import UserError
+from foundation.files import write_private_text
 from stoke.commands.control import endpoint_key, status_blocks, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
 from stoke.commands.inputs import add_repo_option
-from stoke.errors import UserError
-from stoke.files import write_private_text
 from stoke.live import LiveView, Tab
 from stoke.output import add_output_option, emit
 
@@ -62,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]:
     """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
-    from controller.solver import Workload
-    from controller.workload_file import example_workloads_path, load_workloads_file, read_workloads
+    from planner.solver import Workload
+    from planner.workload_file import example_workloads_path, load_workloads_file, read_workloads
 
     if path:
         return read_workloads(path)
@@ -131,49 +131,6 @@ def demo_cpu_profile(name: str = "CPU") -> Any:
             "embed_large": model("embed_large", 10.0, 40.0, 0.5),
         },
     )
-
-
-#: The demo's simulated accelerator (triton_repo/accel_sim): a batch of b takes (base + per_sample * b) / cores.
-ACCEL_BASE_MS = 10.0
-ACCEL_PER_SAMPLE_MS = 5.0
-#: Triton's own share of an execution (Python backend round trip), measured on a 2-core machine.
-ACCEL_OVERHEAD_MS = 2.0
-
-
-def accel_sim_profile(cores: int, name: str = "CPU") -> Any:
-    """An exact profile of `accel_sim` on a CPU node of `cores` cores: one share step per core.
-
-    At share r the model runs on r/100 * cores cores, so one execution of batch b takes
-    (base + per_sample * b) * 100 / (cores * r) ms plus Triton's overhead:
-    k_act = (k2 b + k3) / r + k5 with k2 = 100 per_sample / cores, k3 = 100 base / cores, k5 = overhead.
-    """
-    from interference.profile import DeviceProfile, GpuProfile, ModelProfile
-
-    gpu = GpuProfile(
-        name=name,
-        max_freq_mhz=1.0,
-        power_cap_w=1e9,
-        idle_power_w=0.0,
-        pcie_bytes_per_ms=1e12,
-        share_step_pct=round(100.0 / cores, 6),
-        sched_slope_ms=0.0,
-        sched_intercept_ms=0.0,
-        freq_slope_mhz_per_w=0.0,
-    )
-    model = ModelProfile(
-        name="accel_sim",
-        kernels=1,
-        idle_time_ms=0.0,
-        k_act=(0.0, 100.0 * ACCEL_PER_SAMPLE_MS / cores, 100.0 * ACCEL_BASE_MS / cores, 0.0, ACCEL_OVERHEAD_MS),
-        power_slope_w=0.0,
-        power_intercept_w=0.0,
-        l2_slope=0.0,
-        l2_intercept=1.0,
-        cache_sensitivity=0.0,
-        bytes_in=64,
-        bytes_out=64,
-    )
-    return DeviceProfile(gpu=gpu, models={"accel_sim": model})
 
 
 def find_cpu_profile(repository: str, given: str | None, workdir: Path, *, file: TextIO | None = None) -> str:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
-from stoke.errors import UserError
+from foundation.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 

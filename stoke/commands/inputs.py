@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stoke.errors import UserError
+from foundation.errors import UserError
 
 if TYPE_CHECKING:
-    from controller.solver.problem import Plan
+    from planner.solver.problem import Plan
 
 
 STDIN = "-"
@@ -34,7 +34,7 @@ def read_text_input(path: str, what: str) -> tuple[str, str]:
 
 def read_plan(path: str) -> Plan:
     """The plan in a JSON file (- = stdin); a missing, malformed or incomplete file raises a one-line error."""
-    from controller.solver.problem import plan_from_dict  # the solver loads only for commands that need it
+    from planner.solver.problem import plan_from_dict  # the solver loads only for commands that need it
 
     source = source_name(path)
     try:

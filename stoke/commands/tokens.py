@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from foundation.errors import UserError
+from foundation.files import write_private_text
 from stoke.client_options import add_client_options
 from stoke.commands.control import _call
-from stoke.errors import UserError
-from stoke.files import write_private_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -22,21 +22,24 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from controller.training.kube import DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND
-from stoke import validate as check
-from stoke.errors import UserError
-from stoke.files import atomic_write_text
-from stoke.output import add_output_option, emit
+from foundation import validate as check
+from foundation.errors import UserError
+from foundation.files import atomic_write_text
+from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.progress import Progress
 from stoke.table import print_table
+from training.kube import DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND
 
 # The planners, estimators (numpy, scikit-learn) and YAML load inside the commands that use them, so
 # that building the CLI's parser stays fast.
 if TYPE_CHECKING:
-    from controller.training.spec import TrainingPlan
+    from training.spec import TrainingPlan
 
-#: `stoke train comm-sim --scheduler` choices (controller.training.comm_sim.SCHEDULERS; a test keeps them equal).
+#: `stoke train comm-sim --scheduler` choices (training.comm_sim.SCHEDULERS; a test keeps them equal).
 SCHEDULERS = ("fifo", "priority", "blocks")
+
+#: What `train render` writes: YAML documents, or one JSON List (`--format`, or `-o json|yaml`).
+RENDER_FORMATS = ("yaml", "json")
 
 FIT_FORMAT_VERSION = 1
 
@@ -79,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", type=float, help="override job.target_loss")
     p.add_argument("--price-cache", default=None, help="live price cache file (default: none)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="also write the plan JSON here (input of `train launch`)")
+    add_output_file_option(p, metavar="PLAN.json", help="also write the plan JSON here (input of `train launch`)")
     p.add_argument("--endpoint-url", help="EC2/pricing endpoint for --prices live")
     p.add_argument("--region", default="us-east-1")
     p.set_defaults(run=run_plan)
@@ -90,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, help="also report the samples to reach this loss")
     p.add_argument("--r-weight", type=float, default=1.0, help="heterogeneous fit: weight of R (0 = R term off)")
     add_output_option(p, flags=("--format",))
-    p.add_argument("-o", "--output", help="write the fitted coefficients (JSON) here")
+    add_output_file_option(p, metavar="FIT.json", help="write the fitted coefficients (JSON) here")
     p.set_defaults(run=run_fit_loss)
 
     p = sub.add_parser("launch", help="launch the plan's spot workers and PS (idempotent)")
@@ -151,7 +154,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default %(default)s; 'none' to leave it out)",
     )
     p.add_argument("--namespace", default="default")
-    p.add_argument("-o", "--output", help="write the manifests here instead of stdout")
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        choices=RENDER_FORMATS,
+        default="yaml",
+        help="yaml (default: a multi-document stream for kubectl apply -f) or json (a List object)",
+    )
+    add_output_file_option(p, metavar="FILE", formats=RENDER_FORMATS, help="write the manifests here instead of stdout")
     p.set_defaults(run=run_render)
 
     p = sub.add_parser("comm-sim", help="simulate PS push/pull under FIFO, priority and block scheduling")
@@ -175,12 +185,12 @@ def _load_spec(
     region="us-east-1",
     cache=None,
 ):
-    from controller.training import readers
-    from controller.training.spec import spec_from_dict
+    from training import readers
+    from training.spec import spec_from_dict
 
     data, source = readers.read_spec(path)
     if prices == "live":
-        from controller.cloud import CloudError, PriceSource, make_clients
+        from training.cloud import CloudError, PriceSource, make_clients
 
         ec2, pricing = make_clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
@@ -202,8 +212,8 @@ def _load_spec(
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
-    from controller.training.homogeneous import provision_homogeneous
-    from controller.training.spot import provision_spot
+    from training.homogeneous import provision_homogeneous
+    from training.spot import provision_spot
 
     if strategy == "homogeneous":
         return provision_homogeneous(spec)
@@ -211,8 +221,8 @@ def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
 
 
 def _load_plan(path: str | None) -> TrainingPlan:
-    from controller.training import readers
-    from controller.training.spec import training_plan_from_dict
+    from training import readers
+    from training.spec import training_plan_from_dict
 
     if path is None:
         spec, _, _ = _load_spec(None)
@@ -245,7 +255,7 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from controller.training.spec import training_plan_to_dict, with_overrides
+    from training.spec import training_plan_to_dict, with_overrides
 
     spec, catalog, notes = _load_spec(
         args.spec,
@@ -273,8 +283,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
-    from controller.training import readers
-    from controller.training.estimators import LossCurveEstimator, SpotLossEstimator
+    from training import readers
+    from training.estimators import LossCurveEstimator, SpotLossEstimator
 
     cols = readers.read_curve_csv(args.curve, args.batch)
     if {"b_w", "R", "n", "j"} <= set(cols):
@@ -323,17 +333,22 @@ def run_fit_loss(args: argparse.Namespace) -> int:
 
 def _cloud_error(err: Exception) -> UserError:
     """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
-    from controller.cloud import AWS_CREDENTIALS_FIX
+    from foundation.aws import AWS_CREDENTIALS_FIX
 
     if getattr(err, "reason", "") == "credentials":
         fix = AWS_CREDENTIALS_FIX
+    elif getattr(err, "reason", "") == "metadata":
+        fix = (
+            "run `train watch` on an EC2 instance that reaches the workers' metadata, or pass --metadata-url "
+            "of a metadata relay (a base URL, or a template with {instance_id})"
+        )
     else:
         fix = "check --region, --endpoint-url and the account's EC2 permissions"
     return UserError(f"{err}; {fix}")
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from controller.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from training.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
 
     ec2, _ = make_clients(args.region, args.endpoint_url)
     return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
@@ -348,7 +363,7 @@ def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "launch")
@@ -366,14 +381,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_terminate(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError
+    from training.cloud import CloudError
 
     if args.cluster is None and args.plan is None:
         raise UserError("name the cluster: --cluster NAME or a PLAN.json")
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from controller.cloud import SpotLauncher, make_clients
+        from training.cloud import SpotLauncher, make_clients
 
         ec2, _ = make_clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, args.cluster)
@@ -386,7 +401,7 @@ def run_terminate(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from controller.cloud import CloudError, RevocationWatcher
+    from training.cloud import CloudError, RevocationWatcher
 
     plan = _load_plan(args.plan)
     _spot_plan_only(plan, args.plan, "watch")
@@ -459,8 +474,8 @@ def _block_dumper() -> type:
 def run_render(args: argparse.Namespace) -> int:
     import yaml
 
-    from controller.training import readers
-    from controller.training.kube import render_manifests, validate_manifests
+    from training import readers
+    from training.kube import render_manifests, validate_manifests
 
     plan = _load_plan(args.plan)
     if not plan.feasible:
@@ -494,7 +509,10 @@ def run_render(args: argparse.Namespace) -> int:
     problems = validate_manifests(objects)
     if problems:
         raise UserError(f"rendered manifests are malformed: {problems[0]}")
-    text = yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False)
+    if args.output_format == "json":  # one kubectl-readable List, so `kubectl apply -f` takes the file whole
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+    else:
+        text = yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")
@@ -504,9 +522,9 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_comm_sim(args: argparse.Namespace) -> int:
-    from controller.training import readers
-    from controller.training.blocks import gradient_profile_from_dict, plan_blocks
-    from controller.training.comm_sim import compare
+    from training import readers
+    from training.blocks import gradient_profile_from_dict, plan_blocks
+    from training.comm_sim import compare
 
     data, source = readers.read_gradient_profile(args.profile, args.model)
     profile = gradient_profile_from_dict(data, source)

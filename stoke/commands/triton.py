@@ -1,4 +1,4 @@
-"""`stoke triton render|up|sync` and `stoke load`: a plan on a real Triton server."""
+"""`stoke triton render|up|sync`: a plan on a real Triton server (`stoke load` is in `stoke.commands.load`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoke import validate as check
+from foundation import validate as check
+from foundation.errors import UserError
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import add_repo_option, read_plan
-from stoke.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
@@ -238,7 +238,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def _with_store_fix(err: Exception) -> Exception:
     """agents.repo_store's S3 error plus what to do, for the failures a first sync meets."""
-    from controller.cloud import AWS_CREDENTIALS_FIX
+    from foundation.aws import AWS_CREDENTIALS_FIX
 
     fixes = {
         "credentials": AWS_CREDENTIALS_FIX,
@@ -249,52 +249,6 @@ def _with_store_fix(err: Exception) -> Exception:
 
 
 # --------------------------------------------------------------------------- load
-
-
-def cmd_load(args: argparse.Namespace) -> int:
-    from agents.loadgen import LoadError, LoadGenerator
-
-    check.positive(args.rate, "--rate", error=UserError, unit="requests per second")
-    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load")
-    exporter = None
-    on_latency = None
-    if args.metrics_port is not None:
-        from agents.latency_metrics import RequestLatencyExporter
-
-        exporter = RequestLatencyExporter([args.slo_ms] if args.slo_ms else [])
-        try:
-            url = exporter.serve(args.metrics_port)
-        except OSError as err:
-            raise UserError(
-                f"--metrics-port {args.metrics_port}: cannot serve metrics ({err}); pick a free port or 0"
-            ) from None
-        print(f"request latency histogram (stoke_request_latency_ms) on {url} while the load runs", file=sys.stderr)
-        on_latency = exporter.recorder(args.workload or args.model, args.model)
-    try:
-        with LoadGenerator(args.url, args.model, batch=args.batch, on_latency=on_latency) as gen:
-            report = gen.run(args.rate, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms)
-    except LoadError as err:
-        raise UserError(f"--url {args.url} --model {args.model}: {err}") from None
-    finally:
-        if exporter is not None:
-            exporter.close()
-    if args.json:
-        emit(args, report.to_dict())
-        return 0 if report.ok else 1
-    rows = [
-        ["requested rate", f"{report.rate_rps:g} rps ({report.arrival})"],
-        ["sent / ok / failed", f"{report.sent} / {report.ok} / {report.failed}"],
-        ["throughput", f"{report.throughput_rps:.1f} rps"],
-        ["latency p50 / p95 / p99", f"{report.p50_ms:.2f} / {report.p95_ms:.2f} / {report.p99_ms:.2f} ms"],
-        ["latency mean / max", f"{report.mean_ms:.2f} / {report.max_ms:.2f} ms"],
-        ["generator lag (max)", f"{report.max_send_lag_ms:.2f} ms"],
-    ]
-    if report.over_slo_share is not None:
-        rows.append([f"over SLO {report.slo_ms:g} ms", f"{100 * report.over_slo_share:.2f}%"])
-    print_table(["figure", "value"], rows)
-    for error in report.errors:
-        print(f"error: {error}", file=sys.stderr)
-    return 0 if report.ok else 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -347,22 +301,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_output_option(p)
     p.set_defaults(run=cmd_sync)
-
-    p = subparsers.add_parser("load", help="open-loop load on a Triton model over gRPC; latency percentiles")
-    p.add_argument("--url", required=True, help="HOST:PORT of Triton's gRPC endpoint")
-    p.add_argument("--model", required=True)
-    p.add_argument("--rate", type=float, required=True, help="requests per second")
-    p.add_argument("--seconds", type=float, required=True)
-    p.add_argument("--slo-ms", type=float, help="report the share of requests slower than this")
-    p.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=1, help="samples per request")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="export the SLO histogram stoke_request_latency_ms on this port while running (0 = any)",
-    )
-    p.add_argument("--workload", help="workload label of the exported histogram (default: the model)")
-    add_output_option(p)
-    p.set_defaults(run=cmd_load)

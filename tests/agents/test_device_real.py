@@ -145,6 +145,7 @@ def test_cli_show_json_and_table(capsys: pytest.CaptureFixture[str]):
     assert out.splitlines()[0].split()[:5] == ["dev", "kind", "name", "cores", "util"] and "per-core util %" in out
 
 
+@pytest.mark.slow
 def test_cli_serve_runs_as_a_process_and_answers_scrapes():
     proc = subprocess.Popen(
         [sys.executable, "-m", "stoke", "device", "serve", "--port", "0", "--device", "cpu", "--duration", "20"],

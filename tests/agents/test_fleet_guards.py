@@ -94,6 +94,7 @@ def test_processes_a_crashed_agent_left_are_reaped_by_the_next_fleet(repo, tmp_p
                 p.wait()
 
 
+@pytest.mark.slow
 def test_an_orphan_that_ignores_sigterm_is_killed(tmp_path):
     stubborn = subprocess.Popen(
         ["/bin/sh", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True, stdout=subprocess.DEVNULL

@@ -4,7 +4,7 @@ import re
 import urllib.request
 
 from agents.latency_metrics import RequestLatencyExporter
-from controller.alerts import le_matcher
+from deploy.alerts import le_matcher
 
 
 def test_exporter_has_a_bucket_at_every_slo():

@@ -7,12 +7,12 @@ import os
 import time
 
 import pytest
+from profiles import ACCEL_BASE_MS, ACCEL_PER_SAMPLE_MS
 from triton_helpers import infer
 
 from agents.loadgen import LoadGenerator
 from agents.triton import TritonFleet
 from controller.messages import ModelAssignment
-from stoke.commands.demo import ACCEL_BASE_MS, ACCEL_PER_SAMPLE_MS
 
 pytestmark = pytest.mark.triton
 

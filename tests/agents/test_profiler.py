@@ -30,10 +30,16 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
         str(out),
     ]
     assert main(argv) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
-    assert len(lines) == 5 and all(" windows, spread " in line for line in lines)  # 2 shares x 2 batches + co-location
-    assert all(", ETA " in line for line in lines) and lines[-1].endswith("ETA 0s")
+    text = capsys.readouterr().out
+    lines = [line for line in text.splitlines() if line.startswith("[")]
     session = ProfileSession.from_dict(json.loads(out.read_text()))
+    # 2 shares x 2 batches + co-location, and each re-measurement of a non-monotone point (a busy machine)
+    retries = sum(session.retries.values())
+    assert len(lines) == 5 + retries and all(" windows, spread " in line for line in lines)
+    assert all(", ETA " in line for line in lines) and lines[-1].endswith("ETA 0s")
+    assert (f"re-measured {len(session.retries)} non-monotone point(s)" in text) == bool(retries)
+    for key in session.rejected():
+        assert f"rejected {key}: " in text
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)

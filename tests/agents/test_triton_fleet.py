@@ -242,10 +242,13 @@ def test_latency_histogram_with_slo_bucket(tmp_path):
 
 
 def test_cli_up_and_load(fleet, capsys):
+    from stoke.commands import load
     from stoke.commands import triton as commands
 
     parser = argparse.ArgumentParser(prog="stoke")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    commands.register(subparsers)
+    load.register(subparsers)
 
     fleet.apply([echo(batch=16, share=100.0)])
     args = parser.parse_args(
@@ -267,8 +270,8 @@ def test_cli_up_and_load(fleet, capsys):
         ]
     )
     assert args.run(args) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["ok"] == 100 and report["failed"] == 0 and report["over_slo_share"] == 0.0
+    [report] = json.loads(capsys.readouterr().out)["steps"]
+    assert report["sent"] == 100 and report["failed"] == 0 and report["over_slo_pct"] == 0.0
 
     args = parser.parse_args(
         ["triton", "up", "--repo", str(DEMO_REPO), "--models", "tiny_echo", "--seconds", "0.5", "--json"]
@@ -344,3 +347,34 @@ def test_a_start_that_crashes_is_tried_again(tmp_path):
         assert marker.exists() and process.alive()
     finally:
         process.stop()
+
+
+def test_load_sweeps_rate_and_concurrency_over_grpc_and_http_with_tritons_split(fleet, capsys, tmp_path):
+    """`stoke load`: a concurrency sweep over gRPC and a rate sweep over HTTP against real Triton, each step with
+    Triton's statistics split beside the client's latency; CSV written; a sweep stops at its p99 limit."""
+    from stoke.cli import main
+
+    fleet.apply([echo(batch=16, share=100.0)])
+    endpoint = fleet.serving_endpoint("echo#0")
+    table = tmp_path / "steps.csv"
+    argv = ["load", "--url", endpoint.grpc, "--model", "tiny_echo", "--seconds", "1", "--csv", str(table)]
+    assert main([*argv, "--sweep-concurrency", "1,2", "-o", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [s["level"] for s in body["steps"]] == [1, 2] and body["stopped"] == "" and body["protocol"] == "grpc"
+    for step in body["steps"]:
+        assert step["failed"] == 0 and step["sent"] > 10 and step["throughput_rps"] > 10
+        assert step["server_compute_infer_ms"] > 0 and step["server_queue_ms"] >= 0
+        # Triton's time is part of what the client saw (the rest: client and network)
+        assert 0 < step["server_ms"] <= step["mean_ms"] * 1.05 + 0.05
+    lines = table.read_text().splitlines()
+    assert lines[0].split(",")[:3] == ["mode", "level", "throughput_rps"] and len(lines) == 3
+    http = ["load", "--url", endpoint.http, "--protocol", "http", "--model", "tiny_echo", "--seconds", "1"]
+    assert main([*http, "--sweep-rate", "20,40", "--arrival", "constant", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert [s["sent"] for s in steps] == [20, 40] and all(s["failed"] == 0 for s in steps)
+    assert all(s["server_compute_infer_ms"] > 0 for s in steps)
+    # the stop condition: p99 over the limit ends the sweep after that step, and says so
+    assert main([*argv, "--sweep-concurrency", "1,2,4", "--stop-p99-ms", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped at concurrency 1: p99" in out and "is over 0.001 ms" in out
+    assert len(table.read_text().splitlines()) == 2 and "queue_ms" in out and "c_infer_ms" in out

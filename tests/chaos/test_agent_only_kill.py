@@ -11,7 +11,7 @@ import pytest
 from chaos_helpers import alive, needs_triton, tritons_of, wait_for
 from triton_helpers import infer
 
-from controller.solver import Workload
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.triton, needs_triton]
 

@@ -16,7 +16,7 @@ from chaos_helpers import TOKEN, sim_agent, wait_for
 
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
-from controller.solver import Workload
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

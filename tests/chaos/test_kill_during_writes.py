@@ -11,7 +11,7 @@ from chaos_helpers import wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.messages import ApiError
-from controller.solver import Workload
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

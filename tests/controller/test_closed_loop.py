@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from profiles import accel_sim_profile
 
 from controller.config import DemandConfig, GuardConfig, ObservationsConfig, RecalibrationConfig, ServiceConfig
 from controller.messages import BatchStat, HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Observation
@@ -20,7 +21,6 @@ from controller.store import Store
 from interference.latency import predict_gpu
 from interference.profile_io import profile_to_dict
 from interference.recalibration import Correction, apply_corrections
-from stoke.commands.demo import accel_sim_profile
 
 CPU = (NodeDevice(0, "cpu", "cpu", cores=2),)
 PROFILE = accel_sim_profile(2)
@@ -133,6 +133,7 @@ def test_retention_bounds_rows_and_age(tmp_path):
     assert svc.store.observation_count() == 1  # older than retention_s
 
 
+@pytest.mark.slow
 def test_oscillating_noise_causes_no_replans(tmp_path):
     """Windows that oscillate +-8% around the truth for 10 simulated minutes: no new version, no re-plan."""
     svc, clock = service(tmp_path)

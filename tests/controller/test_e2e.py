@@ -22,7 +22,7 @@ from control_helpers import cpu_profile_json, wait_for
 from controller.api import stoke_pb2 as pb
 from controller.api.client import ControllerClient
 from controller.messages import InvalidArgument, Unauthenticated
-from controller.solver import Workload
+from planner.solver import Workload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.triton]
 

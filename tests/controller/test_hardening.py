@@ -113,6 +113,7 @@ def test_a_workload_needing_more_than_max_replicas_is_pending_and_the_rest_is_pl
     assert "a#0" in placed(svc)
 
 
+@pytest.mark.slow
 def test_a_solve_over_its_budget_is_killed_the_culprit_is_pending_and_the_rest_is_planned(tmp_path):
     from control_helpers import spinning_solver
 
@@ -132,6 +133,7 @@ def test_a_solve_over_its_budget_is_killed_the_culprit_is_pending_and_the_rest_i
     assert svc.preview_plan().pending == outcome.plan.pending
 
 
+@pytest.mark.slow
 def test_a_solve_over_its_memory_budget_is_pending_with_the_reason(tmp_path):
     from control_helpers import hungry_solver
 
@@ -263,7 +265,7 @@ def test_names_that_leave_a_folder_or_hide_characters_are_refused(tmp_path, name
 
 
 def test_an_unconfigured_gpu_gets_a_gpu_type_name_that_follows_the_rule():
-    from stoke.names import is_name
+    from foundation.names import is_name
 
     config = ServiceConfig()
     for raw in ("NVIDIA GeForce RTX 3090 (tm)", "NVIDIA H200", "  ", "a#b:c/d\\e\x1b"):

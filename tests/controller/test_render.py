@@ -22,7 +22,7 @@ from controller.render import (
     write_config,
 )
 from controller.render_plan import assignments_from_plan, render_plan
-from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from planner.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 
 A = ModelAssignment(
     workload="web",

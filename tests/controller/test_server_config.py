@@ -14,8 +14,8 @@ from controller.api.client import ControllerClient
 from controller.config import SCHEMA_FILE, ConfigError, ControllerConfig, ServiceConfig, config_schema, load_config
 from controller.messages import Unavailable
 from controller.server import ControllerServer
-from controller.solver import STRATEGIES
-from stoke.validate import keys
+from foundation.validate import keys
+from planner.solver import STRATEGIES
 
 
 def test_config_defaults_and_relative_paths(tmp_path):
@@ -95,6 +95,7 @@ def test_config_errors_name_file_and_field(tmp_path, text, field):
     assert str(cfg) in str(err.value) and field in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_tls_serves_and_refuses_plaintext(tmp_path):
     subprocess.run(
@@ -144,6 +145,7 @@ def test_tls_serves_and_refuses_plaintext(tmp_path):
         plain_server.stop()
 
 
+@pytest.mark.slow
 def test_a_token_served_without_tls_off_loopback_is_warned_about(tmp_path, caplog):
     (tmp_path / "token").write_text("t\n")
     (tmp_path / "token").chmod(0o600)

@@ -6,8 +6,8 @@ from controller.messages import AssignmentError, ModelAssignment, Observation
 from controller.reconcile.planning import PlanView
 from controller.reconcile.slots import Binding
 from controller.registry import NodeView
-from controller.solver import GpuPlan, Placement, Plan, Workload
 from controller.status import cluster_status
+from planner.solver import GpuPlan, Placement, Plan, Workload
 
 WEB = Workload("web", "mlp_small", slo_ms=50.0, rate_rps=10.0)
 PLACED = Placement(

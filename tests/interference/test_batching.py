@@ -82,6 +82,7 @@ def _curve(shape: str, batch: int) -> ServiceCurve:
     return ServiceCurve(*batch_curve(PROFILE, model, share, batch))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arrivals,shape,batch,delay,load", _sample())
 def test_p99_is_within_5_percent_of_the_discrete_event_server(arrivals, shape, batch, delay, load):
     curve = _curve(shape, batch)
@@ -134,6 +135,7 @@ def test_delays_outside_the_model_are_refused_with_the_covered_values():
         ServiceCurve((1.0, float("nan")), (1.0, 1.0))
 
 
+@pytest.mark.slow
 def test_the_table_builder_reproduces_a_table_entry():
     """The shipped table is what the builder makes: re-simulate two grid points and compare."""
     t = table()

@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from floats import assert_close
 from sklearn.exceptions import NotFittedError
 
 from interference.fit import GRID_BATCHES, GRID_SHARES, InterferenceModel, RawProfileError
@@ -36,8 +37,8 @@ def test_fit_reproduces_the_measured_solo_grid(raw):
 def test_fit_is_deterministic_and_matches_the_bundled_profile(raw):
     first = profile_to_dict(InterferenceModel().fit(raw).profile_)
     second = profile_to_dict(InterferenceModel().fit(raw).profile_)
-    assert first == second
-    assert first == profile_to_dict(bundled_profile())
+    assert first == second  # the same computation twice in one process: bit for bit
+    assert_close(first, profile_to_dict(bundled_profile()))  # bundled on another machine: BLAS digits differ
 
 
 def test_estimator_conventions(raw):

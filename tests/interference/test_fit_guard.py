@@ -58,13 +58,42 @@ def test_a_fit_where_a_bigger_batch_is_faster_is_refused(tmp_path, capsys):
 
 
 def test_a_fit_that_misses_its_points_is_refused_unless_allowed(tmp_path, capsys):
-    # more cores made it slower: the model form cannot follow, so it misses by ~30% on average
-    raw = measurements(tmp_path, {1: 2.0, 8: 9.0, 16: 17.0, 32: 33.0}, share_factor=lambda share: share / 50.0)
+    # flat, then a jump at batch 32: monotone, but the k_act form cannot follow it
+    raw = measurements(tmp_path, {1: 1.0, 8: 1.0, 16: 1.0, 32: 40.0})
     assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "p.json")]) == 1
     err = capsys.readouterr().err
     assert "m: the fit misses its points by" in err and "more than --max-mape 25%" in err
-    assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "p.json"), "--max-mape", "60"]) == 0
-    assert "k4 = 1000 (upper bound)" in capsys.readouterr().out  # share dependence not pinned down
+    assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "p.json"), "--max-mape", "1000"]) == 1
+    assert "MAPE" not in capsys.readouterr().err  # a higher limit lets the MAPE pass (the curve's check still fails)
+
+
+def test_on_a_cpu_points_slower_at_a_bigger_share_are_contention_left_out_and_said(tmp_path, capsys):
+    """More cores made it slower (the load shares them): the model form cannot follow (it missed by ~30% on
+    average and was refused). Those points are left out of the fit, named, and the reason is printed."""
+    raw = measurements(tmp_path, {1: 2.0, 8: 9.0, 16: 17.0, 32: 33.0}, share_factor=lambda share: share / 50.0)
+    out = tmp_path / "p.json"
+    assert main(["profile", "fit", str(raw), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "4 non-monotone point(s) left out of the fit" in text and "a share is whole cores" in text
+    assert "m|100|8|0: 18 ms at share 100% is slower than 9 ms at share 50% (batch 8)" in text
+    assert main(["profile", "fit", str(raw), "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["models"]["m"]
+    assert len(report["points"]) == 4 and len(report["excluded"]) == 4 and report["mape_pct"] < 5
+
+
+def test_the_bundled_cpu_measurements_pass_the_fit_check(tmp_path, capsys):
+    raw = Path(bundled_raw_path()).parent / "cpu-2core-measurements.json"
+    assert main(["profile", "fit", str(raw), "-o", str(tmp_path / "cpu.json"), "--json"]) == 0, capsys.readouterr()
+    report = json.loads(capsys.readouterr().out)
+    assert report["written"] and report["failures"] == []
+    for name, model in report["models"].items():
+        assert model["mape_pct"] <= 25.0, name
+        assert all("at share 100% is slower" in e for e in model["excluded"]), name
+    # the bundled profile is that fit (so what `stoke up` plans with passes the check)
+    bundled = load_profile(raw.parent / "cpu-2core-profile.json")
+    refit = load_profile(tmp_path / "cpu.json")
+    for name, model in bundled.models.items():
+        assert model.k_act == pytest.approx(refit.models[name].k_act, rel=1e-6), name
 
 
 def test_a_good_fit_is_written_with_its_quality(tmp_path, capsys):
@@ -90,12 +119,15 @@ def test_report_names_coefficients_at_their_bounds():
     measured = np.array([2.0, 9.0, 2.0, 9.0])
     report = active_time_report("m", (0.0, 100.0, 0.0, 1000.0, 2.0), batch, share, measured, share_step_pct=50.0)
     assert report.at_bounds == ("k4 = 1000 (upper bound)", "k5 = 2 (upper bound)")
-    assert [round(p.error_pct, 6) for p in report.points] == [
-        round(100 * ((100 / 1050 + 2) - 2) / 2, 6),
-        round(100 * ((800 / 1050 + 2) - 9) / 9, 6),
-        round(100 * ((100 / 1100 + 2) - 2) / 2, 6),
-        round(100 * ((800 / 1100 + 2) - 9) / 9, 6),
-    ]
+    assert [p.error_pct for p in report.points] == pytest.approx(
+        [
+            100 * ((100 / 1050 + 2) - 2) / 2,
+            100 * ((800 / 1050 + 2) - 9) / 9,
+            100 * ((100 / 1100 + 2) - 2) / 2,
+            100 * ((800 / 1100 + 2) - 9) / 9,
+        ],
+        rel=1e-6,
+    )
     assert report.mape_pct == pytest.approx(np.mean([abs(p.error_pct) for p in report.points]))
 
 

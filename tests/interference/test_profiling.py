@@ -59,21 +59,13 @@ def test_incomplete_measurements_are_refused(tmp_path, capsys):
 
 
 def test_bundled_cpu_profile_loads_and_plans():
-    from controller.solver import GpuType, Problem, Workload, solve
     from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
+    from planner.solver import GpuType, Problem, Workload, solve
 
     profile = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
     assert profile.gpu.share_step_pct == 50.0
     plan = solve(Problem((Workload("demo", "mlp_small", 50, 20),), (GpuType("cpu", 0.1, profile),)))
     assert plan.gpu_count == 1 and plan.slo_misses == ()
-
-
-def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
-    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
-    from stoke.commands.demo import find_cpu_profile
-
-    assert find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
-    assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
 def test_stability_is_perf_analyzers_rule_three_windows_within_ten_percent():
@@ -114,3 +106,37 @@ def test_spread_and_eta_are_kept():
     again = ProfileSession.from_dict(json.loads(json.dumps(session.to_dict())))
     assert again.spreads == {point.key: 3.25} and again.results == {point.key: 2.0}
     assert eta_seconds(30.0, 3, 9) == 90.0 and eta_seconds(0.0, 0, 9) is None
+
+
+def test_non_monotone_points_are_measured_again_then_rejected_saying_which():
+    """conv_medium's case: batch 8 slower at 100% than at 50%. It is asked again (max_retries times); still
+    slower, it is rejected with the reason and left out of the fit. A point that comes right is kept."""
+    session = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1, 8])
+    slow = MeasurePoint("a", 100.0, 8)
+    told: list[str] = []
+    while (point := session.ask()) is not None:
+        told.append(point.key)
+        session.tell(point, truth(point) * (3.0 if point == slow else 1.0))
+    assert told.count(slow.key) == 1 + session.max_retries and session.done
+    assert list(session.rejected()) == [slow.key]
+    why = session.rejected()[slow.key]
+    assert "at share 100% is slower than" in why and "(batch 8)" in why and "after 2 re-measurement(s)" in why
+    resumed = ProfileSession.from_dict(json.loads(json.dumps(session.to_dict())))
+    assert resumed.rejected() == session.rejected() and resumed.done
+    assert slow.key in resumed.excluded_from_fit()
+
+    recovers = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1, 8])
+    seen = 0
+    while (point := recovers.ask()) is not None:
+        seen += point == slow
+        recovers.tell(point, truth(point) * (3.0 if point == slow and seen == 1 else 1.0))
+    assert seen == 2 and recovers.rejected() == {} and recovers.excluded_from_fit() == {}
+
+
+def test_a_faster_bigger_batch_is_suspected_too_and_the_slower_point_is_the_suspect():
+    session = ProfileSession(device="cpu-1core", cores=1, models=["a"], batches=[1, 8, 16])
+    for point, ms in zip(session.points(), (1.0, 5.0, 2.0)):  # batch 8 slower than batch 16
+        session.tell(point, ms)
+    assert list(session.non_monotone("a")) == ["a|100|8|0"]
+    assert "a bigger batch must not be faster" in session.non_monotone("a")["a|100|8|0"]
+    assert session.ask() == MeasurePoint("a", 100.0, 8)

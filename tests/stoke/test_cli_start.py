@@ -44,7 +44,7 @@ def test_plan_of_the_example_loads_no_fit_or_rpc_library() -> None:
 
 
 def test_help_shows_the_strategy_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    from controller.solver.stoke import DEFAULT_OPTIONS
+    from planner.solver.stoke import DEFAULT_OPTIONS
     from stoke.cli import main
 
     with pytest.raises(SystemExit):
@@ -55,9 +55,9 @@ def test_help_shows_the_strategy_defaults(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_constants_copied_for_the_parser_match_their_source() -> None:
-    from controller.training.comm_sim import SCHEDULERS
     from interference.fit import DOMAIN_MAX_BATCH
     from stoke.commands import core, train
+    from training.comm_sim import SCHEDULERS
 
     assert core.FIT_DOMAIN_MAX_BATCH == DOMAIN_MAX_BATCH
     assert train.SCHEDULERS == SCHEDULERS

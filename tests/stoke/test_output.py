@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
@@ -103,13 +104,42 @@ def test_output_formats_give_the_same_data(capsys):
     assert code == 0
     assert json.loads(run(capsys, "plan", "-o", "json")[1]) == json.loads(as_json)
     assert yaml.safe_load(run(capsys, "plan", "-o", "yaml")[1]) == json.loads(as_json)
-    table = run(capsys, "plan", "-o", "wide")[1]
-    assert table.startswith("strategy stoke:") and table == run(capsys, "plan")[1]
+    table, wide = run(capsys, "plan")[1], run(capsys, "plan", "-o", "wide")[1]
+    assert wide.startswith("strategy stoke:")
+    # wide adds columns to the same rows: throughput, utilisation, arrivals
+    header, plain_header = next(line for line in wide.splitlines() if line.startswith("gpu ")), table.splitlines()[2]
+    assert header.split()[: len(plain_header.split())] == plain_header.split()
+    assert header.split()[-3:] == ["thru_rps", "util", "arrivals"]
     with pytest.raises(SystemExit) as err:
         main(["plan", "-o", "xml"])
     assert err.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err
 
 
+def test_wide_is_accepted_only_where_it_adds_columns(capsys):
+    """Every command's -o either takes wide and says what it adds, or refuses it (no wide that prints the table)."""
+    from stoke.cli import build_parser
+
+    def commands(parser, path=()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from commands(sub, (*path, name))
+        yield path, parser
+
+    takes_wide = set()
+    for path, parser in commands(build_parser()):
+        for action in parser._actions:
+            if action.dest == "output_format" and action.choices:
+                if "wide" in action.choices:
+                    takes_wide.add(" ".join(path))
+                    assert "wide (" in (action.help or ""), path  # it says what wide adds
+    assert takes_wide == {"plan", "status", "nodes", "up"}
+    with pytest.raises(SystemExit) as err:
+        main(["workload", "ls", "-o", "wide"])
+    assert err.value.code == 2 and "invalid choice: 'wide'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_dash_reads_stdin(capsys, monkeypatch):
     plan = run(capsys, "plan", "--json")[1]
     monkeypatch.setattr("sys.stdin", io.StringIO(plan))
@@ -174,6 +204,7 @@ def test_json_help_names_the_commands_own_format_flag(capsys, argv, flag):
     assert f"--json same as {flag} json" in text
 
 
+@pytest.mark.slow
 def test_bash_completion_completes_commands_options_and_formats(tmp_path):
     script = tmp_path / "stoke.bash"
     result = subprocess.run(
@@ -203,8 +234,8 @@ def _readme_section(title: str) -> str:
 
 def test_the_readme_documents_every_controller_config_key_and_workload_key():
     from controller.config import ControllerConfig
-    from controller.workload_file import WorkloadFileSpec
-    from stoke.validate import key_docs
+    from foundation.validate import key_docs
+    from planner.workload_file import WorkloadFileSpec
 
     section = _readme_section("Controller configuration")
     for key, _, doc in key_docs(ControllerConfig):
@@ -215,6 +246,7 @@ def test_the_readme_documents_every_controller_config_key_and_workload_key():
         assert f"`{key}`" in workloads, f"README: workload key {key} is not documented"
 
 
+@pytest.mark.slow
 def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
     result = subprocess.run(
         [

@@ -17,7 +17,9 @@ from controller.config import ControllerConfig, ServiceConfig
 from controller.identity import agent_token_node
 from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, PermissionDenied, Unauthenticated
 from controller.server import ControllerServer
-from controller.solver import Workload
+from planner.solver import Workload
+
+pytestmark = pytest.mark.slow  # gRPC servers on loopback: make test-fast skips it
 
 TOKEN = "user-s3cret"
 CPU = [NodeDevice(0, "cpu", "cpu", cores=2)]

@@ -7,13 +7,15 @@ import json
 import time
 
 import pytest
+from profiles import accel_sim_profile
 
 from controller.config import ControllerConfig, RecalibrationConfig, ServiceConfig
 from controller.messages import BatchStat, HeartbeatReport, NodeDevice, Observation
 from controller.server import ControllerServer
 from interference.profile_io import profile_to_dict
 from stoke.cli import main
-from stoke.commands.demo import accel_sim_profile
+
+pytestmark = pytest.mark.slow  # a gRPC server on loopback: make test-fast skips it
 
 TOKEN = "loop-token"
 

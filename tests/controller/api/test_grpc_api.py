@@ -15,7 +15,9 @@ from controller.api.client import ControllerClient
 from controller.config import ControllerConfig, ServiceConfig
 from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Unauthenticated
 from controller.server import ControllerServer
-from controller.solver import Workload
+from planner.solver import Workload
+
+pytestmark = pytest.mark.slow  # gRPC servers on loopback: make test-fast skips it
 
 TOKEN = "s3cret-token"
 

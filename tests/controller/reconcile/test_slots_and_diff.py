@@ -3,7 +3,7 @@
 from controller.messages import ModelAssignment
 from controller.reconcile.diff import classify, diff_assignments
 from controller.reconcile.slots import Binding, bind_gpus, node_assignments, slot_keys
-from controller.solver import GpuPlan, Placement, Plan
+from planner.solver import GpuPlan, Placement, Plan
 
 
 def pl(name, share=10.0, batch=1):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from planner.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.cli import main
 
 WORKLOADS_YAML = """workloads:
@@ -90,7 +90,7 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]):
-    from controller.alerts import SloOptions
+    from deploy.alerts import SloOptions
 
     with pytest.raises(SystemExit):
         main(["alerts", "render", "--help"])
@@ -122,3 +122,26 @@ def test_dashboard_uid_and_triton_selector_options(tmp_path: Path, capsys: pytes
     assert (
         'nv_inference_exec_count{job="triton",workload="photo-tagging"}' in (out / "prometheus-rules.yml").read_text()
     )
+
+
+def test_grafana_alerts_take_the_datasource_uid_and_say_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """grafana-alerts.yml queries --datasource-uid; left at its default, render and the file both say so."""
+
+    def uids(folder: Path) -> set[str]:
+        groups = yaml.safe_load((folder / "grafana-alerts.yml").read_text())["groups"]
+        return {q["datasourceUid"] for g in groups for r in g["rules"] for q in r["data"]} - {"__expr__"}
+
+    default = tmp_path / "default"
+    assert main(["alerts", "render", "--out", str(default)]) == 0
+    out = capsys.readouterr().out
+    assert uids(default) == {"prometheus"}
+    assert "uid 'prometheus' (the default)" in out and "--datasource-uid UID" in out
+    assert "uid 'prometheus' (the default)" in (default / "grafana-alerts.yml").read_text()
+    mine = tmp_path / "mine"
+    assert main(["alerts", "render", "--out", str(mine), "--datasource-uid", "P1809F7CD0C75ACF3"]) == 0
+    out = capsys.readouterr().out
+    assert uids(mine) == {"P1809F7CD0C75ACF3"} and "(the default)" not in out
+    assert "uid 'P1809F7CD0C75ACF3'" in (mine / "grafana-alerts.yml").read_text()
+    dashboard = json.loads((mine / "grafana-dashboard.json").read_text())
+    picker = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
+    assert picker["current"]["value"] == "P1809F7CD0C75ACF3"

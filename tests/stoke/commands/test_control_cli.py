@@ -23,6 +23,8 @@ from controller.server import ControllerServer
 from interference.profile_io import save_profile
 from stoke.cli import main
 
+pytestmark = pytest.mark.slow  # a gRPC server on loopback (and a watch subprocess): make test-fast skips it
+
 TOKEN = "cli-token"
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS = "workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps: 20}\n"
@@ -30,7 +32,13 @@ WORKLOADS = "workloads:\n  - {name: web, model: mlp_small, slo_ms: 100, rate_rps
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ctl")
+    srv = start_server(tmp_path_factory.mktemp("ctl"))
+    yield srv
+    srv.stop()
+
+
+def start_server(tmp: Path) -> ControllerServer:
+    """A controller on loopback with the user token TOKEN and the CPU test profile."""
     (tmp / "token").write_text(TOKEN + "\n")
     save_profile(cpu_profile(), tmp / "cpu.json")
     config = ControllerConfig(
@@ -42,9 +50,7 @@ def server(tmp_path_factory):
         profiles=(ProfileSource(str(tmp / "cpu.json"), "CPU"),),
         service=ServiceConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0),
     )
-    srv = ControllerServer(config).start()
-    yield srv
-    srv.stop()
+    return ControllerServer(config).start()
 
 
 @pytest.fixture
@@ -93,6 +99,50 @@ def test_workload_apply_dry_run_stores_nothing_and_reads_stdin(env, capsys, monk
     assert json.loads(out)["updated"] == ["web"] and json.loads(out)["dry_run"] is True
     listed = yaml.safe_load(run(capsys, "workload", "ls", "-o", "yaml")[1])
     assert listed == [{"name": "web", "model": "mlp_small", "slo_ms": 100.0, "rate_rps": 20.0, "gpu_type": None}]
+
+
+def test_workload_apply_and_its_dry_run_refuse_what_stoke_plan_refuses(env, capsys, tmp_path):
+    """An SLO no profiled device can meet even alone (slo_ms 0.5) is refused by `stoke plan`, by the dry run and
+    by the apply alike, with the solver's reason; nothing is stored."""
+    before = run(capsys, "workload", "ls", "-o", "json")[1]
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("workloads:\n  - {name: fast, model: mlp_small, slo_ms: 0.5, rate_rps: 20}\n")
+    profile = tmp_path / "cpu.json"
+    save_profile(cpu_profile(), profile)
+    code, _, plan_err = run(capsys, "plan", str(fast), "--profile", str(profile))
+    assert code == 2 and "cannot meet its SLO of 0.5 ms" in plan_err
+    for extra in (["--dry-run"], []):
+        code, out, err = run(capsys, "workload", "apply", "-f", str(fast), *extra)
+        assert code == 2 and "would be created" not in out, (extra, out)
+        assert "workloads[0].slo_ms" in err and "cannot meet its SLO of 0.5 ms" in err and "relax the SLO" in err
+    assert run(capsys, "workload", "ls", "-o", "json")[1] == before
+
+
+def test_a_controller_that_is_down_is_one_plain_line_with_the_fix(capsys, monkeypatch):
+    monkeypatch.delenv("STOKE_CONTROLLER", raising=False)
+    for argv in (["status"], ["workload", "ls"], ["plan", "--remote"]):
+        code, _, err = run(capsys, *argv, "--controller", "127.0.0.1:1")
+        line = err.strip()
+        assert code == 2 and len(line.splitlines()) == 1, err
+        assert "controller at 127.0.0.1:1 is unreachable: nothing listens on that port" in line
+        assert "`stoke controller`" in line and "--controller HOST:PORT" in line
+        # none of gRPC's own words
+        for raw in ("failed to connect to all addresses", "ipv4:", "UNKNOWN", "last error"):
+            assert raw not in line, line
+
+
+def test_an_agent_given_the_user_token_fails_at_once_with_the_fix(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("STOKE_TOKEN", raising=False)
+    user = tmp_path / "token"
+    user.write_text(TOKEN + "\n")
+    user.chmod(0o600)
+    argv = ["agent", "--controller", "127.0.0.1:1", "--token-file", str(user), "--device", "cpu"]
+    argv += ["--repo", str(ROOT / "triton_repo"), "--workdir", str(tmp_path / "work"), "--metrics-port", "-1"]
+    started = time.monotonic()
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and time.monotonic() - started < 10
+    assert f"--token-file {user}: not an agent token" in err and "stoke token agent NODE --file NODE.token" in err
+    assert "Triton keeps serving" not in err + out and not (tmp_path / "work").exists()
 
 
 def _node_reporting_endpoints(address: str) -> None:
@@ -194,3 +244,95 @@ def test_status_watch_prints_plain_blocks_when_piped(env):
     assert len(frames) >= 2, out
     assert out.count("plan revision") == len(frames)
     assert out.count("endpoints (stable across share moves):") <= 1  # printed again only when they change
+
+
+def test_plan_remote_status_and_metrics_count_the_same_devices_and_cost():
+    """One definition: a device is in use when a planned GPU is bound to a node device. A planned GPU that no
+    free device could take (here the second) is listed apart by `plan --remote`, not counted."""
+    from controller.api.views import plan_to_pb, status_to_pb
+    from controller.reconcile.planning import PlanView
+    from controller.reconcile.slots import Binding
+    from controller.status import cluster_status
+    from planner.solver.problem import GpuPlan, Placement, Plan, Workload
+    from stoke.commands.control import format_remote_plan
+
+    gpus = tuple(
+        GpuPlan("CPU", 0.1, (Placement(name, "mlp_small", 100, 20, 50.0, 2, 0.0, 5.0, 80.0),)) for name in ("a", "b")
+    )
+    view = PlanView(1, Plan("stoke", gpus), (Binding("n1", 0, "CPU"), None), (("b", "no free CPU device"),), 0.0)
+    workloads = [Workload(name, "mlp_small", 100, 20) for name in ("a", "b")]
+    status = status_to_pb(cluster_status(view, workloads, [], ""))
+    assert (status.gpus_in_use, status.cost_per_hour) == (1, pytest.approx(0.1))  # what stoke_gpus_in_use exports
+    text = format_remote_plan(plan_to_pb(view))
+    assert text.splitlines()[0].startswith("plan revision 1 (stoke): 1 device(s) in use, $0.10/hour; 1 more planned")
+    wide = format_remote_plan(plan_to_pb(view), wide=True)
+    assert wide.splitlines()[2].split()[-2:] == ["thru_rps", "util"]
+
+
+def test_profiles_upload_warns_when_no_node_has_the_profile_s_device_type(env, capsys, tmp_path):
+    profile = tmp_path / "cpu-2core.json"
+    save_profile(cpu_profile(), profile)
+    data = json.loads(profile.read_text())
+    data["gpu"]["name"] = "cpu-2core"  # as `stoke profile run` names a 2-core node's profile
+    profile.write_text(json.dumps(data))
+    with ControllerClient(env.address, token=TOKEN) as user:
+        token = user.mint_agent_token("n-up").token
+    with ControllerClient(env.address, token=token) as node:
+        node.register("n-up", (NodeDevice(0, "cpu", "cpu", cores=2),), "n-up.example")
+    code, out, err = run(capsys, "profiles", "upload", str(profile))
+    assert code == 0 and "cpu-2core" in out  # stored, as before
+    warning = err.strip()
+    assert warning.startswith("stoke: warning: no registered node has a device of GPU type 'cpu-2core'")
+    assert "CPU on " in warning and "n-up/0" in warning and "--gpu-type CPU" in warning
+    code, out, err = run(capsys, "profiles", "upload", str(profile), "--gpu-type", "CPU", "--json")
+    assert code == 0 and err == "" and json.loads(out)["warnings"] == []
+
+
+def test_report_draws_observed_against_predicted_p99_from_a_running_controller(
+    capsys, tmp_path, tmp_path_factory, monkeypatch
+):
+    """`stoke report --observed`: the controller's observation windows become the over-time figure."""
+    srv = start_server(tmp_path_factory.mktemp("ctl-report"))  # a controller of its own: its only node is below
+    monkeypatch.setenv("STOKE_CONTROLLER", srv.address)
+    monkeypatch.setenv("STOKE_TOKEN", TOKEN)
+    try:
+        _report_with_observations(srv, capsys, tmp_path)
+    finally:
+        srv.stop()
+
+
+def _report_with_observations(env, capsys, tmp_path):
+    from controller.messages import Observation
+
+    workloads = tmp_path / "w.yaml"
+    workloads.write_text("workloads:\n  - {name: seen, model: mlp_small, slo_ms: 100, rate_rps: 20}\n")
+    assert run(capsys, "workload", "apply", "-f", str(workloads))[0] == 0
+    with ControllerClient(env.address, token=TOKEN) as user:
+        token = user.mint_agent_token("n-obs").token
+    with ControllerClient(env.address, token=token) as c:
+        c.register("n-obs", (NodeDevice(0, "cpu", "cpu", cores=2), NodeDevice(1, "cpu", "cpu", cores=2)), "n-obs")
+        deadline = time.monotonic() + 20
+        mine: list[ModelAssignment] = []
+        while not mine and time.monotonic() < deadline:
+            answer = c.heartbeat(HeartbeatReport("n-obs"))
+            mine = [a for a in answer.assignments if a.workload == "seen"]
+            time.sleep(0.1)
+        assert mine, "the controller did not place the workload on the node"
+        for seq in range(1, 4):
+            windows = tuple(
+                Observation(
+                    a.key, a.model, seq=seq, window_s=1.0, requests=20, latency_count=20, latency_p99_ms=5.0 + seq
+                )
+                for a in answer.assignments
+            )
+            c.heartbeat(
+                HeartbeatReport("n-obs", running=answer.assignments, observed=windows, applied_revision=answer.revision)
+            )
+    out = tmp_path / "r.html"
+    profile = tmp_path / "cpu.json"
+    save_profile(cpu_profile(), profile)
+    code, text, err = run(capsys, "report", str(workloads), "--profile", str(profile), "--out", str(out), "--observed")
+    assert code == 0, err
+    assert "observation window(s)" in text
+    html = out.read_text()
+    assert html.count("<img ") == 4 and "observed against predicted p99 over time" in html

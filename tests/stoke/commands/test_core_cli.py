@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from floats import assert_close
 
 from interference.profile_io import bundled_profile, bundled_raw_path, load_profile, profile_to_dict
 from stoke.cli import main
@@ -20,6 +21,7 @@ def test_plan_defaults_print_a_table(capsys):
     assert "strategy stoke" in out and "photo-tagging" in out and "share_%" in out
 
 
+@pytest.mark.slow
 def test_plan_json_has_the_documented_shape(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json", "--strategy", "igniter", "--plot", str(tmp_path / "p.png"))
     assert code == 0
@@ -59,6 +61,7 @@ def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
     assert all(r["predicted_latency_ms"] > 0 and r["predicted_throughput_rps"] > 0 for r in result)
 
 
+@pytest.mark.slow
 def test_simulate_a_plan_file(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json")
     (tmp_path / "plan.json").write_text(out)
@@ -72,7 +75,7 @@ def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     out_path = tmp_path / "v100.json"
     code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
     assert code == 0 and "alexnet" in out
-    assert load_profile(out_path) == bundled_profile()
+    assert_close(profile_to_dict(load_profile(out_path)), profile_to_dict(bundled_profile()))
 
 
 def test_a_missing_workload_file_says_what_to_do(capsys, tmp_path):
@@ -95,7 +98,8 @@ def test_profile_fit_shows_coefficients_to_four_significant_figures(capsys, tmp_
     lines = out.splitlines()
     header = lines[0].split()
     assert header == ["model", "kernels", "k1", "k2", "k3", "k4", "k5", "alpha_cache"]
-    profile = bundled_profile()
+    # the profile this very fit wrote (not the bundled one: its last digits follow another machine's BLAS)
+    profile = load_profile(tmp_path / "p.json")
     for line in lines[2 : 2 + len(profile.models)]:
         name, _, *cells = line.split()
         m = profile.models[name]
@@ -197,6 +201,38 @@ def test_the_cpu_example_plans_the_demo_models(capsys):
     assert plan["slo_misses"] == [] and {g["gpu_type"] for g in plan["gpus"]} == {"cpu-2core"}
 
 
+def test_the_cpu_example_s_own_commands_leave_the_bundled_repository_as_it_is(capsys, tmp_path, monkeypatch):
+    """The commands in examples/cpu-demo.yaml's comment, run as written, do not rewrite triton_repo's configs."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    repo = tmp_path / "triton_repo"  # a copy stands in for the bundled one: a failing run must not dirty the checkout
+    shutil.copytree(root / "triton_repo", repo)
+    configs = {p: p.read_bytes() for p in repo.glob("*/config.pbtxt")}
+    lines = [
+        line.lstrip("# ").strip()
+        for line in (root / "examples" / "cpu-demo.yaml").read_text().splitlines()
+        if line.lstrip("# ").startswith("stoke ")
+    ]
+    assert any(line.startswith("stoke triton render") for line in lines)
+    monkeypatch.chdir(root)
+    plan_path = tmp_path / "plan.json"
+    for line in lines:
+        argv = shlex.split(line.replace("plan.json", str(plan_path)).replace("triton_repo", str(repo)))[1:]
+        if argv[:2] == ["triton", "up"]:
+            continue  # serving runs until Ctrl-C (tested elsewhere)
+        if ">" in argv:  # the plan goes to a file
+            argv = argv[: argv.index(">")]
+            code, out, err = run(capsys, *argv)
+            plan_path.write_text(out)
+        else:
+            code, out, err = run(capsys, *argv)
+        assert code == 0, (line, err)
+    assert {p: p.read_bytes() for p in configs} == configs
+
+
 def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(capsys, tmp_path):
     # iGniter runs replicas near saturation: under Poisson arrivals its p99 misses
     code, out, err = run(capsys, "plan", "--strategy", "igniter", "--json", "--fail-on-miss")
@@ -209,10 +245,11 @@ def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(cap
     assert code == 0
 
 
+@pytest.mark.slow
 def test_plot_of_a_large_plan_is_a_summary_plus_pages(capsys, tmp_path):
-    from controller.solver import Problem, solve
-    from controller.solver.random_mix import random_workloads
-    from controller.workload_file import default_gpu_types
+    from planner.solver import Problem, solve
+    from planner.solver.random_mix import random_workloads
+    from planner.workload_file import default_gpu_types
     from stoke.plots import DETAIL_GPUS, plot_plan
 
     plan = solve(Problem(random_workloads(60, seed=4), default_gpu_types()), "stoke")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from triton_helpers import DEMO_REPO
 
+from foundation.errors import UserError
 from stoke.cli import main
 from stoke.commands import demo
-from stoke.errors import UserError
 
 
 def run(capsys, *argv):
@@ -43,6 +43,7 @@ def test_a_failed_start_leaves_no_temporary_directory(capsys, private_tmp, flag)
     assert not list(private_tmp.glob("stoke-up-*"))
 
 
+@pytest.mark.slow
 def test_the_token_file_is_private_from_the_start(capsys, private_tmp, monkeypatch):
     seen = {}
 
@@ -67,3 +68,10 @@ def test_the_token_file_is_private_from_the_start(capsys, private_tmp, monkeypat
 def test_progress_lines_keep_off_stdout_when_it_carries_data(fmt, stream):
     args = argparse.Namespace(json=fmt in ("json", "yaml"), output_format=fmt)
     assert demo.progress_stream(args) is getattr(sys, stream)
+
+
+def test_stoke_up_finds_the_bundled_cpu_profile_outside_the_model_repository(tmp_path, capsys):
+    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
+
+    assert demo.find_cpu_profile("triton_repo", None, tmp_path) == str(bundled_data_dir() / BUNDLED_CPU_PROFILE)
+    assert "placeholder" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []

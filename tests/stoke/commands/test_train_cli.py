@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from controller.training import readers
 from stoke.cli import main
+from training import readers
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -150,3 +150,42 @@ def test_watch_help_says_when_spec_is_needed(capsys):
         run(capsys, "watch", "--help")
     text = " ".join(capsys.readouterr().out.split())
     assert "required with a PLAN.json" in text and "default: the bundled one" not in text
+
+
+def test_dash_o_with_a_format_name_means_the_format_not_a_file(capsys, tmp_path, monkeypatch):
+    """`train plan -o json` prints JSON (kubectl's -o) instead of writing a file named `json`; a real path is
+    still the file to write, and ./json writes one named json."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "plan", "-o", "json")
+    assert code == 0 and json.loads(out)["feasible"] and not (tmp_path / "json").exists()
+    code, out, _ = run(capsys, "plan", "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out)["feasible"] and not (tmp_path / "yaml").exists()
+    code, out, _ = run(capsys, "plan", "-o", "./json")
+    assert code == 0 and json.loads((tmp_path / "json").read_text())["feasible"] and "predicted time" in out
+    (tmp_path / "json").unlink()
+    code, out, _ = run(capsys, "fit-loss", "-o", "json")
+    assert code == 0 and json.loads(out)["kind"] and list(tmp_path.iterdir()) == []
+
+
+def test_render_format_is_yaml_or_json_as_the_readme_says(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "render")
+    yaml_objects = [o for o in yaml.safe_load_all(out) if o]
+    assert code == 0 and {o["kind"] for o in yaml_objects} == {"Service", "StatefulSet"}
+    code, out, _ = run(capsys, "render", "--format", "json")
+    body = json.loads(out)
+    assert code == 0 and body["kind"] == "List" and body["items"] == yaml_objects
+    code, out, _ = run(capsys, "render", "-o", "json")  # -o FORMAT means the format here too
+    assert code == 0 and json.loads(out) == body and not (tmp_path / "json").exists()
+    code, out, _ = run(capsys, "render", "--format", "json", "-o", "k8s.json")
+    assert code == 0 and json.loads((tmp_path / "k8s.json").read_text()) == body
+
+
+def test_commands_that_need_a_file_refuse_a_bare_format_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["profile", "fit", "-", "-o", "json"], ["profile", "run", "-o", "yaml"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "is an output format" in err and "./" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -9,15 +9,19 @@ import json
 import pytest
 
 from controller.render import read_config
-from controller.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
+from foundation.errors import StokeError, UserError
+from planner.solver.problem import GpuPlan, Placement, Plan, plan_to_dict
 from stoke.commands import triton as commands
-from stoke.errors import StokeError, UserError
 
 
 @pytest.fixture
 def parser():
+    from stoke.commands import load
+
     p = argparse.ArgumentParser(prog="stoke")
-    commands.register(p.add_subparsers(dest="command", required=True))
+    subparsers = p.add_subparsers(dest="command", required=True)
+    commands.register(subparsers)
+    load.register(subparsers)
     return p
 
 
@@ -228,6 +232,7 @@ def test_device_serve_refuses_a_negative_duration(capsys):
     assert "--duration must be >= 0 seconds" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sync_to_a_missing_bucket_names_create_bucket(parser, demo_repo_copy, moto_server):
     dest = "s3://no-such-bucket/models"
     with pytest.raises(UserError, match="NoSuchBucket.*; create it with --create-bucket"):

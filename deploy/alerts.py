@@ -1,0 +1,869 @@
+"""SLO alerting artefacts generated from the workloads: pure functions, no I/O.
+
+From a list of `Workload`s (and optionally the `Plan` that serves them) this
+module builds, as plain dicts / text:
+
+* Prometheus recording rules: the SLI error ratio per workload and window,
+  metadata (objective, error budget, burn rates, budget remaining), and the
+  per-workload series the dashboard reads (`panel_rules`);
+* Prometheus alert rules: multi-window multi-burn-rate (Google SRE workbook,
+  the scheme Sloth and Pyrra generate), labelled `severity` and `workload`;
+* `promtool test rules` unit tests for those rules (fast burn pages, slow burn
+  files a ticket, a healthy series stays silent);
+* one templated Grafana dashboard (JSON, a row repeated per `$workload`) and
+  Grafana alert provisioning (YAML).
+
+SLI (error ratio of a latency SLO). A request is *bad* when it is slower than
+the workload's SLO. The latency histogram must have a bucket bound at each
+workload's `slo_ms`; then, over a window `w`,
+
+    error_ratio(w) = 1 - sum(rate(H_bucket{SEL, le="SLO"}[w])) / sum(rate(H_count{SEL}[w]))
+
+`H` defaults to `stoke_request_latency_ms`, exported from the serving path
+(`agents.latency_metrics`: the load generator, with a bucket at every SLO),
+because Triton 2.51 has no per-model histogram (its `model_metrics` arrives in
+2.52). On Triton >= 2.52, `nv_inference_first_response_histogram_ms` with
+`model_metrics` buckets works too (`SloOptions.histogram`). `SEL` is
+`SloOptions.selector` formatted with the workload (default `workload="{name}"`). The `le` bound is matched with a regex
+accepting both the shortest form (`15`, what Triton 2.51's prometheus-cpp
+prints, verified) and the float form (`15.0`, what Python's client prints and
+what Prometheus 3 normalises `le` to), so the rules survive either.
+
+Objective: 99.9 % of requests within the SLO over 30 days (configurable). The
+burn-rate table (per the SRE workbook, for a 30-day period):
+
+    severity  long  short  burn   (budget spent when it fires)
+    page      1h    5m     14.4   2 %
+    page      6h    30m    6      5 %
+    ticket    1d    2h     3      10 %
+    ticket    3d    6h     1      10 %
+
+For another period the rates scale with period / 30 days, so each pair still
+fires at the same share of the budget spent (`burn_windows`). A pair fires
+when the long AND the short window both burn faster than the rate; the pairs
+of one severity are ORed. No traffic (0/0 = NaN) never fires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from foundation.errors import InputError
+from planner.solver.problem import Plan, Workload
+
+# grafana-foundation-sdk loads inside the dashboard builders: the CLI imports this module to build its parser.
+if TYPE_CHECKING:
+    from grafana_foundation_sdk.builders import dashboard as gd
+
+#: (severity, long window, short window, burn rate), the SRE workbook's table for 30 days.
+BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
+    ("page", "1h", "5m", 14.4),
+    ("page", "6h", "30m", 6.0),
+    ("ticket", "1d", "2h", 3.0),
+    ("ticket", "3d", "6h", 1.0),
+)
+SEVERITIES = ("page", "ticket")
+
+
+def burn_windows(options: SloOptions) -> tuple[tuple[str, str, str, float], ...]:
+    """`BURN_WINDOWS` for the options' period: each pair fires at the same share of the budget spent.
+
+    A burn rate b over a long window L spends b * L / period of the budget, so keeping the
+    spent share fixed scales every rate with period / 30 days.
+    """
+    scale = options.period_days / 30.0
+    return tuple((sev, long_w, short_w, burn * scale) for sev, long_w, short_w, burn in BURN_WINDOWS)
+
+
+#: Every window an SLI is recorded over (short to long).
+SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
+
+DEFAULT_HISTOGRAM = "stoke_request_latency_ms"
+DEFAULT_OBJECTIVE = 0.999
+DEFAULT_PERIOD_DAYS = 30
+
+RULES_FILE = "prometheus-rules.yml"
+RULES_TEST_FILE = "prometheus-rules.test.yml"
+DASHBOARD_FILE = "grafana-dashboard.json"
+GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
+
+_LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
+_GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
+DEFAULT_DASHBOARD_UID = "stoke-slo"
+DEFAULT_DATASOURCE_UID = "prometheus"
+
+
+class AlertConfigError(InputError):
+    """Options or workloads cannot be turned into valid rules; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SloOptions:
+    """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, the serving path's histogram."""
+
+    objective: float = DEFAULT_OBJECTIVE  # share of requests that must meet the SLO
+    period_days: int = DEFAULT_PERIOD_DAYS  # SLO period (budget window)
+    histogram: str = DEFAULT_HISTOGRAM  # histogram metric family, in milliseconds
+    selector: str = 'workload="{name}"'  # label matchers of one workload's series
+    # label matchers of one workload's Triton series: Triton labels them only by model, so a workload
+    # label must come from the scrape (each Triton process serves one workload); see `panel_rules`
+    triton_selector: str = 'model="{model}",workload="{name}"'
+    dashboard_uid: str = DEFAULT_DASHBOARD_UID  # stable Grafana uid, whatever the workloads
+    rule_interval: str | None = None  # group evaluation interval (None: Prometheus' global)
+    # uid of the Grafana Prometheus data source the alert rules query (the dashboard offers a picker instead);
+    # Grafana gives data sources random uids unless provisioned with one, so the default must be said aloud
+    datasource_uid: str = DEFAULT_DATASOURCE_UID
+    folder: str = "stoke"  # Grafana folder of the alert rules
+    org_id: int = 1
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.objective, bool)
+            or not isinstance(self.objective, (int, float))
+            or not 0.0 < self.objective < 1.0
+        ):
+            raise AlertConfigError(f"objective must be a ratio in (0, 1) such as 0.999, got {self.objective!r}")
+        if isinstance(self.period_days, bool) or not isinstance(self.period_days, int) or self.period_days < 1:
+            raise AlertConfigError(f"period_days must be a whole number >= 1, got {self.period_days!r}")
+        if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.histogram):
+            raise AlertConfigError(f"histogram {self.histogram!r} is not a Prometheus metric name")
+        for field_name in ("selector", "triton_selector"):
+            value = getattr(self, field_name)
+            try:
+                value.format(model="m", name="n")
+            except (KeyError, IndexError, ValueError) as err:
+                raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
+        if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
+            raise AlertConfigError(
+                f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
+                f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}"
+            )
+
+    @property
+    def error_budget(self) -> float:
+        return 1.0 - self.objective
+
+    @property
+    def period(self) -> str:
+        return f"{self.period_days}d"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def format_number(value: float) -> str:
+    """Short text of a number for expressions: 15 -> '15', 0.0010000000000000009 -> '0.001'."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.12g}"
+
+
+def le_text(slo_ms: float) -> str:
+    """The `le` bound as Triton 2.51 prints it (shortest round-trip form): 15 -> '15', 2.5 -> '2.5'."""
+    value = float(slo_ms)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def le_matcher(slo_ms: float) -> str:
+    """Regex matching the `le` label of the bucket at `slo_ms` in every printed form.
+
+    Used inside a PromQL raw (backtick) string, so the backslashes stay as they are.
+    Triton 2.51 (prometheus-cpp) prints `15`; Python clients and Prometheus 3
+    (which normalises `le` on ingestion) print `15.0`. 2.5 is `2.5` in both.
+    """
+    text = le_text(slo_ms)
+    escaped = re.escape(text)
+    return f"{escaped}(\\.0)?" if "." not in text and "e" not in text else escaped
+
+
+def _check_label_value(value: str, what: str) -> str:
+    if not _LABEL_VALUE.match(value):
+        raise AlertConfigError(f"{what} {value!r} cannot be a label value (no quotes, backslashes or newlines)")
+    return value
+
+
+def workload_selector(workload: Workload, options: SloOptions) -> str:
+    """Label matchers (without braces) of one workload's Triton series."""
+    _check_label_value(workload.model, f"workload {workload.name!r}: model")
+    return options.selector.format(model=workload.model, name=workload.name)
+
+
+def _ident(workload: Workload) -> dict[str, str]:
+    return {"workload": _check_label_value(workload.name, "workload name"), "model": workload.model}
+
+
+def _wl(workload: Workload) -> str:
+    return f'workload="{workload.name}"'
+
+
+def _uid(*parts: str) -> str:
+    """Stable Grafana uid (<= 40 chars, [a-zA-Z0-9_-])."""
+    slug = re.sub(r"[^a-zA-Z0-9_-]+", "-", "-".join(parts)).strip("-")[:27]
+    digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:12]
+    return f"{slug}-{digest}"
+
+
+def _validate(workloads: Sequence[Workload]) -> tuple[Workload, ...]:
+    workloads = tuple(workloads)
+    if not workloads:
+        raise AlertConfigError("no workloads: give at least one workload to alert on")
+    names = [w.name for w in workloads]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise AlertConfigError(f"workload names must be unique; repeated: {', '.join(repeated)}")
+    for w in workloads:
+        _check_label_value(w.name, "workload name")
+        _check_label_value(w.model, f"workload {w.name!r}: model")
+    return workloads
+
+
+def shared_selectors(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, list[str]]:
+    """Selectors used by more than one workload (their SLIs then measure the same traffic)."""
+    by_selector: dict[str, list[str]] = {}
+    for w in workloads:
+        by_selector.setdefault(workload_selector(w, options), []).append(w.name)
+    return {sel: names for sel, names in by_selector.items() if len(names) > 1}
+
+
+# --------------------------------------------------------------------------- Prometheus rules
+
+
+def sli_expr(workload: Workload, window: str, options: SloOptions) -> str:
+    sel = workload_selector(workload, options)
+    h = options.histogram
+    good = f"sum(rate({h}_bucket{{{sel},le=~`{le_matcher(workload.slo_ms)}`}}[{window}]))"
+    total = f"sum(rate({h}_count{{{sel}}}[{window}]))"
+    return f"1 - ({good} / {total})"
+
+
+def recording_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """SLI error ratio of `workload` over every window, then its period average."""
+    labels = _ident(workload)
+    rules = [
+        {"record": f"slo:sli_error:ratio_rate{w}", "expr": sli_expr(workload, w, options), "labels": dict(labels)}
+        for w in SLI_WINDOWS
+    ]
+    five = f"slo:sli_error:ratio_rate5m{{{_wl(workload)}}}"
+    rules.append(
+        {
+            "record": f"slo:sli_error:ratio_rate{options.period}",
+            "expr": f"sum_over_time({five}[{options.period}]) / count_over_time({five}[{options.period}])",
+            "labels": dict(labels),
+        }
+    )
+    return rules
+
+
+def metadata_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """Objective, budget, SLO target, planned rate, burn rates and budget remaining of `workload`."""
+    labels = _ident(workload)
+    wl = _wl(workload)
+    budget = f"slo:error_budget:ratio{{{wl}}}"
+
+    def rule(record: str, expr: str) -> dict[str, Any]:
+        return {"record": record, "expr": expr, "labels": dict(labels)}
+
+    return [
+        rule("slo:objective:ratio", f"vector({format_number(options.objective)})"),
+        rule("slo:error_budget:ratio", f"vector({format_number(options.error_budget)})"),
+        rule("slo:time_period:days", f"vector({options.period_days})"),
+        rule("slo:latency_target:ms", f"vector({format_number(workload.slo_ms)})"),
+        rule("slo:target_rate:rps", f"vector({format_number(workload.rate_rps)})"),
+        rule("slo:current_burn_rate:ratio", f"slo:sli_error:ratio_rate5m{{{wl}}} / on(workload, model) {budget}"),
+        rule(
+            "slo:period_burn_rate:ratio",
+            f"slo:sli_error:ratio_rate{options.period}{{{wl}}} / on(workload, model) {budget}",
+        ),
+        rule("slo:period_error_budget_remaining:ratio", f"1 - slo:period_burn_rate:ratio{{{wl}}}"),
+    ]
+
+
+#: Per-workload series the dashboard reads (record name, what it is). Recording them here keeps the
+#: dashboard one template over `{workload="$workload"}`, whatever each workload's selectors are.
+PANEL_RECORDS = (
+    ("slo:request_latency_ms:p99_5m", "p99 request latency from the SLI histogram"),
+    ("slo:request_latency_ms:p50_5m", "median request latency from the SLI histogram"),
+    ("workload:nv_inference_request_success:rate5m", "requests served by this workload's Triton processes"),
+    ("workload:nv_inference_request_failure:rate5m", "requests failed"),
+    ("workload:nv_inference_batch_size:mean5m", "mean executed batch"),
+    ("workload:nv_inference_queue_ms:mean5m", "mean time a request waits in Triton's queue"),
+    ("workload:nv_inference_compute_ms:mean5m", "mean inference time per request"),
+)
+
+
+def triton_selector(workload: Workload, options: SloOptions) -> str:
+    """Label matchers (without braces) of one workload's Triton series (`SloOptions.triton_selector`)."""
+    return options.triton_selector.format(model=workload.model, name=workload.name)
+
+
+def panel_rules(workload: Workload, options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """The per-workload series of the dashboard (`PANEL_RECORDS`), labelled workload and model.
+
+    Triton labels its series by model only, so two workloads serving one model
+    would mix. stoke runs one Triton process per workload replica; the scrape
+    gives each process's target a ``workload`` label, and the Triton selector
+    (default ``model="{model}",workload="{name}"``) keeps each workload to its own.
+    """
+    labels = _ident(workload)
+    sel, tsel, h = workload_selector(workload, options), triton_selector(workload, options), options.histogram
+
+    def rate(metric: str) -> str:
+        return f"sum(rate({metric}{{{tsel}}}[5m]))"
+
+    exprs = [
+        f"histogram_quantile(0.99, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))",
+        f"histogram_quantile(0.5, sum by (le) (rate({h}_bucket{{{sel}}}[5m])))",
+        rate("nv_inference_request_success"),
+        rate("nv_inference_request_failure"),
+        f"{rate('nv_inference_count')} / {rate('nv_inference_exec_count')}",
+        f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')} / 1000",
+        f"{rate('nv_inference_compute_infer_duration_us')} / {rate('nv_inference_request_success')} / 1000",
+    ]
+    return [{"record": record, "expr": expr, "labels": dict(labels)} for (record, _), expr in zip(PANEL_RECORDS, exprs)]
+
+
+def alert_expr(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> str:
+    """Pairs of (long AND short window above burn x budget), ORed, for one severity."""
+    wl = _wl(workload)
+    parts = []
+    for sev, long_w, short_w, burn in burn_windows(options):
+        if sev != severity:
+            continue
+        threshold = f"({format_number(burn)} * {format_number(options.error_budget)})"
+        parts.append(
+            f"(slo:sli_error:ratio_rate{long_w}{{{wl}}} > {threshold}\n"
+            f" and slo:sli_error:ratio_rate{short_w}{{{wl}}} > {threshold})"
+        )
+    if not parts:
+        raise AlertConfigError(f"unknown severity {severity!r}; use one of {', '.join(SEVERITIES)}")
+    return "\nor\n".join(parts)
+
+
+def alert_annotations(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, str]:
+    pairs = [f"{lw}/{sw} at {format_number(b)}x" for s, lw, sw, b in burn_windows(options) if s == severity]
+    objective = format_number(options.objective * 100)
+    return {
+        "summary": f"{workload.name}: latency SLO error budget burning too fast ({severity})",
+        "description": (
+            f"Workload {workload.name} (model {workload.model}): more than the allowed share of "
+            f"requests is slower than {format_number(workload.slo_ms)} ms; objective {objective}% "
+            f"over {options.period}; windows {', '.join(pairs)}."
+        ),
+    }
+
+
+def alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, Any]:
+    return {
+        "alert": ALERT_NAMES[severity],
+        "expr": alert_expr(workload, severity, options),
+        "labels": {"severity": severity, **_ident(workload)},
+        "annotations": alert_annotations(workload, severity, options),
+    }
+
+
+def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """The rule file (`groups:`) for all workloads: SLI, metadata, dashboard and alert groups per workload."""
+    groups = []
+    for w in _validate(workloads):
+        for kind, rules in (
+            ("sli", recording_rules(w, options)),
+            ("meta", metadata_rules(w, options)),
+            ("panels", panel_rules(w, options)),
+            ("alerts", [alert_rule(w, s, options) for s in SEVERITIES]),
+        ):
+            group: dict[str, Any] = {"name": f"stoke-slo-{kind}-{w.name}"}
+            if options.rule_interval:
+                group["interval"] = options.rule_interval
+            group["rules"] = rules
+            groups.append(group)
+    return {"groups": groups}
+
+
+# --------------------------------------------------------------------------- promtool unit tests
+
+#: (scenario, error ratio as a multiple of the error budget, evaluation time)
+TEST_SCENARIOS: tuple[tuple[str, float, str], ...] = (
+    ("fast burn", 20.0, "20m"),  # 20 x budget: above every pair's burn rate, pages at once
+    ("slow burn", 2.0, "6h10m"),  # 2 x budget: only the 3d/6h pair at 1x (a ticket), once 6h have passed
+    ("healthy", 0.5, "6h10m"),  # half the budget: silent
+)
+
+
+def expected_firing(error_ratio: float, options: SloOptions = SloOptions()) -> tuple[str, ...]:
+    """Severities that fire for a constant error ratio, once every window has filled."""
+    return tuple(
+        s
+        for s in SEVERITIES
+        if any(sev == s and error_ratio > burn * options.error_budget for sev, _, _, burn in burn_windows(options))
+    )
+
+
+def _series_values(per_step: float, steps: int) -> str:
+    return f"0+{format_number(per_step)}x{steps}"
+
+
+def rule_tests(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    rules_file: str = RULES_FILE,
+    le_style: str = "short",
+) -> dict[str, Any]:
+    """A `promtool test rules` file for the generated rules.
+
+    Every workload gets 600 requests/min (a sample every 2 minutes) and a constant
+    share of slow requests: the fast burn 20 x the error budget (capped at
+    100 %), the slow burn 2 x, the healthy series 0.5 x. Which severities fire
+    follows from the burn-rate table (`expected_firing`); with the default
+    99.9 % objective: page and ticket, ticket only, nothing. `le_style` writes
+    the bucket bound as Triton prints it ('short': `15`) or as Python clients
+    and Prometheus 3 do ('float': `15.0`).
+    """
+    if le_style not in ("short", "float"):
+        raise AlertConfigError("le_style must be 'short' or 'float'")
+    workloads = _validate(workloads)
+    step_minutes = 2
+    total = 600.0 * step_minutes  # requests per step: 600/min
+    steps = (6 * 60 + 20) // step_minutes
+    tests = []
+    for name, multiple, eval_time in TEST_SCENARIOS:
+        ratio = min(1.0, multiple * options.error_budget)
+        firing = expected_firing(ratio, options)
+        good = total * (1.0 - ratio)
+        # Workloads sharing a selector share the series: one bucket per distinct SLO bound, all with
+        # the same good count (no request lands between two SLO bounds), so each sees `ratio`.
+        series: dict[str, str] = {}
+        for w in workloads:
+            sel = workload_selector(w, options)
+            le = le_text(w.slo_ms)
+            if le_style == "float" and "." not in le and "e" not in le:
+                le += ".0"
+            series[f'{options.histogram}_bucket{{{sel},le="{le}"}}'] = _series_values(good, steps)
+            series[f'{options.histogram}_bucket{{{sel},le="+Inf"}}'] = _series_values(total, steps)
+            series[f"{options.histogram}_count{{{sel}}}"] = _series_values(total, steps)
+        cases = []
+        for severity in SEVERITIES:
+            exp = []
+            if severity in firing:
+                exp = [
+                    {
+                        "exp_labels": {"severity": severity, **_ident(w)},
+                        "exp_annotations": alert_annotations(w, severity, options),
+                    }
+                    for w in workloads
+                ]
+            cases.append({"eval_time": eval_time, "alertname": ALERT_NAMES[severity], "exp_alerts": exp})
+        expr_tests = [
+            {  # the recorded SLI equals the injected error ratio (to 1e-9)
+                "expr": f"abs(slo:sli_error:ratio_rate5m{{{_wl(w)}}} - {format_number(ratio)}) < bool 1e-9",
+                "eval_time": eval_time,
+                "exp_samples": [
+                    {"labels": "{" + ",".join(f'{k}="{v}"' for k, v in _ident(w).items()) + "}", "value": 1}
+                ],
+            }
+            for w in workloads
+        ]
+        tests.append(
+            {
+                "name": f"{name}: {', '.join(firing) or 'nothing'} fires",
+                "interval": f"{step_minutes}m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "alert_rule_test": cases,
+                "promql_expr_test": expr_tests,
+            }
+        )
+    return {"rule_files": [rules_file], "evaluation_interval": f"{step_minutes}m", "tests": tests}
+
+
+# --------------------------------------------------------------------------- Grafana dashboard
+
+
+def plan_rows(plan: Plan | None, nodes: Mapping[int, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per workload: its replicas' GPU index, GPU type, node, share and batch from the plan."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    if plan is None:
+        return rows
+    for gpu, p in plan.placements():
+        rows.setdefault(p.name, []).append(
+            {
+                "gpu": gpu,
+                "gpu_type": plan.gpus[gpu].gpu_type,
+                "node": (nodes or {}).get(gpu, f"gpu-{gpu}"),
+                "share_pct": p.share_pct,
+                "batch": p.batch,
+                "replica": p.replica,
+                "replicas": p.replicas,
+                "rate_rps": p.rate_rps,
+                "predicted_worst_ms": p.predicted_worst_ms,
+            }
+        )
+    return rows
+
+
+def _plan_markdown(rows: Mapping[str, list[dict[str, Any]]]) -> str:
+    lines = [
+        "| workload | replica | node | GPU | type | share % | batch | rate rps | predicted worst ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, replicas in rows.items():
+        for r in replicas:
+            lines.append(
+                f"| {name} | {r['replica']}/{r['replicas']} | {r['node']} | {r['gpu']} | {r['gpu_type']} | "
+                f"{format_number(round(r['share_pct'], 2))} | {r['batch']} | "
+                f"{format_number(round(r['rate_rps'], 2))} | "
+                f"{format_number(round(r['predicted_worst_ms'], 3))} |"
+            )
+    return "\n".join(lines)
+
+
+WORKLOAD_VARIABLE = "workload"
+
+
+class _PanelKit:
+    """What every panel of the dashboard shares: the data source and the next panel id."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self._ids = iter(range(1, 1000))
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def series(self, panel: Any, *targets: tuple[str, str]) -> Any:
+        from grafana_foundation_sdk.builders import prometheus
+
+        for i, (expr, legend) in enumerate(targets):
+            panel = panel.with_target(
+                prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(self.ds)
+            )
+        return panel.datasource(self.ds).id(self.next_id())
+
+    @staticmethod
+    def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
+        from grafana_foundation_sdk.builders import dashboard as gd
+        from grafana_foundation_sdk.models import dashboard as dm
+
+        return (
+            gd.ThresholdsConfig()
+            .mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in pairs])
+        )
+
+
+def grafana_dashboard(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    plan: Plan | None = None,
+    nodes: Mapping[int, str] | None = None,
+) -> dict[str, Any]:
+    """One templated dashboard: a `$workload` variable and a row repeated per selected workload.
+
+    The row's panels read only per-workload series (`PANEL_RECORDS`, the SLO
+    metadata rules and the controller's ``stoke_workload_*``) selected by
+    ``workload="$workload"``, so the dashboard is the same whatever the
+    workloads are: adding one needs new rules, not a new dashboard, and its
+    uid (`SloOptions.dashboard_uid`) never changes. With a plan, a text panel
+    lists every placement. Built with grafana-foundation-sdk's typed builders.
+    """
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.builders import text as text_panel
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models.text import TextMode
+
+    _validate(workloads)
+    kit = _PanelKit(dm.DataSourceRef(type_val="prometheus", uid="${datasource}"))
+    board = _dashboard_shell(options, kit.ds)
+    if plan is not None:
+        board = board.with_panel(
+            text_panel.Panel()
+            .title("Plan: placement, share and batch of every replica")
+            .mode(TextMode.MARKDOWN)
+            .content(_plan_markdown(plan_rows(plan, nodes)))
+            .height(min(16, 3 + len(plan.placements())))
+            .span(24)
+            .id(kit.next_id())
+        )
+    panels = _workload_panels(kit, options)  # built before the row: the panel ids keep their order
+    board = board.with_row(gd.Row(f"${WORKLOAD_VARIABLE}").repeat(WORKLOAD_VARIABLE).id(kit.next_id()))
+    for panel in panels:
+        board = board.with_panel(panel)
+    board = board.with_row(gd.Row("Devices (stoke agent exporter)").id(kit.next_id()))
+    for panel in _device_panels(kit):
+        board = board.with_panel(panel)
+    return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
+
+
+def _dashboard_shell(options: SloOptions, ds: Any) -> Any:
+    """The dashboard without panels: title, uid, refresh, and the data source and workload variables."""
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.models import dashboard as dm
+
+    return (
+        gd.Dashboard("stoke: inference SLOs")
+        .uid(options.dashboard_uid)
+        .tags(["stoke", "slo", "triton"])
+        .timezone("utc")
+        .editable()
+        .refresh("30s")
+        .time("now-6h", "now")
+        .with_variable(
+            gd.DatasourceVariable("datasource")
+            .label("Data source")
+            .type("prometheus")
+            .current(dm.VariableOption(text=options.datasource_uid, value=options.datasource_uid))
+        )
+        .with_variable(
+            gd.QueryVariable(WORKLOAD_VARIABLE)
+            .label("Workload")
+            .datasource(ds)
+            .query(f"label_values(slo:latency_target:ms, {WORKLOAD_VARIABLE})")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+        )
+    )
+
+
+def _workload_panels(kit: _PanelKit, options: SloOptions) -> list[Any]:
+    """The row repeated per selected workload, laid out in two lines of equal height."""
+    from grafana_foundation_sdk.builders import stat, timeseries
+
+    wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
+    series, steps = kit.series, kit.steps
+    return [
+        series(
+            timeseries.Panel().fill_opacity(10).title("latency vs SLO").unit("ms").height(8).span(8),
+            (f"slo:request_latency_ms:p99_5m{{{wl}}}", "p99"),
+            (f"slo:request_latency_ms:p50_5m{{{wl}}}", "p50"),
+            (f"slo:latency_target:ms{{{wl}}}", "SLO"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("requests").unit("reqps").height(8).span(8),
+            (f"workload:nv_inference_request_success:rate5m{{{wl}}}", "served (Triton)"),
+            (f"workload:nv_inference_request_failure:rate5m{{{wl}}}", "failed (Triton)"),
+            (f"slo:target_rate:rps{{{wl}}}", "planned"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("batch: observed vs planned").height(8).span(8),
+            (f"workload:nv_inference_batch_size:mean5m{{{wl}}}", "observed mean batch"),
+            (f"stoke_workload_planned_batch{{{wl}}}", "planned batch"),
+        ),
+        series(
+            stat.Panel()
+            .title(f"error budget left ({options.period})")
+            .unit("percentunit")
+            .height(6)
+            .span(4)
+            .thresholds(steps((None, "red"), (0.25, "orange"), (0.5, "green"))),
+            (f"slo:period_error_budget_remaining:ratio{{{wl}}}", "remaining"),
+        ),
+        series(
+            stat.Panel()
+            .title("burn rate (5m)")
+            .height(6)
+            .span(4)
+            .thresholds(steps((None, "green"), (1.0, "orange"), (6.0, "red"))),
+            (f"slo:current_burn_rate:ratio{{{wl}}}", "burn"),
+        ),
+        series(
+            stat.Panel().title("planned share (all replicas)").unit("percent").height(6).span(4),
+            (f"stoke_workload_planned_share_pct{{{wl}}}", "share"),
+        ),
+        series(
+            timeseries.Panel().fill_opacity(10).title("Triton time per request").unit("ms").height(6).span(12),
+            (f"workload:nv_inference_queue_ms:mean5m{{{wl}}}", "queue"),
+            (f"workload:nv_inference_compute_ms:mean5m{{{wl}}}", "compute"),
+        ),
+    ]
+
+
+def _device_panels(kit: _PanelKit) -> list[Any]:
+    """The devices row: what the agents' exporter reports per device."""
+    from grafana_foundation_sdk.builders import timeseries
+
+    panels = [
+        kit.series(
+            timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),
+            (metric, "{{instance}} {{kind}}{{device}}"),
+        )
+        for title, metric, unit in (
+            ("device utilisation", "stoke_device_utilization_ratio", "percentunit"),
+            ("SM clock", "stoke_device_sm_clock_hertz", "hertz"),
+            ("power", "stoke_device_power_watts", "watt"),
+            ("memory used", "stoke_device_memory_used_bytes", "bytes"),
+        )
+    ]
+    panels.append(
+        kit.series(
+            timeseries.Panel().fill_opacity(10).title("throttle reasons active").height(6).span(12),
+            ("stoke_device_throttle_reason == 1", "{{instance}} gpu{{device}} {{reason}}"),
+        )
+    )
+    panels.append(
+        kit.series(
+            timeseries.Panel().fill_opacity(10).title("GPU processes (compute + MPS)").height(6).span(12),
+            ("stoke_device_processes", "{{instance}} gpu{{device}} {{type}}"),
+        )
+    )
+    return panels
+
+
+# --------------------------------------------------------------------------- Grafana alert provisioning
+
+_DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(window: str) -> int:
+    return int(window[:-1]) * _DURATION_SECONDS[window[-1]]
+
+
+def grafana_alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """One Grafana-managed rule evaluating the same burn-rate expression (A) with a threshold (C)."""
+    longest = max(_seconds(lw) for s, lw, _, _ in BURN_WINDOWS if s == severity)
+    return {
+        "uid": _uid("stoke", severity, workload.name),
+        "title": f"{workload.name}: latency SLO burn ({severity})",
+        "condition": "C",
+        "data": [
+            {
+                "refId": "A",
+                "relativeTimeRange": {"from": longest, "to": 0},
+                "datasourceUid": options.datasource_uid,
+                "model": {
+                    "refId": "A",
+                    "expr": alert_expr(workload, severity, options),
+                    "instant": True,
+                    "intervalMs": 1000,
+                    "maxDataPoints": 43200,
+                },
+            },
+            {
+                "refId": "C",
+                "relativeTimeRange": {"from": 0, "to": 0},
+                "datasourceUid": "__expr__",
+                "model": {
+                    "refId": "C",
+                    "type": "threshold",
+                    "expression": "A",
+                    "datasource": {"type": "__expr__", "uid": "__expr__"},
+                    "conditions": [{"evaluator": {"type": "gt", "params": [0]}}],
+                },
+            },
+        ],
+        "noDataState": "OK",
+        "execErrState": "Error",
+        "for": "0s",
+        "isPaused": False,
+        "labels": {"severity": severity, **_ident(workload)},
+        "annotations": alert_annotations(workload, severity, options),
+    }
+
+
+def grafana_alerting(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """Grafana alert provisioning file: apiVersion 1, one group with every workload's rules.
+
+    The rules read the `slo:sli_error:*` series, so the Prometheus recording
+    rules must be loaded; Grafana only evaluates the alert expressions.
+    """
+    workloads = _validate(workloads)
+    return {
+        "apiVersion": 1,
+        "groups": [
+            {
+                "orgId": options.org_id,
+                "name": "stoke-slo",
+                "folder": options.folder,
+                "interval": "1m",
+                "rules": [grafana_alert_rule(w, s, options) for w in workloads for s in SEVERITIES],
+            }
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- all files
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (PromQL) as literal blocks."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def _yaml(data: Any, header: str) -> str:
+    return header + yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True
+    )
+
+
+def render_all(
+    workloads: Sequence[Workload],
+    options: SloOptions = SloOptions(),
+    plan: Plan | None = None,
+    nodes: Mapping[int, str] | None = None,
+) -> dict[str, str]:
+    """Every artefact as file name -> text (deterministic; the caller writes them)."""
+    workloads = _validate(workloads)
+    shared = shared_selectors(workloads, options)
+    note = ""
+    if shared:
+        note = "".join(
+            f"# NOTE: workloads {', '.join(n)} share the series {{{s}}}: their SLIs measure the same "
+            f"traffic. Give each workload its own series (selector option).\n"
+            for s, n in shared.items()
+        )
+    header = (
+        f"# Generated by `stoke alerts render`; do not edit. Objective {format_number(options.objective * 100)}% "
+        f"of requests under each workload's SLO over {options.period};\n# SLI histogram {options.histogram}.\n" + note
+    )
+    files = {
+        RULES_FILE: _yaml(prometheus_rules(workloads, options), header),
+        DASHBOARD_FILE: json.dumps(grafana_dashboard(workloads, options, plan, nodes), indent=2) + "\n",
+        GRAFANA_ALERTS_FILE: _yaml(
+            grafana_alerting(workloads, options),
+            header
+            + f"# The rules query the Grafana data source with uid {options.datasource_uid!r}"
+            + (" (the default)" if options.datasource_uid == DEFAULT_DATASOURCE_UID else "")
+            + ": it must be your Prometheus data source's uid\n# (Grafana: Connections > Data sources, the last "
+            "part of its URL); render with --datasource-uid UID for another.\n",
+        ),
+    }
+    files[RULES_TEST_FILE] = _yaml(rule_tests(workloads, options), header)
+    return files
+
+
+def summary_rows(workloads: Iterable[Workload], options: SloOptions = SloOptions()) -> list[dict[str, Any]]:
+    """One row per workload for a human table: SLO, objective and the page/ticket thresholds."""
+    out = []
+    for w in workloads:
+        out.append(
+            {
+                "workload": w.name,
+                "model": w.model,
+                "slo_ms": w.slo_ms,
+                "objective_pct": options.objective * 100,
+                "page_error_ratio": max(b for s, _, _, b in burn_windows(options) if s == "page")
+                * options.error_budget,
+                "ticket_error_ratio": min(b for s, _, _, b in burn_windows(options) if s == "ticket")
+                * options.error_budget,
+                "selector": workload_selector(w, options),
+            }
+        )
+    return out

@@ -1,0 +1,1 @@
+"""The foundation every floor may use: errors, file writing, input checks, names, the kinds of AWS failure."""

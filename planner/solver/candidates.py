@@ -1,0 +1,330 @@
+"""Shared machinery of the strategies: solo points, latency targets and co-location.
+
+Estimate, then optimise: every strategy builds, per workload and GPU type, a
+candidate (batch, minimum share) from the solo model, and then asks
+`colocate` whether a set of candidates fits one GPU, raising the share of
+each workload that misses its target one step at a time (the published
+iGniter rule) until all meet it or the GPU's shares pass 100%.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from interference.batching import MAX_UTILISATION, BatchingTable, CurveSet, batching_shape, delay_mode
+from interference.batching import table as batching_table
+from interference.latency import Prediction, SoloPoint, VectorPredictor, predict_points, share_steps, solo_point
+from planner.solver.problem import GpuType, Placement, ProblemError, Workload
+
+#: Largest batch any strategy considers (the profiled range is 1..32).
+MAX_BATCH = 32
+EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """iGniter's target: co-located inference latency t_inf <= `latency_budget_ms`, throughput >= rate."""
+
+    latency_budget_ms: float
+    rate_rps: float
+
+    def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
+        return (
+            prediction.latency_ms <= self.latency_budget_ms + EPS and prediction.throughput_rps >= self.rate_rps - EPS
+        )
+
+    def met_by_arrays(self, latency_ms: Any, throughput_rps: Any) -> Any:
+        """Vectorised check over arrays of predicted latency and throughput."""
+        return (latency_ms <= self.latency_budget_ms + EPS) & (throughput_rps >= self.rate_rps - EPS)
+
+
+LOGIT_START, LOGIT_STEP = BatchingTable.LOGIT_START, BatchingTable.LOGIT_STEP
+
+
+@dataclass(frozen=True, slots=True)
+class P99Target:
+    """stoke's target: the replica's p99 latency within `latency_budget_ms`, utilisation within the cap.
+
+    The p99 comes from the batching model (`interference.batching`) of the
+    replica's queue: its rate, max batch, queue delay and arrival kind, with
+    the co-located prediction at the planned batch as O(B) and L(B). Poisson
+    queues read the interpolated table curve of their (batch, share, delay
+    mode); paced queues use the exact closed form L(B) + (B-1)/rate.
+    """
+
+    latency_budget_ms: float
+    rate_rps: float
+    batch: int
+    queue_delay_ms: float
+    model: str
+    paced: bool = False
+    max_utilisation: float = MAX_UTILISATION
+    mode: str = field(init=False)  # the batching table's delay mode, fixed by the fields above
+    #: share -> this queue's table curves at that share (filled on use: the hot path of `colocate`)
+    _curves: dict[float, tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        mode = "paced" if self.paced else delay_mode(self.batch, self.rate_rps, self.queue_delay_ms)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "_curves", {})
+
+    def p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
+        latency, throughput = prediction.latency_ms, prediction.throughput_rps
+        utilisation = self.rate_rps / throughput
+        if self.paced:
+            return latency + 1000.0 * (self.batch - 1) / self.rate_rps if utilisation <= 1.0 + EPS else math.inf
+        if utilisation > MAX_UTILISATION + EPS:
+            return math.inf
+        occupancy = 1000.0 * self.batch / throughput
+        found = self._curves.get(share)
+        if found is None:
+            found = self._curves[share] = cache.p99_curve(self.model, self.batch, share, self.mode)
+        curve, sizes = found
+        u = utilisation if utilisation > 1e-12 else 1e-12
+        pos = (math.log(u / (1.0 - u)) - LOGIT_START) / LOGIT_STEP
+        low = min(int(pos), len(curve) - 2) if pos >= 0 else 0  # below the grid: extrapolate
+        w = pos - low
+        ratio = math.exp(curve[low] + (curve[low + 1] - curve[low]) * w)
+        size = sizes[low] + (sizes[low + 1] - sizes[low]) * w
+        return ratio * occupancy + (latency - occupancy) * size / self.batch
+
+    def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
+        if self.rate_rps > prediction.throughput_rps * self.max_utilisation + EPS:
+            return False
+        return self.p99_ms(cache, prediction, share) <= self.latency_budget_ms + EPS
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A workload replica to place: its batch, minimum share and target on one GPU type."""
+
+    workload: Workload
+    rate_rps: float
+    batch: int
+    min_share: float
+    target: Target | P99Target
+    queue_delay_ms: float = 0.0  # dynamic batching: longest wait for a batch to fill
+    replica: int = 0
+    replicas: int = 1
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.workload.name, self.replica)
+
+
+class PointCache:
+    """Memoised solo points of one GPU type: (model, batch, share) -> SoloPoint."""
+
+    def __init__(self, gpu_type: GpuType):
+        self.gpu_type = gpu_type
+        self.profile = gpu_type.profile
+        self.step = gpu_type.profile.gpu.share_step_pct
+        self._points: dict[tuple[str, int, float], SoloPoint] = {}
+        self._tables: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
+        self._curves: dict[tuple[str, str], CurveSet] = {}
+        self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
+        self.shares = share_steps(self.profile.gpu)
+
+    def solo_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Solo latency and throughput of `model`, shape (MAX_BATCH, shares): batch 1.. x share step.."""
+        table = self._tables.get(model)
+        if table is None:
+            self.profile.model(model)  # unknown model -> descriptive error
+            predictor = VectorPredictor(self.profile)
+            batches, shares = np.meshgrid(np.arange(1, MAX_BATCH + 1, dtype=float), self.shares, indexing="ij")
+            index = np.full((batches.size, 1), predictor.index[model], dtype=np.intp)
+            latency, throughput = predictor.predict(
+                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool)
+            )
+            table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
+        return table
+
+    def occupancy_table(self, model: str) -> NDArray[Any]:
+        """Solo server occupancy O(b) = t_gpu + t_feedback (ms), shape (MAX_BATCH, shares)."""
+        _, throughput = self.solo_table(model)
+        return np.asarray(1000.0 * np.arange(1, MAX_BATCH + 1)[:, None] / throughput, dtype=float)
+
+    def p99_curves(self, model: str, modes: tuple[str, ...]) -> CurveSet:
+        """Batching-table p99 curves of every (delay mode, batch, share) candidate of `model`,
+        shape (modes, MAX_BATCH, shares)."""
+        key = (model, ",".join(modes))
+        found = self._curves.get(key)
+        if found is None:
+            occupancy = self.occupancy_table(model)
+            batches = (np.arange(1, MAX_BATCH + 1)[:, None] * np.ones_like(occupancy)).astype(np.intp)
+            shape = batching_shape(occupancy[0][None, :], occupancy, batches)
+            found = self._curves[key] = CurveSet(
+                np.stack([batching_table().curve_set(mode, batches, shape).packed for mode in modes])
+            )
+        return found
+
+    def rated_curves(self, model: str, modes: tuple[str, ...], columns: tuple[int, int] | None = None) -> CurveSet:
+        """`p99_curves` with a rate axis in second place, shape (modes, 1, MAX_BATCH, shares), so
+        (rates, MAX_BATCH, shares) utilisations broadcast against it; `columns`: (first, stop) share steps."""
+        first, stop = columns if columns is not None else (0, len(self.shares))
+        key = (model, f"{','.join(modes)}@{first}:{stop}")
+        found = self._curves.get(key)
+        if found is None:
+            packed = self.p99_curves(model, modes).packed[:, None, :, first:stop]
+            found = self._curves[key] = CurveSet(packed)
+        return found
+
+    def p99_curve(self, model: str, batch: int, share: float, mode: str) -> tuple[list[float], list[float]]:
+        """One candidate's curves as plain lists (the scalar hot path of `colocate`)."""
+        key = (model, batch, share, mode)
+        found = self._curve.get(key)
+        if found is None:
+            packed = self.p99_curves(model, (mode,)).packed
+            column = int(round(share / self.step)) - 1
+            found = self._curve[key] = (
+                packed[0, batch - 1, column, :, 0].tolist(),
+                packed[0, batch - 1, column, :, 1].tolist(),
+            )
+        return found
+
+    def point(self, model: str, batch: int, share: float) -> SoloPoint:
+        key = (model, batch, share)
+        found = self._points.get(key)
+        if found is None:
+            found = self._points[key] = solo_point(self.profile, model, batch, share)
+        return found
+
+    def predict(self, items: Sequence[Item], shares: Sequence[float]) -> list[Prediction]:
+        return predict_points(
+            self.profile.gpu, [self.point(i.workload.model, i.batch, s) for i, s in zip(items, shares)]
+        )
+
+    def round_up(self, share: float) -> float:
+        """Round a share up to the GPU's step, at least one step."""
+        steps = max(1, math.ceil(share / self.step - 1e-9))
+        return round(steps * self.step, 6)
+
+
+def colocate(
+    cache: PointCache, items: Sequence[Item], shares: Sequence[float] | None = None, max_added: float = math.inf
+) -> tuple[list[float], list[Prediction]] | None:
+    """Shares (from `shares`, default each item's minimum) at which every target is met.
+
+    iGniter's greedy rule, not a global minimum: each round predicts the GPU
+    and adds one share step to every workload that misses its target. Returns (shares, predictions), or None when the
+    shares would pass 100% or more than `max_added` would be added.
+    """
+    current = [i.min_share for i in items] if shares is None else list(shares)
+    start = sum(current)
+    step = cache.step
+    while True:
+        total = sum(current)
+        if total > 100.0 + EPS or total - start > max_added + EPS:
+            return None
+        predictions = cache.predict(items, current)
+        missing = [
+            k
+            for k, (item, p, share) in enumerate(zip(items, predictions, current))
+            if not item.target.met_by(cache, p, share)
+        ]
+        if not missing:
+            return current, predictions
+        for k in missing:
+            if current[k] + step > 100.0 + EPS:
+                return None
+            current[k] = round(current[k] + step, 6)
+
+
+def min_share_solo(cache: PointCache, model: str, batch: int, target: Target) -> float | None:
+    """Smallest share (on the step grid) at which `model` meets `target` alone on a GPU."""
+    latency, throughput = cache.solo_table(model)
+    ok = np.asarray(target.met_by_arrays(latency[batch - 1], throughput[batch - 1]))
+    if not ok.any():
+        return None
+    return float(cache.shares[int(np.argmax(ok))])
+
+
+def smallest_latency_ms(cache: PointCache, model: str) -> float:
+    """Smallest latency the model reaches alone on a whole GPU (batch 1, 100%)."""
+    return float(cache.solo_table(model)[0][0, -1])
+
+
+def reject(workload: Workload, cache: PointCache, budget_ms: float, rule: str) -> ProblemError:
+    return ProblemError(
+        f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms even alone on a whole "
+        f"{cache.gpu_type.name}: model {workload.model!r} needs at least "
+        f"{smallest_latency_ms(cache, workload.model):.2f} ms per inference (batch 1, 100%) but {rule} leaves "
+        f"{budget_ms:.2f} ms; relax the SLO or use a faster GPU type"
+    )
+
+
+def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
+    """The batching model's p99 for a placed replica, whatever target placed it."""
+    target = item.target
+    if not isinstance(target, P99Target):
+        target = P99Target(
+            math.inf,
+            item.rate_rps,
+            item.batch,
+            item.queue_delay_ms,
+            item.workload.model,
+            paced=item.workload.arrivals == "constant",
+        )
+    return target.p99_ms(cache, prediction, share)
+
+
+def binding_constraint(cache: PointCache, item: Item, share: float) -> str:
+    """What stops this replica from one share step less: its own target, or its neighbours.
+
+    'p99' / 'utilisation' (stoke's target), 'latency' / 'throughput' (iGniter's), 'interference'
+    when one step less would do alone (co-location needed the extra), 'min share' at one step.
+    """
+    lower = round(share - cache.step, 6)
+    if lower <= EPS:
+        return "min share"
+    alone = cache.predict([item], [lower])[0]
+    target = item.target
+    if target.met_by(cache, alone, lower):
+        return "interference"
+    if isinstance(target, P99Target):
+        over = item.rate_rps > alone.throughput_rps * target.max_utilisation + EPS
+        return "utilisation" if over else "p99"
+    return "latency" if alone.latency_ms > target.latency_budget_ms + EPS else "throughput"
+
+
+def to_placement(cache: PointCache, item: Item, share: float, prediction: Prediction) -> Placement:
+    return Placement(
+        name=item.workload.name,
+        model=item.workload.model,
+        slo_ms=item.workload.slo_ms,
+        rate_rps=item.rate_rps,
+        share_pct=share,
+        batch=item.batch,
+        queue_delay_ms=item.queue_delay_ms,
+        predicted_latency_ms=prediction.latency_ms,
+        predicted_throughput_rps=prediction.throughput_rps,
+        predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
+        binding=binding_constraint(cache, item, share),
+        replica=item.replica,
+        replicas=item.replicas,
+        arrivals=item.workload.arrivals,
+    )
+
+
+def with_replicas(items: list[Item]) -> list[Item]:
+    """Number replicas of each workload 0..n-1 and record n."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.workload.name] = counts.get(item.workload.name, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for item in items:
+        k = seen.get(item.workload.name, 0)
+        seen[item.workload.name] = k + 1
+        out.append(replace(item, replica=k, replicas=counts[item.workload.name]))
+    return out
+
+
+def allowed_types(workload: Workload, inventory: Sequence[GpuType]) -> list[GpuType]:
+    return [g for g in inventory if workload.gpu_type in (None, g.name) and workload.model in g.profile.models]

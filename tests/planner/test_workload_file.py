@@ -1,0 +1,72 @@
+"""Workload files: declared once (planner/workload_file.py), the committed JSON Schema matches, and the
+schema accepts and refuses what the loader does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from planner.workload_file import (
+    SCHEMA_FILE,
+    WorkloadFileError,
+    example_workloads_path,
+    load_workloads_file,
+    workloads_schema,
+)
+
+
+def test_the_committed_json_schema_is_generated_from_the_declarations():
+    assert json.loads(SCHEMA_FILE.read_text()) == workloads_schema(), "stale schema: run `make schema`"
+    workload = workloads_schema()["properties"]["workloads"]["items"]
+    assert workload["required"] == ["name", "model", "slo_ms", "rate_rps"]
+    assert workload["properties"]["arrivals"] == {
+        "enum": ["poisson", "constant"],
+        "description": "poisson (independent users) or constant (paced clients)",
+        "default": "poisson",
+    }
+
+
+GOOD = "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n"
+
+
+@pytest.mark.parametrize(
+    "text, valid",
+    [
+        (GOOD, True),
+        (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: 3.06, max_count: 4}\n", True),
+        (
+            "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100, arrivals: constant, gpu_type: V100}\n",
+            True,
+        ),
+        ("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 0}\n", False),
+        ("workloads:\n  - {name: a, model: vgg19, slo_ms: 60}\n", False),
+        ("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 10, arrivals: bursty}\n", False),
+        ("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 10, colour: red}\n", False),
+        ("workloads: []\n", False),
+        (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: -1}\n", False),
+        (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: 3, max_count: -2}\n", False),
+        (GOOD + "owner: me\n", False),
+    ],
+)
+def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, valid):
+    import jsonschema
+
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    schema_ok = jsonschema.Draft202012Validator(workloads_schema()).is_valid(yaml.safe_load(text))
+    try:
+        load_workloads_file(path)
+        loader_ok = True
+    except WorkloadFileError:
+        loader_ok = False
+    assert schema_ok == loader_ok == valid
+
+
+def test_the_bundled_example_follows_the_schema():
+    import jsonschema
+
+    data = yaml.safe_load(example_workloads_path().read_text())
+    jsonschema.Draft202012Validator(workloads_schema()).validate(data)
+    assert len(load_workloads_file().workloads) == len(data["workloads"])

@@ -1,0 +1,98 @@
+"""`stoke report`: one self-contained HTML file, checked in a real headless Chromium; `plan --compare` agrees."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stoke.cli import main
+from stoke.report import ObservedPoint, render_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# the report plans every alternative (seconds) and the browser test starts Chromium: make test-fast skips them
+pytestmark = pytest.mark.slow
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    assert main(["report", "--out", str(path)]) == 0
+    return path
+
+
+def test_the_alternatives_gpu_counts_match_stoke_plan(capsys, report):
+    code, out, _ = run(capsys, "plan", "--compare", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    stoke = json.loads(run(capsys, "plan", "--json")[1])
+    ffd = json.loads(run(capsys, "plan", "--strategy", "ffd", "--json")[1])
+    assert rows["stoke"]["gpus"] == len(stoke["gpus"]) and rows["stoke"]["predicted_misses"] == []
+    packed = rows["iGniter's rule alone, packed by share"]
+    assert packed["gpus"] == len(ffd["gpus"]) and sorted(packed["predicted_misses"]) == sorted(ffd["slo_misses"])
+    # each model's own best alone, packed ignoring neighbours: interference makes some of them miss
+    best_alone = rows["best configuration alone, packed by share"]
+    assert best_alone["gpus"] <= rows["stoke"]["gpus"] and best_alone["predicted_misses"]
+    # one model per GPU: more GPUs than stoke, none missing; the equal split in between here
+    alone, split = rows["one model per GPU"], next(r for n, r in rows.items() if n.startswith("equal MPS split"))
+    assert alone["gpus"] > split["gpus"] > rows["stoke"]["gpus"] and alone["predicted_misses"] == []
+    assert {t["gpus"] for t in split["tried"] if t["name"] == split["name"]} == {split["gpus"]}
+    # the report shows the same figures
+    text = report.read_text()
+    for name, row in rows.items():
+        cells = re.search(rf"<tr><td class=\"text\">{re.escape(html.escape(name))}</td><td>(\d+)</td>", text)
+        assert cells and int(cells.group(1)) == row["gpus"], name
+
+
+def test_the_report_is_one_file_that_needs_no_network(report):
+    text = report.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count("<img ") == 3
+    assert all(src.startswith("data:image/png;base64,") for src in re.findall(r"src='([^']*)'", text))
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", text) and "<link" not in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (`make tools` installs Debian's chromium)")
+def test_headless_chromium_loads_the_report_and_every_figure_renders(report, tmp_path):
+    observed = report.with_name("observed.html")
+    points = [ObservedPoint(1000.0 + 5 * i, "photo-tagging", 10 + i % 3, 11.0) for i in range(20)]
+    from planner.solver import solve
+    from planner.solver.alternatives import alternatives
+    from planner.workload_file import load_workloads_file
+
+    problem = load_workloads_file(None).problem()
+    plan = solve(problem)
+    observed.write_text(render_report(plan, alternatives(problem, plan), source="test", observed=points))
+    for path, figures in ((report, 3), (observed, 4)):
+        dom = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+                path.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        body = re.search(r"<body([^>]*)>", dom)
+        assert body, dom[:500]
+        attributes = dict(re.findall(r'data-(\w+)="([^"]*)"', body.group(1)))
+        assert attributes.get("figures") == str(figures) and attributes.get("rendered") == str(figures), attributes
+        sizes = [tuple(map(int, s.split("x"))) for s in attributes["sizes"].split()]
+        assert len(sizes) == figures and all(w > 300 and h > 100 for w, h in sizes), sizes
