@@ -304,7 +304,8 @@ def load(
         data = {}
     if not isinstance(data, Mapping):
         raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})", prefix)
-    known = _keys(cls)
+    settings: type = cls  # the cached helpers take a plain class
+    known = _keys(settings)
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise error(
@@ -314,7 +315,8 @@ def load(
 
 
 def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) -> T:
-    hints = _hints(cls)
+    settings: type = cls  # the cached helper takes a plain class
+    hints = _hints(settings)
     values: dict[str, Any] = {}
     for f in _fields(cls):
         if f.metadata.get("flatten"):

@@ -661,8 +661,8 @@ def _seed_from(
     # A placement takes the pending replica of its workload with its rate and batch (replica numbers
     # follow GPU order, so they need not match), else the one with its number.
     by_name: dict[str, list[tuple[str, int]]] = {}
-    for key in pending:
-        by_name.setdefault(key[0], []).append(key)
+    for replica in pending:
+        by_name.setdefault(replica[0], []).append(replica)
 
     def match(p: Placement, gpu_type: str) -> Item | None:
         keys = by_name.get(p.name, [])
