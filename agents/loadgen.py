@@ -29,8 +29,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from foundation.errors import StokeError
+from foundation.names import clean_text
 
 ARRIVALS = ("constant", "poisson")
+#: Longest error message a report keeps (characters of its first line).
+ERROR_TEXT_MAX = 300
 
 
 class LoadError(StokeError, RuntimeError):
@@ -534,8 +537,9 @@ def _report(
 
 
 def _one_line(err: object) -> str:
+    """An error's first line, as the report lists it: printable only (the server wrote it), bounded."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return clean_text(text.splitlines()[0], ERROR_TEXT_MAX) if text else type(err).__name__
 
 
 def run_concurrency(

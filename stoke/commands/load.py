@@ -21,6 +21,8 @@ from typing import Any
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
+from foundation.names import check_name
+from planner.bounds import MAX_SLO_MS
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
@@ -45,6 +47,13 @@ COLUMNS = (
 )
 MAX_STEPS = 64
 MAX_CONCURRENCY = 1024
+#: Bounds of one step. A step keeps every request's latency in memory (a float each), so its length, its
+#: rate and the requests they make together are bounded: 10 million floats are a few hundred MB at most.
+MAX_SECONDS = 600.0
+MAX_RATE_RPS = 100_000.0
+MAX_STEP_REQUESTS = 10_000_000
+#: Samples per request (Triton's max_batch_size is far below it for any real model).
+MAX_BATCH = 4096
 
 
 def _levels(text: str, flag: str, whole: bool) -> list[float]:
@@ -54,8 +63,8 @@ def _levels(text: str, flag: str, whole: bool) -> list[float]:
             low, high, step = (float(x) for x in text.split(":"))
             if not (low > 0 and high >= low and step > 0):
                 raise ValueError
-            count = int(math.floor((high - low) / step + 1e-9)) + 1
-            values = [low + i * step for i in range(min(count, MAX_STEPS + 1))]
+            count = int(math.floor(min((high - low) / step, MAX_STEPS) + 1e-9)) + 1
+            values = [low + i * step for i in range(count)]
         else:
             values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -157,9 +166,15 @@ def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator, TritonClients, run_concurrency, run_rate_blocking, server_split
     from stoke.progress import Progress
 
-    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load per step")
-    if args.batch < 1:
-        raise UserError(f"--batch must be >= 1, got {args.batch}")
+    check_name(args.model, "--model", error=UserError)
+    if args.workload is not None:
+        check_name(args.workload, "--workload", error=UserError)
+    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load per step", maximum=MAX_SECONDS)
+    if not 1 <= args.batch <= MAX_BATCH:
+        raise UserError(f"--batch must be 1..{MAX_BATCH} samples per request, got {args.batch}")
+    for flag, value in (("--slo-ms", args.slo_ms), ("--stop-p99-ms", args.stop_p99_ms)):
+        if value is not None:
+            check.positive(value, flag, error=UserError, unit="milliseconds", maximum=MAX_SLO_MS)
     if args.rate is not None:
         mode, levels = "rate", [args.rate]
     elif args.concurrency is not None:
@@ -170,7 +185,12 @@ def cmd_load(args: argparse.Namespace) -> int:
         mode, levels = "concurrency", _levels(args.sweep_concurrency, "--sweep-concurrency", whole=True)
     for level in levels:
         if mode == "rate":
-            check.positive(level, "--rate", error=UserError, unit="requests per second")
+            check.positive(level, "--rate", error=UserError, unit="requests per second", maximum=MAX_RATE_RPS)
+            if level * args.seconds > MAX_STEP_REQUESTS:
+                raise UserError(
+                    f"--rate {level:g} for --seconds {args.seconds:g} is {level * args.seconds:,.0f} requests in "
+                    f"one step, over {MAX_STEP_REQUESTS:,}; shorten the step (a sweep runs several)"
+                )
         elif not 1 <= level <= MAX_CONCURRENCY:
             raise UserError(f"--concurrency must be 1..{MAX_CONCURRENCY}, got {level:g}")
     limit = args.stop_p99_ms if args.stop_p99_ms is not None else args.slo_ms
@@ -272,7 +292,7 @@ def cmd_load(args: argparse.Namespace) -> int:
                 r["server_ms"],
                 r["client_overhead_ms"],
             ]
-            + ([f"{r['over_slo_pct']:.2f}%"] if args.slo_ms else [])
+            + ([None if r["over_slo_pct"] is None else f"{r['over_slo_pct']:.2f}%"] if args.slo_ms else [])
             for r in rows
         ],
     )
