@@ -51,10 +51,7 @@ def _png(fig: Any) -> str:
 
 
 def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from stoke.plots import plt  # matplotlib on the Agg backend, as `stoke plan --plot` draws
 
     return plt
 
@@ -82,22 +79,11 @@ def alternatives_figure(options: Sequence[Alternative]) -> str:
 
 
 def packing_figure(plan: Plan) -> str:
+    from stoke.plots import draw_shares
+
     plt = _pyplot()
     fig, axis = plt.subplots(figsize=(max(5.0, 0.7 * plan.gpu_count + 2), 4))
-    colours = plt.get_cmap("tab20")
-    names = sorted({p.name for _, p in plan.placements()})
-    colour = {n: colours(i % 20) for i, n in enumerate(names)}
-    for x, gpu in enumerate(plan.gpus):
-        bottom = 0.0
-        for p in gpu.placements:
-            axis.bar(x, p.share_pct, bottom=bottom, color=colour[p.name], edgecolor="white")
-            if p.share_pct >= 8:
-                axis.text(x, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center", fontsize=6)
-            bottom += p.share_pct
-    axis.axhline(100, color="black", linewidth=0.8)
-    axis.set_xticks(range(plan.gpu_count), [f"{i}\n{g.gpu_type}" for i, g in enumerate(plan.gpus)], fontsize=7)
-    axis.set_ylabel("MPS share of the GPU (%)")
-    axis.set_ylim(0, 105)
+    draw_shares(axis, plan, range(plan.gpu_count), ylabel="MPS share of the GPU (%)")
     axis.set_title("per-GPU share packing (stoke)", fontsize=10)
     return _png(fig)
 
