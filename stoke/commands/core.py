@@ -9,12 +9,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foundation.errors import UserError
-from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
 from interference.latency import predict_gpu
-from interference.profile import DeviceProfile, UnknownModelError
+from interference.profile import DOMAIN_MAX_BATCH, DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from planner.simulate import SimulationReport, simulate
@@ -26,6 +25,9 @@ from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
+
+if TYPE_CHECKING:
+    from interference.fit import FitReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -674,6 +676,9 @@ def _coefficient(value: float) -> str:
 
 
 def run_profile_fit(args: argparse.Namespace) -> int:
+    # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
+    from interference.fit import InterferenceModel, RawProfileError, fit_measured
+
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     text, source = read_text_input(args.raw, "raw profile")

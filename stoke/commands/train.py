@@ -32,7 +32,6 @@ from stoke.table import print_table
 from training import readers
 from training.blocks import gradient_profile_from_dict, plan_blocks
 from training.comm_sim import SCHEDULERS, compare
-from training.estimators import LossCurveEstimator, SpotLossEstimator
 from training.homogeneous import provision_homogeneous
 from training.kube import (
     DEFAULT_IMAGE,
@@ -285,6 +284,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
+    # the estimators import scikit-learn and scipy: here, not when `stoke --help` loads this module
+    from training.estimators import LossCurveEstimator, SpotLossEstimator
+
     cols = readers.read_curve_csv(args.curve, args.batch)
     if {"b_w", "R", "n", "j"} <= set(cols):
         import numpy as np
