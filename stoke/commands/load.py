@@ -45,6 +45,16 @@ COLUMNS = (
     "client_overhead_ms",
     "over_slo_pct",
 )
+#: The table's shorter header of a column where it differs (the level's header is the mode).
+TABLE_HEADERS = {
+    "throughput_rps": "thru_rps",
+    "server_queue_ms": "queue_ms",
+    "server_compute_input_ms": "c_input_ms",
+    "server_compute_infer_ms": "c_infer_ms",
+    "server_compute_output_ms": "c_output_ms",
+    "client_overhead_ms": "client_ovh_ms",
+    "over_slo_pct": "over_slo",
+}
 MAX_STEPS = 64
 MAX_CONCURRENCY = 1024
 #: Bounds of one step. A step keeps every request's latency in memory (a float each), so its length, its
@@ -140,6 +150,14 @@ def _step_row(mode: str, level: float, report: Any, split: Any) -> dict[str, Any
         "over_slo_pct": None if report.over_slo_share is None else 100.0 * report.over_slo_share,
         "errors": list(report.errors),
     }
+
+
+def _table_cell(column: str, value: Any) -> Any:
+    if column == "level":
+        return f"{value:g}"
+    if column == "over_slo_pct":  # None: a step that sent nothing
+        return None if value is None else f"{value:.2f}%"
+    return value
 
 
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
@@ -257,44 +275,10 @@ def cmd_load(args: argparse.Namespace) -> int:
             },
         )
         return 1 if failed_all else 0
+    columns = [c for c in COLUMNS[1:] if c != "over_slo_pct" or args.slo_ms]
     print_table(
-        [
-            mode,
-            "thru_rps",
-            "sent",
-            "failed",
-            "p50_ms",
-            "p95_ms",
-            "p99_ms",
-            "mean_ms",
-            "queue_ms",
-            "c_input_ms",
-            "c_infer_ms",
-            "c_output_ms",
-            "server_ms",
-            "client_ovh_ms",
-        ]
-        + (["over_slo"] if args.slo_ms else []),
-        [
-            [
-                f"{r['level']:g}",
-                r["throughput_rps"],
-                r["sent"],
-                r["failed"],
-                r["p50_ms"],
-                r["p95_ms"],
-                r["p99_ms"],
-                r["mean_ms"],
-                r["server_queue_ms"],
-                r["server_compute_input_ms"],
-                r["server_compute_infer_ms"],
-                r["server_compute_output_ms"],
-                r["server_ms"],
-                r["client_overhead_ms"],
-            ]
-            + ([None if r["over_slo_pct"] is None else f"{r['over_slo_pct']:.2f}%"] if args.slo_ms else [])
-            for r in rows
-        ],
+        [mode if c == "level" else TABLE_HEADERS.get(c, c) for c in columns],
+        [[_table_cell(c, r[c]) for c in columns] for r in rows],
     )
     print(
         "client: latency from each request's scheduled (rate) or send (concurrency) time; server: Triton's "
