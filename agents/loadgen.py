@@ -225,9 +225,7 @@ class LoadGenerator:
             if self._on_result is not None:
                 self._on_result(latency[i] if error is None else self.timeout_s * 1000.0, error is None)
             if error is not None:
-                message = _one_line(error)
-                with lock:
-                    errors[message] = errors.get(message, 0) + 1
+                _count(errors, lock, error)
             with lock:
                 pending[0] -= 1
                 last_done[0] = max(last_done[0], now)
@@ -542,6 +540,25 @@ def _one_line(err: object) -> str:
     return clean_text(text.splitlines()[0], ERROR_TEXT_MAX) if text else type(err).__name__
 
 
+def _count(errors: dict[str, int], lock: threading.Lock, err: object) -> None:
+    """One more of `err`'s kind (its first line) in `errors`."""
+    message = _one_line(err)
+    with lock:
+        errors[message] = errors.get(message, 0) + 1
+
+
+def _timed_infer(
+    clients: TritonClients, since: float, clock: Callable[[], float], errors: dict[str, int], lock: threading.Lock
+) -> float:
+    """One request through `clients`: its latency (ms) counted from `since`, or NaN with its error counted."""
+    try:
+        clients.infer()
+        return (clock() - since) * 1000.0
+    except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
+        _count(errors, lock, err)
+        return math.nan
+
+
 def run_concurrency(
     clients: TritonClients,
     concurrency: int,
@@ -563,18 +580,10 @@ def run_concurrency(
         try:
             clients.prepare()  # this thread's client, before its first timed request
         except LoadError as err:
-            with lock:
-                errors[str(err)] = errors.get(str(err), 0) + 1
+            _count(errors, lock, err)
             return
         while clock() < deadline:
-            t0 = clock()
-            try:
-                clients.infer()
-                value = (clock() - t0) * 1000.0
-            except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
-                value = math.nan
-                with lock:
-                    errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
+            value = _timed_infer(clients, clock(), clock, errors, lock)
             with lock:
                 latency.append(value)
 
@@ -621,14 +630,7 @@ def run_rate_blocking(
     lock = threading.Lock()
 
     def send(i: int, due: float) -> None:
-        try:
-            clients.infer()
-            value = (clock() - due) * 1000.0
-        except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
-            value = math.nan
-            with lock:
-                errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
-        latency[i] = value
+        latency[i] = _timed_infer(clients, due, clock, errors, lock)
 
     offsets = arrival_stream(rate_rps, arrival, seed)
     max_lag = 0.0
