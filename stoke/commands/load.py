@@ -253,7 +253,11 @@ def cmd_load(args: argparse.Namespace) -> int:
                     stopped = f"stopped at {mode} {level:g}: p99 {report.p99_ms:,.2f} ms is over {limit:g} ms"
                     break
     except LoadError as err:
-        raise UserError(f"--url {args.url} --model {args.model} ({args.protocol}): {err}") from None
+        port = "HTTP port" if args.protocol == "http" else "gRPC port (its HTTP port needs --protocol http)"
+        raise UserError(
+            f"--url {args.url} --model {args.model} ({args.protocol}): {err}; check that --url is Triton's {port} "
+            f"and that it serves the model (`curl HOST:HTTP_PORT/v2/models/{args.model}/ready`)"
+        ) from None
     finally:
         clients.close()
         if exporter is not None:

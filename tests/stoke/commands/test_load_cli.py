@@ -52,3 +52,17 @@ def test_a_servers_error_text_is_kept_printable_and_bounded():
     assert _one_line(RuntimeError("\x1b[2Jboom\u202e\nsecond line")) == "?[2Jboom?"
     assert len(_one_line(RuntimeError("x" * 10_000))) == ERROR_TEXT_MAX + len("...")
     assert _one_line(RuntimeError("")) == "RuntimeError"
+
+
+@pytest.mark.parametrize(("protocol", "fix"), [("grpc", "Triton's gRPC port"), ("http", "Triton's HTTP port")])
+def test_nothing_listening_says_where_and_what_to_check(parser, protocol, fix):
+    from triton_helpers import free_port
+
+    with pytest.raises(
+        UserError, match=rf"--url 127\.0\.0\.1:\d+ --model m \({protocol}\): .*check that --url is {fix}"
+    ):
+        args = parser.parse_args(
+            ["load", "--url", f"127.0.0.1:{free_port()}", "--model", "m", "--protocol", protocol, "--rate", "1"]
+            + ["--seconds", "1"]
+        )
+        args.run(args)
