@@ -47,10 +47,12 @@ bench: $(BIN)/.installed
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # The JSON Schemas of the controller config and of workload files, generated from their classes
-# (controller/config.py, planner/workload_file.py).
+# (controller/config.py, planner/workload_file.py), and the StokeWorkload CRD from the workload file's
+# declarations (deploy/data/stokeworkloads.crd.yaml).
 schema: $(BIN)/.installed
 	$(BIN)/python -m controller.config
 	$(BIN)/python -m planner.workload_file
+	$(BIN)/python -m deploy.crd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -74,6 +74,23 @@ class PointDone:
         )
 
 
+def process_rss_mib(pid: object) -> float | None:
+    """Resident memory of a process (MiB, /proc/PID/status VmRSS); None when it cannot be read.
+
+    On a CPU node this is the device memory of a replica: Triton's own process, the model's weights
+    and the buffers of the batch sizes it has served (`interference.fit.fit_measured` fits it).
+    """
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -139,6 +156,10 @@ def run_session(
                 for t in threads:
                     t.join(timeout=10)
             session.tell(point, measurement.latency_ms, measurement.spread_pct)
+            if point.neighbours == 0:
+                rss = process_rss_mib(fleet.processes()[copies[0].key].get("pid"))
+                if rss is not None:
+                    session.memory_mib[point.key] = rss
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
             measured += 1
             done, total = session.progress()
@@ -146,3 +167,47 @@ def run_session(
     finally:
         fleet.close()
     return session
+
+
+class TritonMeasurer:
+    """Measures single points on real Triton processes of this node, for `stoke profile verify`.
+
+    `measurer(gpu_type, model, batch, share)` serves `model` alone at `share` (whole cores on CPU)
+    and returns the median latency of stable windows of `requests` sequential requests of `batch`:
+    on a CPU node that is the model's active time (`interference.fit.fit_measured` fits it so). Each
+    measurement is printed through `progress`. `close()` stops the processes.
+    """
+
+    def __init__(
+        self,
+        repository: str,
+        *,
+        requests: int = 20,
+        stability: Stability = DEFAULT_STABILITY,
+        progress: Callable[[str], None] = lambda line: print(line, flush=True),
+    ):
+        try:
+            self.fleet = TritonFleet(repository, device_kind="cpu")
+        except TritonError as err:
+            raise ProfilingError(str(err)) from None
+        self.requests, self.stability, self.progress = requests, stability, progress
+
+    def __call__(self, gpu_type: str, model: str, batch: int, share_pct: float) -> float:
+        point = MeasurePoint(model, share_pct, batch)
+        assignment = _assignment(point, 0)
+        report = self.fleet.apply([assignment])
+        if report.errors:
+            raise ProfilingError(f"cannot serve {model} at {share_pct:g}%: {'; '.join(map(str, report.errors))}")
+        url = self.fleet.endpoints()[assignment.key]
+        try:
+            measurement = measure_until_stable(partial(_window, url, model, batch, self.requests), self.stability)
+        except LoadError as err:
+            raise ProfilingError(f"{point.key}: {err}") from None
+        self.progress(
+            f"  measured {model} batch {batch} share {share_pct:g}% on {gpu_type}: {measurement.latency_ms:.3f} ms "
+            f"({measurement.windows} windows, spread {measurement.spread_pct:.1f}%)"
+        )
+        return measurement.latency_ms
+
+    def close(self) -> None:
+        self.fleet.close()

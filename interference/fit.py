@@ -12,6 +12,7 @@ trust-region least squares (scipy) from a closed-form initial value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from foundation import validate as check
 from foundation.errors import InputError
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
-from interference.profile import DOMAIN_MAX_BATCH, DeviceProfile, GpuProfile, ModelProfile
+from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH, DeviceProfile, FitDomain, GpuProfile, ModelProfile
 
 if TYPE_CHECKING:
     from interference.profiling import ProfileSession
@@ -40,6 +41,8 @@ L2_POINTS = ((1, 10), (16, 50), (32, 100))
 #: is measurement noise, not a shape.
 MONOTONE_TOLERANCE = 0.01
 K_NAMES = ("k1", "k2", "k3", "k4", "k5")
+#: The quantile of the in-sample |relative residual| that sets a fit's error floor (`FitDomain.floor`).
+ERROR_QUANTILE = 0.9
 
 
 class RawProfileError(InputError):
@@ -123,7 +126,17 @@ def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:
         sched_slope_ms=float(sched_slope),
         sched_intercept_ms=float(sched_intercept),
         freq_slope_mhz_per_w=min(0.0, freq_slope),
+        memory_mib=_optional(hardware, "hardware", "memory_mib"),
+        context_mib=_optional(hardware, "hardware", "context_mib"),
+        max_clients=int(_optional(hardware, "hardware", "max_clients")),
     )
+
+
+def _optional(section: Mapping[str, Any], name: str, key: str) -> float:
+    """A non-negative figure the raw layout may leave out (memory, client limit): 0 = not recorded."""
+    if key not in section:
+        return 0.0
+    return check.non_negative(section[key], f"section {name!r} field {key!r}", error=RawProfileError)
 
 
 def _active_time(params: np.ndarray, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
@@ -155,6 +168,54 @@ def fit_active_time(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray)
         return (_active_time(params, batch, share) - active_ms) / active_ms
 
     return tuple(float(v) for v in bounded_least_squares(residual, x0, lower, upper))
+
+
+def leave_one_out_errors(batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> np.ndarray | None:
+    """|measured - refitted| / refitted at each point, the model refitted without that point.
+
+    None when leaving a point out leaves fewer than 6 points (5 coefficients and one to spare): the
+    refit would pass through the rest and say nothing about the point left out.
+    """
+    n = len(active_ms)
+    if n - 1 < len(K_NAMES) + 1:
+        return None
+    out = np.empty(n)
+    for i in range(n):
+        keep = np.arange(n) != i
+        refitted = fit_active_time(batch[keep], share[keep], active_ms[keep])
+        predicted = float(_active_time(np.asarray(refitted), batch[i], share[i]))
+        out[i] = abs(active_ms[i] - predicted) / predicted if predicted > 0 else 10.0
+    return np.minimum(out, 10.0)
+
+
+def fit_domain(k_act: Sequence[float], batch: np.ndarray, share: np.ndarray, active_ms: np.ndarray) -> FitDomain:
+    """The measured domain of one model and its fit's out-of-sample error (see `FitDomain`).
+
+    Points off a full batches x shares grid leave holes; a hole takes the largest error measured.
+    With too few points for leave-one-out every cell is `DEFAULT_FIT_ERROR`.
+    """
+    batches = tuple(sorted({int(b) for b in batch}))
+    shares = tuple(sorted({float(r) for r in share}))
+    loo = leave_one_out_errors(batch, share, active_ms)
+    if loo is None:
+        grid = np.full((len(batches), len(shares)), DEFAULT_FIT_ERROR)
+        floor = DEFAULT_FIT_ERROR
+    else:
+        grid = np.full((len(batches), len(shares)), float(loo.max()))
+        cells: dict[tuple[int, int], list[float]] = {}
+        for b, r, e in zip(batch, share, loo):
+            cells.setdefault((batches.index(int(b)), shares.index(float(r))), []).append(float(e))
+        for (i, j), errors in cells.items():
+            grid[i, j] = max(errors)
+        residual = np.abs(_active_time(np.asarray(k_act), batch, share) - active_ms) / active_ms
+        inflate = math.sqrt(len(active_ms) / (len(active_ms) - len(K_NAMES)))
+        floor = float(np.quantile(residual, ERROR_QUANTILE)) * inflate
+    return FitDomain(
+        batches=batches,
+        shares=shares,
+        error=tuple(tuple(round(float(v), 6) for v in row) for row in grid),
+        floor=round(min(floor, 10.0), 6),
+    )
 
 
 def active_points(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> tuple[np.ndarray, ...]:
@@ -214,6 +275,9 @@ def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelPr
         cache_sensitivity=max(0.0, float(alpha)),
         bytes_in=int(bytes_in),
         bytes_out=int(bytes_out),
+        domain=fit_domain(k_act, batch, share, active),
+        weights_mib=_optional(section, name, "weights_mib"),
+        activation_mib=_optional(section, name, "activation_mib"),
     )
 
 
@@ -367,6 +431,25 @@ class InterferenceModel(BaseEstimator):
         return out
 
 
+def _memory_line(session: ProfileSession, points: Sequence[Any]) -> tuple[float, float]:
+    """(weights, activations per request) in MiB from the serving process's RSS at each batch size.
+
+    The largest RSS seen at each batch (over shares), fitted as a line in the batch: the intercept is
+    the process with the model loaded (on a CPU node there is no separate device context, so
+    Triton's own memory is in it), the slope what one more request of a batch adds. (0, 0) when
+    fewer than two batch sizes have a reading (not recorded).
+    """
+    by_batch: dict[int, float] = {}
+    for p in points:
+        memory = session.memory_mib.get(p.key)
+        if memory is not None:
+            by_batch[p.batch] = max(by_batch.get(p.batch, 0.0), memory)
+    if len(by_batch) < 2:
+        return 0.0, 0.0
+    slope, intercept = np.polyfit(np.array(sorted(by_batch), float), [by_batch[b] for b in sorted(by_batch)], 1)
+    return round(max(0.0, float(intercept)), 3), round(max(0.0, float(slope)), 3)
+
+
 def fit_measured_profile(session: ProfileSession) -> DeviceProfile:
     """A device profile from `stoke profile run` measurements (see `fit_measured`)."""
     return fit_measured(session)[0]
@@ -443,6 +526,7 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             solo = session.results.get(MeasurePoint(model, s, b).key) or float(_active_time(np.asarray(k_act), b, s))
             alpha = max(0.0, pair / solo - 1.0)
         bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
+        weights_mib, activation_mib = _memory_line(session, points)
         models[model] = ModelProfile(
             name=model,
             kernels=1,
@@ -455,5 +539,8 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             cache_sensitivity=alpha,
             bytes_in=bytes_in,
             bytes_out=bytes_out,
+            domain=fit_domain(k_act, batch, share, latency),
+            weights_mib=weights_mib,
+            activation_mib=activation_mib,
         )
     return DeviceProfile(gpu=gpu, models=models), reports

@@ -188,12 +188,23 @@ class VectorPredictor:
         return model, batch, share, mask
 
     def predict(
-        self, model: NDArray[Any], batch: NDArray[Any], share: NDArray[Any], mask: NDArray[Any]
+        self,
+        model: NDArray[Any],
+        batch: NDArray[Any],
+        share: NDArray[Any],
+        mask: NDArray[Any],
+        active_ms: NDArray[Any] | None = None,
     ) -> tuple[NDArray[Any], NDArray[Any]]:
-        """Latency (ms) and throughput (req/s), shape (N, K); NaN where mask is False."""
+        """Latency (ms) and throughput (req/s), shape (N, K); NaN where mask is False.
+
+        `active_ms` (N, K), when given, replaces the fitted k_act (e.g. measured points).
+        """
         gpu, c = self.profile.gpu, self._col
         k = self._k[model]  # (N, K, 5)
-        active = (k[..., 0] * batch * batch + k[..., 1] * batch + k[..., 2]) / (share + k[..., 3]) + k[..., 4]
+        if active_ms is None:
+            active = (k[..., 0] * batch * batch + k[..., 1] * batch + k[..., 2]) / (share + k[..., 3]) + k[..., 4]
+        else:
+            active = active_ms
         ability = 1000.0 * batch / active
         l2 = np.maximum(0.0, c["l2_slope"][model] * ability + c["l2_intercept"][model]) * mask
         power = np.maximum(0.0, c["power_slope_w"][model] * ability + c["power_intercept_w"][model]) * mask

@@ -7,9 +7,14 @@ frozen data; reading and writing it (JSON with a format version) lives in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from foundation.errors import StokeError
 
@@ -34,12 +39,115 @@ class GpuProfile:
     sched_slope_ms: float  # a_sch: per-kernel scheduling delay growth per co-located workload
     sched_intercept_ms: float  # b_sch
     freq_slope_mhz_per_w: float  # a_f (< 0): SM clock lost per watt above the cap
+    #: Device memory (MiB) and what each Triton process (one per replica: its own CUDA context) takes
+    #: before any model; 0 = not recorded (not checked).
+    memory_mib: float = 0.0
+    context_mib: float = 0.0
+    #: Most MPS clients (processes) one GPU serves: 48 on Volta and later; 0 = not recorded.
+    max_clients: int = 0
 
     def scheduling_delay_ms(self, colocated: int) -> float:
         """Per-kernel extra scheduling delay with `colocated` workloads on the GPU."""
         if colocated < 2:
             return 0.0
         return max(0.0, self.sched_slope_ms * colocated + self.sched_intercept_ms)
+
+
+#: Relative error assumed where a profile does not record its own: profiles saved before they recorded
+#: their domain and error (they load with no `domain`), and fits with too few points for leave-one-out
+#: (5 coefficients need at least 7 points). About twice the worst interior leave-one-out error of the
+#: bundled V100 fit, so an old profile plans more cautiously than a refitted one.
+DEFAULT_FIT_ERROR = 0.10
+#: Outside the measured domain (only where the operator allows it) the error bound grows by this much
+#: per halving of the share below the smallest measured share, or doubling of the batch above the
+#: largest: a fit extrapolates its curve with nothing to check it against.
+EXTRAPOLATION_ERROR_PER_OCTAVE = 0.15
+#: Relative error of a point measured by verification (`stoke profile verify`): what stands in for
+#: the fit there. About the spread of repeated stable medians (a few percent); it covers noise, not
+#: a wrong curve.
+MEASURED_ERROR = 0.02
+
+
+@dataclass(frozen=True)
+class FitDomain:
+    """Where a model's fit was measured, and how wrong it is out of sample.
+
+    `batches` x `shares` are the measured batch sizes and shares (ascending); `error[i][j]` is the
+    leave-one-out relative error of the fitted active time at (batches[i], shares[j]): the point is
+    left out, the model refitted on the rest, and |measured - refitted| / refitted taken. `floor` is
+    the in-sample error quantile (`fit.ERROR_QUANTILE` of |residual|) inflated for the coefficients the
+    fit spent (sqrt(n / (n - 5))). The bound at a point between measured ones interpolates the grid in
+    (log batch, log share) and never goes below `floor`. The active time is the only fitted term of
+    L(k) and O(k) (the rest is measured or zero), so its relative error bounds theirs.
+    """
+
+    batches: tuple[int, ...]
+    shares: tuple[float, ...]
+    error: tuple[tuple[float, ...], ...]
+    floor: float
+
+    def __post_init__(self) -> None:
+        if not self.batches or not self.shares:
+            raise ValueError("a fit domain needs at least one measured batch and share")
+        if list(self.batches) != sorted(set(self.batches)) or list(self.shares) != sorted(set(self.shares)):
+            raise ValueError("a fit domain's batches and shares must be ascending and distinct")
+        if len(self.error) != len(self.batches) or any(len(row) != len(self.shares) for row in self.error):
+            raise ValueError("a fit domain's error grid must be batches x shares")
+        values = [self.floor, *(v for row in self.error for v in row)]
+        if not all(math.isfinite(v) and 0.0 <= v <= 10.0 for v in values):
+            raise ValueError("a fit domain's errors must be finite relative errors in [0, 10]")
+
+    @property
+    def min_share(self) -> float:
+        return self.shares[0]
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
+
+    def contains(self, batch: float, share_pct: float) -> bool:
+        in_batches = self.batches[0] <= batch <= self.batches[-1]
+        return bool(in_batches and self.shares[0] - 1e-9 <= share_pct <= self.shares[-1] + 1e-9)
+
+    def quantile(self, q: float = 0.9) -> float:
+        """A quantile of the leave-one-out errors over the measured points (what `profile show` reports)."""
+        return float(np.quantile(np.asarray(self.error, dtype=float), q))
+
+    def error_at(self, batch: object, share_pct: object) -> NDArray[Any]:
+        """The relative error bound of L and O at (batch, share); arrays broadcast (see the class doc).
+
+        Outside the domain the bound is the one at the nearest measured edge, plus
+        `EXTRAPOLATION_ERROR_PER_OCTAVE` per octave beyond it.
+        """
+        b = np.asarray(batch, dtype=float)
+        r = np.asarray(share_pct, dtype=float)
+        grid = np.asarray(self.error, dtype=float)
+        inside = _interpolate(grid, np.log(self.batches), np.log(self.shares), np.log(b), np.log(r))
+        below = np.log2(np.maximum(1.0, self.shares[0] / r))
+        above = np.log2(np.maximum(1.0, b / self.batches[-1]))
+        return np.asarray(np.maximum(inside, self.floor) + EXTRAPOLATION_ERROR_PER_OCTAVE * (below + above))
+
+
+def _interpolate(
+    grid: NDArray[Any], xs: NDArray[Any], ys: NDArray[Any], x: NDArray[Any], y: NDArray[Any]
+) -> NDArray[Any]:
+    """Bilinear interpolation of `grid` (len(xs) x len(ys)) at (x, y), clamped to the grid's edges."""
+
+    def axis(nodes: NDArray[Any], at: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
+        if len(nodes) == 1:
+            return np.zeros(at.shape, dtype=np.intp), np.zeros(at.shape)
+        pos = np.interp(at, nodes, np.arange(len(nodes), dtype=float))
+        low = np.minimum(np.floor(pos).astype(np.intp), len(nodes) - 2)
+        return low, pos - low
+
+    x, y = np.broadcast_arrays(x, y)
+    i, wx = axis(xs, x)
+    j, wy = axis(ys, y)
+    i1 = np.minimum(i + 1, grid.shape[0] - 1)
+    j1 = np.minimum(j + 1, grid.shape[1] - 1)
+    low = grid[i, j] * (1 - wx) + grid[i1, j] * wx
+    high = grid[i, j1] * (1 - wx) + grid[i1, j1] * wx
+    return np.asarray(low * (1 - wy) + high * wy)
 
 
 @dataclass(frozen=True)
@@ -64,10 +172,97 @@ class ModelProfile:
     cache_sensitivity: float  # alpha_cache
     bytes_in: int  # d_in per request
     bytes_out: int  # d_out per request
+    #: Device memory of one instance: weights, and activations per request of a batch (MiB); 0 = not
+    #: recorded. A replica takes context + weights + batch x activations (`replica_memory_mib`).
+    weights_mib: float = 0.0
+    activation_mib: float = 0.0
+    #: Measured batches and shares and the fit's out-of-sample error there; None for a profile saved
+    #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
+    domain: FitDomain | None = None
+    #: Points measured after the fit (verification): (batch, share %, solo active ms). There the
+    #: measurement replaces the fitted active time, at `MEASURED_ERROR`; elsewhere the fit is raised
+    #: by the nearest measurement's excess (`calibration`).
+    measured: tuple[tuple[int, float, float], ...] = ()
 
-    def active_time_ms(self, batch: float, share_pct: float) -> float:
+    def __post_init__(self) -> None:
+        lookup = {(int(b), round(float(r), 6)): float(ms) for b, r, ms in self.measured}
+        object.__setattr__(self, "_measured", lookup)
+        nodes = [(math.log(b), math.log(r), ms / self.fitted_active_ms(b, r)) for (b, r), ms in lookup.items()]
+        object.__setattr__(self, "_calibration", nodes)
+
+    def fitted_active_ms(self, batch: float, share_pct: float) -> float:
         k1, k2, k3, k4, k5 = self.k_act
         return (k1 * batch * batch + k2 * batch + k3) / (share_pct + k4) + k5
+
+    def calibration(self, batch: float, share_pct: float) -> float:
+        """Measured / fitted at the measured point nearest (batch, share) in (log b, log r), never below 1.
+
+        A point a measurement found slower than the fit says its neighbourhood is slower too, so a
+        re-plan does not flee one share step up to a point the fit still flatters; a faster one is
+        not trusted beyond itself (1: no measured point).
+        """
+        nodes = self._calibration  # type: ignore[attr-defined]
+        if not nodes:
+            return 1.0
+        lb, lr = math.log(batch), math.log(share_pct)
+        distance = [(n[0] - lb) ** 2 + (n[1] - lr) ** 2 for n in nodes]
+        least = min(distance)
+        # equally near measurements (to rounding): the slowest speaks for the point
+        return float(max(1.0, max(n[2] for n, d in zip(nodes, distance) if d <= least + 1e-9)))
+
+    def with_measured(self, points: Mapping[tuple[int, float], float]) -> ModelProfile:
+        """This model with `points` ((batch, share) -> solo active ms) measured, overriding the fit there."""
+        merged = {(int(b), round(float(r), 6)): float(ms) for b, r, ms in self.measured}
+        merged.update({(int(b), round(float(r), 6)): float(ms) for (b, r), ms in points.items()})
+        return replace(self, measured=tuple((b, r, ms) for (b, r), ms in sorted(merged.items())))
+
+    def measured_ms(self, batch: float, share_pct: float) -> float | None:
+        found: float | None = self._measured.get((int(batch), round(float(share_pct), 6)))  # type: ignore[attr-defined]
+        return found if found is not None and float(batch) == int(batch) else None
+
+    def memory_mib(self, batch: int) -> float:
+        """Weights and activations of one instance at max batch `batch` (the process context aside)."""
+        return self.weights_mib + self.activation_mib * batch
+
+    def in_domain(self, batch: float, share_pct: float) -> bool:
+        return self.domain is None or self.domain.contains(batch, share_pct)
+
+    def fit_error(self, batch: object, share_pct: object) -> NDArray[Any]:
+        """Relative error bound of L and O at (batch, share) (arrays broadcast); see `FitDomain`."""
+        if self.domain is None:
+            error = np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
+        else:
+            error = np.asarray(self.domain.error_at(batch, share_pct), dtype=float)
+        if self.measured:
+            b, r = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(share_pct, dtype=float))
+            error = np.array(np.broadcast_to(error, b.shape))
+            for mb, mr, _ in self.measured:
+                error[(b == mb) & (np.abs(r - mr) < 1e-6)] = MEASURED_ERROR
+        return error
+
+    def active_grid_ms(self, batch: NDArray[Any], share_pct: NDArray[Any]) -> NDArray[Any]:
+        """`active_time_ms` over arrays (broadcast): the fit, calibrated and overridden by measured points."""
+        b, r = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(share_pct, dtype=float))
+        k1, k2, k3, k4, k5 = self.k_act
+        fitted = (k1 * b * b + k2 * b + k3) / (r + k4) + k5
+        nodes = self._calibration  # type: ignore[attr-defined]
+        if not nodes:
+            return np.asarray(fitted)
+        lb, lr, ratio = (np.asarray(column, dtype=float) for column in zip(*nodes))
+        distance = (np.log(b)[..., None] - lb) ** 2 + (np.log(r)[..., None] - lr) ** 2
+        nearest = distance <= distance.min(axis=-1, keepdims=True) + 1e-9
+        out = np.array(fitted * np.maximum(1.0, np.where(nearest, ratio, -np.inf).max(axis=-1)), dtype=float)
+        for (mb, mr), ms in self._measured.items():  # type: ignore[attr-defined]
+            out[(b == mb) & (np.abs(r - mr) < 1e-6)] = ms
+        return np.asarray(out)
+
+    def active_time_ms(self, batch: float, share_pct: float) -> float:
+        if self.measured:
+            found = self.measured_ms(batch, share_pct)
+            if found is not None:
+                return found
+            return self.fitted_active_ms(batch, share_pct) * self.calibration(batch, share_pct)
+        return self.fitted_active_ms(batch, share_pct)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from foundation import validate as check
 from foundation.errors import InputError
 from foundation.files import atomic_write_text
 from foundation.names import shown
-from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, GpuProfile, ModelProfile
+from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile, FitDomain, GpuProfile, ModelProfile
 
 BUNDLED_RAW = "v100-raw.jsonl"
 BUNDLED_PROFILE = "v100-profile.json"
@@ -85,14 +85,18 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ProfileFileError(f"{where} must be an object")
-    names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in data]
+    fields = [f for f in dataclasses.fields(cls) if f.name in data or f.default is dataclasses.MISSING]
+    missing = [f.name for f in fields if f.name not in data]
     if missing:
         raise ProfileFileError(f"{where} lacks field {missing[0]!r}; refit with `stoke profile fit`")
-    values = {n: data[n] for n in names}
-    for f in dataclasses.fields(cls):
+    values = {f.name: data[f.name] for f in fields}
+    for f in fields:
         value = values[f.name]
-        if f.name == "name":
+        if f.name == "domain":
+            values["domain"] = None if value is None else _domain(value, f"{where} field 'domain'")
+        elif f.name == "measured":
+            values["measured"] = _measured(value, f"{where} field 'measured'")
+        elif f.name == "name":
             if not isinstance(value, str) or not value:
                 raise ProfileFileError(f"{where} field 'name' must be a non-empty string")
         elif f.name == "k_act":
@@ -103,9 +107,57 @@ def _build(cls: type, data: Any, where: str) -> Any:
             check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
         else:
             check.number(value, f"{where} field {f.name!r}", error=ProfileFileError)
-    if "kernels" in values:
-        values["kernels"] = int(values["kernels"])
+    for whole in ("kernels", "max_clients"):
+        if whole in values:
+            values[whole] = int(values[whole])
+    for name in ("memory_mib", "context_mib", "weights_mib", "activation_mib", "max_clients"):
+        if name in values and values[name] < 0:
+            raise ProfileFileError(f"{where} field {name!r} must be >= 0 (0: not recorded); fix the profile")
     return cls(**values)
+
+
+def _domain(data: Any, where: str) -> FitDomain:
+    """A `FitDomain` from its JSON object (absent in profiles saved before it existed: see `ModelProfile`)."""
+    fix = "refit the profile with `stoke profile fit`"
+    if not isinstance(data, dict) or set(data) != {"batches", "shares", "error", "floor"}:
+        raise ProfileFileError(f"{where} must be an object of batches, shares, error and floor; {fix}")
+    batches, shares, error = data["batches"], data["shares"], data["error"]
+    if not (isinstance(batches, list) and 0 < len(batches) <= 1024 and all(isinstance(b, int) for b in batches)):
+        raise ProfileFileError(f"{where}: 'batches' must be a list of whole batch sizes; {fix}")
+    if not (isinstance(shares, list) and 0 < len(shares) <= 1024 and all(_finite(r) for r in shares)):
+        raise ProfileFileError(f"{where}: 'shares' must be a list of share percentages; {fix}")
+    if not (isinstance(error, list) and all(isinstance(row, list) and all(_finite(v) for v in row) for row in error)):
+        raise ProfileFileError(f"{where}: 'error' must be a grid (batches x shares) of relative errors; {fix}")
+    if not _finite(data["floor"]):
+        raise ProfileFileError(f"{where}: 'floor' must be a relative error; {fix}")
+    try:
+        return FitDomain(
+            batches=tuple(int(b) for b in batches),
+            shares=tuple(float(r) for r in shares),
+            error=tuple(tuple(float(v) for v in row) for row in error),
+            floor=float(data["floor"]),
+        )
+    except ValueError as err:
+        raise ProfileFileError(f"{where}: {err}; {fix}") from None
+
+
+def _measured(data: Any, where: str) -> tuple[tuple[int, float, float], ...]:
+    """Verified points: a list of [batch, share %, solo active ms]."""
+    if not isinstance(data, list) or len(data) > 100_000:
+        raise ProfileFileError(f"{where} must be a list of [batch, share_pct, active_ms]; re-run verification")
+    out = []
+    for item in data:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], int)
+            and item[0] >= 1
+            and all(_finite(v) and v > 0 for v in item)
+            and item[1] <= 100
+        ):
+            raise ProfileFileError(f"{where}: {shown(item)} is not [batch, share_pct, active_ms]; re-run verification")
+        out.append((int(item[0]), float(item[1]), float(item[2])))
+    return tuple(out)
 
 
 #: Fields that divide or scale time: zero or negative values cannot be meant.

@@ -126,6 +126,8 @@ class ProfileSession:
     model_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (bytes_in, bytes_out)
     results: dict[str, float] = field(default_factory=dict)  # point key -> median latency (ms)
     spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
+    #: point key -> resident memory of the serving process after the point (MiB; RSS on CPU)
+    memory_mib: dict[str, float] = field(default_factory=dict)
     retries: dict[str, int] = field(default_factory=dict)  # point key -> times re-measured for monotonicity
     max_retries: int = 2  # re-measurements of a non-monotone point before it is rejected
     monotone_tolerance_pct: float = 10.0  # what two points may disagree by and still count as monotone
@@ -260,6 +262,7 @@ class ProfileSession:
                     asdict(p),
                     latency_ms=self.results.get(p.key),
                     **({"spread_pct": round(self.spreads[p.key], 3)} if p.key in self.spreads else {}),
+                    **({"memory_mib": round(self.memory_mib[p.key], 3)} if p.key in self.memory_mib else {}),
                     **({"retries": self.retries[p.key]} if p.key in self.retries else {}),
                 )
                 for p in self.points()
@@ -303,6 +306,11 @@ class ProfileSession:
                     point = MeasurePoint(p["model"], float(p["share_pct"]), int(p["batch"]), int(p["neighbours"]))
                     spread = p.get("spread_pct")
                     session.tell(point, float(p["latency_ms"]), None if spread is None else float(spread))
+                    memory = p.get("memory_mib")
+                    if memory is not None:
+                        if not (isinstance(memory, (int, float)) and 0 <= memory < 1e7):
+                            raise ValueError(f"memory_mib of {point.key} must be a size in MiB, got {memory!r}")
+                        session.memory_mib[point.key] = float(memory)
                     if p.get("retries"):
                         session.retries[point.key] = int(p["retries"])
         except (KeyError, TypeError, IndexError, ValueError) as err:

@@ -190,10 +190,11 @@ def parse_workloads(data: Any, source: str = "workloads") -> tuple[Workload, ...
     """Workloads from parsed YAML: a mapping with `workloads:` or a bare list (gpu_types are not read)."""
     if isinstance(data, dict):
         data = {"workloads": data.get("workloads")}
-    return tuple(map(_workload, _spec(data, source, None).workloads))
+    return tuple(map(entry_workload, _spec(data, source, None).workloads))
 
 
-def _workload(w: WorkloadEntry) -> Workload:
+def entry_workload(w: WorkloadEntry) -> Workload:
+    """The solver's `Workload` for a checked entry (auto: planned at min_rps, else 1 req/s, until demand is seen)."""
     auto = w.rate_rps == "auto"
     return Workload(
         name=w.name,
@@ -291,7 +292,7 @@ def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile |
     gpu_types = _gpu_types(spec, source)
     if profile is not None:
         gpu_types = tuple(replace(g, profile=profile) for g in gpu_types)
-    result = WorkloadsFile(tuple(map(_workload, spec.workloads)), gpu_types)
+    result = WorkloadsFile(tuple(map(entry_workload, spec.workloads)), gpu_types)
     try:
         result.problem()
     except ProblemError as err:

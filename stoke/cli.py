@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "stoke.commands.report",
     "stoke.commands.device",
     "stoke.commands.train",
+    "stoke.commands.k8s",
     "stoke.commands.completion",
 )
 

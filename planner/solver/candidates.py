@@ -65,6 +65,9 @@ class P99Target:
     model: str
     paced: bool = False
     max_utilisation: float = MAX_UTILISATION
+    #: Check the budget and the cap with L and O raised to the profile's error bound at the point
+    #: (`PointCache.raised`), not with the central prediction.
+    error_bound: bool = False
     mode: str = field(init=False)  # the batching table's delay mode, fixed by the fields above
     #: share -> this queue's table curves at that share (filled on use: the hot path of `colocate`)
     _curves: dict[float, tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
@@ -94,7 +97,12 @@ class P99Target:
         size = sizes[low] + (sizes[low + 1] - sizes[low]) * w
         return ratio * occupancy + (latency - occupancy) * size / self.batch
 
+    def checked(self, cache: PointCache, prediction: Prediction, share: float) -> Prediction:
+        """The prediction the budget and cap are checked with: raised to the error bound, or central."""
+        return cache.raised(self.model, self.batch, share, prediction) if self.error_bound else prediction
+
     def met_by(self, cache: PointCache, prediction: Prediction, share: float) -> bool:
+        prediction = self.checked(cache, prediction, share)
         if self.rate_rps > prediction.throughput_rps * self.max_utilisation + EPS:
             return False
         return self.p99_ms(cache, prediction, share) <= self.latency_budget_ms + EPS
@@ -112,6 +120,8 @@ class Item:
     queue_delay_ms: float = 0.0  # dynamic batching: longest wait for a batch to fill
     replica: int = 0
     replicas: int = 1
+    #: The operator allowed shares and batches outside the profile's measured domain (`StokeOptions`).
+    extrapolate: bool = True
 
     @property
     def key(self) -> tuple[str, int]:
@@ -129,7 +139,48 @@ class PointCache:
         self._tables: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
         self._curves: dict[tuple[str, str], CurveSet] = {}
         self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
+        self._errors: dict[str, NDArray[Any]] = {}
+        self._upper: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
         self.shares = share_steps(self.profile.gpu)
+
+    def error_table(self, model: str) -> NDArray[Any]:
+        """The profile's relative error bound of L and O, shape (MAX_BATCH, shares) (`ModelProfile.fit_error`)."""
+        table = self._errors.get(model)
+        if table is None:
+            batches = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+            table = self._errors[model] = np.asarray(
+                self.profile.model(model).fit_error(batches, self.shares[None, :]), dtype=float
+            )
+        return table
+
+    def domain_table(self, model: str) -> NDArray[Any]:
+        """Which (batch, share) candidates lie in the profile's measured domain, shape (MAX_BATCH, shares)."""
+        m = self.profile.model(model)
+        if m.domain is None:
+            return np.ones((MAX_BATCH, len(self.shares)), dtype=bool)
+        batches = np.arange(1, MAX_BATCH + 1)[:, None]
+        in_batches = (batches >= m.domain.batches[0]) & (batches <= m.domain.batches[-1])
+        return np.asarray(in_batches & (self.shares[None, :] >= m.domain.min_share - EPS), dtype=bool)
+
+    def upper_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
+        """`solo_table` with L and O raised to the error bound: latency x (1+e), throughput / (1+e)."""
+        table = self._upper.get(model)
+        if table is None:
+            latency, throughput = self.solo_table(model)
+            raise_by = 1.0 + self.error_table(model)
+            table = self._upper[model] = (latency * raise_by, throughput / raise_by)
+        return table
+
+    def fit_error(self, model: str, batch: int, share: float) -> float:
+        column = min(max(int(round(share / self.step)) - 1, 0), len(self.shares) - 1)
+        return float(self.error_table(model)[min(batch, MAX_BATCH) - 1, column])
+
+    def raised(self, model: str, batch: int, share: float, prediction: Prediction) -> Prediction:
+        """A co-located prediction with L and O raised to the error bound at (batch, share)."""
+        up = 1.0 + self.fit_error(model, batch, share)
+        return Prediction(
+            prediction.latency_ms * up, prediction.throughput_rps / up, prediction.gpu_ms * up, prediction.clock_mhz
+        )
 
     def solo_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """Solo latency and throughput of `model`, shape (MAX_BATCH, shares): batch 1.. x share step.."""
@@ -139,8 +190,11 @@ class PointCache:
             predictor = VectorPredictor(self.profile)
             batches, shares = np.meshgrid(np.arange(1, MAX_BATCH + 1, dtype=float), self.shares, indexing="ij")
             index = np.full((batches.size, 1), predictor.index[model], dtype=np.intp)
+            m = self.profile.model(model)
+            # verified points and their calibrated neighbourhood (the predictor alone reads k_act only)
+            active = m.active_grid_ms(batches, shares).reshape(-1, 1) if m.measured else None
             latency, throughput = predictor.predict(
-                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool)
+                index, batches.reshape(-1, 1), shares.reshape(-1, 1), np.ones((batches.size, 1), dtype=bool), active
             )
             table = self._tables[model] = (latency.reshape(batches.shape), throughput.reshape(batches.shape))
         return table
@@ -215,6 +269,8 @@ def colocate(
     and adds one share step to every workload that misses its target. Returns (shares, predictions), or None when the
     shares would pass 100% or more than `max_added` would be added.
     """
+    if not fits_memory(cache, items):
+        return None
     current = [i.min_share for i in items] if shares is None else list(shares)
     start = sum(current)
     step = cache.step
@@ -234,6 +290,19 @@ def colocate(
             if current[k] + step > 100.0 + EPS:
                 return None
             current[k] = round(current[k] + step, 6)
+
+
+def replica_memory_mib(cache: PointCache, item: Item) -> float:
+    """Device memory of one replica: its process's context, the weights, activations of a full batch."""
+    return cache.profile.gpu.context_mib + cache.profile.model(item.workload.model).memory_mib(item.batch)
+
+
+def fits_memory(cache: PointCache, items: Sequence[Item]) -> bool:
+    """The replicas fit the GPU's memory and its MPS client limit (limits not recorded are not checked)."""
+    gpu = cache.profile.gpu
+    if gpu.max_clients and len(items) > gpu.max_clients:
+        return False
+    return not gpu.memory_mib or sum(replica_memory_mib(cache, i) for i in items) <= gpu.memory_mib + EPS
 
 
 def min_share_solo(cache: PointCache, model: str, batch: int, target: Target) -> float | None:
@@ -274,22 +343,35 @@ def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Pred
     return target.p99_ms(cache, prediction, share)
 
 
+def replica_p99_upper_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
+    """The replica's p99 with L and O raised to the profile's error bound at its point."""
+    return replica_p99_ms(cache, item, share, cache.raised(item.workload.model, item.batch, share, prediction))
+
+
 def binding_constraint(cache: PointCache, item: Item, share: float) -> str:
     """What stops this replica from one share step less: its own target, or its neighbours.
 
-    'p99' / 'utilisation' (stoke's target), 'latency' / 'throughput' (iGniter's), 'interference'
-    when one step less would do alone (co-location needed the extra), 'min share' at one step.
+    'p99' / 'utilisation' (stoke's target; 'p99 upper' / 'utilisation upper' when checked at the
+    error bound), 'latency' / 'throughput' (iGniter's), 'interference' when one step less would do
+    alone (co-location needed the extra), 'domain' when one step less is below the profile's
+    measured shares, 'min share' at one step.
     """
     lower = round(share - cache.step, 6)
     if lower <= EPS:
         return "min share"
-    alone = cache.predict([item], [lower])[0]
     target = item.target
+    if isinstance(target, P99Target) and target.error_bound:
+        domain = cache.profile.model(item.workload.model).domain
+        if domain is not None and lower < domain.min_share - EPS and not item.extrapolate:
+            return "domain"
+    alone = cache.predict([item], [lower])[0]
     if target.met_by(cache, alone, lower):
         return "interference"
     if isinstance(target, P99Target):
-        over = item.rate_rps > alone.throughput_rps * target.max_utilisation + EPS
-        return "utilisation" if over else "p99"
+        checked = target.checked(cache, alone, lower)
+        over = item.rate_rps > checked.throughput_rps * target.max_utilisation + EPS
+        suffix = " upper" if target.error_bound else ""
+        return ("utilisation" if over else "p99") + suffix
     return "latency" if alone.latency_ms > target.latency_budget_ms + EPS else "throughput"
 
 
@@ -305,6 +387,8 @@ def to_placement(cache: PointCache, item: Item, share: float, prediction: Predic
         predicted_latency_ms=prediction.latency_ms,
         predicted_throughput_rps=prediction.throughput_rps,
         predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
+        p99_upper_ms=replica_p99_upper_ms(cache, item, share, prediction),
+        memory_mib=replica_memory_mib(cache, item),
         binding=binding_constraint(cache, item, share),
         replica=item.replica,
         replicas=item.replicas,

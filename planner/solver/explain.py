@@ -47,6 +47,7 @@ class Explanation:
     workload: str
     summary: tuple[str, ...]
     replicas: tuple[ReplicaExplanation, ...]
+    error_bound: bool = False  # the rows' p99 and utilisation are at the profile's error bound
 
 
 def explain(
@@ -64,11 +65,45 @@ def explain(
     placed = [(i, p) for i, p in plan.placements() if p.name == name]
     types = {g.name: g for g in problem.inventory}
     budget = budget_ms(workload, options)
+    cap = options.cap(workload.arrivals)
     summary = [
         f"{name}: model {workload.model}, SLO {workload.slo_ms:g} ms, {workload.rate_rps:g} req/s, "
         f"{workload.arrivals} arrivals; p99 budget {budget:.2f} ms (SLO less the "
-        f"{options.safety_margin:.0%} safety margin), utilisation cap {options.max_utilisation:g}"
+        f"{options.safety_margin:.0%} {'jitter' if options.error_bound else 'safety'} margin), utilisation cap {cap:g}"
     ]
+    if placed:
+        profile = types[plan.gpus[placed[0][0]].gpu_type].profile.model(workload.model)
+        domain = profile.domain
+        if options.error_bound:
+            summary.append(
+                "error bound: the budget and the cap are checked with L(k) and O(k) raised to the profile's "
+                "out-of-sample error at each candidate (`stoke profile show`); the plan shows the central p99 "
+                "beside p99_upper, the binding one"
+            )
+        else:
+            summary.append("error bound off (--no-error-bound): the central fit is trusted")
+        if domain is None:
+            summary.append("domain: not recorded in this profile (fitted before stoke recorded it): every share counts")
+        elif options.extrapolate:
+            summary.append(
+                f"domain: measured shares {domain.min_share:g}-{domain.shares[-1]:g}%, batches "
+                f"{domain.batches[0]}-{domain.max_batch}; outside allowed (--allow-extrapolation) at a widened error"
+            )
+        else:
+            summary.append(
+                f"domain: measured shares {domain.min_share:g}-{domain.shares[-1]:g}%, batches "
+                f"{domain.batches[0]}-{domain.max_batch}; nothing outside is used (--allow-extrapolation allows it)"
+            )
+        for gpu_index, p in placed:
+            summary.append(_memory_line(problem, plan, gpu_index, p))
+        for _, p in placed:
+            cache = PointCache(types[plan.gpus[placed[0][0]].gpu_type])
+            summary.append(
+                f"replica {p.replica + 1}: share {p.share_pct:g}%, batch {p.batch}: error bound "
+                f"{cache.fit_error(workload.model, p.batch, p.share_pct):.1%}; central p99 "
+                f"{p.predicted_p99_ms:.2f} ms, upper {p.p99_upper_ms:.2f} ms; binding: {p.binding} "
+                f"({_binding_words(p.binding)})"
+            )
     replicas = []
     for gpu_index, placement in placed:
         gpu_type = plan.gpus[gpu_index].gpu_type
@@ -96,7 +131,39 @@ def explain(
             )
     else:
         summary.append("one replica: a single GPU share holds the budget")
-    return Explanation(name, tuple(summary), tuple(replicas))
+    return Explanation(name, tuple(summary), tuple(replicas), error_bound=options.error_bound)
+
+
+def _memory_line(problem: Problem, plan: Plan, gpu_index: int, placement: Placement) -> str:
+    """Memory and MPS clients on the replica's GPU, and whether either keeps another replica off it."""
+    gpu = plan.gpus[gpu_index]
+    limits = next(g for g in problem.inventory if g.name == gpu.gpu_type).profile.gpu
+    if not limits.memory_mib:
+        return f"memory: not recorded for {gpu.gpu_type} (not checked)"
+    smallest = min((p.memory_mib for _, p in plan.placements()), default=0.0)
+    free = limits.memory_mib - gpu.memory_mib
+    line = (
+        f"memory: replica {placement.replica + 1} takes {placement.memory_mib:,.0f} MiB; GPU {gpu_index} holds "
+        f"{gpu.memory_mib:,.0f} of {limits.memory_mib:,.0f} MiB, {len(gpu.placements)} of {limits.max_clients or '-'} "
+        f"MPS clients"
+    )
+    if free < smallest and gpu.share_pct < 100.0 - EPS:
+        line += f"; memory binds: {free:,.0f} MiB free is less than any replica of this plan needs, share or not"
+    elif limits.max_clients and len(gpu.placements) >= limits.max_clients:
+        line += "; the MPS client limit binds: no further process fits"
+    return line
+
+
+def _binding_words(binding: str) -> str:
+    return {
+        "p99 upper": "the p99 at the error bound would pass the budget one share step lower",
+        "utilisation upper": "the utilisation at the error bound would pass the cap one share step lower",
+        "p99": "the central p99 would pass the budget one share step lower",
+        "utilisation": "the central utilisation would pass the cap one share step lower",
+        "domain": "one share step lower is below the profile's measured shares",
+        "interference": "alone one step less would do; its neighbours need the extra",
+        "min share": "the smallest share step",
+    }.get(binding, binding)
 
 
 def _rows(
@@ -133,6 +200,8 @@ def _verdict(grid: CandidateGrid, m: int, b: int, c: int, chosen: bool, first_ok
     p99, util = float(grid.p99_ms[m, b - 1, c]), float(grid.utilisation[b - 1, c])
     if chosen:
         return "chosen"
+    if math.isinf(util):
+        return "outside the profile's measured domain"
     if util > grid.max_utilisation + EPS:
         return f"utilisation {util:.2f} over the cap {grid.max_utilisation:g}"
     if not math.isfinite(p99):

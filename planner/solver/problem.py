@@ -146,6 +146,11 @@ class Placement:
     predicted_p99_ms: float = math.nan
     #: What keeps the share from one step less (`candidates.binding_constraint`); "" when unknown.
     binding: str = ""
+    #: p99 with L and O raised to the profile's error bound at this point (share, batch); NaN in plans
+    #: written before profiles recorded their error.
+    p99_upper_ms: float = math.nan
+    #: Device memory of this replica (process context + weights + activations), MiB; 0 when not recorded.
+    memory_mib: float = 0.0
 
     @property
     def predicted_worst_ms(self) -> float:
@@ -182,6 +187,10 @@ class GpuPlan:
     @property
     def share_pct(self) -> float:
         return sum(p.share_pct for p in self.placements)
+
+    @property
+    def memory_mib(self) -> float:
+        return sum(p.memory_mib for p in self.placements)
 
 
 @dataclass(frozen=True)
@@ -238,6 +247,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "key": g.key,
                 "price_per_hour": g.price_per_hour,
                 "share_pct": round(g.share_pct, 6),
+                "memory_mib": round(g.memory_mib, 3),
                 "workloads": [
                     {
                         "name": p.name,
@@ -250,6 +260,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                         "predicted_latency_ms": round(p.predicted_latency_ms, 6),
                         "predicted_p99_ms": _finite_or_none(p.predicted_p99_ms),
                         # from the rounded p99, so that a plan read back writes the same figures
+                        "p99_upper_ms": _finite_or_none(p.p99_upper_ms),
+                        "memory_mib": round(p.memory_mib, 3),
                         "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
                         "binding": p.binding,
                         "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
@@ -310,6 +322,7 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                     replicas=whole(w, "replicas", where, 1),
                     arrivals=str(w.get("arrivals", "poisson")),
                     binding=str(w.get("binding", "")),
+                    memory_mib=num(w, "memory_mib", where, 0.0),
                     # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
                     predicted_p99_ms=(
                         math.inf
@@ -317,6 +330,13 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                         else math.nan
                         if "predicted_p99_ms" not in w
                         else num(w, "predicted_p99_ms", where)
+                    ),
+                    p99_upper_ms=(
+                        math.inf
+                        if w.get("p99_upper_ms", math.nan) is None
+                        else math.nan
+                        if "p99_upper_ms" not in w
+                        else num(w, "p99_upper_ms", where)
                     ),
                 )
             )

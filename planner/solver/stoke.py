@@ -74,17 +74,24 @@ from planner.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workloa
 class StokeOptions:
     """Knobs of the stoke strategy (defaults checked with the plan simulator).
 
-    safety_margin: share of the SLO kept free for what the model does not
-    capture (prediction error, jitter, RPC overhead). max_utilisation: highest
+    error_bound: check the p99 budget and the utilisation cap with L(k) and
+    O(k) raised to the profile's out-of-sample error at each candidate's
+    (batch, share) (`interference.profile.FitDomain`); off, the central fit is
+    trusted (stoke before issue 15). extrapolate: allow shares and batches
+    outside the profile's measured domain (then at the widened error there).
+    safety_margin: share of the SLO kept free for what neither the fit nor its
+    error bound captures (jitter); with error_bound off it has to cover
+    prediction error too (0.05 was the default then). max_utilisation: highest
     planned utilisation of a replica, rate / throughput at its batch, for
     Poisson clients (the batching model covers up to 0.953).
-    max_paced_utilisation: the same for paced clients (no queueing below 1;
-    the rest is headroom for service jitter).
+    max_paced_utilisation: the same for paced clients (no queueing below 1).
     """
 
-    safety_margin: float = 0.05
+    safety_margin: float = 0.02
     max_utilisation: float = 0.95
-    max_paced_utilisation: float = 0.98
+    max_paced_utilisation: float = 0.99
+    error_bound: bool = True
+    extrapolate: bool = False
 
     def cap(self, arrivals: str) -> float:
         """The utilisation cap for a workload's arrival kind."""
@@ -100,6 +107,8 @@ class StokeOptions:
 
 
 DEFAULT_OPTIONS = StokeOptions()
+#: stoke before issue 15: the central fit trusted everywhere, a blanket 5% margin and a 0.98 paced cap.
+CENTRAL_OPTIONS = StokeOptions(safety_margin=0.05, max_paced_utilisation=0.98, error_bound=False, extrapolate=True)
 #: Up to this many candidates the placement is solved exactly.
 EXACT_LIMIT = 8
 #: Co-location checks the local search may spend (a work bound keeps solves deterministic).
@@ -129,16 +138,42 @@ def budget_ms(workload: Workload, options: StokeOptions) -> float:
 
 
 def _p99(
-    cache: PointCache, model: str, arrivals: str, rate: Any, columns: tuple[int, int] | None = None
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    rate: Any,
+    columns: tuple[int, int] | None = None,
+    options: StokeOptions = DEFAULT_OPTIONS,
 ) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """(modes, p99 (modes, ..., batches, shares), utilisation, delays (modes, ..., batches, 1)).
 
     `rate` is a scalar, or an array of shape (R, 1, 1): then the results have a rate axis
     after the modes. `columns` = (first, stop) restricts the share steps (with rates only).
+    With `options.error_bound` the p99 and utilisation are those at the error bound (L and O
+    raised); the batching table's occupancy shape stays the central one. Candidates outside
+    the profile's domain are infinite unless `options.extrapolate`.
     """
-    latency, throughput = cache.solo_table(model)
+    latency, throughput = cache.upper_table(model) if options.error_bound else cache.solo_table(model)
+    outside = np.zeros(latency.shape, dtype=bool) if options.extrapolate else ~cache.domain_table(model)
     if columns is not None:
         latency, throughput = latency[:, columns[0] : columns[1]], throughput[:, columns[0] : columns[1]]
+        outside = outside[:, columns[0] : columns[1]]
+    modes, p99, utilisation, delays = _p99_tables(latency, throughput, cache, model, arrivals, rate, columns)
+    if outside.any():
+        p99, utilisation = np.where(outside, np.inf, p99), np.where(outside, np.inf, utilisation)
+    return modes, p99, utilisation, delays
+
+
+def _p99_tables(
+    latency: NDArray[Any],
+    throughput: NDArray[Any],
+    cache: PointCache,
+    model: str,
+    arrivals: str,
+    rate: Any,
+    columns: tuple[int, int] | None,
+) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """`_p99` on given L and throughput tables (already cut to `columns`)."""
     batch = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
@@ -157,7 +192,7 @@ def _p99(
 def candidate_grid(
     workload: Workload, cache: PointCache, rate_rps: float, options: StokeOptions = DEFAULT_OPTIONS
 ) -> CandidateGrid:
-    modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps)
+    modes, p99, utilisation, delays = _p99(cache, workload.model, workload.arrivals, rate_rps, options=options)
     return CandidateGrid(
         modes, p99, utilisation, delays[..., 0], budget_ms(workload, options), options.cap(workload.arrivals)
     )
@@ -174,6 +209,7 @@ def stoke_target(
         workload.model,
         paced=workload.arrivals == "constant",
         max_utilisation=options.cap(workload.arrivals),
+        error_bound=options.error_bound,
     )
 
 
@@ -219,7 +255,7 @@ def best_candidates(
         # The first share step whose best batch can carry each rate under the cap: nothing below
         # it is feasible. Most workloads find their share within a window above it; the rest get
         # a second pass over every step.
-        top = cache.solo_table(model)[1].max(axis=0)
+        top = (cache.upper_table(model) if options.error_bound else cache.solo_table(model))[1].max(axis=0)
         start = {k: int(np.searchsorted(top, rates[k] / options.cap(arrivals) - EPS)) for k in members}
         ordered = sorted((k for k in members if start[k] < shares), key=lambda k: start[k])
         retry: list[int] = []
@@ -247,7 +283,7 @@ def _pick(
     """Fill `out` for the workloads of `chunk` from the share steps in `window`; returns those not found."""
     rate = np.array([rates[k] for k in chunk])
     budget = np.array([budget_ms(workloads[k], options) for k in chunk])
-    modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None], window)
+    modes, p99, utilisation, _ = _p99(cache, model, arrivals, rate[:, None, None], window, options)
     p99 = np.moveaxis(p99, 0, 1)  # (N, modes, batches, shares)
     ok = (p99 <= budget[:, None, None, None] + EPS) & (utilisation[:, None] <= options.cap(arrivals) + EPS)
     floor = np.array([workloads[k].min_share_pct for k in chunk])  # the SLO guard's floors (0: none)
@@ -270,7 +306,8 @@ def _pick(
         b, r = int(pick[n]) + 1, rates[k]
         delay = _delay_ms(modes[int(modes_at[n])], b, r)
         share = float(cache.shares[window[0] + int(first[n])])
-        out[k] = Item(workloads[k], r, b, share, stoke_target(workloads[k], r, b, delay, options), delay)
+        target = stoke_target(workloads[k], r, b, delay, options)
+        out[k] = Item(workloads[k], r, b, share, target, delay, extrapolate=options.extrapolate)
     return missing if window != (0, len(cache.shares)) else []
 
 
@@ -285,14 +322,16 @@ def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptio
 
     A coarse log grid of rates is evaluated at once, then the edge is refined by bisection.
     """
-    _, throughput = cache.solo_table(workload.model)
+    _, throughput = cache.upper_table(workload.model) if options.error_bound else cache.solo_table(workload.model)
     cap = options.cap(workload.arrivals)
     top = float(throughput[:, -1].max()) * cap
     budget = budget_ms(workload, options)
 
     def feasible(rates: NDArray[Any]) -> NDArray[Any]:
         whole_gpu = (len(cache.shares) - 1, len(cache.shares))
-        _, p99, utilisation, _ = _p99(cache, workload.model, workload.arrivals, rates[:, None, None], whole_gpu)
+        _, p99, utilisation, _ = _p99(
+            cache, workload.model, workload.arrivals, rates[:, None, None], whole_gpu, options
+        )
         ok = (p99 <= budget + EPS) & (utilisation <= cap + EPS)
         return np.asarray(ok.any(axis=(0, 2, 3)), dtype=bool)
 
@@ -374,6 +413,7 @@ def stoke_items(
                     100.0,
                     stoke_target(workload, remainder, full.batch, delay, options),
                     delay,
+                    extrapolate=options.extrapolate,
                 )
             ]
         )

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from foundation.errors import UserError
+from foundation.errors import StokeError, UserError
 from interference.latency import predict_gpu
-from interference.profile import DOMAIN_MAX_BATCH, DeviceProfile, UnknownModelError
+from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH, DeviceProfile, UnknownModelError
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from planner.simulate import SimulationReport, simulate
@@ -78,6 +78,22 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         metavar="U",
         help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
         f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
+    )
+    p.add_argument(
+        "--allow-extrapolation",
+        dest="extrapolate",
+        action="store_const",
+        const=True,
+        help="stoke: also use shares and batches outside the profile's measured domain (`stoke profile show`), "
+        "at an error bound widened by 15 points per octave beyond it (default: stay inside)",
+    )
+    p.add_argument(
+        "--no-error-bound",
+        dest="error_bound",
+        action="store_const",
+        const=False,
+        help="stoke: trust the fitted curve (central prediction) instead of raising L and O to the profile's "
+        "out-of-sample error; give --safety-margin 0.05 --max-paced-utilisation 0.98 for stoke before issue 15",
     )
     add_output_option(
         p,
@@ -223,6 +239,45 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
     )
     r.set_defaults(run=run_profile_run)
+    sh = profile.add_parser(
+        "show",
+        help="show a fitted profile's models: measured domain and the fit's out-of-sample error",
+        description="Per model: the batch sizes and shares the profile measured (the domain the planner stays "
+        "in), and the fit's leave-one-out error there (each measured point left out, the model refitted "
+        "without it, and the point predicted): its 90% quantile and worst, the error floor, and the error "
+        "grid. A profile saved before profiles recorded this shows the conservative default.",
+    )
+    sh.add_argument(
+        "profile", nargs="?", metavar="PROFILE.json", help="fitted profile (default: the bundled V100 profile)"
+    )
+    add_output_option(sh, wide="the leave-one-out error at every measured point")
+    sh.set_defaults(run=run_profile_show)
+    v = profile.add_parser(
+        "verify",
+        help="measure the points a plan chose, put them in the profile and re-plan until the plan holds on them",
+        description="Verify before serving: each (model, batch, share) the plan chose is measured on the device, "
+        "the measurement replaces the fit there (and raises its neighbourhood when slower), and the workloads "
+        "are planned again; a round that chooses only measured points ends it (at most --rounds). Devices: "
+        "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests), or 'cpu', real "
+        "Triton processes on this node (the plan must be made with a CPU profile: --profile). Measuring "
+        "through NVML/MPS on a GPU is not built yet.",
+    )
+    v.add_argument("plan", metavar="PLAN.json", help="a plan from `stoke plan --json` (- reads stdin)")
+    v.add_argument(
+        "--device",
+        choices=("simulated", "cpu"),
+        default="simulated",
+        help="where to measure: 'simulated' (the perturbed V100 truth) or 'cpu' (real Triton on this node)",
+    )
+    add_repo_option(v, "cpu: the model repository to serve from (default %(default)s)")
+    v.add_argument(
+        "--profile", metavar="FILE", help="cpu: the fitted profile the plan was made with (default: bundled CPU)"
+    )
+    v.add_argument("--requests", type=int, default=20, help="cpu: requests per measurement window (default 20)")
+    v.add_argument("--rounds", type=int, default=8, help="at most this many measure/re-plan rounds (default 8)")
+    v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
+    v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
+    v.set_defaults(run=run_profile_verify)
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -261,10 +316,13 @@ def run_plan(args: argparse.Namespace) -> int:
         "safety_margin": args.safety_margin,
         "max_utilisation": args.max_utilisation,
         "max_paced_utilisation": args.max_paced_utilisation,
+        "extrapolate": getattr(args, "extrapolate", None),
+        "error_bound": getattr(args, "error_bound", None),
     }
     given = {k: v for k, v in knobs.items() if v is not None}
     if given:
-        flags = "/".join("--" + k.replace("_", "-") for k in given)
+        flag_names = {"extrapolate": "allow-extrapolation", "error_bound": "no-error-bound"}
+        flags = "/".join("--" + flag_names.get(k, k.replace("_", "-")) for k in given)
         if args.strategy != "stoke":
             one = len(given) == 1
             raise UserError(
@@ -333,6 +391,9 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
     lines = [head, "", table]
     per_gpu = ", ".join(f"{i}: {g.share_pct:g}%" for i, g in enumerate(plan.gpus))
     lines += ["", f"GPU shares in use: {per_gpu}"]
+    if any(g.memory_mib for g in plan.gpus):
+        memory = ", ".join(f"{i}: {g.memory_mib / 1024:.1f}" for i, g in enumerate(plan.gpus))
+        lines.append(f"GPU memory in use (GiB; process contexts, weights, activations): {memory}")
     ratios = sorted(p.p99_slo_ratio for _, p in plan.placements() if math.isfinite(p.p99_slo_ratio))
     if ratios:
         lines.append(
@@ -343,6 +404,7 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines.append(
         "p99_ms: predicted 99th-percentile request latency (queueing + batch fill + co-located inference); "
+        "p99_upper: the same with L and O raised to the profile's error bound there; "
         "infer_ms: one batch's inference; delay_ms: Triton's max queue delay."
     )
     return "\n".join(lines)
@@ -357,13 +419,14 @@ def format_explanation(explanation: Any) -> str:
             "",
             f"{label}: GPU {replica.gpu_index}, {p.rate_rps:g} req/s, share {p.share_pct:g}%, batch {p.batch}, "
             f"delay {p.queue_delay_ms:.2f} ms; predicted p99 {p.predicted_p99_ms:.2f} ms "
-            f"({p.p99_slo_ratio:.2f} x SLO); binding: {p.binding}",
+            f"({p.p99_slo_ratio:.2f} x SLO), {p.p99_upper_ms:.2f} ms at the error bound; binding: {p.binding}",
         ]
         rows = [
             [r.share_pct, r.batch, r.delay, r.queue_delay_ms, p99_cell(r.p99_ms), r.utilisation, r.verdict]
             for r in replica.rows
         ]
-        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", "p99_ms (alone)", "util", "verdict"], rows))
+        p99_head = "p99_upper (alone)" if explanation.error_bound else "p99_ms (alone)"
+        lines.append(render_table(["share_%", "batch", "delay", "delay_ms", p99_head, "util", "verdict"], rows))
     return "\n".join(lines)
 
 
@@ -632,6 +695,150 @@ def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]
             bar.update(task, completed=event.done)
 
         yield show
+
+
+# -- profile show ----------------------------------------------------------------------------------
+
+
+def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    for name, m in sorted(profile.models.items()):
+        d = m.domain
+        models[name] = (
+            {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
+            if d is None
+            else {
+                "recorded": True,
+                "batches": list(d.batches),
+                "shares_pct": list(d.shares),
+                "loo_error_p90": round(d.quantile(0.9), 6),
+                "loo_error_max": round(d.quantile(1.0), 6),
+                "error_floor": d.floor,
+                "loo_error": [list(row) for row in d.error],
+            }
+        )
+    return {"gpu": profile.gpu.name, "share_step_pct": profile.gpu.share_step_pct, "models": models}
+
+
+def run_profile_show(args: argparse.Namespace) -> int:
+    profile = _load_profile_arg(args.profile) or bundled_profile()
+    if args.json:
+        emit(args, profile_domain_dict(profile))
+        return 0
+    rows = []
+    for name, m in sorted(profile.models.items()):
+        d = m.domain
+        if d is None:
+            rows.append([name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-"])
+            continue
+        rows.append(
+            [
+                name,
+                ",".join(str(b) for b in d.batches),
+                ",".join(f"{r:g}" for r in d.shares),
+                f"{d.quantile(0.9):.1%}",
+                f"{d.quantile(1.0):.1%}",
+                f"{d.floor:.1%}",
+            ]
+        )
+    print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
+    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor"], rows))
+    if getattr(args, "output_format", "table") == "wide":
+        print()
+        print(
+            render_table(
+                ["model", "batch", "share_%", "LOO_err"],
+                [
+                    [name, b, f"{r:g}", f"{m.domain.error[i][j]:.1%}"]
+                    for name, m in sorted(profile.models.items())
+                    if m.domain is not None
+                    for i, b in enumerate(m.domain.batches)
+                    for j, r in enumerate(m.domain.shares)
+                ],
+            )
+        )
+    if any(m.domain is None for m in profile.models.values()):
+        print(
+            f"note: models without a recorded domain were fitted before stoke recorded it: the planner treats "
+            f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error; refit with `stoke profile fit`"
+        )
+    return 0
+
+
+# -- profile verify --------------------------------------------------------------------------------
+
+
+def run_profile_verify(args: argparse.Namespace) -> int:
+    from foundation.files import atomic_write_text
+    from interference.profile_io import bundled_raw_path
+    from interference.profile_io import read_raw as read_raw_file
+    from interference.truth import measure_on, truth_profile
+    from planner.solver import GpuType, Problem, Workload
+    from planner.solver.verify import verify
+
+    plan = read_plan(args.plan)
+    if not plan.gpus:
+        raise UserError(f"{args.plan}: the plan places no workload; nothing to verify")
+    rates: dict[str, float] = {}
+    first: dict[str, Any] = {}
+    for _, p in plan.placements():
+        rates[p.name] = rates.get(p.name, 0.0) + p.rate_rps
+        first.setdefault(p.name, p)
+    try:
+        workloads = tuple(
+            Workload(n, p.model, p.slo_ms, rates[n], arrivals=p.arrivals) for n, p in sorted(first.items())
+        )
+        if args.device == "simulated":
+            types = default_gpu_types()
+            unknown = sorted({g.gpu_type for g in plan.gpus} - {t.name for t in types})
+            if unknown:
+                raise UserError(f"{args.plan}: GPU type {unknown[0]!r} has no simulated device; plan for V100")
+            truth = {t.name: truth_profile(t.profile, read_raw_file(bundled_raw_path())) for t in types}
+            measure: Any = measure_on(truth)
+        else:
+            kinds = sorted({g.gpu_type for g in plan.gpus})
+            if len(kinds) != 1:
+                raise UserError(f"{args.plan}: --device cpu verifies a plan of one device type, got {kinds}")
+            from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
+
+            profile = load_profile(args.profile or bundled_data_dir() / BUNDLED_CPU_PROFILE)
+            types = (GpuType(kinds[0], plan.gpus[0].price_per_hour, profile),)
+            from agents.profiler import ProfilingError, TritonMeasurer
+
+            try:
+                measure = TritonMeasurer(args.repo, requests=args.requests)
+            except ProfilingError as err:
+                raise UserError(f"--device cpu: {err}") from None
+        problem = Problem(workloads, types)
+
+        def progress(done: Any) -> None:
+            print(
+                f"round {done.number}: measured {done.measured} point(s) (worst measured/fitted "
+                f"{done.worst_ratio:.3f}); re-planned: {done.gpus_before} -> {done.gpus_after} GPU(s)",
+                flush=True,
+            )
+
+        try:
+            checked = verify(problem, measure, plan=plan, max_rounds=args.rounds, progress=progress)
+        finally:
+            if hasattr(measure, "close"):
+                measure.close()
+    except ProblemError as err:
+        raise UserError(f"{args.plan}: {err}") from None
+    except ProfileFileError as err:
+        raise UserError(str(err)) from None
+    except StokeError as err:  # the device failed to measure (ProfilingError)
+        raise UserError(f"--device {args.device}: {err}") from None
+    if args.plan_out:
+        atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
+    if args.profile_out:
+        save_profile(checked.problem.inventory[0].profile, args.profile_out)
+    status = "holds on measured points" if checked.holds else "still uses unmeasured points"
+    print(
+        f"verified in {len(checked.rounds)} round(s), {checked.points} point(s) measured: "
+        f"{checked.plan.gpu_count} GPU(s), the plan {status}"
+    )
+    return 0 if checked.holds else 1
 
 
 # -- profile fit -----------------------------------------------------------------------------------

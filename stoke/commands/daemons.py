@@ -78,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="",
         help="GPU type of this node's devices (default: decided by the controller's gpu_types)",
     )
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="start the MPS control daemon of this node's GPUs (nvidia-cuda-mps-control -d, with "
+        "$CUDA_MPS_PIPE_DIRECTORY/$CUDA_MPS_LOG_DIRECTORY) before serving, and stop it on exit; without it a "
+        "daemon must already run (GPU nodes only; the Kubernetes DaemonSet uses it)",
+    )
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a Triton start may take")
     p.add_argument(
         "--latency-histogram",
@@ -182,8 +189,21 @@ def run_agent(args: argparse.Namespace) -> int:
         raise UserError(
             f"--repo {args.repo}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
         )
-    router = open_router(args.bind, args.advertise, args.ports)
-    client = connect(args)
+    mps = None
+    if args.mps:
+        if kind != "gpu":
+            raise UserError("--mps needs GPU devices (--device nvml or auto on a GPU node); this node has none")
+        from agents.mps import MpsControl
+
+        mps = MpsControl()
+        mps.start()  # now, so a missing MPS binary stops the agent instead of failing every assignment
+    try:
+        router = open_router(args.bind, args.advertise, args.ports)
+        client = connect(args)
+    except BaseException:
+        if mps is not None:
+            mps.quit()  # the fleet that would stop it never came to be
+        raise
     fleet = TritonFleet(
         args.repo,
         device_kind=kind,
@@ -192,6 +212,7 @@ def run_agent(args: argparse.Namespace) -> int:
         latency_histogram=args.latency_histogram,
         router=router,
         devices=sum(1 for d in devices if d.kind == "gpu") if kind == "gpu" else None,
+        mps=mps,  # the fleet stops the daemon when it closes (only one it started)
     )
     exporter = None
     if args.metrics_port >= 0:

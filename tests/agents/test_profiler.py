@@ -43,6 +43,10 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)
+    # every solo point recorded the serving process's resident memory; the fit turns it into a line
+    solo = [p.key for p in session.points() if p.neighbours == 0]
+    assert set(session.memory_mib) == set(solo) and all(10 < v < 65536 for v in session.memory_mib.values())
+    assert 10 < fit_measured_profile(session).model("mlp_small").weights_mib < 65536
     capsys.readouterr()
     assert main(argv) == 0  # resuming a finished profile measures nothing again
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
@@ -56,3 +60,22 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
 def test_profile_run_names_a_missing_model(tmp_path, capsys):
     assert main(["profile", "run", "--repo", REPO, "--models", "nope", "-o", str(tmp_path / "m.json")]) == 2
     assert "no model 'nope'" in capsys.readouterr().err
+
+
+def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):
+    profile = Path(__file__).resolve().parents[2] / "interference" / "data" / "cpu-2core-profile.json"
+    (tmp_path / "w.yaml").write_text(
+        "gpu_types:\n"
+        f"  - {{name: CPU, price_per_hour: 0.1, profile: {profile}}}\n"
+        "workloads:\n"
+        "  - {name: small, model: mlp_small, slo_ms: 40, rate_rps: 40}\n"
+    )
+    assert main(["plan", str(tmp_path / "w.yaml"), "--json"]) == 0
+    (tmp_path / "plan.json").write_text(capsys.readouterr().out)
+    argv = ["profile", "verify", str(tmp_path / "plan.json"), "--device", "cpu", "--repo", REPO, "--requests", "3"]
+    argv += ["--profile-out", str(tmp_path / "verified.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "measured mlp_small batch" in out and "round 1: measured 1 point(s)" in out and "holds on measured" in out
+    measured = json.loads((tmp_path / "verified.json").read_text())["models"]["mlp_small"]["measured"]
+    assert len(measured) == 1 and measured[0][2] > 0

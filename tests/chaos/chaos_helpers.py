@@ -199,8 +199,15 @@ class Cluster:
         return path
 
     def agent(
-        self, node_id: str, *, token: Path | None = None, controller: str | None = None, repository: Path | None = None
+        self,
+        node_id: str,
+        *,
+        token: Path | None = None,
+        controller: str | None = None,
+        repository: Path | None = None,
+        extra: tuple[str, ...] = (),
     ) -> Proc:
+        """`stoke agent` on a CPU device; `extra` arguments are appended (e.g. --sli-metrics URL)."""
         proc = Proc(
             node_id,
             [
@@ -219,6 +226,7 @@ class Cluster:
                 "60",
                 "--log-level",
                 "INFO",
+                *extra,
             ],
             self.tmp / f"{node_id}.log",
         )

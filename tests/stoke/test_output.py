@@ -133,7 +133,7 @@ def test_wide_is_accepted_only_where_it_adds_columns(capsys):
                 if "wide" in action.choices:
                     takes_wide.add(" ".join(path))
                     assert "wide (" in (action.help or ""), path  # it says what wide adds
-    assert takes_wide == {"plan", "status", "nodes", "up"}
+    assert takes_wide == {"plan", "status", "nodes", "up", "profile show"}
     with pytest.raises(SystemExit) as err:
         main(["workload", "ls", "-o", "wide"])
     assert err.value.code == 2 and "invalid choice: 'wide'" in capsys.readouterr().err

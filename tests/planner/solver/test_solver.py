@@ -252,3 +252,22 @@ def test_paced_utilisation_has_its_own_cap():
     assert all(p.rate_rps / p.predicted_throughput_rps <= 0.5 + 1e-9 for _, p in tight.placements())
     with pytest.raises(ProblemError, match="max_paced_utilisation must be in"):
         StokeOptions(max_paced_utilisation=1.5)
+
+
+def test_a_memory_heavy_model_gets_gpus_of_its_own_and_explain_says_memory_binds():
+    from dataclasses import replace
+
+    from interference.profile import DeviceProfile
+    from planner.solver.explain import explain
+
+    profile = bundled_profile()
+    heavy = replace(profile.model("vgg19"), weights_mib=9000.0)  # a model that fills most of a 16 GB card
+    gpu_type = GpuType("V100", 3.06, DeviceProfile(profile.gpu, {**profile.models, "vgg19": heavy}))
+    workloads = (Workload("big-a", "vgg19", 100.0, 40.0), Workload("big-b", "vgg19", 100.0, 40.0))
+    plan = solve(Problem(workloads, (gpu_type,)), "stoke")
+    assert plan.gpu_count == 2  # each alone needs a fraction of a GPU's shares, but not of its memory
+    assert all(g.share_pct < 60 and g.memory_mib > 9000 for g in plan.gpus)
+    text = "\n".join(explain(Problem(workloads, (gpu_type,)), plan, "big-a").summary)
+    assert "memory binds" in text
+    light = solve(Problem(workloads, (V100,)), "stoke")
+    assert light.gpu_count == 1  # the same workloads with the bundled figures share one GPU

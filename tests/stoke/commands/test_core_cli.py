@@ -270,3 +270,29 @@ def test_simulate_bounds_its_run_length(capsys, tmp_path):
     ):
         code, _, err = run(capsys, "simulate", str(plan), option, value)
         assert code == 2 and message in err
+
+
+def test_profile_show_reports_the_domain_and_error(capsys):
+    code, out, _ = run(capsys, "profile", "show")
+    assert code == 0 and "LOO_err_p90" in out and "10,50,100" in out
+    code, out, _ = run(capsys, "profile", "show", "--json")
+    data = json.loads(out)
+    assert data["models"]["ssd"]["batches"] == [1, 16, 32] and 0 < data["models"]["ssd"]["error_floor"] < 0.2
+
+
+def test_profile_verify_measures_the_plans_points_and_replans(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    (tmp_path / "plan.json").write_text(out)
+    code, out, _ = run(
+        capsys, "profile", "verify", str(tmp_path / "plan.json"), "--plan-out", str(tmp_path / "verified.json")
+    )
+    assert code == 0 and "round 1: measured" in out and "holds on measured points" in out
+    verified = json.loads((tmp_path / "verified.json").read_text())
+    assert all(w["p99_upper_ms"] <= w["slo_ms"] for g in verified["gpus"] for w in g["workloads"])
+
+
+def test_plan_explain_says_which_bound_binds_and_the_domain(capsys):
+    code, out, _ = run(capsys, "plan", "--json")
+    name = json.loads(out)["gpus"][0]["workloads"][0]["name"]
+    code, out, _ = run(capsys, "plan", "--explain", name)
+    assert code == 0 and "error bound" in out and "domain: measured shares 10-100%" in out and "binding:" in out
