@@ -97,12 +97,6 @@ def packing_figure(plan: Plan) -> str:
     return _png(fig)
 
 
-def _upper(p: Any) -> float:
-    """The plan's upper bound of a replica's p99, where the plan has one (NaN otherwise)."""
-    value = getattr(p, "p99_upper_ms", math.nan)
-    return float(value) if isinstance(value, (int, float)) else math.nan
-
-
 def p99_figure(plan: Plan) -> str:
     plt = _pyplot()
     worst: dict[str, Any] = {}
@@ -118,7 +112,7 @@ def p99_figure(plan: Plan) -> str:
     fig, axis = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
     y = range(len(rows))
     axis.barh(list(y), [p.predicted_p99_ms for p in rows], color="#4a8", label="predicted p99")
-    upper = [_upper(p) for p in rows]
+    upper = [p.p99_upper_ms for p in rows]  # NaN where the profile has no error bound
     if any(math.isfinite(u) for u in upper):
         axis.scatter(
             [u for u in upper if math.isfinite(u)],
@@ -241,7 +235,7 @@ def render_report(
             p.batch,
             p.queue_delay_ms,
             p.predicted_p99_ms,
-            _upper(p),
+            p.p99_upper_ms,
             "ok" if p.meets_slo else "MISS",
         ]
         for i, g in enumerate(plan.gpus)
