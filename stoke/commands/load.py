@@ -188,6 +188,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.workload is not None:
         check_name(args.workload, "--workload", error=UserError)
     check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load per step", maximum=MAX_SECONDS)
+    check.whole(args.seed, "--seed", error=UserError)  # numpy's generator takes no negative seed
     if not 1 <= args.batch <= MAX_BATCH:
         raise UserError(f"--batch must be 1..{MAX_BATCH} samples per request, got {args.batch}")
     for flag, value in (("--slo-ms", args.slo_ms), ("--stop-p99-ms", args.stop_p99_ms)):

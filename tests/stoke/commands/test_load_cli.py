@@ -32,6 +32,7 @@ def run(parser, *argv: str):
         (("--model", "m", "--rate", "1", "--seconds", "1e9"), "--seconds must be a positive number .* up to 600"),
         (("--model", "m", "--rate", "1e9", "--seconds", "1"), "--rate must be a positive number .* up to 100000"),
         (("--model", "m", "--rate", "50000", "--seconds", "600"), "30,000,000 requests in one step, over 10,000,000"),
+        (("--model", "m", "--rate", "1", "--seconds", "1", "--seed", "-1"), "--seed must be a whole number >= 0"),
         (("--model", "m", "--rate", "1", "--seconds", "1", "--batch", "0"), "--batch must be 1..4096"),
         (("--model", "m", "--rate", "1", "--seconds", "1", "--batch", "100000"), "--batch must be 1..4096"),
         (("--model", "m", "--rate", "1", "--seconds", "1", "--slo-ms", "nan"), "--slo-ms must be a positive number"),
