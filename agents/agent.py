@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -226,6 +227,12 @@ class AgentState:
     events: list[str] = field(default_factory=list)
     refused: tuple[AssignmentError, ...] = ()  # why the last answer was refused (nothing of it applied)
     refused_revision: int = 0
+    #: why this node's serving endpoints cannot serve (the router's own probe); non-empty: no heartbeat
+    serving_problems: tuple[str, ...] = ()
+
+
+#: The agent's shutdown bound (s): loops 2 s + the fleet's `SHUTDOWN_S` (20 s) + 3 s, documented as <= 30 s.
+SHUTDOWN_S = 30.0
 
 
 class Agent:
@@ -266,6 +273,9 @@ class Agent:
         self.sli = SliReader(sli_sources)
         self.device = device
         self.state = AgentState()
+        #: this agent process, for the controller's replay check; heartbeats are numbered from 1 within it
+        self.incarnation = secrets.token_hex(16)
+        self._sequence = 0
         self._lock = threading.Lock()
         self._wake_fleet = threading.Event()
         self._stop = threading.Event()
@@ -283,6 +293,10 @@ class Agent:
             self.state.events.append(line)
             del self.state.events[: -limits.MAX_EVENTS]
 
+    def _next_sequence(self) -> int:
+        self._sequence += 1
+        return self._sequence
+
     def _next_beat(self) -> float:
         """The heartbeat interval, +-`jitter` at random."""
         return self.interval_s * (1.0 + self.jitter * (2.0 * self.rng.random() - 1.0))
@@ -293,6 +307,13 @@ class Agent:
         now = self.clock()
         if now < s.next_attempt:
             return s.next_attempt - now
+        with self._lock:
+            serving_problems = s.serving_problems
+        if serving_problems:
+            # a node whose endpoints cannot serve must not look ready: no heartbeat, so the controller's
+            # timeout marks it not ready and moves its workloads; beats resume once the probe passes
+            log.error("not heartbeating: this node cannot serve (%s)", "; ".join(serving_problems[:3]))
+            return self._next_beat()
         try:
             if not s.registered:
                 interval = self.client.register(self.node_id, self.devices, self.address)
@@ -314,6 +335,8 @@ class Agent:
                     applied_revision=s.applied_revision,
                     errors_revision=errors_revision,
                     endpoints=s.endpoints[: limits.MAX_ASSIGNMENTS],
+                    sequence=self._next_sequence(),
+                    incarnation=self.incarnation,
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
@@ -407,6 +430,12 @@ class Agent:
                 )
         for e in self.fleet.check_health():
             self._event(e)
+        probe = getattr(self.fleet, "serving_problems", None)
+        problems = tuple(probe()) if probe is not None else ()
+        with self._lock:
+            if problems and not s.serving_problems:
+                s.events.append(f"endpoints cannot serve: {'; '.join(problems[:3])}"[: limits.MAX_EVENT_CHARS])
+            s.serving_problems = problems
         observed = self._observe()
         running = tuple(self.fleet.running())
         endpoints_of = getattr(self.fleet, "serving_endpoints", None)
@@ -461,13 +490,20 @@ class Agent:
             self._threads.append(t)
 
     def stop(self, close_fleet: bool = True) -> None:
+        """Stop within `SHUTDOWN_S` whatever runs: the loops get a moment to finish their step, then the fleet
+        closes with its own deadline (killing a Triton still starting or loading a model, which also ends a
+        fleet step blocked on it), then the loops get another moment."""
         self._stop.set()
         self._wake_fleet.set()
         for t in self._threads:
-            t.join(timeout=30)
-        self._threads.clear()
+            t.join(timeout=2.0)
         if close_fleet:
             self.fleet.close()
+        for t in self._threads:
+            t.join(timeout=3.0)
+            if t.is_alive():
+                log.warning("thread %s still running at shutdown; leaving it (daemon)", t.name)
+        self._threads.clear()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stop.wait(timeout)

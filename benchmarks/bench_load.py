@@ -9,13 +9,17 @@
    register them all, then from `workload apply` of 1,000 workloads to the plan stored and to every
    node running its assignments (a node "runs" what its last heartbeat answer gave it, and reports it
    in the next heartbeat, as a real agent does), and the controller's RSS.
-3. Re-planning at 10,000 workloads (`bench_scale.replan`): the controller's planning step with its
+3. The serving edge (issue 21): 2,000 concurrent inference requests (over 500 keep-alive connections over HTTP;
+   one channel, 2,000 calls in flight, over gRPC) to a real Triton on CPU, straight to it and through the node's
+   router (`agents.router`, in its own process as in the agent). Prints completed/2,000, wall time,
+   p50/p99/max latency per path, and the router's RSS.
+4. Re-planning at 10,000 workloads (`bench_scale.replan`): the controller's planning step with its
    solver memo, one workload's rate changed five times: re-plan time and assignments moved.
 
 Nodes are simulated by a few threads over shared gRPC channels (raw stubs, one bearer token per node),
 so 1,000 of them fit in this process.
 
-    .venv/bin/python benchmarks/bench_load.py [--seconds 10] [--nodes 1000] [--workloads 1000]
+    .venv/bin/python benchmarks/bench_load.py [--seconds 10] [--nodes 1000] [--workloads 1000] [--only router]
         [--replan-workloads 10000]
 """
 
@@ -312,11 +316,133 @@ def bench_convergence(tmp: Path, count: int, workloads: int) -> None:
         controller.stop()
 
 
+ROUTER_SCRIPT = """
+import json, sys
+from agents.router import Backend, Router
+router = Router("127.0.0.1")
+ep = router.set_backends("bench", [Backend("bench#0", *sys.argv[1:4])])
+print(json.dumps([ep.grpc, ep.http]), flush=True)
+sys.stdin.read()
+router.close()
+"""
+
+
+async def burst_http(url: str, count: int, connections: int = 500) -> tuple[int, list[float], float, list[str]]:
+    """`count` inference requests at once over HTTP on up to `connections` keep-alive connections (Triton's own
+    HTTP server drops connections when 2,000 open at once); (ok, latencies s, wall s, errors)."""
+    import asyncio
+
+    import aiohttp
+
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 8], "datatype": "FP32", "data": [1.0] * 8}]}
+    latencies: list[float] = []
+    errors: list[str] = []
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            try:
+                async with session.post(f"{url}/v2/models/tiny_echo/infer", json=body) as reply:
+                    await reply.read()
+                    if reply.status != 200:
+                        errors.append(f"HTTP {reply.status}")
+                        return
+                latencies.append(time.perf_counter() - t0)
+            except Exception as err:  # noqa: BLE001 - every failure is counted
+                errors.append(type(err).__name__)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(count)))
+    return len(latencies), latencies, time.perf_counter() - t0, errors
+
+
+async def burst_grpc(url: str, count: int) -> tuple[int, list[float], float, list[str]]:
+    import asyncio
+
+    import numpy as np
+    import tritonclient.grpc.aio as aioclient
+
+    client = aioclient.InferenceServerClient(url)
+    tensor = aioclient.InferInput("INPUT0", [1, 8], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 8), dtype=np.float32))
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    async def one() -> None:
+        t0 = time.perf_counter()
+        try:
+            await client.infer("tiny_echo", [tensor], client_timeout=120)
+            latencies.append(time.perf_counter() - t0)
+        except Exception as err:  # noqa: BLE001
+            errors.append(str(err).splitlines()[0][:80])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(count)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    return len(latencies), latencies, wall, errors
+
+
+def bench_router(tmp: Path, count: int) -> None:
+    import asyncio
+    import json
+
+    from agents.triton import TritonProcess
+
+    print(f"\n== serving edge: {count} concurrent inference requests, straight to Triton vs through the router")
+    process = TritonProcess(str(ROOT / "triton_repo"), workdir=tmp / "triton-router")
+    process.start()
+    router = None
+    try:
+        process.load("tiny_echo")
+        http_addr = process.http_url.removeprefix("http://")
+        router = subprocess.Popen(
+            [sys.executable, "-c", ROUTER_SCRIPT, process.grpc_url, http_addr, f"127.0.0.1:{process.metrics_port}"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert router.stdout is not None
+        router_grpc, router_http = json.loads(router.stdout.readline())
+        paths = [
+            ("HTTP direct", burst_http, process.http_url),
+            ("HTTP router", burst_http, router_http),
+            ("gRPC direct", burst_grpc, process.grpc_url),
+            ("gRPC router", burst_grpc, router_grpc),
+        ]
+        for name, burst, url in paths:
+            asyncio.run(burst(url, 50))  # warm up
+            ok, latencies, wall, errors = asyncio.run(burst(url, count))
+            latencies.sort()
+
+            def q(p: float, values: list[float] = latencies) -> float:
+                return values[min(len(values) - 1, int(p * len(values)))] * 1000 if values else float("nan")
+
+            kinds = sorted({e for e in errors})[:3]
+            print(
+                f"  {name}: {ok}/{count} ok in {wall:.2f} s; latency p50 {q(0.5):.0f} ms, p99 {q(0.99):.0f} ms, "
+                f"max {q(1.0):.0f} ms" + (f"; errors: {len(errors)} ({', '.join(kinds)})" if errors else "")
+            )
+        print(f"  router memory: {memory(router.pid)}")
+    finally:
+        if router is not None:
+            router.terminate()
+            try:
+                router.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                router.kill()
+        process.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per load level")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--workloads", type=int, default=1000)
+    parser.add_argument("--concurrent", type=int, default=2000, help="concurrent requests of the serving edge")
+    parser.add_argument("--only", choices=("api", "convergence", "router", "replan"), help="run one part only")
     parser.add_argument(
         "--replan-workloads",
         type=int,
@@ -325,9 +451,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-load-") as tmp:
-        bench_load(Path(tmp), args.seconds)
-        bench_convergence(Path(tmp), args.nodes, args.workloads)
-    if args.replan_workloads:  # issue 16: 10,000 workloads placed, one rate changed (planning step, in process)
+        if args.only in (None, "api"):
+            bench_load(Path(tmp), args.seconds)
+        if args.only in (None, "convergence"):
+            bench_convergence(Path(tmp), args.nodes, args.workloads)
+        if args.only in (None, "router"):
+            bench_router(Path(tmp), args.concurrent)
+    if args.only in (None, "replan") and args.replan_workloads:  # issue 16: the planning step, in process
         from bench_scale import replan
 
         replan(args.replan_workloads)

@@ -67,6 +67,12 @@ class ObservationsConfig:
     max_rows: int = check.setting(
         200000, check.POSITIVE_WHOLE, "at most this many windows are kept (the oldest go first)"
     )
+    reserve_mib: int = check.setting(
+        64,
+        check.WHOLE,
+        "free space (MiB, at most a quarter of the filesystem) kept for desired state: below it no window is "
+        "stored and the oldest are deleted",
+    )
 
 
 @dataclass(frozen=True)
@@ -235,11 +241,18 @@ class ControllerConfig:
         1.0, check.POSITIVE_SECONDS, "the reconcile loop's tick (it also wakes on every change)"
     )
     profiles: tuple[ProfileSource, ...] = check.setting((), doc="fitted profiles uploaded at start")
+    backup_dir: str | None = check.setting(
+        None, check.PATH, "online backups of the database go here (default: DB.backups beside the database)"
+    )
+    backup_interval_s: float = check.setting(
+        3600.0, check.NON_NEGATIVE, "seconds between online backups (SQLite's backup API); 0 = none"
+    )
+    backup_keep: int = check.setting(24, check.POSITIVE_WHOLE, "newest backups kept")
     service: ServiceConfig = check.setting(ServiceConfig(), flatten=True)
 
 
 #: Keys the command line may override (`stoke controller --listen ...`); paths given there are relative to the cwd.
-PATH_OVERRIDES = ("db", "token_file")
+PATH_OVERRIDES = ("db", "token_file", "backup_dir")
 
 
 def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> ControllerConfig:

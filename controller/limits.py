@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from controller.messages import (
@@ -160,6 +161,12 @@ def check_report(r: HeartbeatReport) -> None:
     for name in ("applied_revision", "errors_revision"):
         if getattr(r, name) < 0:
             raise invalid(name, f"must be >= 0, got {getattr(r, name)}")
+    if not 0 <= r.sequence < 2**63:
+        raise invalid("sequence", f"must be 0 <= sequence < 2**63, got {r.sequence}")
+    if len(r.incarnation) > 64 or any(c not in "0123456789abcdef" for c in r.incarnation):
+        raise invalid("incarnation", f"must be up to 64 lowercase hex digits, got {shown(r.incarnation, 80)}")
+    if bool(r.sequence) != bool(r.incarnation):
+        raise invalid("sequence", "a numbered heartbeat needs both sequence and incarnation (or neither)")
 
 
 def _key(key: str, field: str) -> None:
@@ -241,3 +248,41 @@ def assignment_problems(assignments: Sequence[ModelAssignment]) -> list[Assignme
 def _safe_key(a: ModelAssignment) -> str:
     """The key of an assignment to report it by, or a stand-in when its name is not safe to echo."""
     return a.key if not name_problem(a.workload) and 0 <= a.replica < MAX_REPLICAS else REFUSED_KEY
+
+
+# ---------------------------------------------------------------- observations checked against assignments
+
+#: A node's window counts for at most this many times the rate its replica was given (req/s): a demand
+#: spike shows (an auto workload can still grow by this factor per plan), a lie of 1e6 req/s does not.
+OBSERVED_RATE_BOUND = 4.0
+#: ... plus this much (req/s), so a replica planned for a tiny rate can still show some load.
+OBSERVED_RATE_SLACK_RPS = 10.0
+
+
+def admit_observations(
+    observed: Sequence[Observation], assigned: Sequence[ModelAssignment]
+) -> tuple[tuple[Observation, ...], tuple[str, ...]]:
+    """(the windows that count, why the others do not) for one node's heartbeat.
+
+    A window counts only for a replica assigned to this node, with the model it was assigned; its rate
+    (and request count) at most `OBSERVED_RATE_BOUND` x the replica's planned rate + `OBSERVED_RATE_SLACK_RPS`.
+    So one node cannot speak for another node's replicas, invent workloads or models, or push a planned
+    rate past the bound in one step."""
+    by_key = {a.key: a for a in assigned}
+    kept: list[Observation] = []
+    refused: list[str] = []
+    for o in observed:
+        a = by_key.get(o.key)
+        if a is None:
+            refused.append(f"{shown(o.key, 80)}: not assigned to this node")
+            continue
+        if o.model != a.model:
+            refused.append(f"{o.key}: model {shown(o.model, 80)} is not the assigned {a.model}")
+            continue
+        ceiling = a.rate_rps * OBSERVED_RATE_BOUND + OBSERVED_RATE_SLACK_RPS
+        if o.request_rate_rps > ceiling:
+            scale = ceiling / o.request_rate_rps
+            o = replace(o, request_rate_rps=ceiling, requests=int(o.requests * scale))
+            refused.append(f"{o.key}: rate cut to {ceiling:g} req/s ({OBSERVED_RATE_BOUND:g} x the planned rate)")
+        kept.append(o)
+    return tuple(kept), tuple(refused)

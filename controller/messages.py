@@ -58,6 +58,10 @@ class Unauthenticated(ApiError):
     """The controller refused the token."""
 
 
+class ResourceExhausted(ApiError):
+    """Too many calls (a node heartbeating faster than its rate limit): retry later."""
+
+
 class PermissionDenied(ApiError):
     """The token is valid but may not make this call (a user token on the agent API, an agent token on
     another node's behalf or on the user API)."""
@@ -262,6 +266,12 @@ class HeartbeatReport:
     applied_revision: int = 0
     errors_revision: int = 0  # the plan revision whose apply produced `errors`
     endpoints: tuple[ServingEndpoint, ...] = ()
+    #: Replay protection: `incarnation` names the agent process (random, made at its start), `sequence`
+    #: counts its heartbeats from 1; the controller refuses one whose sequence is not above the last it took
+    #: from that incarnation. 0: an older agent that does not number them (understood until the node sends a
+    #: numbered one).
+    sequence: int = 0
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

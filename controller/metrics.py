@@ -20,6 +20,11 @@ The closed loop (`controller.feedback`):
   stoke_replans_total{cause} (plan revisions by what woke the loop: recalibration,
   demand, guard, other), stoke_recalibrations_total, stoke_demand_changes_total{direction},
   stoke_observations_stored (windows in the database).
+The store (`controller.store.Store.health`): stoke_store_healthy (0 while writes fail),
+  stoke_store_degraded{reason} (1 for the cause: disk_full, read_only, corrupt, io, gone,
+  observations_paused), stoke_store_write_failures_total, stoke_store_free_bytes,
+  stoke_store_last_backup_unix (0: none yet). The generated rules alert on them
+  (`deploy.alerts.controller_rules`: StokeStoreDegraded names the reason).
 Durations and errors (fed by the service through the Observer protocol):
   stoke_plan_solve_seconds (histogram), stoke_reconcile_duration_seconds
   (histogram), stoke_reconcile_errors_total (counter).
@@ -28,6 +33,7 @@ Durations and errors (fed by the service through the Observer protocol):
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -127,15 +133,45 @@ def _profile_and_counter_families(service: ControlService) -> Iterator[GaugeMetr
     )
 
 
+def _store_families(service: ControlService, backups: Any) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    state = service.store.health()
+    yield GaugeMetricFamily(
+        "stoke_store_healthy", "1 while the controller database takes writes, 0 while they fail", value=int(state.ok)
+    )
+    degraded = GaugeMetricFamily(
+        "stoke_store_degraded",
+        "1 for the reason the store is degraded (writes fail, windows paused)",
+        labels=["reason"],
+    )
+    if state.reason:
+        degraded.add_metric([state.reason], 1.0)
+    yield degraded
+    yield CounterMetricFamily(
+        "stoke_store_write_failures", "Database calls that failed since the controller started", value=state.failures
+    )
+    if state.free_bytes is not None:
+        yield GaugeMetricFamily(
+            "stoke_store_free_bytes", "Free bytes on the database's filesystem", value=state.free_bytes
+        )
+    if backups is not None:
+        yield GaugeMetricFamily(
+            "stoke_store_last_backup_unix",
+            "When the last online backup succeeded (0: none)",
+            value=backups.last_ok_unix,
+        )
+
+
 class _StateCollector(Collector):
     def __init__(self, service: ControlService) -> None:
         self.service = service
+        self.backups: Any = None  # a controller.store.BackupSchedule, when the server makes backups
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         status = self.service.status()
         yield from _workload_families(status.workloads)
         yield from _loop_families(status.workloads)
         yield from _profile_and_counter_families(self.service)
+        yield from _store_families(self.service, self.backups)
         yield GaugeMetricFamily(
             "stoke_gpus_in_use",
             "Devices in use: the applied plan's GPUs bound to a node device (as stoke status counts)",
@@ -179,8 +215,10 @@ class ControllerMetrics:
         if service is not None:
             self.attach(service)
 
-    def attach(self, service: ControlService) -> None:
-        self.registry.register(_StateCollector(service))
+    def attach(self, service: ControlService, backups: Any = None) -> None:
+        self.collector = _StateCollector(service)
+        self.collector.backups = backups
+        self.registry.register(self.collector)
         service.observer = self
 
     def solved(self, seconds: float) -> None:

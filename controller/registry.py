@@ -46,13 +46,22 @@ from dataclasses import dataclass, field, replace
 from controller.config import ServiceConfig
 from controller.messages import (
     AssignmentError,
+    FailedPrecondition,
     HeartbeatReport,
     ModelAssignment,
     NodeDevice,
     Observation,
+    ResourceExhausted,
     ServingEndpoint,
 )
 from controller.reconcile.slots import Binding
+
+#: Heartbeats one node may send in a burst, and how many per heartbeat interval on average: an honest agent
+#: sends one per interval; more is a bug or an attack, refused (RESOURCE_EXHAUSTED) before anything is stored.
+HEARTBEAT_BURST = 10
+HEARTBEATS_PER_INTERVAL = 4.0
+#: Agent incarnations remembered per node for replay checks (the newest ones).
+KEEP_INCARNATIONS = 8
 
 log = logging.getLogger("stoke.controller.nodes")
 
@@ -74,6 +83,15 @@ class NodeState:
     applied_revision: int = 0
     blocked: dict[int, float] = field(default_factory=dict)  # device index -> blocked until (tick)
     registered: bool = True  # False while its devices are only known from the stored plan
+    # replay protection (see `HeartbeatReport.sequence`): the incarnation heartbeating since the last
+    # registration ("" = none yet), the last sequence taken per recent incarnation, and whether the node
+    # ever numbered its heartbeats (then unnumbered ones are refused)
+    incarnation: str = ""
+    sequences: dict[str, int] = field(default_factory=dict)
+    numbered: bool = False
+    # rate limit: a token bucket (tokens left, tick of the last refill)
+    bucket: float = float(HEARTBEAT_BURST)
+    bucket_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,7 @@ class NodeRegistry:
             node.address = address
             node.state = "ready"
             node.registered = True
+            node.incarnation = ""  # the next numbered heartbeat binds the (new) agent process
             node.last_heartbeat, node.last_seen = now, seen
         self._on_change()
 
@@ -196,6 +215,7 @@ class NodeRegistry:
             node = self._nodes.get(report.node_id)
             if node is None or not node.registered:
                 return False
+            self._admit(node, report, seen)
             if node.state == "lost":
                 node.events.append(f"{stamp(now)} back after being lost; held until the next plan")
                 node.state = "ready"
@@ -217,6 +237,43 @@ class NodeRegistry:
                 # older revision would block the device a workload has just been moved to
                 self._block_failed_devices(node, assigned, seen)
             return True
+
+    def _admit(self, node: NodeState, report: HeartbeatReport, seen: float) -> None:
+        """Refuse a heartbeat over the node's rate limit (`ResourceExhausted`) or replayed / out of order
+        (`FailedPrecondition`), before it changes anything; records its sequence when it passes."""
+        rate = HEARTBEATS_PER_INTERVAL / self.config.heartbeat_interval_s
+        node.bucket = min(float(HEARTBEAT_BURST), node.bucket + max(0.0, seen - node.bucket_at) * rate)
+        node.bucket_at = seen
+        if node.bucket < 1.0:
+            raise ResourceExhausted(
+                f"node {node.node_id}: more than {HEARTBEATS_PER_INTERVAL:g} heartbeats per interval "
+                f"({self.config.heartbeat_interval_s:g}s); slow down"
+            )
+        node.bucket -= 1.0
+        where = f"heartbeat of node {node.node_id}"
+        if not report.sequence:
+            if node.numbered:
+                raise FailedPrecondition(
+                    f"{where} refused: it is not numbered but this node's agent numbers its heartbeats (a replay "
+                    f"of an old one, or an agent older than the controller: upgrade it)"
+                )
+            return
+        last = node.sequences.get(report.incarnation)
+        if node.incarnation and report.incarnation != node.incarnation:
+            raise FailedPrecondition(
+                f"{where} refused: it comes from agent process {report.incarnation[:16]}, not the one registered "
+                f"({node.incarnation[:16]}): a replay, or two agents running with this node's token"
+            )
+        if last is not None and report.sequence <= last:
+            raise FailedPrecondition(
+                f"{where} refused: sequence {report.sequence} is not above the last one taken ({last}) from "
+                f"this agent process: a replayed or reordered heartbeat"
+            )
+        node.incarnation, node.numbered = report.incarnation, True
+        node.sequences.pop(report.incarnation, None)
+        node.sequences[report.incarnation] = report.sequence
+        while len(node.sequences) > KEEP_INCARNATIONS:
+            del node.sequences[next(iter(node.sequences))]
 
     def awaiting_plan(self, node_id: str, planned_at: int) -> bool:
         """True while the node came back from lost after the last plan observed the registry (`returns` was

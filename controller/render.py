@@ -59,16 +59,76 @@ class RenderError(InputError):
     """A base config or an assignment cannot be rendered; the message names the file/field."""
 
 
+#: Largest config.pbtxt read (bytes): a real one is a few KiB; a larger file is refused, not read whole.
+MAX_CONFIG_BYTES = 1 << 20
+#: Where a path parameter may point: inside the model's folder (Triton expands this variable).
+MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
+
+
+def _path_problem(value: str, what: str, *, plain_name: bool = False) -> str:
+    """Why `value` (a path from a model config) may leave its model's folder; "" when it may not."""
+    if not value:
+        return ""
+    rest = value.removeprefix(MODEL_DIR_VARIABLE + "/") if value.startswith(MODEL_DIR_VARIABLE + "/") else value
+    parts = rest.replace("\\", "/").split("/")
+    if plain_name and "/" in rest.replace("\\", "/"):
+        return f"{what} {value!r} must be a file name in the model's folder, not a path"
+    if rest.startswith(("/", "~")) or ".." in parts or "$" in rest or any(c in rest for c in "\0\n"):
+        return f"{what} {value!r} leaves the model's folder (absolute, '..', '~' or a variable)"
+    return ""
+
+
+def config_path_problems(config: ModelConfig) -> list[str]:
+    """File paths in a model config that could leave the model's folder (Triton would load or run what they
+    name): the model file names, the backend/runtime names, custom op libraries, warm-up data files and any
+    parameter value that is a path."""
+    problems = [
+        _path_problem(config.default_model_filename, "default_model_filename", plain_name=True),
+        _path_problem(config.runtime, "runtime", plain_name=True),
+        _path_problem(config.backend, "backend", plain_name=True),
+        _path_problem(config.platform, "platform", plain_name=True),
+    ]
+    problems += [
+        _path_problem(v, f"cc_model_filenames[{k!r}]", plain_name=True) for k, v in config.cc_model_filenames.items()
+    ]
+    problems += [
+        _path_problem(lib, "model_operations.op_library_filename")
+        for lib in config.model_operations.op_library_filename
+    ]
+    for warmup in config.model_warmup:
+        for name, tensor in warmup.inputs.items():
+            problems.append(_path_problem(tensor.input_data_file, f"model_warmup {warmup.name!r} input {name!r}"))
+    for key, parameter in config.parameters.items():
+        value = parameter.string_value
+        if "/" in value or "\\" in value or value.startswith(("~", "$")):
+            problems.append(_path_problem(value, f"parameters[{key!r}]"))
+    return [p for p in problems if p]
+
+
 def parse_config(text: str, source: str = "config.pbtxt") -> ModelConfig:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise RenderError(
+            f"{source}: {len(text)} bytes, over the {MAX_CONFIG_BYTES} bytes a model config may have; it is not read"
+        )
     try:
-        return text_format.Parse(text, ModelConfig())
+        config = text_format.Parse(text, ModelConfig())
     except text_format.ParseError as err:
         raise RenderError(f"{source}: not a valid Triton model config ({err}); fix the protobuf text format") from None
+    problems = config_path_problems(config)
+    if problems:
+        raise RenderError(f"{source}: refused: {'; '.join(problems)}")
+    return config
 
 
 def read_config(path: str | os.PathLike[str]) -> ModelConfig:
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # never the whole of a huge file
+        if len(data) > MAX_CONFIG_BYTES:
+            raise RenderError(f"{path}: over the {MAX_CONFIG_BYTES} bytes a model config may have; it is not read")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RenderError(f"{path}: not UTF-8 text (offset {err.start}); save the model config as UTF-8") from None
     except OSError as err:
         raise RenderError(
             f"{path}: cannot read model config ({err.strerror}); each model needs <repo>/<model>/{CONFIG_NAME}"

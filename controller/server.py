@@ -27,7 +27,7 @@ from controller.messages import InvalidArgument
 from controller.metrics import ControllerMetrics
 from controller.reconcile.budget import close_worker
 from controller.service import ControlService
-from controller.store import DatabaseError, Store
+from controller.store import BackupSchedule, DatabaseError, Store
 from planner.solver import solve
 
 log = logging.getLogger("stoke.controller")
@@ -59,10 +59,13 @@ class ControllerServer:
                 "tokens travel in clear text: %s is not a loopback address and TLS is off; set tls in the config",
                 config.listen,
             )
-        self.store = Store(config.db)
+        self.store = Store(config.db, reserve_bytes=config.service.observations.reserve_mib * 2**20)
+        self.backups = BackupSchedule(
+            self.store, config.backup_dir or f"{config.db}.backups", config.backup_interval_s, config.backup_keep
+        )
         self.metrics = ControllerMetrics()
         self.service = ControlService(self.store, config.service, clock=clock, solver=solver, observer=self.metrics)
-        self.metrics.attach(self.service)
+        self.metrics.attach(self.service, self.backups)
         self._upload_profiles()
         interceptors = (
             [AuthInterceptor(Verifier(token, self.service.agent_key, self.service.token_generation))] if token else []
@@ -147,9 +150,32 @@ class ControllerServer:
         while not self._stop.wait(period):
             self.service.nodes.watch_clock()
 
+    def _store_health(self, degraded: str) -> str:
+        """Health follows the store: NOT_SERVING with the cause in `last_error` while it cannot write (a probe
+        write each tick notices the cause is gone), SERVING again after. Returns the current failure reason."""
+        state = self.store.health()
+        if not state.ok and self.store.probe_write():
+            state = self.store.health()
+        if not state.ok:
+            if degraded != state.reason:
+                log.error("store: %s", state.error)
+                for name in SERVICES:
+                    self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.service.reconciler.last_error = f"store ({state.reason}): {state.error}"
+            return state.reason
+        if degraded:
+            log.info("store: writes work again")
+            for name in SERVICES:
+                self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if self.service.reconciler.last_error.startswith("store ("):
+                self.service.reconciler.last_error = ""
+        self.backups.maybe_run(time.time())
+        return ""
+
     def _reconcile_loop(self) -> None:
         tick = min(self.config.reconcile_interval_s, self.config.service.heartbeat_timeout_s / 4)
         broken = False
+        degraded = ""
         while not self._stop.is_set():
             try:
                 self.store.check()
@@ -162,6 +188,7 @@ class ControllerServer:
                 broken = True
                 self.service.wait_for_change(tick)
                 continue
+            degraded = self._store_health(degraded)
             try:
                 outcome = self.service.reconcile()
                 if outcome is not None and outcome.changed:

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from controller import limits
@@ -396,6 +397,21 @@ class ControlService:
         limits.check_report(report)
         revision, assigned, planned_at = self.reconciler.assigned_to(report.node_id)
         interval = self.config.heartbeat_interval_s
+        # windows count only for this node's own replicas, at most a bound over their planned rates
+        # (`limits.admit_observations`): checked here, before the registry and the closed loop see them
+        observed, refused = limits.admit_observations(report.observed, assigned)
+        if refused:
+            report = replace(
+                report,
+                observed=observed,
+                events=(
+                    *report.events,
+                    f"controller: {len(refused)} window(s) not counted: {'; '.join(refused[:3])}"[
+                        : limits.MAX_EVENT_CHARS
+                    ],
+                )[-limits.MAX_EVENTS :],
+            )
+            log.warning("heartbeat of %s: %d window(s) not counted: %s", report.node_id, len(refused), refused[0])
         if not self.nodes.heartbeat(report, revision, assigned):
             # unknown, or only known from the stored plan (waiting, or lost after waiting):
             # the agent must register its real devices

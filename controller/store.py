@@ -32,16 +32,29 @@ disk) come back as `DatabaseError` naming the database file. A stored
 workload row that no longer passes the checks (written by an older version)
 is returned apart by `workload_rows`, so it cannot stop the planning of the
 others.
+
+The store tells the truth about its disk (`health`): a failed write is
+classified (``disk_full``, ``read_only``, ``corrupt``, ``io``) and kept as
+`StoreHealth` until a write succeeds again (`probe_write` retries one), so the
+server can say NOT_SERVING with the reason, `last_error`, a metric and an
+alert. Observation windows give way first: while the database's filesystem
+has less than `reserve_bytes` free, new windows are not stored and the oldest
+are deleted (``observations_paused``), so the reserve stays for desired state
+(workloads, plans, tokens). A damaged file ("malformed") gets its own message
+pointing to `stoke controller recover`; `backup` writes an online copy with
+SQLite's backup API (the controller does it every ``backup_interval_s``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -53,6 +66,8 @@ from controller.reconcile.slots import Binding
 from foundation.errors import InputError, StokeError
 from foundation.names import shown
 from planner.solver import Workload
+
+log = logging.getLogger("stoke.store")
 
 SCHEMA_VERSION = 1
 #: Applied plans kept in the database (older revisions are pruned; revisions keep counting up).
@@ -99,6 +114,67 @@ _WORKLOAD_COLUMNS = {"rate_auto": "INTEGER NOT NULL DEFAULT 0", "min_rps": "REAL
 class DatabaseError(StokeError, RuntimeError):
     """The database cannot be opened or has an unknown schema."""
 
+    def __init__(self, message: str, reason: str = "io") -> None:
+        super().__init__(message)
+        self.reason = reason  # disk_full | read_only | corrupt | io | gone
+
+
+#: Reasons a write can fail, from SQLite's message: (reason, substrings).
+_FAILURE_KINDS = (
+    ("disk_full", ("database or disk is full", "no space left")),
+    ("read_only", ("readonly database", "read-only", "attempt to write a readonly")),
+    ("corrupt", ("malformed", "file is not a database", "database disk image", "file is encrypted")),
+)
+
+
+def failure_kind(err: BaseException) -> str:
+    text = str(err).lower()
+    for kind, marks in _FAILURE_KINDS:
+        if any(m in text for m in marks):
+            return kind
+    return "io"
+
+
+def advice(path: str, kind: str, action: str, err: object) -> str:
+    """The message for a failed database call: what happened and what to do, per kind."""
+    if kind == "disk_full" and action == "open":
+        return (
+            f"{path}: cannot open the controller database: the disk is full ({err}). Free space on that "
+            f"filesystem, then start the controller again (nothing is lost: the database is as it was)"
+        )
+    if kind == "disk_full":
+        return (
+            f"{path}: cannot {action} the controller database: the disk is full ({err}). Free space on that "
+            f"filesystem (observation windows are dropped first; writes resume by themselves once there is room)"
+        )
+    if kind == "read_only":
+        return (
+            f"{path}: cannot {action} the controller database: it is read-only ({err}); make the file and its "
+            f"directory writable by the controller"
+        )
+    if kind == "corrupt":
+        return (
+            f"{path}: the controller database is damaged ({err}). Stop the controller and run `stoke controller "
+            f"recover --db {path}`: it keeps the damaged file aside, restores the newest good backup (the "
+            f"node-token key with it) or salvages what is readable; see the README, 'Store recovery'"
+        )
+    return (
+        f"{path}: cannot {action} the controller database ({err}); check that the file and its directory are "
+        f"writable by the controller and the disk has room"
+    )
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """Whether the store can write; `reason` names the cause when it cannot (or when windows are paused)."""
+
+    ok: bool = True
+    reason: str = ""  # disk_full | read_only | corrupt | io | gone | observations_paused
+    error: str = ""
+    since_unix: float = 0.0
+    failures: int = 0  # failed calls since the store opened
+    free_bytes: int | None = None
+
 
 @dataclass(frozen=True)
 class StoredPlan:
@@ -143,8 +219,11 @@ class LoopEvent:
 class Store:
     """SQLite store; thread-safe (one connection behind a lock)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, reserve_bytes: int = 64 * 2**20) -> None:
+        """`reserve_bytes`: free space kept for desired state; below it observation windows are not stored
+        (at most a quarter of the filesystem, so a small volume still stores some)."""
         self.path = str(path)
+        self.reserve_bytes = reserve_bytes
         if self.path != ":memory:":
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +243,9 @@ class Store:
             for column, decl in _WORKLOAD_COLUMNS.items():
                 if column not in have:
                     self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
+            damage = "; ".join(str(r[0]) for r in self._db.execute("PRAGMA quick_check").fetchall()[:5])
+            if damage != "ok":
+                raise DatabaseError(advice(self.path, "corrupt", "open", damage), "corrupt")
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -173,10 +255,22 @@ class Store:
                     f"use a fresh db path or an older stoke"
                 )
         except sqlite3.Error as err:
-            raise DatabaseError(f"{self.path}: cannot open the controller database ({err})") from None
+            kind = failure_kind(err)
+            free = self.free_bytes()
+            if kind == "io" and free is not None and free < 2**20:
+                kind = "disk_full"  # SQLite cannot even make its WAL index: say so, not "disk I/O error"
+            raise DatabaseError(
+                advice(self.path, kind, "open", err)
+                if kind != "io"
+                else f"{self.path}: cannot open the controller database ({err})",
+                kind,
+            ) from None
         self._lock = threading.Lock()
         self._identity = self._file_identity()
         self._broken = ""  # why every call fails from now on ("" = fine)
+        self._failure: tuple[str, str, float] | None = None  # (reason, message, since) of the last failed write
+        self._failures = 0
+        self._paused = ""  # why observation windows are not stored ("" = they are)
 
     def _file_identity(self) -> tuple[int, int] | None:
         if self.path == ":memory:":
@@ -211,14 +305,106 @@ class Store:
     def _use(self, action: str) -> Iterator[sqlite3.Connection]:
         """The connection under the lock, after the file check; SQLite errors become `DatabaseError`."""
         with self._lock:
-            self._check()
+            try:
+                self._check()
+            except DatabaseError as err:
+                self._failed("gone", str(err))
+                raise
             try:
                 yield self._db
             except sqlite3.Error as err:
-                raise DatabaseError(
-                    f"{self.path}: cannot {action} the controller database ({err}); check that the file and "
-                    f"its directory are writable by the controller and the disk has room"
-                ) from None
+                kind = failure_kind(err)
+                free = self.free_bytes()
+                if kind == "io" and free is not None and free < 2**20:
+                    kind = "disk_full"  # "disk I/O error" on a filesystem with no room left
+                message = advice(self.path, kind, action, err)
+                if action == "write" or kind == "corrupt":
+                    self._failed(kind, message)
+                raise DatabaseError(message, kind) from None
+            if action == "write" and self._failure is not None and self._room_again():
+                self._failure = None
+
+    def _room_again(self) -> bool:
+        """Whether a failure may be cleared: a full disk needs real room back (a quarter of the reserve), not
+        just one small write that fit into a freed page, or health would flap while the disk is still full."""
+        if self._failure is None or self._failure[0] != "disk_full":
+            return True
+        free = self.free_bytes()
+        return free is None or free >= self._reserve() // 4
+
+    def _failed(self, kind: str, message: str) -> None:
+        self._failures += 1
+        if self._failure is None or self._failure[0] != kind:
+            self._failure = (kind, message, time.time())
+
+    def free_bytes(self) -> int | None:
+        """Free bytes on the database's filesystem (None: in memory or unknown)."""
+        if self.path == ":memory:":
+            return None
+        try:
+            st = os.statvfs(Path(self.path).parent)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _reserve(self) -> int:
+        try:
+            st = os.statvfs(Path(self.path).parent)
+        except OSError:
+            return self.reserve_bytes
+        return min(self.reserve_bytes, st.f_blocks * st.f_frsize // 4)
+
+    def health(self) -> StoreHealth:
+        """Can the store write? The last failure (until a write succeeds), else the observation pause."""
+        with self._lock:
+            failure, paused, failures = self._failure, self._paused, self._failures
+        free = self.free_bytes()
+        if failure is not None:
+            return StoreHealth(False, failure[0], failure[1], failure[2], failures, free)
+        if paused:
+            return StoreHealth(True, "observations_paused", paused, 0.0, failures, free)
+        return StoreHealth(True, "", "", 0.0, failures, free)
+
+    def probe_write(self) -> bool:
+        """One small write (to `meta`): True when writes work; clears a failure once the cause is gone."""
+        with self._lock:
+            if not self._room_again():
+                return False
+        try:
+            with self._use("write") as db:
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('probe_unix', ?)", (repr(time.time()),))
+            return True
+        except DatabaseError:
+            return False
+
+    def integrity(self) -> str:
+        """'ok', or what SQLite's quick_check says is wrong (a damaged file)."""
+        try:
+            with self._use("read") as db:
+                rows = db.execute("PRAGMA quick_check").fetchall()
+        except DatabaseError as err:
+            return str(err)
+        text = "; ".join(str(r[0]) for r in rows[:5])
+        return "ok" if text == "ok" else text
+
+    def backup(self, dest: str | Path) -> Path:
+        """An online, consistent copy of the database at `dest` (SQLite's backup API; writers wait only for
+        the pages being copied), written to a temporary name and renamed; 0600 like the database."""
+        dest = Path(dest)
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        os.close(os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600))
+        target = sqlite3.connect(str(tmp))
+        try:
+            with self._use("read") as db:
+                db.backup(target, pages=1024)
+            target.close()
+            os.replace(tmp, dest)
+        except (sqlite3.Error, OSError) as err:
+            target.close()
+            tmp.unlink(missing_ok=True)
+            raise DatabaseError(f"{self.path}: backup to {dest} failed ({err})", failure_kind(err)) from None
+        return dest
 
     def _transaction(self, db: sqlite3.Connection, commit: bool = True) -> Any:
         """BEGIN IMMEDIATE ... COMMIT (ROLLBACK when not `commit`: a dry run), rolled back on any error."""
@@ -446,6 +632,30 @@ class Store:
         `retention_s`, and the oldest beyond `max_rows`, are deleted on the way."""
         if not records:
             return []
+        free, reserve = self.free_bytes(), self._reserve()
+        if free is not None and free < reserve:
+            # the reserve is for desired state: store no window, and give back the oldest tenth of them
+            paused = (
+                f"observation windows are not stored: {free // 2**20} MiB free on the database's filesystem, "
+                f"below the {reserve // 2**20} MiB kept for desired state; the oldest windows are being deleted"
+            )
+            with self._lock:
+                first = not self._paused
+                self._paused = paused
+            try:
+                with self._use("write") as db:
+                    count = int(db.execute("SELECT COUNT(*) FROM observations").fetchone()[0])
+                    db.execute(
+                        "DELETE FROM observations WHERE id IN (SELECT id FROM observations ORDER BY id LIMIT ?)",
+                        (max(1, count // 10),),
+                    )
+            except DatabaseError:
+                pass  # recorded by _use; the windows are dropped either way
+            if first:
+                log.warning("%s", paused)
+            return []
+        with self._lock:
+            self._paused = ""
         out = []
         with self._use("write") as db, self._transaction(db):
             for r in records:
@@ -593,3 +803,148 @@ class _Transaction:
                 self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+
+class BackupSchedule:
+    """Online backups every `interval_s` into `directory` (`Store.backup`), the newest `keep` kept.
+
+    Named ``stoke-controller-YYYYmmddTHHMMSSZ.db`` (UTC), 0600 like the database (they hold the node-token key).
+    A backup that would eat into the store's reserve is skipped (and said so), not written."""
+
+    PATTERN = "stoke-controller-*.db"
+
+    def __init__(self, store: Store, directory: str | Path, interval_s: float, keep: int) -> None:
+        self.store, self.directory, self.interval_s, self.keep = store, Path(directory), interval_s, keep
+        self.last_unix = 0.0  # last attempt
+        self.last_ok_unix = 0.0
+        self.last_error = ""
+
+    def maybe_run(self, now: float) -> Path | None:
+        if self.interval_s <= 0 or self.store.path == ":memory:" or now - self.last_unix < self.interval_s:
+            return None
+        self.last_unix = now
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            size = os.stat(self.store.path).st_size
+            free = self.store.free_bytes()
+            if free is not None and free - size < self.store._reserve():
+                raise DatabaseError(
+                    f"skipped: {free // 2**20} MiB free, the copy ({size // 2**20} MiB) would eat into "
+                    f"the space kept for desired state",
+                    "disk_full",
+                )
+            damage = self.store.integrity()
+            if damage != "ok":  # never rotate good backups out for a copy of a damaged file
+                self.store._failed("corrupt", advice(self.store.path, "corrupt", "check", damage))
+                raise DatabaseError(f"skipped: the database fails its integrity check ({damage})", "corrupt")
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+            path = self.store.backup(self.directory / f"stoke-controller-{stamp}.db")
+        except (DatabaseError, OSError) as err:
+            self.last_error = f"backup to {self.directory}: {err}"
+            log.warning("%s", self.last_error)
+            return None
+        for old in sorted(self.directory.glob(self.PATTERN))[: -self.keep]:
+            old.unlink(missing_ok=True)
+        self.last_ok_unix, self.last_error = now, ""
+        return path
+
+
+def newest_backups(directory: str | Path) -> list[Path]:
+    """Backups in `directory`, newest first."""
+    return sorted(Path(directory).glob(BackupSchedule.PATTERN), reverse=True)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    action: str  # sound | restored | salvaged
+    kept_aside: str = ""  # where the damaged file went
+    source: str = ""  # the backup restored
+    lost: tuple[str, ...] = ()  # what could not be carried over
+    notes: tuple[str, ...] = ()
+
+
+def _quick_check(path: Path) -> str:
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute("PRAGMA quick_check").fetchall()
+            db.execute("SELECT value FROM meta WHERE key='agent_key'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as err:
+        return str(err)
+    text = "; ".join(str(r[0]) for r in rows[:5])
+    return "ok" if text == "ok" else text
+
+
+def recover(db_path: str | Path, backup_dir: str | Path | None = None, now: float | None = None) -> Recovery:
+    """Bring a damaged controller database back (the controller must be stopped).
+
+    1. A database that passes SQLite's quick_check is left alone (``sound``).
+    2. Else the damaged file (and its -wal/-shm) is renamed ``DB.damaged-STAMP`` (kept, never deleted).
+    3. The newest backup in `backup_dir` (default ``DB.backups``) that passes quick_check is copied in place
+       (``restored``): the node-token key comes with it, so agents' tokens keep working; what changed after
+       the backup (applies, tokens minted or revoked) must be done again.
+    4. Without a good backup, every table is read row by row from the damaged file into a fresh database
+       (``salvaged``); tables that cannot be read are listed in `lost`. When the key cannot be read, a new one
+       is made and every agent needs a new token (`stoke token agent NODE`)."""
+    db = Path(db_path)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    if db.exists() and _quick_check(db) == "ok":
+        return Recovery("sound")
+    aside = db.with_name(f"{db.name}.damaged-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{db}{suffix}")
+        if part.exists():
+            os.replace(part, Path(f"{aside}{suffix}"))
+    directory = Path(backup_dir) if backup_dir else Path(f"{db}.backups")
+    for candidate in newest_backups(directory):
+        if _quick_check(candidate) == "ok":
+            tmp = db.with_name(db.name + ".restoring")
+            tmp.write_bytes(candidate.read_bytes())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, db)
+            return Recovery(
+                "restored",
+                str(aside),
+                str(candidate),
+                notes=(
+                    "changes made after this backup are lost: apply your workloads again",
+                    "node tokens minted or revoked after it: mint or revoke them again (the signing key is the "
+                    "backup's, so tokens minted before it keep working)",
+                ),
+            )
+    return _salvage(Path(f"{aside}"), db)
+
+
+def _salvage(damaged: Path, db: Path) -> Recovery:
+    fresh = Store(db)  # the schema, 0600
+    lost: list[str] = []
+    notes: list[str] = []
+    try:
+        source = sqlite3.connect(f"file:{damaged}?mode=ro", uri=True)
+    except sqlite3.Error as err:
+        fresh.close()
+        return Recovery("salvaged", str(damaged), lost=(f"everything: the damaged file cannot be opened ({err})",))
+    with fresh._lock:
+        target = fresh._db
+        for (table,) in target.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        ):
+            try:
+                columns = [r[1] for r in target.execute(f"PRAGMA table_info({table})")]
+                names = ", ".join(columns)
+                rows = source.execute(f"SELECT {names} FROM {table}").fetchall()
+            except sqlite3.Error as err:
+                lost.append(f"table {table} ({err})")
+                continue
+            marks = ", ".join("?" for _ in columns)
+            target.executemany(f"INSERT OR REPLACE INTO {table} ({names}) VALUES ({marks})", rows)
+        if target.execute("SELECT 1 FROM meta WHERE key='agent_key'").fetchone() is None:
+            notes.append(
+                "the node-token key was not readable: a new one is made; give every agent a new token "
+                "(`stoke token agent NODE`)"
+            )
+    source.close()
+    fresh.close()
+    return Recovery("salvaged", str(damaged), lost=tuple(lost), notes=tuple(notes))

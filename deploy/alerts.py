@@ -372,8 +372,52 @@ def alert_rule(workload: Workload, severity: str, options: SloOptions = SloOptio
     }
 
 
+#: The controller's own alerts (its metrics: `controller.metrics`), one group in every rule file.
+CONTROLLER_GROUP = "stoke-controller"
+
+
+def controller_rules(options: SloOptions = SloOptions()) -> dict[str, Any]:
+    """Alerts on the controller itself: its database cannot write (the reason label names the cause), or
+    observation windows are paused because the disk is nearly full."""
+    group: dict[str, Any] = {"name": CONTROLLER_GROUP}
+    if options.rule_interval:
+        group["interval"] = options.rule_interval
+    group["rules"] = [
+        {
+            "alert": "StokeStoreDegraded",
+            "expr": 'max by (instance, reason) (stoke_store_degraded{reason!="observations_paused"}) > 0',
+            "for": "1m",
+            "labels": {"severity": "page"},
+            "annotations": {
+                "summary": "stoke controller database cannot write: {{ $labels.reason }}",
+                "description": (
+                    "The controller on {{ $labels.instance }} cannot write its database ({{ $labels.reason }}): "
+                    "applies, token minting and plans fail. disk_full: free space on its filesystem; read_only: "
+                    "make it writable; corrupt: stop it and run `stoke controller recover`. `stoke status` "
+                    "shows the full error (last_error)."
+                ),
+            },
+        },
+        {
+            "alert": "StokeStoreObservationsPaused",
+            "expr": 'max by (instance) (stoke_store_degraded{reason="observations_paused"}) > 0',
+            "for": "10m",
+            "labels": {"severity": "ticket"},
+            "annotations": {
+                "summary": "stoke controller stores no observation windows: its disk is nearly full",
+                "description": (
+                    "The controller on {{ $labels.instance }} keeps its free space for desired state and drops "
+                    "observation windows (the closed loop sees less). Free space on the database's filesystem."
+                ),
+            },
+        },
+    ]
+    return group
+
+
 def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOptions()) -> dict[str, Any]:
-    """The rule file (`groups:`) for all workloads: SLI, metadata, dashboard and alert groups per workload."""
+    """The rule file (`groups:`): SLI, metadata, dashboard and alert groups per workload, and the controller's
+    own alerts (`controller_rules`)."""
     groups = []
     for w in _validate(workloads):
         for kind, rules in (
@@ -387,6 +431,7 @@ def prometheus_rules(workloads: Sequence[Workload], options: SloOptions = SloOpt
                 group["interval"] = options.rule_interval
             group["rules"] = rules
             groups.append(group)
+    groups.append(controller_rules(options))
     return {"groups": groups}
 
 

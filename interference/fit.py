@@ -26,7 +26,7 @@ from foundation import validate as check
 from foundation.errors import InputError
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
-from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, FitDomain, GpuProfile, ModelProfile
+from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH, DeviceProfile, FitDomain, GpuProfile, ModelProfile
 
 if TYPE_CHECKING:
     from interference.profiling import ProfileSession
@@ -36,9 +36,6 @@ GRID_BATCHES = (1, 16, 32)
 GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
-#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
-#: and every share step, not only at the profiled points.
-DOMAIN_MAX_BATCH = 32
 #: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
 #: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
 #: is measurement noise, not a shape.

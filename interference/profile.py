@@ -20,6 +20,10 @@ from foundation.errors import StokeError
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
 PROFILE_FORMAT_VERSION = 1
+#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
+#: and every share step, not only at the profiled points (`interference.fit` checks it). Here, beside the
+#: types, so the CLI can name it without importing the fit (scikit-learn, scipy).
+DOMAIN_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,11 @@ def _placement(a: ModelAssignment) -> tuple[str, int, float]:
     return (a.model, a.device, round(float(a.share_pct), 6))
 
 
+#: How long `TritonFleet.close` may take, whatever is loading: the agent's whole shutdown stays within 30 s
+#: (under systemd's default 90 s stop timeout), see `agents.agent.SHUTDOWN_S`.
+SHUTDOWN_S = 20.0
+
+
 class TritonFleet:
     """All Triton processes of one node; makes the node serve exactly the given assignments."""
 
@@ -108,8 +113,11 @@ class TritonFleet:
         clock: Callable[[], float] = time.monotonic,
         router: Any = None,
         drain_timeout_s: float = 30.0,
+        probe_deadline_s: float = 2.0,
     ) -> None:
-        """`router`: an `agents.router.Router` giving each workload stable endpoints (closed with the fleet)."""
+        """`router`: an `agents.router.Router` giving each workload stable endpoints (closed with the fleet).
+        `probe_deadline_s`: a running Triton that does not answer its readiness probe within it is hung: it
+        is killed and replaced (`check_health`)."""
         if device_kind not in ("cpu", "gpu"):
             raise ValueError(f"device_kind must be 'cpu' or 'gpu', got {device_kind!r}")
         self.repository = repository
@@ -130,12 +138,18 @@ class TritonFleet:
         self.drain_s = drain_s
         self.router: Any = router
         self.drain_timeout_s = drain_timeout_s
+        self.probe_deadline_s = probe_deadline_s
         self._clock = clock
         self._base_config = base_config or self._default_base_config
         self._binary = find_tritonserver()
         self._backend_dir = prepare_backend_dir(self.workdir)
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.RLock()
+        #: every process spawned and maybe alive (a start or a load in progress included): what `close` kills
+        #: when its deadline passes, without the fleet lock a long load may hold
+        self._spawned: list[TritonProcess] = []
+        self._spawned_lock = threading.Lock()
+        self._closing = threading.Event()
         self._counter = 0
         self._mps_started = False
         self._store: Any = None  # the S3 store of a remote repository, opened on first use
@@ -234,6 +248,8 @@ class TritonFleet:
             self._ensure_mps()
         cores, env = self.resources(a, exclude)
         self._counter += 1
+        if self._closing.is_set():
+            raise TritonError("the fleet is shutting down")
         process = TritonProcess(
             self.repository,
             workdir=self.workdir,
@@ -246,6 +262,8 @@ class TritonFleet:
             ready_timeout_s=self.ready_timeout_s,
             exit_timeout_s=self.exit_timeout_s,
         )
+        with self._spawned_lock:
+            self._spawned = [p for p in self._spawned if p.proc is None or p.alive()] + [process]
         process.start()
         try:
             process.load(a.model, config)
@@ -360,8 +378,9 @@ class TritonFleet:
         )
 
     # -- stable endpoints (the router)
-    def _route(self, workload: str) -> str:
-        """Point the workload's stable endpoints at its processes (close them when none is left); "" or the error."""
+    def _route(self, workload: str, keep: bool = False) -> str:
+        """Point the workload's stable endpoints at its processes (close them when none is left, unless `keep`:
+        a replacement is coming); "" or the error."""
         if self.router is None:
             return ""
         backends = [
@@ -375,7 +394,7 @@ class TritonFleet:
             if s.assignment.workload == workload
         ]
         try:
-            if backends:
+            if backends or keep:
                 self.router.set_backends(workload, backends)
             else:
                 self.router.remove(workload)
@@ -395,6 +414,10 @@ class TritonFleet:
                 self.drain_timeout_s,
                 self.router.in_flight(old.process.grpc_url),
             )
+
+    def serving_problems(self) -> list[str]:
+        """Why this node's stable endpoints cannot serve ([] without a router, or when they can)."""
+        return self.router.problems() if self.router is not None else []
 
     def serving_endpoint(self, key: str) -> ServingEndpoint:
         """Where clients reach one assignment: the router's stable endpoints, else the process's own."""
@@ -428,14 +451,26 @@ class TritonFleet:
             pass  # check_health restarts it with the old config
 
     def check_health(self) -> list[str]:
-        """Restart crashed Triton processes (re-loading their models); returns events."""
+        """Replace crashed and hung Triton processes (re-loading their models); returns events.
+
+        Hung: alive, but its readiness probe does not answer within `probe_deadline_s` (a stopped or wedged
+        server). It is killed (SIGKILL: a stopped process cannot act on SIGTERM) and its workload's calls are
+        held at the router (up to the replacement's start timeout) instead of failing, then a new process
+        takes them. Bound, from the hang to traffic moving off it: one fleet step (the agent's heartbeat
+        interval, 2 s by default) + `probe_deadline_s`; served again once the replacement is ready (Triton's
+        start and the model's load; see the README, "Hung Triton")."""
         events: list[str] = []
+        if self._closing.is_set():
+            return events
         with self._lock:
             for key in sorted(self._slots):
                 slot = self._slots[key]
                 model = slot.assignment.model
+                if slot.process.alive() and not slot.process.server_ready(self.probe_deadline_s):
+                    events.append(self._replace_hung(key, slot))
+                    continue
                 if slot.process.alive():
-                    if slot.process.model_ready(model):
+                    if slot.process.model_ready(model, self.probe_deadline_s):
                         continue
                     try:
                         slot.process.load(model, slot.config)
@@ -456,6 +491,28 @@ class TritonFleet:
                 except (RuntimeError, OSError) as err:  # TritonError, MpsError
                     events.append(f"{key}: Triton pid {pid} exited with code {code}; restart failed: {err}")
         return events
+
+    def _replace_hung(self, key: str, slot: _Slot) -> str:
+        pid, workload = slot.process.pid, slot.assignment.workload
+        slot.process.kill()
+        del self._slots[key]
+        if self.router is not None:
+            self.router.hold(workload, self.ready_timeout_s + 30.0)  # calls wait for the replacement
+            self._route(workload, keep=True)
+        what = f"{key}: Triton pid {pid} did not answer its readiness probe within {self.probe_deadline_s:g}s (hung)"
+        try:
+            new = self._spawn(slot.assignment, slot.config, exclude=key)
+        except (RuntimeError, OSError) as err:  # TritonError, MpsError
+            self._release_hold(workload)
+            return f"{what}; killed; restart failed: {err}"
+        self._slots[key] = new
+        self._release_hold(workload)
+        return f"{what}; killed and restarted as pid {new.process.pid} on {new.process.grpc_url}"
+
+    def _release_hold(self, workload: str) -> None:
+        self._route(workload)
+        if self.router is not None:
+            self.router.hold(workload, 0.0)
 
     def observe(self) -> list[ObservedModel]:
         """Per-assignment figures since the previous `observe` (or since the model was loaded)."""
@@ -518,19 +575,34 @@ class TritonFleet:
         slot = self._slots[key]
         return slot.process.model_config(slot.assignment.model)
 
-    def close(self) -> None:
-        """Stop every process (graceful, then forceful), in parallel."""
+    def close(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """Stop every process (graceful, then forceful), in parallel, within `deadline_s` whatever runs.
+
+        A start or a model load in progress holds the fleet lock (a load may take minutes): after half the
+        deadline close stops waiting for it; at the deadline every process still alive, that one included,
+        is killed (SIGKILL of its process group)."""
+        end = time.monotonic() + deadline_s
+        self._closing.set()
         if self.router is not None:
             self.router.close()  # stop taking calls first
-        with self._lock:
+        locked = self._lock.acquire(timeout=deadline_s / 2)
+        try:
             slots, self._slots = list(self._slots.values()), {}
+        finally:
+            if locked:
+                self._lock.release()
         threads = [
             threading.Thread(target=s.process.unload_and_stop, args=([s.assignment.model],), daemon=True) for s in slots
         ]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout=max(0.0, end - time.monotonic() - 1.0))
+        with self._spawned_lock:
+            left = [p for p in self._spawned if p.proc is not None and p.alive()]
+        for p in left:
+            log.warning("%s: still running at shutdown (a start or load in progress); killed", p.name)
+            p.kill()
         if self.mps is not None and self._mps_started:
             try:
                 self.mps.quit()

@@ -178,9 +178,9 @@ class TritonProcess:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def server_ready(self) -> bool:
+    def server_ready(self, timeout_s: float = 1.0) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=1) as reply:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=timeout_s) as reply:
                 return reply.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -210,6 +210,16 @@ class TritonProcess:
                 pass
             self._client = None
         return self.proc.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL its whole process group (a stopped or hung server cannot act on SIGTERM), then clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+        return self.stop(timeout_s=0)
 
     def unload_and_stop(self, models: Sequence[str], timeout_s: float = 5.0) -> int | None:
         """Unload `models`, wait until they are gone, then stop: faster than SIGTERM alone.
@@ -255,9 +265,9 @@ class TritonProcess:
         except InferenceServerException as err:
             raise TritonError(f"{self.name}: unload of {model!r} failed: {_one_line(err)}") from None
 
-    def model_ready(self, model: str) -> bool:
+    def model_ready(self, model: str, timeout_s: float = 5.0) -> bool:
         try:
-            return bool(self.client.is_model_ready(model))
+            return bool(self.client.is_model_ready(model, client_timeout=timeout_s))
         except InferenceServerException:
             return False
 

@@ -29,6 +29,7 @@ from controller.messages import (
     NodeDevice,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     TlsMismatch,
     Unauthenticated,
     Unavailable,
@@ -44,6 +45,7 @@ _ERRORS: dict[Any, type[ApiError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
 #: Substrings of gRPC's UNAVAILABLE details that mean TLS on one side only, not an unreachable controller
 #: (checked against a real server: a plaintext client meets "Socket closed", a TLS one a failed handshake).

@@ -16,7 +16,7 @@ import grpc
 from controller.api import convert, views
 from controller.api import stoke_pb2 as pb
 from controller.api import stoke_pb2_grpc as pb_grpc
-from controller.messages import FailedPrecondition, InvalidArgument, NotFound
+from controller.messages import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from controller.service import ControlService
 from controller.store import DatabaseError
 
@@ -41,6 +41,8 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             context.abort(grpc.StatusCode.NOT_FOUND, detail(str(err)))
         except FailedPrecondition as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, detail(str(err)))
+        except ResourceExhausted as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail(str(err)))
         except DatabaseError as err:  # the store refuses: say why, it is the operator's to fix
             log.error("%s failed: %s", fn.__name__, err)
             context.abort(grpc.StatusCode.INTERNAL, detail(str(err)))

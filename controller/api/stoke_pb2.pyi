@@ -349,7 +349,7 @@ class AssignmentError(_message.Message):
     def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors", "endpoints")
+    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors", "endpoints", "sequence", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,8 @@ class HeartbeatRequest(_message.Message):
     ERRORS_REVISION_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     running: _containers.RepeatedCompositeFieldContainer[Assignment]
     observed: _containers.RepeatedCompositeFieldContainer[Observed]
@@ -366,7 +368,9 @@ class HeartbeatRequest(_message.Message):
     errors_revision: int
     errors: _containers.RepeatedCompositeFieldContainer[AssignmentError]
     endpoints: _containers.RepeatedCompositeFieldContainer[ServingEndpoint]
-    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    incarnation: str
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ..., sequence: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s", "hold")

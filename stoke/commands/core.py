@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
-from interference.profile import DEFAULT_FIT_ERROR
+from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
 from planner.solver.solve import STRATEGIES
 from stoke.client_options import add_client_options
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from planner.simulate import SimulationReport
     from planner.solver import Plan
     from planner.workload_file import WorkloadsFile
-
-#: Largest batch a fitted profile must be sane at (interference.fit.DOMAIN_MAX_BATCH; a test keeps them equal).
-FIT_DOMAIN_MAX_BATCH = 32
 
 
 class _StokeDefaultsFormatter(argparse.HelpFormatter):
@@ -203,7 +200,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "iGniter JSON-lines layout, or `stoke profile run` output), report how well it "
         "fits (per-point error, MAPE, R^2) and write the fitted profile (JSON, "
         "versioned) only when every model is positive and monotone over batch "
-        f"1..{FIT_DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
+        f"1..{DOMAIN_MAX_BATCH} x every share step and within --max-mape; otherwise "
         "exit 1 with the reason, or write it anyway with --force.",
     )
     f.add_argument(
@@ -920,6 +917,7 @@ def _coefficient(value: float) -> str:
 
 
 def run_profile_fit(args: argparse.Namespace) -> int:
+    # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
     from interference.fit import InterferenceModel, RawProfileError, fit_measured
     from interference.profile_io import ProfileFileError, parse_raw, save_profile
 

@@ -26,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "controller/config.py; its JSON Schema is "
         "controller/data/controller-config.schema.json.",
     )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "recover"),
+        default="run",
+        help="run (default), or recover a damaged database (the controller stopped): keep it aside, restore the "
+        "newest good backup or salvage what is readable",
+    )
     p.add_argument("--config", metavar="FILE", help="controller YAML config")
     p.add_argument("--listen", metavar="HOST:PORT", help="override `listen`")
     p.add_argument("--db", metavar="FILE", help="override `db`")
@@ -162,6 +170,8 @@ def run_controller(args: argparse.Namespace) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout,
         heartbeat_interval_s=args.heartbeat_interval,
     )
+    if args.action == "recover":
+        return recover_database(config.db, config.backup_dir)
     server = ControllerServer(config).start()
     print(
         f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})", flush=True
@@ -170,6 +180,25 @@ def run_controller(args: argparse.Namespace) -> int:
     stop.wait()
     server.stop()
     return 0
+
+
+def recover_database(db: str, backup_dir: str | None) -> int:
+    from controller.store import recover
+
+    result = recover(db, backup_dir)
+    if result.action == "sound":
+        print(f"{db}: passes its integrity check; nothing to recover")
+        return 0
+    print(f"{db}: damaged; kept aside as {result.kept_aside}")
+    if result.action == "restored":
+        print(f"restored from the backup {result.source}")
+    else:
+        print("no good backup: salvaged what was readable into a fresh database")
+    for line in result.lost:
+        print(f"  lost: {line}")
+    for line in result.notes:
+        print(f"  note: {line}")
+    return 0 if not result.lost else 1
 
 
 def run_agent(args: argparse.Namespace) -> int:

@@ -319,3 +319,21 @@ def test_each_window_carries_the_sli_percentiles_and_the_device_reading():
     assert 5.0 <= o.latency_p50_ms <= 10.0 and o.device_utilization_pct == 37.5
     agent.fleet_once()  # no requests since: an empty window
     assert agent.state.observed[0].latency_count == 0 and agent.state.observed[0].latency_p99_ms is None
+
+
+def test_a_node_whose_endpoints_cannot_serve_stops_heartbeating_until_they_can():
+    agent, client, fleet, clock = make()
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    problems = ["router of a: cannot be reached on its own ports (timed out)"]
+    fleet.serving_problems = lambda: list(problems)
+    agent.fleet_once()
+    sent = len(client.reports)
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert len(client.reports) == sent  # silent: the controller's timeout marks the node not ready
+    problems.clear()
+    agent.fleet_once()
+    agent.heartbeat_once()
+    assert len(client.reports) == sent + 1
+    assert any("endpoints cannot serve" in e for e in client.reports[-1].events)

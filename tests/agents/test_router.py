@@ -185,3 +185,17 @@ def test_clients_keep_working_with_no_failed_request_through_a_share_move(tmp_pa
     finally:
         stop.set()
         agent.stop()
+
+
+def test_a_wedged_router_reports_that_it_cannot_serve():
+    router = Router("127.0.0.1")
+    try:
+        router.set_backends("idle", [])
+        assert router.problems() == []
+        router._loop.call_soon_threadsafe(time.sleep, 3.0)  # its event loop stops answering for 3 s
+        problems = router.problems(timeout_s=1.0)
+        assert len(problems) == 1 and "router of idle" in problems[0]
+        time.sleep(2.5)
+        assert router.problems() == []
+    finally:
+        router.close()

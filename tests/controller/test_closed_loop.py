@@ -43,7 +43,7 @@ class Clock:
 
 def service(tmp_path, config=CONFIG):
     clock = Clock()
-    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock)
+    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock, tick=clock)
     svc.upload_profile(json.dumps(profile_to_dict(PROFILE)), "CPU")
     svc.register("n1", CPU)
     return svc, clock
@@ -209,7 +209,7 @@ def test_demand_scales_up_within_two_heartbeats_and_down_after_the_cooldown(tmp_
     for _ in range(40):
         node.beat(rate=20.0)
     assert placed(svc).rate_rps == pytest.approx(25.0)  # after the cool-down, from the window
-    for _ in range(3):
+    for _ in range(6):  # a window counts for at most 4x the planned rate (+10): 25 -> 137.5 -> 200 in two steps
         node.beat(rate=500.0)
     assert placed(svc).rate_rps == 200.0  # max_rps
 

@@ -55,9 +55,7 @@ def test_help_shows_the_strategy_defaults(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_constants_copied_for_the_parser_match_their_source() -> None:
-    from interference.fit import DOMAIN_MAX_BATCH
-    from stoke.commands import core, train
+    from stoke.commands import train
     from training.comm_sim import SCHEDULERS
 
-    assert core.FIT_DOMAIN_MAX_BATCH == DOMAIN_MAX_BATCH
     assert train.SCHEDULERS == SCHEDULERS
