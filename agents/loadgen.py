@@ -29,8 +29,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from foundation.errors import StokeError
+from foundation.names import clean_text
 
 ARRIVALS = ("constant", "poisson")
+#: Longest error message a report keeps (characters of its first line).
+ERROR_TEXT_MAX = 300
 
 
 class LoadError(StokeError, RuntimeError):
@@ -99,6 +102,23 @@ def arrival_stream(rate_rps: float, arrival: str = "constant", seed: int = 0) ->
     raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
 
 
+def _input_arrays(meta: dict, config: dict, model: str, batch: int, seed: int) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, data) of random inputs matching the model's metadata (dynamic dims become 1, batch dim =
+    `batch`), whichever protocol read the metadata."""
+    batched = int(config.get("max_batch_size", 0)) > 0
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for spec in meta["inputs"]:
+        shape = [int(d) if int(d) > 0 else 1 for d in spec["shape"]]
+        if batched:
+            shape[0] = batch
+        dtype = triton_to_np_dtype(spec["datatype"])
+        if dtype is None or dtype == np.object_:
+            raise LoadError(f"model {model!r}: input {spec['name']} has unsupported type {spec['datatype']}")
+        arrays.append((spec["name"], spec["datatype"], (rng.random(shape) * 10).astype(dtype)))
+    return arrays
+
+
 def build_inputs(
     client: grpcclient.InferenceServerClient, model: str, batch: int = 1, seed: int = 0
 ) -> list[grpcclient.InferInput]:
@@ -108,18 +128,9 @@ def build_inputs(
         config = client.get_model_config(model, as_json=True)["config"]
     except InferenceServerException as err:
         raise LoadError(f"model {model!r}: cannot read metadata ({err})") from None
-    batched = int(config.get("max_batch_size", 0)) > 0
-    rng = np.random.default_rng(seed)
     inputs = []
-    for spec in meta["inputs"]:
-        shape = [int(d) if int(d) > 0 else 1 for d in spec["shape"]]
-        if batched:
-            shape[0] = batch
-        dtype = triton_to_np_dtype(spec["datatype"])
-        if dtype is None or dtype == np.object_:
-            raise LoadError(f"model {model!r}: input {spec['name']} has unsupported type {spec['datatype']}")
-        data = (rng.random(shape) * 10).astype(dtype)
-        tensor = grpcclient.InferInput(spec["name"], shape, spec["datatype"])
+    for name, datatype, data in _input_arrays(meta, config, model, batch, seed):
+        tensor = grpcclient.InferInput(name, list(data.shape), datatype)
         tensor.set_data_from_numpy(data)
         inputs.append(tensor)
     return inputs
@@ -214,9 +225,7 @@ class LoadGenerator:
             if self._on_result is not None:
                 self._on_result(latency[i] if error is None else self.timeout_s * 1000.0, error is None)
             if error is not None:
-                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                with lock:
-                    errors[message] = errors.get(message, 0) + 1
+                _count(errors, lock, error)
             with lock:
                 pending[0] -= 1
                 last_done[0] = max(last_done[0], now)
@@ -270,34 +279,21 @@ class LoadGenerator:
             if pending[0] == 0:
                 all_done.set()
         all_done.wait(self.timeout_s + 5)
-        end = max(last_done[0], start + sent_for)
-        n = len(latency)
         with lock:
             values = np.array(latency, dtype=float)
-        good = values[~np.isnan(values)]
-        ok = int(good.size)
-        over = None
-        if slo_ms is not None and n:
-            over = float((np.sum(good > slo_ms) + (n - ok)) / n)
-        return LoadReport(
-            model=self.model,
-            target=self._target(),
-            arrival=arrival,
-            rate_rps=float(rate_rps),
-            seconds=float(sent_for),
+        return _report(
+            self.model,
+            self._target(),
+            values,
+            start,
+            max(last_done[0], start + sent_for),
             sent=sent,
-            ok=ok,
-            failed=n - ok,
-            throughput_rps=ok / (end - start) if end > start else 0.0,
-            p50_ms=percentile(good, 50),
-            p95_ms=percentile(good, 95),
-            p99_ms=percentile(good, 99),
-            mean_ms=float(good.mean()) if ok else math.nan,
-            max_ms=float(good.max()) if ok else math.nan,
+            arrival=arrival,
+            rate_rps=rate_rps,
+            seconds=sent_for,
             slo_ms=slo_ms,
-            over_slo_share=over,
-            max_send_lag_ms=max_lag * 1000.0,
-            errors=tuple(f"{m} (x{c})" for m, c in sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+            max_lag_ms=max_lag * 1000.0,
+            errors=errors,
         )
 
     def __enter__(self) -> LoadGenerator:
@@ -495,6 +491,7 @@ class TritonClients:
 
 
 def _http_inputs(client: object, model: str, batch: int) -> list[object]:
+    """`build_inputs` over HTTP (binary tensors)."""
     import tritonclient.http as httpclient
 
     try:
@@ -502,18 +499,10 @@ def _http_inputs(client: object, model: str, batch: int) -> list[object]:
         config = client.get_model_config(model)  # type: ignore[attr-defined]
     except InferenceServerException as err:
         raise LoadError(f"model {model!r}: cannot read metadata ({err})") from None
-    batched = int(config.get("max_batch_size", 0)) > 0
-    rng = np.random.default_rng(0)
     inputs = []
-    for spec in meta["inputs"]:
-        shape = [int(d) if int(d) > 0 else 1 for d in spec["shape"]]
-        if batched:
-            shape[0] = batch
-        dtype = triton_to_np_dtype(spec["datatype"])
-        if dtype is None or dtype == np.object_:
-            raise LoadError(f"model {model!r}: input {spec['name']} has unsupported type {spec['datatype']}")
-        tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
-        tensor.set_data_from_numpy((rng.random(shape) * 10).astype(dtype), binary_data=True)
+    for name, datatype, data in _input_arrays(meta, config, model, batch, 0):
+        tensor = httpclient.InferInput(name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data, binary_data=True)
         inputs.append(tensor)
     return inputs
 
@@ -545,12 +534,14 @@ def server_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     return ServerSplit(int(requests), *(mean_ms(p) for p in SERVER_PARTS))
 
 
-def _summary(
-    clients: TritonClients,
-    latency: list[float],
+def _report(
+    model: str,
+    target: str,
+    values: np.ndarray,
     started: float,
     ended: float,
     *,
+    sent: int,
     arrival: str,
     rate_rps: float,
     seconds: float,
@@ -558,17 +549,18 @@ def _summary(
     max_lag_ms: float,
     errors: dict[str, int],
 ) -> LoadReport:
-    values = np.array(latency, dtype=float)
+    """The report of one run: `values` is each request's latency (ms; NaN: failed or not answered), every
+    load mode's summary (the async generator, the blocking rate and concurrency modes)."""
     good = values[~np.isnan(values)]
     n, ok = len(values), int(good.size)
     over = float((np.sum(good > slo_ms) + (n - ok)) / n) if slo_ms is not None and n else None
     return LoadReport(
-        model=clients.model,
-        target=f"{clients.protocol}://{clients.url}",
+        model=model,
+        target=target,
         arrival=arrival,
         rate_rps=float(rate_rps),
         seconds=float(seconds),
-        sent=n,
+        sent=sent,
         ok=ok,
         failed=n - ok,
         throughput_rps=ok / (ended - started) if ended > started else 0.0,
@@ -584,9 +576,29 @@ def _summary(
     )
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: object) -> str:
+    """An error's first line, as the report lists it: printable only (the server wrote it), bounded."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return clean_text(text.splitlines()[0], ERROR_TEXT_MAX) if text else type(err).__name__
+
+
+def _count(errors: dict[str, int], lock: threading.Lock, err: object) -> None:
+    """One more of `err`'s kind (its first line) in `errors`."""
+    message = _one_line(err)
+    with lock:
+        errors[message] = errors.get(message, 0) + 1
+
+
+def _timed_infer(
+    clients: TritonClients, since: float, clock: Callable[[], float], errors: dict[str, int], lock: threading.Lock
+) -> float:
+    """One request through `clients`: its latency (ms) counted from `since`, or NaN with its error counted."""
+    try:
+        clients.infer()
+        return (clock() - since) * 1000.0
+    except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
+        _count(errors, lock, err)
+        return math.nan
 
 
 def run_concurrency(
@@ -610,18 +622,10 @@ def run_concurrency(
         try:
             clients.prepare()  # this thread's client, before its first timed request
         except LoadError as err:
-            with lock:
-                errors[str(err)] = errors.get(str(err), 0) + 1
+            _count(errors, lock, err)
             return
         while clock() < deadline:
-            t0 = clock()
-            try:
-                clients.infer()
-                value = (clock() - t0) * 1000.0
-            except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
-                value = math.nan
-                with lock:
-                    errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
+            value = _timed_infer(clients, clock(), clock, errors, lock)
             with lock:
                 latency.append(value)
 
@@ -630,11 +634,13 @@ def run_concurrency(
         t.start()
     for t in threads:
         t.join(seconds + clients.timeout_s + 5)
-    return _summary(
-        clients,
-        latency,
+    return _report(
+        clients.model,
+        f"{clients.protocol}://{clients.url}",
+        np.array(latency, dtype=float),
         started,
         clock(),
+        sent=len(latency),
         arrival="closed",
         rate_rps=math.nan,
         seconds=seconds,
@@ -666,14 +672,7 @@ def run_rate_blocking(
     lock = threading.Lock()
 
     def send(i: int, due: float) -> None:
-        try:
-            clients.infer()
-            value = (clock() - due) * 1000.0
-        except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
-            value = math.nan
-            with lock:
-                errors[_one_line(err)] = errors.get(_one_line(err), 0) + 1
-        latency[i] = value
+        latency[i] = _timed_infer(clients, due, clock, errors, lock)
 
     offsets = arrival_stream(rate_rps, arrival, seed)
     max_lag = 0.0
@@ -696,11 +695,13 @@ def run_rate_blocking(
             max_lag = max(max_lag, clock() - due)
             latency.append(math.nan)
             pool.submit(send, i, due)
-    return _summary(
-        clients,
-        latency,
+    return _report(
+        clients.model,
+        f"{clients.protocol}://{clients.url}",
+        np.array(latency, dtype=float),
         started,
         clock(),
+        sent=len(latency),
         arrival=arrival,
         rate_rps=rate_rps,
         seconds=seconds,

@@ -10,6 +10,9 @@
    convergence (every node running its assignments), solve time, an
    incremental change (one workload's rate doubled: reconcile time and how
    many assignments moved), and the controller's memory (VmRSS / VmHWM).
+   Then re-planning at fleet scale: the controller's planning step (observe -> solve -> bind, its
+   solver memo kept) with 10,000 workloads placed, one workload's rate changed five times: time of
+   each re-plan and the assignments it moved (`bench_scale.replan`).
 3. agent overhead: CPU seconds the agent spends per Triton metrics scrape
    (`TritonFleet.observe`) with 3 models served.
 
@@ -308,11 +311,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20 nodes, 100 workloads")
     parser.add_argument("--skip-triton", action="store_true", help="skip the real-Triton part")
+    parser.add_argument(
+        "--replan-workloads",
+        type=int,
+        default=10_000,
+        help="re-planning in the controller's planning step with this many workloads placed (0: skip)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     steps = [] if args.skip_triton else [("apply to serving (real Triton)", bench_apply_to_serving)]
     nodes, workloads = (20, 100) if args.quick else (100, 500)
     steps.append((f"{nodes} nodes x {workloads} workloads", lambda tmp: bench_scale(tmp, nodes, workloads)))
+    if args.replan_workloads:  # issue 16: the planning step alone, at fleet scale (in process, no agents)
+        from bench_scale import replan
+
+        steps.append((f"re-plan at {args.replan_workloads:,} workloads", lambda tmp: replan(args.replan_workloads)))
     with tempfile.TemporaryDirectory(prefix="bench-control-") as d:
         # progress with an ETA on stderr (a bar on a terminal, a line per step otherwise)
         with Progress("bench_control", len(steps)) as bar:

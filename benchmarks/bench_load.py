@@ -13,11 +13,14 @@
    one channel, 2,000 calls in flight, over gRPC) to a real Triton on CPU, straight to it and through the node's
    router (`agents.router`, in its own process as in the agent). Prints completed/2,000, wall time,
    p50/p99/max latency per path, and the router's RSS.
+4. Re-planning at 10,000 workloads (`bench_scale.replan`): the controller's planning step with its
+   solver memo, one workload's rate changed five times: re-plan time and assignments moved.
 
 Nodes are simulated by a few threads over shared gRPC channels (raw stubs, one bearer token per node),
 so 1,000 of them fit in this process.
 
     .venv/bin/python benchmarks/bench_load.py [--seconds 10] [--nodes 1000] [--workloads 1000] [--only router]
+        [--replan-workloads 10000]
 """
 
 from __future__ import annotations
@@ -439,7 +442,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--workloads", type=int, default=1000)
     parser.add_argument("--concurrent", type=int, default=2000, help="concurrent requests of the serving edge")
-    parser.add_argument("--only", choices=("api", "convergence", "router"), help="run one part only")
+    parser.add_argument("--only", choices=("api", "convergence", "router", "replan"), help="run one part only")
+    parser.add_argument(
+        "--replan-workloads",
+        type=int,
+        default=10_000,
+        help="re-planning in the controller's planning step with this many workloads placed (0: skip)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-load-") as tmp:
         if args.only in (None, "api"):
@@ -448,6 +457,10 @@ def main() -> None:
             bench_convergence(Path(tmp), args.nodes, args.workloads)
         if args.only in (None, "router"):
             bench_router(Path(tmp), args.concurrent)
+    if args.only in (None, "replan") and args.replan_workloads:  # issue 16: the planning step, in process
+        from bench_scale import replan
+
+        replan(args.replan_workloads)
 
 
 if __name__ == "__main__":

@@ -51,18 +51,16 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from grafana_foundation_sdk.builders import dashboard as gd
-from grafana_foundation_sdk.builders import prometheus, stat, timeseries
-from grafana_foundation_sdk.builders import text as text_panel
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import dashboard as dm
-from grafana_foundation_sdk.models.text import TextMode
 
 from foundation.errors import InputError
 from planner.solver.problem import Plan, Workload
+
+# grafana-foundation-sdk loads inside the dashboard builders: the CLI imports this module to build its parser.
+if TYPE_CHECKING:
+    from grafana_foundation_sdk.builders import dashboard as gd
 
 #: (severity, long window, short window, burn rate), the SRE workbook's table for 30 days.
 BURN_WINDOWS: tuple[tuple[str, str, str, float], ...] = (
@@ -712,6 +710,8 @@ class _PanelKit:
         return next(self._ids)
 
     def series(self, panel: Any, *targets: tuple[str, str]) -> Any:
+        from grafana_foundation_sdk.builders import prometheus
+
         for i, (expr, legend) in enumerate(targets):
             panel = panel.with_target(
                 prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(self.ds)
@@ -720,6 +720,9 @@ class _PanelKit:
 
     @staticmethod
     def steps(*pairs: tuple[float | None, str]) -> gd.ThresholdsConfig:
+        from grafana_foundation_sdk.builders import dashboard as gd
+        from grafana_foundation_sdk.models import dashboard as dm
+
         return (
             gd.ThresholdsConfig()
             .mode(dm.ThresholdsMode.ABSOLUTE)
@@ -742,6 +745,12 @@ def grafana_dashboard(
     uid (`SloOptions.dashboard_uid`) never changes. With a plan, a text panel
     lists every placement. Built with grafana-foundation-sdk's typed builders.
     """
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.builders import text as text_panel
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models.text import TextMode
+
     _validate(workloads)
     kit = _PanelKit(dm.DataSourceRef(type_val="prometheus", uid="${datasource}"))
     board = _dashboard_shell(options, kit.ds)
@@ -770,6 +779,9 @@ def grafana_dashboard(
 
 def _dashboard_shell(options: SloOptions, ds: Any) -> Any:
     """The dashboard without panels: title, uid, refresh, and the data source and workload variables."""
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.models import dashboard as dm
+
     return (
         gd.Dashboard("stoke: inference SLOs")
         .uid(options.dashboard_uid)
@@ -799,6 +811,8 @@ def _dashboard_shell(options: SloOptions, ds: Any) -> Any:
 
 def _workload_panels(kit: _PanelKit, options: SloOptions) -> list[Any]:
     """The row repeated per selected workload, laid out in two lines of equal height."""
+    from grafana_foundation_sdk.builders import stat, timeseries
+
     wl = f'{WORKLOAD_VARIABLE}="${WORKLOAD_VARIABLE}"'
     series, steps = kit.series, kit.steps
     return [
@@ -869,6 +883,8 @@ def _workload_panels(kit: _PanelKit, options: SloOptions) -> list[Any]:
 
 def _controller_panels(kit: _PanelKit) -> list[Any]:
     """The control plane's row: pending workloads, a held plan, lost nodes, refused guard floors."""
+    from grafana_foundation_sdk.builders import stat
+
     steps = kit.steps
     return [
         kit.series(
@@ -886,6 +902,8 @@ def _controller_panels(kit: _PanelKit) -> list[Any]:
 
 def _device_panels(kit: _PanelKit) -> list[Any]:
     """The devices row: what the agents' exporter reports per device."""
+    from grafana_foundation_sdk.builders import timeseries
+
     panels = [
         kit.series(
             timeseries.Panel().fill_opacity(10).title(title).unit(unit).height(8).span(6),

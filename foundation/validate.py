@@ -32,6 +32,7 @@ by construction rather than translated from a library's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -220,7 +221,10 @@ def setting(
 # ---------------------------------------------------------------- loading settings
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a settings class, once per class (resolving them per item made reading a
+    10,000-workload file take seconds)."""
     return typing.get_type_hints(cls)
 
 
@@ -252,11 +256,16 @@ def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
 
 def keys(cls: type) -> list[str]:
     """The keys a mapping of `cls` may hold (flattened nested settings included), in declaration order."""
+    return list(_keys(cls))
+
+
+@functools.cache
+def _keys(cls: type) -> tuple[str, ...]:
     out: list[str] = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
-        out += keys(hints[f.name]) if f.metadata.get("flatten") else [f.name]
-    return out
+        out += _keys(hints[f.name]) if f.metadata.get("flatten") else [f.name]
+    return tuple(out)
 
 
 def key_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
@@ -295,7 +304,8 @@ def load(
         data = {}
     if not isinstance(data, Mapping):
         raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})", prefix)
-    known = keys(cls)
+    settings: type = cls  # the cached helpers take a plain class
+    known = _keys(settings)
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise error(
@@ -305,7 +315,8 @@ def load(
 
 
 def _build(cls: type[T], data: Mapping[str, Any], prefix: str, ctx: _Context) -> T:
-    hints = _hints(cls)
+    settings: type = cls  # the cached helper takes a plain class
+    hints = _hints(settings)
     values: dict[str, Any] = {}
     for f in _fields(cls):
         if f.metadata.get("flatten"):

@@ -29,6 +29,7 @@ from interference.least_squares import bounded_least_squares
 from interference.profile import (
     DEFAULT_FIT_ERROR,
     DEFAULT_SERVING_P99_MS,
+    DOMAIN_MAX_BATCH,
     DeviceProfile,
     FitDomain,
     GpuProfile,
@@ -43,9 +44,6 @@ GRID_BATCHES = (1, 16, 32)
 GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
-#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
-#: and every share step, not only at the profiled points.
-DOMAIN_MAX_BATCH = 32
 #: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
 #: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
 #: is measurement noise, not a shape.

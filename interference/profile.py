@@ -25,6 +25,10 @@ PROFILE_FORMAT_VERSION = 1
 #: such a profile always made. The closed loop raises it from the SLI the agents measure
 #: (`controller.feedback`), so the client p99 is what stoke predicts after its first minutes.
 DEFAULT_SERVING_P99_MS = 0.0
+#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
+#: and every share step, not only at the profiled points (`interference.fit` checks it). Here, beside the
+#: types, so the CLI can name it without importing the fit (scikit-learn, scipy).
+DOMAIN_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)

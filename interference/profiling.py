@@ -147,13 +147,16 @@ class ProfileSession:
 
     def ask(self) -> MeasurePoint | None:
         """The next point to measure: a new one, or a non-monotone one again (while it has retries left)."""
+        suspects: dict[str, dict[str, str]] = {}  # each model's non-monotone points, worked out once per ask
         for point in self.points():
             if point.key not in self.results:
                 return point
-            if point.neighbours == 0 and self._model_measured(point.model):
-                suspects = self.non_monotone(point.model)
-                if point.key in suspects and self.retries.get(point.key, 0) < self.max_retries:
-                    return point
+            if point.neighbours:
+                continue
+            if point.model not in suspects:
+                suspects[point.model] = self.non_monotone(point.model) if self._model_measured(point.model) else {}
+            if point.key in suspects[point.model] and self.retries.get(point.key, 0) < self.max_retries:
+                return point
         return None
 
     def tell(self, point: MeasurePoint, latency_ms: float, spread_pct: float | None = None) -> None:

@@ -25,10 +25,13 @@ class _Format(argparse.Action):
     """Stores the format and what follows from it: ``json`` (data, not a table: json or yaml) and ``wide``."""
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
-        fmt = self.const if self.const is not None else values
-        namespace.output_format = fmt
-        namespace.json = fmt in ("json", "yaml")
-        namespace.wide = fmt == "wide"
+        _set_format(namespace, self.const if self.const is not None else values)
+
+
+def _set_format(namespace: argparse.Namespace, fmt: str) -> None:
+    namespace.output_format = fmt
+    namespace.json = fmt in ("json", "yaml")
+    namespace.wide = fmt == "wide"
 
 
 def add_output_option(
@@ -81,7 +84,7 @@ class _FileOrFormat(argparse.Action):
                     f"an output format; give the file (e.g. {option_string} {self.metavar or 'FILE'}, or "
                     f"{option_string} ./{values} for a file named {values})"
                 )
-            _Format(option_strings=[], dest="output_format")(parser, namespace, values, option_string)
+            _set_format(namespace, values)
             setattr(namespace, self.dest, None)
             return
         setattr(namespace, self.dest, values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -58,24 +59,29 @@ def _p99_parts(p: Placement) -> tuple[float, float, float]:
     return inference, fill, max(0.0, p.predicted_p99_ms - inference - fill)
 
 
-def _detail_page(plan: Plan, gpus: range, path: str, title: str) -> None:
-    """Left: stacked shares per GPU. Right: each replica's predicted p99 (inference, fill, queueing) vs SLO."""
-    rows = [(_label(p), p) for i in gpus for p in plan.gpus[i].placements]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.3 * len(rows) + 2)))
+def draw_shares(axis: Any, plan: Plan, gpus: range, *, ylabel: str) -> None:
+    """Stacked MPS shares of `gpus` on `axis`: a bar per GPU, a colour per workload (also `stoke report`'s)."""
     colours = plt.get_cmap("tab20")
-    names = sorted({p.name for _, p in rows})
+    names = sorted({p.name for i in gpus for p in plan.gpus[i].placements})
     colour = {n: colours(i % 20) for i, n in enumerate(names)}
     for x, index in enumerate(gpus):
         bottom = 0.0
         for p in plan.gpus[index].placements:
-            left.bar(x, p.share_pct, bottom=bottom, color=colour[p.name], edgecolor="white")
+            axis.bar(x, p.share_pct, bottom=bottom, color=colour[p.name], edgecolor="white")
             if p.share_pct >= 8:
-                left.text(x, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center", fontsize=6)
+                axis.text(x, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center", fontsize=6)
             bottom += p.share_pct
-    left.axhline(100, color="black", linewidth=0.8)
-    left.set_xticks(range(len(gpus)), [f"{i}\n{plan.gpus[i].gpu_type}" for i in gpus], fontsize=7)
-    left.set_ylabel("share of GPU (%)")
-    left.set_ylim(0, 105)
+    axis.axhline(100, color="black", linewidth=0.8)
+    axis.set_xticks(range(len(gpus)), [f"{i}\n{plan.gpus[i].gpu_type}" for i in gpus], fontsize=7)
+    axis.set_ylabel(ylabel)
+    axis.set_ylim(0, 105)
+
+
+def _detail_page(plan: Plan, gpus: range, path: str, title: str) -> None:
+    """Left: stacked shares per GPU. Right: each replica's predicted p99 (inference, fill, queueing) vs SLO."""
+    rows = [(_label(p), p) for i in gpus for p in plan.gpus[i].placements]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.3 * len(rows) + 2)))
+    draw_shares(left, plan, gpus, ylabel="share of GPU (%)")
     left.set_title(title, fontsize=9)
 
     rows.sort(key=lambda r: r[0])

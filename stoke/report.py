@@ -29,6 +29,13 @@ from typing import Any
 from planner.solver import Plan
 from planner.solver.alternatives import Alternative
 
+#: Most GPUs the packing figure and most workloads the p99 and observed figures draw: a figure grows with
+#: them (the p99 figure of 2,000 workloads was 700 inches tall, past the 2^16 pixels matplotlib draws). Past
+#: them a figure shows the first GPUs / the tightest workloads and its title says so; the tables list all.
+MAX_FIGURE_GPUS = 64
+MAX_FIGURE_WORKLOADS = 60
+MAX_OBSERVED_WORKLOADS = 10
+
 
 @dataclass(frozen=True)
 class ObservedPoint:
@@ -51,10 +58,7 @@ def _png(fig: Any) -> str:
 
 
 def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from stoke.plots import plt  # matplotlib on the Agg backend, as `stoke plan --plot` draws
 
     return plt
 
@@ -82,30 +86,15 @@ def alternatives_figure(options: Sequence[Alternative]) -> str:
 
 
 def packing_figure(plan: Plan) -> str:
+    from stoke.plots import draw_shares
+
     plt = _pyplot()
-    fig, axis = plt.subplots(figsize=(max(5.0, 0.7 * plan.gpu_count + 2), 4))
-    colours = plt.get_cmap("tab20")
-    names = sorted({p.name for _, p in plan.placements()})
-    colour = {n: colours(i % 20) for i, n in enumerate(names)}
-    for x, gpu in enumerate(plan.gpus):
-        bottom = 0.0
-        for p in gpu.placements:
-            axis.bar(x, p.share_pct, bottom=bottom, color=colour[p.name], edgecolor="white")
-            if p.share_pct >= 8:
-                axis.text(x, bottom + p.share_pct / 2, f"{p.name}\nb={p.batch}", ha="center", va="center", fontsize=6)
-            bottom += p.share_pct
-    axis.axhline(100, color="black", linewidth=0.8)
-    axis.set_xticks(range(plan.gpu_count), [f"{i}\n{g.gpu_type}" for i, g in enumerate(plan.gpus)], fontsize=7)
-    axis.set_ylabel("MPS share of the GPU (%)")
-    axis.set_ylim(0, 105)
-    axis.set_title("per-GPU share packing (stoke)", fontsize=10)
+    gpus = range(min(plan.gpu_count, MAX_FIGURE_GPUS))
+    fig, axis = plt.subplots(figsize=(max(5.0, 0.7 * len(gpus) + 2), 4))
+    draw_shares(axis, plan, gpus, ylabel="MPS share of the GPU (%)")
+    shown = f", GPUs 0-{gpus.stop - 1} of {plan.gpu_count}" if len(gpus) < plan.gpu_count else ""
+    axis.set_title(f"per-GPU share packing (stoke){shown}", fontsize=10)
     return _png(fig)
-
-
-def _upper(p: Any) -> float:
-    """The plan's upper bound of a replica's p99, where the plan has one (NaN otherwise)."""
-    value = getattr(p, "p99_upper_ms", math.nan)
-    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 def p99_figure(plan: Plan) -> str:
@@ -115,10 +104,15 @@ def p99_figure(plan: Plan) -> str:
         if p.name not in worst or p.predicted_p99_ms > worst[p.name].predicted_p99_ms:
             worst[p.name] = p
     rows = sorted(worst.values(), key=lambda p: p.name)
+    shown = ""
+    if len(rows) > MAX_FIGURE_WORKLOADS:
+        tightest = sorted(rows, key=lambda p: -p.p99_slo_ratio if not math.isnan(p.p99_slo_ratio) else math.inf)
+        rows = sorted(tightest[:MAX_FIGURE_WORKLOADS], key=lambda p: p.name)
+        shown = f"; the {MAX_FIGURE_WORKLOADS} tightest of {len(worst)}"
     fig, axis = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
     y = range(len(rows))
     axis.barh(list(y), [p.predicted_p99_ms for p in rows], color="#4a8", label="predicted p99")
-    upper = [_upper(p) for p in rows]
+    upper = [p.p99_upper_ms for p in rows]  # NaN where the profile has no error bound
     if any(math.isfinite(u) for u in upper):
         axis.scatter(
             [u for u in upper if math.isfinite(u)],
@@ -133,8 +127,12 @@ def p99_figure(plan: Plan) -> str:
     axis.invert_yaxis()
     axis.set_xlabel("ms")
     axis.legend(fontsize=7, loc="lower right")
-    axis.set_title("predicted p99 against the SLO per workload (its slowest replica)", fontsize=10)
+    axis.set_title(f"predicted p99 against the SLO per workload (its slowest replica{shown})", fontsize=10)
     return _png(fig)
+
+
+def _over_prediction(p: ObservedPoint) -> float:
+    return p.observed_p99_ms / p.predicted_p99_ms if p.predicted_p99_ms > 0 else math.inf
 
 
 def observed_figure(points: Sequence[ObservedPoint]) -> str:
@@ -142,15 +140,27 @@ def observed_figure(points: Sequence[ObservedPoint]) -> str:
     fig, axis = plt.subplots(figsize=(10, 4))
     start = min(p.unix for p in points)
     colours = plt.get_cmap("tab10")
-    for i, name in enumerate(sorted({p.workload for p in points})):
-        mine = sorted((p for p in points if p.workload == name), key=lambda p: p.unix)
+    by_workload: dict[str, list[ObservedPoint]] = {}
+    for p in sorted(points, key=lambda p: p.unix):
+        by_workload.setdefault(p.workload, []).append(p)
+    names = sorted(by_workload)
+    shown = ""
+    if len(names) > MAX_OBSERVED_WORKLOADS:  # the ones observed furthest above their prediction
+        names = sorted(
+            sorted(names, key=lambda n: -max(_over_prediction(p) for p in by_workload[n]))[:MAX_OBSERVED_WORKLOADS]
+        )
+        shown = f"; the {MAX_OBSERVED_WORKLOADS} furthest above their prediction of {len(by_workload)} workloads"
+    for i, name in enumerate(names):
+        mine = by_workload[name]
         t = [(p.unix - start) / 60 for p in mine]
         axis.plot(t, [p.observed_p99_ms for p in mine], "-o", ms=2, color=colours(i % 10), label=f"{name} observed")
         axis.plot(t, [p.predicted_p99_ms for p in mine], "--", color=colours(i % 10), label=f"{name} predicted")
     axis.set_xlabel("minutes since the first window")
     axis.set_ylabel("p99 (ms)")
     axis.legend(fontsize=7, ncol=2)
-    axis.set_title("observed against predicted p99 over time (the controller's observation windows)", fontsize=10)
+    axis.set_title(
+        f"observed against predicted p99 over time (the controller's observation windows{shown})", fontsize=10
+    )
     return _png(fig)
 
 
@@ -225,7 +235,7 @@ def render_report(
             p.batch,
             p.queue_delay_ms,
             p.predicted_p99_ms,
-            _upper(p),
+            p.p99_upper_ms,
             "ok" if p.meets_slo else "MISS",
         ]
         for i, g in enumerate(plan.gpus)

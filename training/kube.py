@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from training.spec import TrainingPlan
+if TYPE_CHECKING:  # an annotation only: the CLI reads this module's defaults without loading numpy
+    from training.spec import TrainingPlan
 
 PS_PORT = 2222
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

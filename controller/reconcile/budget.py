@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import copyreg
+import inspect
 import logging
 import os
 import pickle
@@ -215,10 +216,32 @@ def close_worker() -> None:
 atexit.register(close_worker)
 
 
-def budgeted(solver: Callable[..., Plan], budget_s: float, memory_mib: int) -> Callable[..., Plan]:
-    """`solver` with the same signature, run in the shared worker under the budget (0 = in this process)."""
-    if budget_s <= 0:
+def remembering(solver: Callable[..., Plan]) -> Callable[..., Plan]:
+    """`solver` given one `SolveMemo` for all its calls when it takes `memo=` (the stoke strategy
+    re-plans a large fleet after a small change in a fraction of the time), else `solver` itself.
+    Calls are serialised: the memo is one solve's at a time."""
+    try:
+        takes_memo = "memo" in inspect.signature(solver).parameters
+    except (TypeError, ValueError):  # a callable without a signature: no memo
+        takes_memo = False
+    if not takes_memo:
         return solver
+    from planner.solver.stoke import SolveMemo
+
+    memo, lock = SolveMemo(), threading.Lock()
+
+    def run(*args: Any, **kwargs: Any) -> Plan:
+        with lock:
+            return solver(*args, memo=memo, **kwargs)
+
+    return run
+
+
+def budgeted(solver: Callable[..., Plan], budget_s: float, memory_mib: int) -> Callable[..., Plan]:
+    """`solver` with the same signature, run in the shared worker under the budget (0 = in this process,
+    `remembering`)."""
+    if budget_s <= 0:
+        return remembering(solver)
 
     def run(problem: Problem, strategy: str = "stoke", *, current: Plan | None = None) -> Plan:
         return shared_worker(memory_mib).run(solver, budget_s, problem, strategy, current=current)
@@ -241,6 +264,9 @@ def _serve(memory_mib: int) -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     source = sys.stdin.buffer
+    solvers: dict[Any, Callable[..., Plan]] = {}  # each solver `remembering` across the worker's solves
+    import planner.solver.stoke  # noqa: F401 - the strategies load on first use elsewhere; here before "ready"
+
     _write(out, ("ready", None))  # the imports are done: the controller starts the budget's clock now
     while True:
         try:
@@ -249,7 +275,9 @@ def _serve(memory_mib: int) -> None:
         except EOFError:
             return  # the controller closed the pipe (or exited)
         try:
-            answer: tuple[str, Any] = ("ok", solver(*args, **kwargs))
+            if solver not in solvers:
+                solvers[solver] = remembering(solver)
+            answer: tuple[str, Any] = ("ok", solvers[solver](*args, **kwargs))
         except ProblemError as err:
             answer = ("problem", (str(err), err.field))
         except MemoryError:

@@ -193,7 +193,12 @@ def _current(kept: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
     if kept is None:
         return None
     names = {w.name for w in workloads}
-    gpus = tuple(replace(g, placements=tuple(p for p in g.placements if p.name in names)) for g in kept.gpus)
+    gpus = tuple(
+        g
+        if all(p.name in names for p in g.placements)
+        else replace(g, placements=tuple(p for p in g.placements if p.name in names))
+        for g in kept.gpus
+    )
     return Plan(strategy=kept.strategy, gpus=tuple(g for g in gpus if g.placements), notes=kept.notes)
 
 
@@ -261,10 +266,10 @@ def bind_plan(
 ) -> PlanView:
     """Bind the plan's GPUs to slots (stable), key each GPU by its slot, and name every unplaced workload."""
     applied = observed.applied
-    previous = slot_keys(applied.plan, applied.bindings) if applied else {}
-    bindings = bind_gpus(plan, observed.slots, previous)
+    bindings = bind_gpus(plan, observed.slots, lambda: slot_keys(applied.plan, applied.bindings) if applied else {})
     # a GPU's identity is its slot: stored plans carry it, the next solve keeps it
-    plan = replace(plan, gpus=tuple(replace(g, key=slot_key(b) if b else None) for g, b in zip(plan.gpus, bindings)))
+    keys = [slot_key(b) if b else None for b in bindings]
+    plan = replace(plan, gpus=tuple(g if g.key == k else replace(g, key=k) for g, k in zip(plan.gpus, keys)))
     pending = list(pending)
     placed = {p.name for g, b in zip(plan.gpus, bindings) if b is not None for p in g.placements}
     for g, b in zip(plan.gpus, bindings):

@@ -25,7 +25,8 @@ so an unrelated change does not reshuffle placements.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.messages import ModelAssignment, Replica
@@ -54,42 +55,52 @@ def slot_order(slot: Binding) -> tuple[str, int, str]:
 
 
 def bind_gpus(
-    plan: Plan, slots: Iterable[Binding], previous: Mapping[Binding, frozenset[str]] | None = None
+    plan: Plan,
+    slots: Iterable[Binding],
+    previous: Mapping[Binding, frozenset[str]] | Callable[[], Mapping[Binding, frozenset[str]]] | None = None,
 ) -> tuple[Binding | None, ...]:
-    """One slot (or None) per plan GPU; `previous` maps slots to the keys they ran before."""
+    """One slot (or None) per plan GPU; `previous` maps slots to the keys they ran before (or makes
+    that map: it is needed only when a GPU has no usable key). Time linear in GPUs and slots."""
     free = sorted(set(slots), key=slot_order)
-    previous = previous or {}
     bound: list[Binding | None] = [None] * len(plan.gpus)
     taken: set[Binding] = set()
-    keys = [placement_keys(g) for g in plan.gpus]
     by_key = {slot_key(s): s for s in free}
     for i, gpu in enumerate(plan.gpus):
         slot = by_key.get(getattr(gpu, "key", None) or "")
         if slot is not None and slot.gpu_type == gpu.gpu_type and slot not in taken:
             bound[i] = slot
             taken.add(slot)
+    unbound = [i for i, b in enumerate(bound) if b is None]
+    if not unbound:
+        return tuple(bound)
+    ran = (previous() if callable(previous) else previous) or {}
+    # count, per unbound GPU, its replicas that ran on each free slot (through an index: replica -> slots)
+    healthy = set(free)
+    where: dict[str, list[Binding]] = {}
+    for slot, keys in ran.items():
+        if slot in healthy and slot not in taken:
+            for key in keys:
+                where.setdefault(key, []).append(slot)
     pairs = []
-    for i, gpu in enumerate(plan.gpus):
-        if bound[i] is not None:
-            continue
-        for slot in free:
-            if slot.gpu_type != gpu.gpu_type or slot not in previous or slot in taken:
-                continue
-            overlap = len(keys[i] & previous[slot])
-            if overlap:
-                pairs.append((-overlap, i, slot_order(slot), slot))
+    for i in unbound:
+        gpu = plan.gpus[i]
+        overlaps = Counter(slot for k in placement_keys(gpu) for slot in where.get(k, ()))
+        pairs += [(-n, i, slot_order(slot), slot) for slot, n in overlaps.items() if slot.gpu_type == gpu.gpu_type]
     for _, i, _, slot in sorted(pairs):
         if bound[i] is None and slot not in taken:
             bound[i] = slot
             taken.add(slot)
-    for i, gpu in enumerate(plan.gpus):
+    # the rest: the first free slot of their type, in slot order
+    of_type: dict[str, Iterator[Binding]] = {}
+    for i in unbound:
         if bound[i] is not None:
             continue
-        for slot in free:
-            if slot.gpu_type == gpu.gpu_type and slot not in taken:
-                bound[i] = slot
-                taken.add(slot)
-                break
+        gpu_type = plan.gpus[i].gpu_type
+        cursor = of_type.setdefault(gpu_type, iter([s for s in free if s.gpu_type == gpu_type]))
+        slot = next((s for s in cursor if s not in taken), None)
+        if slot is not None:
+            bound[i] = slot
+            taken.add(slot)
     return tuple(bound)
 
 
@@ -115,5 +126,9 @@ def without_slots(
     """The plan restricted to GPUs bound to a slot in `keep` (e.g. the slots of healthy nodes),
     each GPU keyed by its slot ("node/device"): the `current` plan handed to the solver."""
     keep = set(keep)
-    pairs = [(replace(g, key=slot_key(b)), b) for g, b in zip(plan.gpus, bindings) if b is not None and b in keep]
+    pairs = [
+        (g if g.key == slot_key(b) else replace(g, key=slot_key(b)), b)
+        for g, b in zip(plan.gpus, bindings)
+        if b is not None and b in keep
+    ]
     return (Plan(strategy=plan.strategy, gpus=tuple(g for g, _ in pairs), notes=plan.notes), tuple(b for _, b in pairs))

@@ -87,6 +87,7 @@ class Packing:
         """Undo every change since `checkpoint`. Bins that still exist are restored in place, so
         callers holding a `Bin` keep a live object."""
         log, self._log = self._log or [], None
+        reopened = False
         for bin_id, old in reversed(log):
             current = self.bins.get(bin_id)
             if current is not None:
@@ -97,19 +98,25 @@ class Packing:
                 current.items, current.shares, current.load, current.key = old.items, old.shares, old.load, old.key
             elif old is not None:
                 current = self.bins[bin_id] = old
+                reopened = True
             else:
                 continue
             insort(self._index[current.gpu_type], (current.load, current.id))
-        # dict order is creation order for bins that never left; restore it for the rest
-        self.bins = dict(sorted(self.bins.items()))
+        if reopened:  # dict order is creation order for bins that never left; restore it for the rest
+            self.bins = dict(sorted(self.bins.items()))
 
     # -- queries -----------------------------------------------------------------------------------
 
     def candidates(self, gpu_type: str, size: float, exclude: Sequence[int] = ()) -> Iterator[Bin]:
-        """Bins of `gpu_type` that have room for `size` by shares alone, fullest first."""
+        """Bins of `gpu_type` that have room for `size` by shares alone, fullest first (lazily: stop
+        reading before changing the packing)."""
         keys = self._index.get(gpu_type, [])
         end = bisect_right(keys, (100.0 - size + EPS, float("inf")))
-        for _load, bin_id in list(reversed(keys[:end])):
+        # by index, not over a copy of the index: a lookup reads only the bins it yields (callers stop
+        # after `search_width`), so its cost does not grow with the number of GPUs. Read it before
+        # changing the packing (a change shifts the indices).
+        for k in range(end - 1, -1, -1):
+            bin_id = keys[k][1]
             if bin_id not in exclude:
                 yield self.bins[bin_id]
 

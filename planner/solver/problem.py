@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,8 +105,7 @@ class Problem:
         object.__setattr__(self, "inventory", tuple(self.inventory))
         if not self.inventory:
             raise ProblemError("the GPU inventory is empty; give at least one GPU type")
-        names = [w.name for w in self.workloads]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, k in Counter(w.name for w in self.workloads).items() if k > 1)
         if duplicates:
             raise ProblemError(f"workload names must be unique; repeated: {', '.join(duplicates)}")
         types = {g.name for g in self.inventory}

@@ -31,3 +31,28 @@ def random_workloads(
             )
         )
     return tuple(out)
+
+
+#: The fleet-scale mix of issue 16: four models, SLOs 20-80 ms and 50-400 req/s for every model.
+FLEET_MODELS = ("alexnet", "resnet50", "vgg19", "ssd")
+FLEET_SLO_MS = (20.0, 80.0)
+FLEET_RATE_RPS = (50.0, 400.0)
+
+
+def fleet_workloads(count: int, seed: int = 16) -> tuple[Workload, ...]:
+    """`count` workloads of the fleet-scale mix; a smaller count gives a prefix of a larger one (the
+    same draws row by row), so sizes compare like with like."""
+    draws = np.random.default_rng(seed).random((count, 3))  # rows fill in order: prefix-stable
+    width = max(4, len(str(count - 1)))
+    out = []
+    for i, (pick, slo, rate) in enumerate(draws):
+        model = FLEET_MODELS[min(int(pick * len(FLEET_MODELS)), len(FLEET_MODELS) - 1)]
+        out.append(
+            Workload(
+                name=f"f{i:0{width}d}-{model}",
+                model=model,
+                slo_ms=round(FLEET_SLO_MS[0] + float(slo) * (FLEET_SLO_MS[1] - FLEET_SLO_MS[0]), 1),
+                rate_rps=round(FLEET_RATE_RPS[0] + float(rate) * (FLEET_RATE_RPS[1] - FLEET_RATE_RPS[0]), 1),
+            )
+        )
+    return tuple(out)

@@ -45,8 +45,8 @@ still fit; only what no longer fits, and new workloads, are placed again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,15 @@ from planner.solver.candidates import (
     with_replicas,
 )
 from planner.solver.packing import Bin, Packing
-from planner.solver.problem import GpuPlan, Plan, Problem, ProblemError, Workload, too_many_replicas
+from planner.solver.problem import (
+    GpuPlan,
+    Placement,
+    Plan,
+    Problem,
+    ProblemError,
+    Workload,
+    too_many_replicas,
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,13 @@ CENTRAL_OPTIONS = StokeOptions(safety_margin=0.05, max_paced_utilisation=0.98, e
 EXACT_LIMIT = 8
 #: Co-location checks the local search may spend (a work bound keeps solves deterministic).
 SEARCH_EVALUATIONS = 6000
+#: Above this many replicas (and without a current plan or GPU count limits) the packing is done in
+#: chunks of about this many, dealt so that each holds the same mix (`deal_chunks`): packing one
+#: huge instance at once collapses (a best-fit lookup sees only the fullest GPUs) and takes quadratic time.
+CHUNK_REPLICAS = 1200
+#: Co-location checks the local search may spend per replica of a chunk (measured on the fleet mix of
+#: `random_mix.fleet_workloads`: 2 finds what 6 does; the chunks' first fit leaves little to gain).
+CHUNK_SEARCH_PER_REPLICA = 2
 #: Delay modes considered per arrival kind ("paced": the fill time plus half an interval).
 DELAY_MODES = {"poisson": ("zero", "fill"), "constant": ("paced",)}
 
@@ -375,21 +390,85 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
     )
 
 
+def _shape(workload: Workload) -> tuple[Any, ...]:
+    """Everything of a workload but its name and rate: what a full GPU's capacity depends on."""
+    return tuple(getattr(workload, name) for name in _SHAPE_FIELDS)
+
+
+_SHAPE_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("name", "rate_rps"))
+
+
+class ReplicaMemo:
+    """What `stoke_items` asks of one GPU type in one solve, each computed once and in batches.
+
+    A full GPU's capacity, and the candidate at a given rate, depend on a workload's model, SLO,
+    arrival kind and floors, not on its name: workloads of one shape share them (at 100,000 workloads
+    a few thousand shapes). `prepare` evaluates the splits of many multi-replica workloads in one
+    vectorised `best_candidates` call instead of a few per workload.
+    """
+
+    def __init__(self, cache: PointCache, options: StokeOptions):
+        self.cache, self.options = cache, options
+        self._capacity: dict[tuple[Any, ...], float | None] = {}
+        self._items: dict[tuple[tuple[Any, ...], float], Item | None] = {}
+
+    def capacity(self, workload: Workload) -> float | None:
+        key = _shape(workload)
+        if key not in self._capacity:
+            self._capacity[key] = full_gpu_capacity(workload, self.cache, self.options)
+        return self._capacity[key]
+
+    def best(self, workload: Workload, rate_rps: float) -> Item | None:
+        key = (_shape(workload), rate_rps)
+        if key not in self._items:
+            self._items[key] = best_candidate(workload, self.cache, rate_rps, self.options)
+        item = self._items[key]
+        return item if item is None or item.workload is workload else replace(item, workload=workload)
+
+    def prepare(self, workloads: Sequence[Workload]) -> None:
+        """Compute at once what `stoke_items` will ask for these workloads (none fits one replica)."""
+        asks: dict[tuple[tuple[Any, ...], float], tuple[Workload, float]] = {}
+        for workload in workloads:
+            capacity = self.capacity(workload)
+            if capacity is None:
+                continue
+            rates = [capacity]
+            needed = workload.rate_rps / capacity
+            if needed <= MAX_REPLICAS:  # the same arithmetic as `stoke_items`, so its lookups hit
+                count = max(2, math.ceil(needed - 1e-9))
+                rates.append(workload.rate_rps / count)
+                remainder = workload.rate_rps - (count - 1) * capacity
+                if remainder > EPS:
+                    rates.append(remainder)
+            for rate in rates:
+                key = (_shape(workload), rate)
+                if key not in self._items:
+                    asks.setdefault(key, (workload, rate))
+        found = best_candidates([w for w, _ in asks.values()], self.cache, self.options, [r for _, r in asks.values()])
+        self._items.update(zip(asks, found))
+
+
 def stoke_items(
-    workload: Workload, cache: PointCache, options: StokeOptions = DEFAULT_OPTIONS, single: Item | None | bool = False
+    workload: Workload,
+    cache: PointCache,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    single: Item | None | bool = False,
+    memo: ReplicaMemo | None = None,
 ) -> list[Item]:
     """Replicas of one workload on one GPU type: one when a GPU can hold it, else the fewest that can.
 
-    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known.
+    `single` passes in `best_candidate(workload, cache, workload.rate_rps)` when already known;
+    `memo` (of this GPU type and options) the capacities and candidates computed before.
     """
     if single is False:
         single = best_candidate(workload, cache, workload.rate_rps, options)
     if isinstance(single, Item):
         return [single]
-    capacity = full_gpu_capacity(workload, cache, options)
+    memo = memo or ReplicaMemo(cache, options)
+    capacity = memo.capacity(workload)
     if capacity is None:
         raise rejection(workload, cache, options)
-    full = best_candidate(workload, cache, capacity, options)
+    full = memo.best(workload, capacity)
     if full is None:  # the capacity edge is feasible by construction; guard against rounding
         raise rejection(workload, cache, options)
     needed = workload.rate_rps / capacity
@@ -397,11 +476,11 @@ def stoke_items(
         raise too_many_replicas(workload, needed, cache.gpu_type.name)
     count = max(2, math.ceil(needed - 1e-9))
     choices = []
-    even = best_candidate(workload, cache, workload.rate_rps / count, options)
+    even = memo.best(workload, workload.rate_rps / count)
     if even is not None:
         choices.append([even] * count)
     remainder = workload.rate_rps - (count - 1) * capacity
-    rest = best_candidate(workload, cache, remainder, options) if remainder > EPS else None
+    rest = memo.best(workload, remainder) if remainder > EPS else None
     if rest is not None:
         choices.append([full] * (count - 1) + [rest])
     if not choices:  # a remainder no candidate serves alone rides on a whole GPU like the others
@@ -431,17 +510,20 @@ def _choose_type(
     options: StokeOptions,
     exclude: Sequence[str] = (),
     singles: dict[tuple[str, str], Item | None] | None = None,
+    memos: dict[str, ReplicaMemo] | None = None,
 ) -> tuple[str, list[Item]]:
     """The allowed GPU type where the workload costs least (price x total share).
 
-    `singles` holds precomputed single-replica candidates per (GPU type, workload name).
+    `singles` holds precomputed single-replica candidates per (GPU type, workload name), `memos`
+    each type's `ReplicaMemo`.
     """
     costs = []
     allowed = [g for g in allowed_types(workload, problem.inventory) if g.name not in exclude]
     for g in allowed:
         known = singles.get((g.name, workload.name), False) if singles is not None else False
         try:
-            items = stoke_items(workload, packing.caches[g.name], options, single=known)
+            memo = memos.get(g.name) if memos is not None else None
+            items = stoke_items(workload, packing.caches[g.name], options, single=known, memo=memo)
         except ProblemError:
             continue
         costs.append((g.price_per_hour * sum(i.min_share for i in items) / 100.0, g.name, items))
@@ -513,21 +595,66 @@ def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float
     return None
 
 
-def _local_search(packing: Packing, budget: int) -> None:
+def _local_search(packing: Packing, budget: int, keep: Callable[[Bin], bool] | None = None) -> None:
     """Empty GPUs, lightest first, until none can be emptied or `budget` checks are spent.
 
-    The budget counts co-location checks, not seconds, so a solve is deterministic.
+    The budget counts co-location checks, not seconds, so a solve is deterministic. GPUs for
+    which `keep` is true are not emptied (they may still receive replicas).
     """
     stop = packing.evaluations + budget
     improved = True
     while improved and packing.evaluations < stop:
         improved = False
-        for victim_id in [b.id for b in sorted(packing.bins.values(), key=lambda b: (b.load, b.id))]:
+        victims = [b for b in packing.bins.values() if keep is None or not keep(b)]
+        for victim_id in [b.id for b in sorted(victims, key=lambda b: (b.load, b.id))]:
             if packing.evaluations >= stop:
                 return
             victim = packing.bins.get(victim_id)  # earlier moves may have emptied or changed it
             if victim is not None and _try_empty(packing, victim):
                 improved = True
+
+
+def deal_chunks(pairs: Sequence[tuple[Item, str]], size: int = 0) -> list[list[tuple[Item, str]]]:
+    """Replicas dealt into chunks of at most about `size` (default `CHUNK_REPLICAS`), one GPU type each.
+
+    Per GPU type, the replicas in decreasing share order (ties by name and replica number) are dealt
+    round-robin, so every chunk holds the same mix of sizes as the whole: the same packing quality
+    as one chunk of that size, whatever the fleet's size.
+    """
+    size = size or CHUNK_REPLICAS
+    by_type: dict[str, list[tuple[Item, str]]] = {}
+    for pair in pairs:
+        by_type.setdefault(pair[1], []).append(pair)
+    chunks: list[list[tuple[Item, str]]] = []
+    for gpu_type in sorted(by_type):
+        ordered = sorted(by_type[gpu_type], key=lambda pair: (-pair[0].min_share, pair[0].key))
+        count = math.ceil(len(ordered) / size)
+        chunks += [ordered[j::count] for j in range(count)]
+    return chunks
+
+
+def pack_chunk(
+    caches: dict[str, PointCache], chunk: Sequence[tuple[Item, str]]
+) -> list[tuple[list[Item], list[float]]]:
+    """Best fit decreasing, then the local search (a budget in proportion to the chunk), on fresh GPUs of one type
+    without a count limit: each GPU's (replicas, shares). Pure and deterministic, so chunks may be
+    packed in any order or in other processes."""
+    packing = Packing(caches, {gpu_type: None for _, gpu_type in chunk})
+    for item, gpu_type in chunk:
+        _place(packing, item, gpu_type)
+    _local_search(packing, CHUNK_SEARCH_PER_REPLICA * len(chunk))
+    return [(b.items, b.shares) for b in packing.bins.values()]
+
+
+def _pack_in_chunks(packing: Packing, pairs: list[tuple[Item, str]]) -> None:
+    """Large instances: pack chunks of similar mix apart (time linear in the replicas, and the budget
+    of the local search grows with them), then let the local search empty the chunks' lightest GPUs
+    into each other's."""
+    for chunk in deal_chunks(pairs):
+        gpu_type = chunk[0][1]
+        for items, shares in pack_chunk(packing.caches, chunk):
+            packing.open_bin(gpu_type, items, shares)
+    _local_search(packing, SEARCH_EVALUATIONS)
 
 
 def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
@@ -562,41 +689,164 @@ def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     return best
 
 
-def _seed_from(packing: Packing, current: Plan, pending: dict[tuple[str, int], tuple[Item, str]]) -> None:
-    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold."""
+def _seed_from(
+    packing: Packing,
+    current: Plan,
+    pending: dict[tuple[str, int], tuple[Item, str]],
+    memo: SolveMemo | None = None,
+) -> set[int]:
+    """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold.
+
+    Returns the ids of the GPUs that hold exactly what they held (nothing for the search to do
+    there). With a `memo`, a GPU whose replicas are the same as in an earlier solve takes that
+    solve's shares instead of checking its co-location again (the same check, the same answer)."""
+    untouched: set[int] = set()
+    # A placement takes the pending replica of its workload with its rate and batch (replica numbers
+    # follow GPU order, so they need not match), else the one with its number.
+    by_name: dict[str, list[tuple[str, int]]] = {}
+    for replica in pending:
+        by_name.setdefault(replica[0], []).append(replica)
+
+    def match(p: Placement, gpu_type: str) -> Item | None:
+        keys = by_name.get(p.name, [])
+        own = (p.name, p.replica)
+        found = pending.get(own) if own in keys else None
+        if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+            same: tuple[str, int] | None = own  # the usual case: its own number
+        else:
+            same = next(
+                (
+                    k
+                    for k in keys
+                    if pending[k][0].batch == p.batch and abs(pending[k][0].rate_rps - p.rate_rps) <= 1e-6
+                ),
+                own if own in keys else None,
+            )
+        if same is None or pending[same][1] != gpu_type:
+            return None
+        keys.remove(same)
+        return pending[same][0]
+
     for gpu in current.gpus:
         if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
             continue
-        items: list[Item] = []
-        shares: list[float] = []
-        for placement in gpu.placements:
-            found = pending.get((placement.name, placement.replica))
-            if found is None or found[1] != gpu.gpu_type:
-                continue
-            fitted = colocate(packing.caches[gpu.gpu_type], items + [found[0]], shares + [found[0].min_share])
-            if fitted is not None:
-                items, shares = items + [found[0]], fitted[0]
-                del pending[(placement.name, placement.replica)]
-        if items:
-            packing.open_bin(gpu.gpu_type, items, shares, key=gpu.key)
+        candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
+        # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
+        # entry holds them, so their ids stay theirs
+        key = (gpu.gpu_type, tuple(map(id, candidates)))
+        seeded = memo.seeded.get(key) if memo is not None else None
+        if seeded is None:
+            cache = packing.caches[gpu.gpu_type]
+            # all of them together from their minimum shares (a share the SLO guard raised comes back
+            # down when its floor goes), else one by one, dropping those that no longer fit
+            together = colocate(cache, candidates)
+            if together is not None:
+                seeded = (candidates, tuple(together[0]))
+            else:
+                items: list[Item] = []
+                shares: list[float] = []
+                for item in candidates:
+                    fitted = colocate(cache, items + [item], shares + [item.min_share])
+                    if fitted is not None:
+                        items, shares = items + [item], fitted[0]
+                seeded = (tuple(items), tuple(shares))
+            if memo is not None:
+                memo.seeded[key] = seeded
+                memo.held.append(candidates)
+        for item in seeded[0]:
+            del pending[item.key]
+        if seeded[0]:
+            b = packing.open_bin(gpu.gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
+            if len(seeded[0]) == len(gpu.placements):
+                untouched.add(b.id)
+    return untouched
 
 
-def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOptions = DEFAULT_OPTIONS) -> Plan:
-    packing = Packing(
-        {g.name: PointCache(g) for g in problem.inventory}, {g.name: g.max_count for g in problem.inventory}
-    )
+class SolveMemo:
+    """What one stoke solve hands the next, for re-planning a large fleet after a small change.
+
+    Per workload (its whole value: a changed rate is another key) the replicas and GPU type
+    chosen; per GPU of the current plan, the shares its replicas were seeded with; per GPU of a
+    plan, its finished placements. Every entry is what the solve would compute again from the same
+    inputs, so a solve with a memo returns the plan it returns without one, only sooner. The caller
+    keeps the memo (the controller's solver worker holds one across solves), so the solver stays a
+    function of what it is given. It is emptied when the GPU types (names, prices, profiles) or the
+    options change, and trimmed to the workloads of the last solve when it grows past them.
+    """
+
+    def __init__(self) -> None:
+        self._basis: Any = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.caches: dict[str, PointCache] = {}
+        self.replicas: dict[str, ReplicaMemo] = {}
+        self.choices: dict[Workload, tuple[str, tuple[Item, ...]]] = {}
+        self.seeded: dict[tuple[Any, ...], tuple[tuple[Item, ...], tuple[float, ...]]] = {}
+        self.placements: dict[tuple[Any, ...], tuple[Placement, ...]] = {}
+        self.renumbered: dict[tuple[int, int, int], Item] = {}
+        #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
+        self.held: list[tuple[Item, ...]] = []
+
+    def open(self, problem: Problem, options: StokeOptions) -> None:
+        """Ready for a solve of `problem`: valid entries kept, stale ones dropped."""
+        basis = (tuple((g.name, g.price_per_hour, g.profile) for g in problem.inventory), options)
+        if basis != self._basis:
+            self._basis = basis
+            self.clear()
+        if len(self.choices) > 2 * len(problem.workloads) + 1000:
+            names = set(problem.workloads)
+            self.choices = {w: c for w, c in self.choices.items() if w in names}
+            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+        if len(self.held) > 4 * len(problem.workloads) + 1000:
+            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+        for g in problem.inventory:
+            if g.name not in self.caches:
+                self.caches[g.name] = PointCache(g)
+                self.replicas[g.name] = ReplicaMemo(self.caches[g.name], options)
+
+
+def solve_stoke(
+    problem: Problem,
+    current: Plan | None = None,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    memo: SolveMemo | None = None,
+) -> Plan:
+    if memo is not None:
+        memo.open(problem, options)
+        caches, memos = dict(memo.caches), dict(memo.replicas)
+    else:
+        caches = {g.name: PointCache(g) for g in problem.inventory}
+        memos = {g.name: ReplicaMemo(caches[g.name], options) for g in problem.inventory}
+    packing = Packing(caches, {g.name: g.max_count for g in problem.inventory})
+    known = memo.choices if memo is not None else {}
+    chosen = [known.get(w) for w in problem.workloads]
+    fresh = [w for w, choice in zip(problem.workloads, chosen) if choice is None]
     singles: dict[tuple[str, str], Item | None] = {}
     for g in problem.inventory:
-        allowed = [w for w in problem.workloads if g in allowed_types(w, problem.inventory)]
+        allowed = [w for w in fresh if g in allowed_types(w, problem.inventory)]
         for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
             singles[(g.name, w.name)] = item
+        memos[g.name].prepare([w for w in allowed if singles[(g.name, w.name)] is None])
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
-    for workload in problem.workloads:
-        gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles)
-        for item in with_replicas(items):
-            pending[item.key] = (item, gpu_type)
+    for workload, choice in zip(problem.workloads, chosen):
+        if choice is None:
+            gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
+            choice = (gpu_type, tuple(with_replicas(items)))
+            if memo is not None:
+                memo.choices[workload] = choice
+        for item in choice[1]:
+            pending[item.key] = (item, choice[0])
+    seeded: dict[int, int] = {}  # GPU id -> replicas, for the current plan's GPUs that hold what they held
     if current is not None:
-        _seed_from(packing, current, pending)
+        seeded = {b_id: len(packing.bins[b_id].items) for b_id in _seed_from(packing, current, pending, memo)}
+    if (
+        current is None
+        and len(pending) > CHUNK_REPLICAS
+        and all(packing.limits[t] is None for _, t in pending.values())
+    ):
+        _pack_in_chunks(packing, list(pending.values()))
+        pending = {}
     spilled: dict[str, list[str]] = {}
     for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
         if _place(packing, item, gpu_type):
@@ -607,16 +857,18 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
         remaining = item.rate_rps
         while remaining > EPS:
             part = replace(item.workload, rate_rps=remaining)
-            other, items = _choose_type(part, problem, packing, options, exclude=full)
+            other, items = _choose_type(part, problem, packing, options, exclude=full, memos=memos)
             for replica in items:
                 if not _place(packing, replica, other):
                     full.append(other)
                     break
                 remaining -= replica.rate_rps
-    _local_search(packing, SEARCH_EVALUATIONS)
+    # Re-planning: the GPUs that hold what they held were searched when that plan was made; only the
+    # changed ones are emptied (which keeps the rest where it runs). Count is enough: replicas only arrive.
+    _local_search(packing, SEARCH_EVALUATIONS, keep=lambda b: seeded.get(b.id) == len(b.items))
 
     notes: list[str] = []
-    bins = _renumber(list(packing.bins.values()))
+    bins = _renumber(list(packing.bins.values()), memo)
     types = {b.gpu_type for b in bins}
     all_items = [i for b in bins for i in b.items]
     if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
@@ -635,7 +887,7 @@ def solve_stoke(problem: Problem, current: Plan | None = None, options: StokeOpt
             f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
             f"aside); this plan uses {len(bins)} ({gap:+.1%})"
         )
-    return _to_plan(problem, packing.caches, bins, tuple(notes))
+    return _to_plan(problem, packing.caches, bins, tuple(notes), memo)
 
 
 def share_lower_bound(shares: Sequence[float]) -> int:
@@ -653,8 +905,11 @@ def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
     return fitted[0]
 
 
-def _renumber(bins: list[Bin]) -> list[Bin]:
-    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n)."""
+def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
+    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n).
+
+    With a memo, a replica renumbered the same way as in an earlier solve is that solve's object
+    (so the memo's identity keys find it again)."""
     counts: dict[str, int] = {}
     for b in bins:
         for i in b.items:
@@ -664,24 +919,36 @@ def _renumber(bins: list[Bin]) -> list[Bin]:
         for k, i in enumerate(b.items):
             n = seen.get(i.workload.name, 0)
             seen[i.workload.name] = n + 1
-            b.items[k] = replace(i, replica=n, replicas=counts[i.workload.name])
+            if i.replica != n or i.replicas != counts[i.workload.name]:
+                key = (id(i), n, counts[i.workload.name])
+                renumbered = memo.renumbered.get(key) if memo is not None else None
+                if renumbered is None:
+                    renumbered = replace(i, replica=n, replicas=counts[i.workload.name])
+                    if memo is not None:
+                        memo.renumbered[key] = renumbered
+                        memo.held.append((i,))
+                b.items[k] = renumbered
     return bins
 
 
-def _to_plan(problem: Problem, caches: dict[str, PointCache], bins: list[Bin], notes: tuple[str, ...]) -> Plan:
+def _to_plan(
+    problem: Problem,
+    caches: dict[str, PointCache],
+    bins: list[Bin],
+    notes: tuple[str, ...],
+    memo: SolveMemo | None = None,
+) -> Plan:
     prices = {g.name: g.price_per_hour for g in problem.inventory}
     gpus = []
     for b in bins:
-        predictions = caches[b.gpu_type].predict(b.items, b.shares)
-        order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
-        gpus.append(
-            GpuPlan(
-                gpu_type=b.gpu_type,
-                price_per_hour=prices[b.gpu_type],
-                key=b.key,
-                placements=tuple(
-                    to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order
-                ),
-            )
-        )
+        key = (b.gpu_type, tuple(map(id, b.items)), tuple(b.shares))  # by identity, as in `_seed_from`
+        placements = memo.placements.get(key) if memo is not None else None
+        if placements is None:
+            predictions = caches[b.gpu_type].predict(b.items, b.shares)
+            order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
+            placements = tuple(to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order)
+            if memo is not None:
+                memo.placements[key] = placements
+                memo.held.append(tuple(b.items))
+        gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements))
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)

@@ -9,23 +9,41 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
-from interference.fit import DOMAIN_MAX_BATCH, FitReport, InterferenceModel, RawProfileError, fit_measured
-from interference.latency import predict_gpu
-from interference.profile import DEFAULT_FIT_ERROR, DeviceProfile, UnknownModelError
-from interference.profile_io import ProfileFileError, bundled_profile, load_profile, parse_raw, save_profile
+from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH
 from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
-from planner.simulate import SimulationReport, simulate
-from planner.solver import STRATEGIES, Plan, ProblemError, plan_to_dict, solve
-from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
-from planner.workload_file import WorkloadFileError, WorkloadsFile, default_gpu_types, load_workloads_file
+from planner.solver.solve import STRATEGIES
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
+
+# The solver (numpy), the simulator and the fit (scikit-learn, scipy) load inside the commands that use
+# them, so `stoke --help` and every other command start at once (test_cli_start.py checks it).
+if TYPE_CHECKING:
+    from interference.fit import FitReport
+    from interference.profile import DeviceProfile
+    from planner.simulate import SimulationReport
+    from planner.solver import Plan
+    from planner.workload_file import WorkloadsFile
+
+
+class _StokeDefaultsFormatter(argparse.HelpFormatter):
+    """Help text may name the stoke strategy's defaults as %(stoke_<option>)g: they are looked up only when
+    help is printed, so building the parser does not load the solver."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if "%(stoke_" in (action.help or ""):
+            from dataclasses import asdict
+
+            from planner.solver.stoke import DEFAULT_OPTIONS
+
+            for option, value in asdict(DEFAULT_OPTIONS).items():
+                setattr(action, f"stoke_{option}", value)  # argparse fills %(name)s from the action's fields
+        return super()._expand_help(action)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +59,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         help="place workloads on GPUs: shares, batches, predicted latency, cost",
         description="Plan GPU shares and batch sizes for the workloads in WORKLOADS.yaml (default: a bundled "
         "example of eight services on V100s) and print the plan.",
+        formatter_class=_StokeDefaultsFormatter,
     )
     p.add_argument(
         "workloads",
@@ -60,22 +79,21 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         "--safety-margin",
         type=float,
         metavar="M",
-        help=f"stoke: share of each SLO kept free for model error and jitter "
-        f"(default {DEFAULT_OPTIONS.safety_margin:g})",
+        help="stoke: share of each SLO kept free for model error and jitter (default %(stoke_safety_margin)g)",
     )
     p.add_argument(
         "--max-utilisation",
         type=float,
         metavar="U",
-        help=f"stoke: highest planned utilisation of a replica, rate/throughput, for Poisson clients "
-        f"(default {DEFAULT_OPTIONS.max_utilisation:g})",
+        help="stoke: highest planned utilisation of a replica, rate/throughput, for Poisson clients "
+        "(default %(stoke_max_utilisation)g)",
     )
     p.add_argument(
         "--max-paced-utilisation",
         type=float,
         metavar="U",
-        help=f"stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
-        f"(default {DEFAULT_OPTIONS.max_paced_utilisation:g})",
+        help="stoke: the same for paced (constant-rate) clients, which do not queue below 1 "
+        "(default %(stoke_max_paced_utilisation)g)",
     )
     p.add_argument(
         "--allow-extrapolation",
@@ -282,6 +300,8 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load_profile_arg(path: str | None) -> DeviceProfile | None:
+    from interference.profile_io import ProfileFileError, load_profile
+
     if path is None:
         return None
     try:
@@ -291,6 +311,8 @@ def _load_profile_arg(path: str | None) -> DeviceProfile | None:
 
 
 def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
+    from planner.workload_file import WorkloadFileError, load_workloads_file
+
     # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
     profile = _load_profile_arg(profile_path)
     try:
@@ -303,6 +325,9 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from planner.solver import ProblemError, plan_to_dict, solve
+    from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
+
     if args.remote:
         from stoke.commands.control import remote_plan
 
@@ -459,6 +484,10 @@ def _case_list(line: str, where: str) -> list[dict[str, Any]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    from interference.latency import predict_gpu
+    from interference.profile import UnknownModelError
+    from interference.profile_io import bundled_profile
+
     profile = _load_profile_arg(args.profile) or bundled_profile()
     text, source = read_text_input(args.cases, "cases")
     lines = text.splitlines()
@@ -502,6 +531,10 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from interference.profile import UnknownModelError
+    from planner.simulate import simulate
+    from planner.workload_file import default_gpu_types
+
     plan = read_plan(args.plan)
     if not 0 < args.seconds <= MAX_SIMULATED_SECONDS:
         raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
@@ -720,6 +753,8 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
 
 
 def run_profile_show(args: argparse.Namespace) -> int:
+    from interference.profile_io import bundled_profile
+
     profile = _load_profile_arg(args.profile) or bundled_profile()
     if args.json:
         emit(args, profile_domain_dict(profile))
@@ -769,11 +804,12 @@ def run_profile_show(args: argparse.Namespace) -> int:
 
 def run_profile_verify(args: argparse.Namespace) -> int:
     from foundation.files import atomic_write_text
-    from interference.profile_io import bundled_raw_path
+    from interference.profile_io import ProfileFileError, bundled_raw_path, load_profile, save_profile
     from interference.profile_io import read_raw as read_raw_file
     from interference.truth import measure_on, truth_profile
-    from planner.solver import GpuType, Problem, Workload
+    from planner.solver import GpuType, Problem, ProblemError, Workload, plan_to_dict
     from planner.solver.verify import verify
+    from planner.workload_file import default_gpu_types
 
     plan = read_plan(args.plan)
     if not plan.gpus:
@@ -882,6 +918,10 @@ def _coefficient(value: float) -> str:
 
 
 def run_profile_fit(args: argparse.Namespace) -> int:
+    # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
+    from interference.fit import InterferenceModel, RawProfileError, fit_measured
+    from interference.profile_io import ProfileFileError, parse_raw, save_profile
+
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     text, source = read_text_input(args.raw, "raw profile")

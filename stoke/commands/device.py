@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
-from agents.device_exporter import serve_device_metrics
 from foundation.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
@@ -139,6 +138,8 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from agents.device_exporter import serve_device_metrics  # prometheus_client: only for this command
+
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be 0..65535, got {args.port}")
     if args.duration is not None and args.duration < 0:

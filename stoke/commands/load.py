@@ -21,6 +21,8 @@ from typing import Any
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
+from foundation.names import check_name
+from planner.bounds import MAX_SLO_MS
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
@@ -43,8 +45,25 @@ COLUMNS = (
     "client_overhead_ms",
     "over_slo_pct",
 )
+#: The table's shorter header of a column where it differs (the level's header is the mode).
+TABLE_HEADERS = {
+    "throughput_rps": "thru_rps",
+    "server_queue_ms": "queue_ms",
+    "server_compute_input_ms": "c_input_ms",
+    "server_compute_infer_ms": "c_infer_ms",
+    "server_compute_output_ms": "c_output_ms",
+    "client_overhead_ms": "client_ovh_ms",
+    "over_slo_pct": "over_slo",
+}
 MAX_STEPS = 64
 MAX_CONCURRENCY = 1024
+#: Bounds of one step. A step keeps every request's latency in memory (a float each), so its length, its
+#: rate and the requests they make together are bounded: 10 million floats are a few hundred MB at most.
+MAX_SECONDS = 600.0
+MAX_RATE_RPS = 100_000.0
+MAX_STEP_REQUESTS = 10_000_000
+#: Samples per request (Triton's max_batch_size is far below it for any real model).
+MAX_BATCH = 4096
 
 
 def _levels(text: str, flag: str, whole: bool) -> list[float]:
@@ -54,8 +73,8 @@ def _levels(text: str, flag: str, whole: bool) -> list[float]:
             low, high, step = (float(x) for x in text.split(":"))
             if not (low > 0 and high >= low and step > 0):
                 raise ValueError
-            count = int(math.floor((high - low) / step + 1e-9)) + 1
-            values = [low + i * step for i in range(min(count, MAX_STEPS + 1))]
+            count = int(math.floor(min((high - low) / step, MAX_STEPS) + 1e-9)) + 1
+            values = [low + i * step for i in range(count)]
         else:
             values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -133,6 +152,14 @@ def _step_row(mode: str, level: float, report: Any, split: Any) -> dict[str, Any
     }
 
 
+def _table_cell(column: str, value: Any) -> Any:
+    if column == "level":
+        return f"{value:g}"
+    if column == "over_slo_pct":  # None: a step that sent nothing
+        return None if value is None else f"{value:.2f}%"
+    return value
+
+
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
@@ -157,9 +184,16 @@ def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator, TritonClients, run_concurrency, run_rate_blocking, server_split
     from stoke.progress import Progress
 
-    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load per step")
-    if args.batch < 1:
-        raise UserError(f"--batch must be >= 1, got {args.batch}")
+    check_name(args.model, "--model", error=UserError)
+    if args.workload is not None:
+        check_name(args.workload, "--workload", error=UserError)
+    check.positive(args.seconds, "--seconds", error=UserError, unit="seconds of load per step", maximum=MAX_SECONDS)
+    check.whole(args.seed, "--seed", error=UserError)  # numpy's generator takes no negative seed
+    if not 1 <= args.batch <= MAX_BATCH:
+        raise UserError(f"--batch must be 1..{MAX_BATCH} samples per request, got {args.batch}")
+    for flag, value in (("--slo-ms", args.slo_ms), ("--stop-p99-ms", args.stop_p99_ms)):
+        if value is not None:
+            check.positive(value, flag, error=UserError, unit="milliseconds", maximum=MAX_SLO_MS)
     if args.rate is not None:
         mode, levels = "rate", [args.rate]
     elif args.concurrency is not None:
@@ -170,7 +204,12 @@ def cmd_load(args: argparse.Namespace) -> int:
         mode, levels = "concurrency", _levels(args.sweep_concurrency, "--sweep-concurrency", whole=True)
     for level in levels:
         if mode == "rate":
-            check.positive(level, "--rate", error=UserError, unit="requests per second")
+            check.positive(level, "--rate", error=UserError, unit="requests per second", maximum=MAX_RATE_RPS)
+            if level * args.seconds > MAX_STEP_REQUESTS:
+                raise UserError(
+                    f"--rate {level:g} for --seconds {args.seconds:g} is {level * args.seconds:,.0f} requests in "
+                    f"one step, over {MAX_STEP_REQUESTS:,}; shorten the step (a sweep runs several)"
+                )
         elif not 1 <= level <= MAX_CONCURRENCY:
             raise UserError(f"--concurrency must be 1..{MAX_CONCURRENCY}, got {level:g}")
     limit = args.stop_p99_ms if args.stop_p99_ms is not None else args.slo_ms
@@ -215,7 +254,11 @@ def cmd_load(args: argparse.Namespace) -> int:
                     stopped = f"stopped at {mode} {level:g}: p99 {report.p99_ms:,.2f} ms is over {limit:g} ms"
                     break
     except LoadError as err:
-        raise UserError(f"--url {args.url} --model {args.model} ({args.protocol}): {err}") from None
+        port = "HTTP port" if args.protocol == "http" else "gRPC port (its HTTP port needs --protocol http)"
+        raise UserError(
+            f"--url {args.url} --model {args.model} ({args.protocol}): {err}; check that --url is Triton's {port} "
+            f"and that it serves the model (`curl HOST:HTTP_PORT/v2/models/{args.model}/ready`)"
+        ) from None
     finally:
         clients.close()
         if exporter is not None:
@@ -237,44 +280,10 @@ def cmd_load(args: argparse.Namespace) -> int:
             },
         )
         return 1 if failed_all else 0
+    columns = [c for c in COLUMNS[1:] if c != "over_slo_pct" or args.slo_ms]
     print_table(
-        [
-            mode,
-            "thru_rps",
-            "sent",
-            "failed",
-            "p50_ms",
-            "p95_ms",
-            "p99_ms",
-            "mean_ms",
-            "queue_ms",
-            "c_input_ms",
-            "c_infer_ms",
-            "c_output_ms",
-            "server_ms",
-            "client_ovh_ms",
-        ]
-        + (["over_slo"] if args.slo_ms else []),
-        [
-            [
-                f"{r['level']:g}",
-                r["throughput_rps"],
-                r["sent"],
-                r["failed"],
-                r["p50_ms"],
-                r["p95_ms"],
-                r["p99_ms"],
-                r["mean_ms"],
-                r["server_queue_ms"],
-                r["server_compute_input_ms"],
-                r["server_compute_infer_ms"],
-                r["server_compute_output_ms"],
-                r["server_ms"],
-                r["client_overhead_ms"],
-            ]
-            + ([f"{r['over_slo_pct']:.2f}%"] if args.slo_ms else [])
-            for r in rows
-        ],
+        [mode if c == "level" else TABLE_HEADERS.get(c, c) for c in columns],
+        [[_table_cell(c, r[c]) for c in columns] for r in rows],
     )
     print(
         "client: latency from each request's scheduled (rate) or send (concurrency) time; server: Triton's "

@@ -108,9 +108,11 @@ def run_report(args: argparse.Namespace) -> int:
     from stoke.report import render_report
 
     plan, options, source = plan_and_alternatives(args.workloads, args.profile, args.strategy)
-    observed, note = _observed(args) if args.observed else ([], "")
-    if not args.observed:
-        note = "run with --observed against a running controller to draw observed against predicted p99 over time"
+    observed, note = (
+        _observed(args)
+        if args.observed
+        else ([], "run with --observed against a running controller to draw observed against predicted p99 over time")
+    )
     text = render_report(plan, options, source=source, observed=observed, observed_note=note)
     try:
         atomic_write_text(args.out, text)

@@ -20,8 +20,7 @@ import math
 import shlex
 import sys
 import time
-
-import yaml
+from typing import TYPE_CHECKING
 
 from foundation import validate as check
 from foundation.errors import UserError
@@ -29,27 +28,15 @@ from foundation.files import atomic_write_text
 from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.progress import Progress
 from stoke.table import print_table
-from training import readers
-from training.blocks import gradient_profile_from_dict, plan_blocks
-from training.comm_sim import SCHEDULERS, compare
-from training.estimators import LossCurveEstimator, SpotLossEstimator
-from training.homogeneous import provision_homogeneous
-from training.kube import (
-    DEFAULT_IMAGE,
-    DEFAULT_MEMORY,
-    DEFAULT_SPOT_LABEL,
-    DEFAULT_WORKER_COMMAND,
-    render_manifests,
-    validate_manifests,
-)
-from training.spec import (
-    TrainingPlan,
-    spec_from_dict,
-    training_plan_from_dict,
-    training_plan_to_dict,
-    with_overrides,
-)
-from training.spot import provision_spot
+from training.kube import DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND
+
+# The planners, estimators (numpy, scikit-learn) and YAML load inside the commands that use them, so
+# that building the CLI's parser stays fast.
+if TYPE_CHECKING:
+    from training.spec import TrainingPlan
+
+#: `stoke train comm-sim --scheduler` choices (training.comm_sim.SCHEDULERS; a test keeps them equal).
+SCHEDULERS = ("fifo", "priority", "blocks")
 
 #: What `train render` writes: YAML documents, or one JSON List (`--format`, or `-o json|yaml`).
 RENDER_FORMATS = ("yaml", "json")
@@ -198,6 +185,9 @@ def _load_spec(
     region="us-east-1",
     cache=None,
 ):
+    from training import readers
+    from training.spec import spec_from_dict
+
     data, source = readers.read_spec(path)
     if prices == "live":
         from training.cloud import CloudError, PriceSource, make_clients
@@ -222,12 +212,18 @@ def _load_spec(
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:
+    from training.homogeneous import provision_homogeneous
+    from training.spot import provision_spot
+
     if strategy == "homogeneous":
         return provision_homogeneous(spec)
     return provision_spot(spec, search=search)
 
 
 def _load_plan(path: str | None) -> TrainingPlan:
+    from training import readers
+    from training.spec import training_plan_from_dict
+
     if path is None:
         spec, _, _ = _load_spec(None)
         return _solve(spec, "spot")
@@ -259,6 +255,8 @@ def _print_plan(plan: TrainingPlan, notes: list[str], catalog_line: str) -> None
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from training.spec import training_plan_to_dict, with_overrides
+
     spec, catalog, notes = _load_spec(
         args.spec,
         args.strategy,
@@ -285,6 +283,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_fit_loss(args: argparse.Namespace) -> int:
+    from training import readers
+    from training.estimators import LossCurveEstimator, SpotLossEstimator
+
     cols = readers.read_curve_csv(args.curve, args.batch)
     if {"b_w", "R", "n", "j"} <= set(cols):
         import numpy as np
@@ -454,17 +455,28 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-class _BlockDumper(yaml.SafeDumper):
+def _block_dumper() -> type:
     """Safe YAML that prints multi-line strings (the task prelude, the PS program) as literal blocks."""
+    import yaml
 
+    class BlockDumper(yaml.SafeDumper):
+        pass
 
-_BlockDumper.add_representer(
-    str,
-    lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None),
-)
+    BlockDumper.add_representer(
+        str,
+        lambda dumper, value: dumper.represent_scalar(
+            "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+        ),
+    )
+    return BlockDumper
 
 
 def run_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from training import readers
+    from training.kube import render_manifests, validate_manifests
+
     plan = _load_plan(args.plan)
     if not plan.feasible:
         raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
@@ -500,7 +512,7 @@ def run_render(args: argparse.Namespace) -> int:
     if args.output_format == "json":  # one kubectl-readable List, so `kubectl apply -f` takes the file whole
         text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
     else:
-        text = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False)
+        text = yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False)
     if args.output:
         atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")
@@ -510,6 +522,10 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_comm_sim(args: argparse.Namespace) -> int:
+    from training import readers
+    from training.blocks import gradient_profile_from_dict, plan_blocks
+    from training.comm_sim import compare
+
     data, source = readers.read_gradient_profile(args.profile, args.model)
     profile = gradient_profile_from_dict(data, source)
     if args.bandwidth is not None:

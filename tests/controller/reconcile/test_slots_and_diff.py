@@ -55,3 +55,49 @@ def test_cut_and_diff_classify_like_the_fleet():
     assert classify(a, a) == "unchanged"
     assert classify(a, ModelAssignment("a", "m", 0, 20.0, 1, 0.0, 100, 10)) == "move"
     assert classify(a, ModelAssignment("a", "m", 1, 10.0, 1, 0.0, 100, 10)) == "move"
+
+
+def _bind_by_definition(plan, slots, previous):
+    """The binding rule read literally (every GPU against every slot): the oracle for `bind_gpus`."""
+    free = sorted(set(slots), key=lambda s: (s.node_id, s.device, s.gpu_type))
+    bound, taken = [None] * len(plan.gpus), set()
+    for i, g in enumerate(plan.gpus):
+        for s in free:
+            if g.key == f"{s.node_id}/{s.device}" and s.gpu_type == g.gpu_type and s not in taken:
+                bound[i] = s
+                taken.add(s)
+    pairs = []
+    for i, g in enumerate(plan.gpus):
+        names = {f"{p.name}#{p.replica}" for p in g.placements}
+        for s in free:
+            if bound[i] is None and s.gpu_type == g.gpu_type and s not in taken and len(names & previous.get(s, set())):
+                pairs.append((-len(names & previous[s]), i, (s.node_id, s.device, s.gpu_type), s))
+    for _, i, _, s in sorted(pairs):
+        if bound[i] is None and s not in taken:
+            bound[i] = s
+            taken.add(s)
+    for i, g in enumerate(plan.gpus):
+        for s in free:
+            if bound[i] is None and s.gpu_type == g.gpu_type and s not in taken:
+                bound[i] = s
+                taken.add(s)
+    return tuple(bound)
+
+
+def test_bind_agrees_with_the_rule_read_literally_on_random_plans():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        slots = [Binding(f"n{k}", d, rng.choice(["CPU", "GPU"])) for k in range(rng.randint(1, 6)) for d in (0, 1)]
+        names = [f"w{k}" for k in range(12)]
+        gpus = []
+        for _ in range(rng.randint(1, 10)):
+            chosen = rng.sample(names, rng.randint(1, 3))
+            key = rng.choice([None, None, f"n{rng.randint(0, 6)}/{rng.randint(0, 1)}"])
+            gpus.append(GpuPlan(rng.choice(["CPU", "GPU"]), 0.1, tuple(pl(n) for n in chosen), key=key))
+        plan = Plan("stoke", tuple(gpus))
+        previous = {s: frozenset(f"{n}#0" for n in rng.sample(names, rng.randint(0, 3))) for s in slots}
+        expected = _bind_by_definition(plan, slots, previous)
+        assert bind_gpus(plan, slots, previous) == expected
+        assert bind_gpus(plan, slots, lambda previous=previous: previous) == expected

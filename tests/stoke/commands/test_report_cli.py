@@ -96,3 +96,42 @@ def test_headless_chromium_loads_the_report_and_every_figure_renders(report, tmp
         assert attributes.get("figures") == str(figures) and attributes.get("rendered") == str(figures), attributes
         sizes = [tuple(map(int, s.split("x"))) for s in attributes["sizes"].split()]
         assert len(sizes) == figures and all(w > 300 and h > 100 for w, h in sizes), sizes
+
+
+def _png_size(uri: str) -> tuple[int, int]:
+    import base64
+    import struct
+
+    data = base64.b64decode(uri.split(",", 1)[1])
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    return width, height
+
+
+def test_a_large_plans_figures_stay_bounded():
+    """2,000 workloads on 1,000 GPUs: the figures draw the first GPUs and the tightest workloads, no larger than
+    a plan that fits (a p99 figure of every workload was 700 inches tall: over matplotlib's 2^16 pixels)."""
+    from planner.solver.problem import GpuPlan, Placement, Plan
+    from stoke.report import MAX_FIGURE_GPUS, MAX_FIGURE_WORKLOADS, observed_figure, p99_figure, packing_figure
+
+    def placement(i: int) -> Placement:
+        return Placement(
+            name=f"w{i:04d}",
+            model="m",
+            slo_ms=100.0,
+            rate_rps=10.0,
+            share_pct=50.0,
+            batch=1,
+            queue_delay_ms=0.0,
+            predicted_latency_ms=5.0,
+            predicted_throughput_rps=100.0,
+            predicted_p99_ms=10.0 + i % 80,
+        )
+
+    plan = Plan("stoke", tuple(GpuPlan("V100", 3.06, (placement(2 * g), placement(2 * g + 1))) for g in range(1000)))
+    small = Plan("stoke", plan.gpus[:MAX_FIGURE_GPUS])
+    assert _png_size(packing_figure(plan)) == _png_size(packing_figure(small))
+    small = Plan("stoke", plan.gpus[: MAX_FIGURE_WORKLOADS // 2])
+    width, height = _png_size(p99_figure(plan))
+    assert (width, height) == _png_size(p99_figure(small))
+    points = [ObservedPoint(1000.0 + i, f"w{i % 500:04d}", 10.0 + i % 7, 10.0) for i in range(2000)]
+    assert _png_size(observed_figure(points))[1] < 2 * height
