@@ -234,26 +234,37 @@ class Store:
                     f"{self.path}: cannot open the controller database for writing ({err.strerror}); make the file "
                     f"and its directory writable by the controller, or point db at another path"
                 ) from None
+        self._db = self._connect()
+        self._lock = threading.Lock()
+        self._identity = self._file_identity()
+        self._broken = ""  # why every call fails from now on ("" = fine)
+        self._failure: tuple[str, str, float] | None = None  # (reason, message, since) of the last failed write
+        self._failures = 0
+        self._paused = ""  # why observation windows are not stored ("" = they are)
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the database, create or migrate its schema and check it; a failure says why and what to do."""
         try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            have = {r[1] for r in self._db.execute("PRAGMA table_info(workloads)").fetchall()}
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            have = {r[1] for r in db.execute("PRAGMA table_info(workloads)").fetchall()}
             for column, decl in _WORKLOAD_COLUMNS.items():
                 if column not in have:
-                    self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
-            damage = "; ".join(str(r[0]) for r in self._db.execute("PRAGMA quick_check").fetchall()[:5])
+                    db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
+            damage = "; ".join(str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()[:5])
             if damage != "ok":
                 raise DatabaseError(advice(self.path, "corrupt", "open", damage), "corrupt")
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) != SCHEMA_VERSION:
                 raise DatabaseError(
                     f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
                     f"use a fresh db path or an older stoke"
                 )
+            return db
         except sqlite3.Error as err:
             kind = failure_kind(err)
             free = self.free_bytes()
@@ -265,12 +276,6 @@ class Store:
                 else f"{self.path}: cannot open the controller database ({err})",
                 kind,
             ) from None
-        self._lock = threading.Lock()
-        self._identity = self._file_identity()
-        self._broken = ""  # why every call fails from now on ("" = fine)
-        self._failure: tuple[str, str, float] | None = None  # (reason, message, since) of the last failed write
-        self._failures = 0
-        self._paused = ""  # why observation windows are not stored ("" = they are)
 
     def _file_identity(self) -> tuple[int, int] | None:
         if self.path == ":memory:":
