@@ -243,29 +243,18 @@ class Store:
         self._paused = ""  # why observation windows are not stored ("" = they are)
 
     def _connect(self) -> sqlite3.Connection:
-        """Open the database, create or migrate its schema and check it; a failure says why and what to do."""
+        """Open the database, create or migrate its schema and check it; a failure says why and what to do,
+        and closes what it opened (a damaged file or an unknown schema leaves no connection behind)."""
+        db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            have = {r[1] for r in db.execute("PRAGMA table_info(workloads)").fetchall()}
-            for column, decl in _WORKLOAD_COLUMNS.items():
-                if column not in have:
-                    db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
-            damage = "; ".join(str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()[:5])
-            if damage != "ok":
-                raise DatabaseError(advice(self.path, "corrupt", "open", damage), "corrupt")
-            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise DatabaseError(
-                    f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; "
-                    f"use a fresh db path or an older stoke"
-                )
+            self._prepare(db)
             return db
-        except sqlite3.Error as err:
+        except BaseException as err:
+            if db is not None:
+                db.close()
+            if not isinstance(err, sqlite3.Error):
+                raise
             kind = failure_kind(err)
             free = self.free_bytes()
             if kind == "io" and free is not None and free < 2**20:
@@ -276,6 +265,25 @@ class Store:
                 else f"{self.path}: cannot open the controller database ({err})",
                 kind,
             ) from None
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        have = {r[1] for r in db.execute("PRAGMA table_info(workloads)").fetchall()}
+        for column, decl in _WORKLOAD_COLUMNS.items():
+            if column not in have:
+                db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
+        damage = "; ".join(str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()[:5])
+        if damage != "ok":
+            raise DatabaseError(advice(self.path, "corrupt", "open", damage), "corrupt")
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise DatabaseError(
+                f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; use a fresh db path or an older stoke"
+            )
 
     def _file_identity(self) -> tuple[int, int] | None:
         if self.path == ":memory:":
@@ -405,10 +413,11 @@ class Store:
                 db.backup(target, pages=1024)
             target.close()
             os.replace(tmp, dest)
-        except (sqlite3.Error, OSError) as err:
+        except (sqlite3.Error, OSError, DatabaseError) as err:  # DatabaseError: `_use`'s (a deleted file, ...)
             target.close()
-            tmp.unlink(missing_ok=True)
-            raise DatabaseError(f"{self.path}: backup to {dest} failed ({err})", failure_kind(err)) from None
+            tmp.unlink(missing_ok=True)  # a partial copy must not stay behind (on a full disk it eats the room)
+            kind = err.reason if isinstance(err, DatabaseError) else failure_kind(err)
+            raise DatabaseError(f"{self.path}: backup to {dest} failed ({err})", kind) from None
         return dest
 
     def _transaction(self, db: sqlite3.Connection, commit: bool = True) -> Any:
