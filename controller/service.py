@@ -361,11 +361,12 @@ class ControlService:
                     ],
                 )[-limits.MAX_EVENTS :],
             )
-            log.warning("heartbeat of %s: %d window(s) not counted: %s", report.node_id, len(refused), refused[0])
         if not self.nodes.heartbeat(report, revision, assigned):
             # unknown, or only known from the stored plan (waiting, or lost after waiting):
             # the agent must register its real devices
             return HeartbeatAnswer(registered=False, heartbeat_interval_s=interval)
+        if refused:  # logged once the heartbeat is taken: a refused flood or replay must not flood the log
+            log.warning("heartbeat of %s: %d window(s) not counted: %s", report.node_id, len(refused), refused[0])
         try:
             self.feedback.observe(report)  # the closed loop: store the windows; its next tick decides
         except Exception:  # a failing loop step must not cost the node its heartbeat (logged with its traceback)

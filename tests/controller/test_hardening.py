@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 from control_helpers import cpu_profile_json
 
 from controller import limits
 from controller.config import ServiceConfig
-from controller.messages import HeartbeatReport, InvalidArgument, NodeDevice, Observation
+from controller.messages import FailedPrecondition, HeartbeatReport, InvalidArgument, NodeDevice, Observation
 from controller.reconcile.budget import shared_worker
 from controller.service import ControlService
 from controller.store import DatabaseError, Store
@@ -306,6 +308,33 @@ def test_a_deleted_database_refuses_every_write_loudly(tmp_path):
         svc.store.check()
 
 
+def test_a_backup_that_fails_leaves_no_partial_copy(tmp_path):
+    svc, _ = make(tmp_path)
+    svc.apply_workloads([wl("a")])
+    (tmp_path / "stoke.db").unlink()
+    dest = tmp_path / "backups" / "b.db"
+    dest.parent.mkdir()
+    with pytest.raises(DatabaseError, match="backup to .* failed.*deleted") as err:
+        svc.store.backup(dest)
+    assert err.value.reason == "io"
+    assert list(dest.parent.iterdir()) == []  # neither the copy nor its temporary file
+
+
+def test_a_database_refused_at_open_is_not_left_open(tmp_path):
+    db = tmp_path / "stoke.db"
+    Store(db).close()
+    with sqlite3.connect(db) as other:
+        other.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    other.close()
+    with pytest.raises(DatabaseError, match="schema version 99") as err:
+        Store(db)
+    assert err.value  # the traceback (and the frame that opened it) still alive: the file must be closed anyway
+    fds = Path("/proc/self/fd")
+    if fds.is_dir():
+        open_files = {os.path.realpath(fds / fd) for fd in os.listdir(fds)}
+        assert str(db.resolve()) not in open_files
+
+
 def test_a_replaced_database_is_noticed_too(tmp_path):
     svc, _ = make(tmp_path)
     (tmp_path / "stoke.db").rename(tmp_path / "old.db")
@@ -344,6 +373,21 @@ def test_register_refuses_100k_devices_and_bad_fields(tmp_path):
             svc.register("n1", [device])
         assert err.value.field == field
     assert svc.list_nodes() == []
+
+
+def test_a_refused_heartbeat_logs_nothing_of_its_windows(tmp_path, caplog):
+    """Windows not counted are logged only for a heartbeat that is taken: a replayed or rate-limited flood
+    claiming other nodes' replicas must not write a warning per call."""
+    svc, _ = make(tmp_path)
+    svc.register("n1", CPU)
+    lie = HeartbeatReport("n1", observed=(Observation("ghost#0", "mlp_small"),), sequence=1, incarnation="a1")
+    with caplog.at_level("WARNING", logger="stoke.controller.service"):
+        svc.heartbeat(lie)
+        assert sum("not counted" in r.getMessage() for r in caplog.records) == 1
+        for _ in range(5):  # within the rate limit's burst: each refused as a replay
+            with pytest.raises(FailedPrecondition, match="sequence 1 is not above"):
+                svc.heartbeat(lie)
+    assert sum("not counted" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_heartbeat_refuses_huge_events_and_non_finite_figures(tmp_path):
