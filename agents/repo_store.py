@@ -122,7 +122,8 @@ class RepoStore(ABC):
         """{path: md5} of every file in the store."""
 
     @abstractmethod
-    def read_bytes(self, path: str) -> bytes: ...
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The stored `path`, or its first `max_bytes` bytes when given (the rest is never read)."""
 
     @abstractmethod
     def write_bytes(self, path: str, data: bytes) -> None: ...
@@ -194,9 +195,10 @@ class LocalStore(RepoStore):
             return {}
         return scan_local(self.root)
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         try:
-            return (self.root / _check_rel(path)).read_bytes()
+            with open(self.root / _check_rel(path), "rb") as f:
+                return f.read(-1 if max_bytes is None else max_bytes)
         except OSError as err:
             raise StoreError(f"{self.root / path}: cannot read ({err.strerror})") from None
 
@@ -309,9 +311,13 @@ class S3Store(RepoStore):
         metadata = self.client.head_object(Bucket=self.bucket, Key=key).get("Metadata", {})
         return metadata.get(MD5_METADATA, etag)  # no checksum recorded: never equal, so it is uploaded again
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"]
+            try:
+                return bytes(body.read(max_bytes))  # None: all of it
+            finally:
+                body.close()  # the rest of a capped read is not downloaded
         except (ClientError, BotoCoreError) as err:
             raise StoreError(f"{self.url}/{path}: cannot read ({err})", aws_failure(err)) from None
 

@@ -124,16 +124,23 @@ def read_config(path: str | os.PathLike[str]) -> ModelConfig:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)  # never the whole of a huge file
-        if len(data) > MAX_CONFIG_BYTES:
-            raise RenderError(f"{path}: over the {MAX_CONFIG_BYTES} bytes a model config may have; it is not read")
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise RenderError(f"{path}: not UTF-8 text (offset {err.start}); save the model config as UTF-8") from None
     except OSError as err:
         raise RenderError(
             f"{path}: cannot read model config ({err.strerror}); each model needs <repo>/<model>/{CONFIG_NAME}"
         ) from None
-    return parse_config(text, str(path))
+    return config_from_bytes(data, str(path))
+
+
+def config_from_bytes(data: bytes, source: str) -> ModelConfig:
+    """A model config from the first `MAX_CONFIG_BYTES` + 1 bytes of its file (read no more: one byte over
+    says the file is too large)."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise RenderError(f"{source}: over the {MAX_CONFIG_BYTES} bytes a model config may have; it is not read")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RenderError(f"{source}: not UTF-8 text (offset {err.start}); save the model config as UTF-8") from None
+    return parse_config(text, source)
 
 
 def config_to_text(config: ModelConfig) -> str:

@@ -32,9 +32,10 @@ from controller.limits import REFUSED_KEY
 from controller.messages import AssignmentError, ModelAssignment, ServingEndpoint
 from controller.render import (
     CONFIG_NAME,
+    MAX_CONFIG_BYTES,
     ModelConfig,
+    config_from_bytes,
     config_to_text,
-    parse_config,
     read_config,
     render_config,
 )
@@ -199,7 +200,9 @@ class TritonFleet:
 
                 self._store = open_store(self.repository)
             store = self._store
-            return parse_config(store.read_text(f"{model}/{CONFIG_NAME}"), f"{self.repository}/{model}/{CONFIG_NAME}")
+            # the same cap as a local file's: a huge config.pbtxt is never downloaded whole
+            data = store.read_bytes(f"{model}/{CONFIG_NAME}", MAX_CONFIG_BYTES + 1)
+            return config_from_bytes(data, f"{self.repository}/{model}/{CONFIG_NAME}")
         return read_config(Path(self.repository) / model / CONFIG_NAME)
 
     def render(self, a: ModelAssignment) -> ModelConfig:

@@ -141,3 +141,27 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_huge_config_on_s3_is_refused_without_downloading_it(store, demo_repo_copy, tmp_path):
+    """The config size cap holds for a remote repository too: the fleet reads the cap + 1 byte, not 16 MiB."""
+    import tracemalloc
+
+    from controller.render import MAX_CONFIG_BYTES, RenderError
+
+    config = demo_repo_copy / "mlp_small" / "config.pbtxt"
+    config.write_text(config.read_text() + "#" * (16 << 20))
+    store.sync(demo_repo_copy)
+    assert len(store.read_bytes("mlp_small/config.pbtxt", 100)) == 100
+    fleet = TritonFleet(store.triton_url, workdir=str(tmp_path / "work"))
+    try:
+        tracemalloc.start()
+        try:
+            with pytest.raises(RenderError, match=f"over the {MAX_CONFIG_BYTES} bytes"):
+                fleet._default_base_config("mlp_small")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 6 << 20, f"{peak / 2**20:.1f} MiB allocated reading a capped config"
+    finally:
+        fleet.close()
