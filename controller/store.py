@@ -52,6 +52,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import sqlite3
 import threading
 import time
@@ -901,34 +902,44 @@ def recover(db_path: str | Path, backup_dir: str | Path | None = None, now: floa
        the backup (applies, tokens minted or revoked) must be done again.
     4. Without a good backup, every table is read row by row from the damaged file into a fresh database
        (``salvaged``); tables that cannot be read are listed in `lost`. When the key cannot be read, a new one
-       is made and every agent needs a new token (`stoke token agent NODE`)."""
+       is made and every agent needs a new token (`stoke token agent NODE`).
+    A missing database is restored from the newest good backup; with none, `DatabaseError` (nothing is made)."""
     db = Path(db_path)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     if db.exists() and _quick_check(db) == "ok":
         return Recovery("sound")
-    aside = db.with_name(f"{db.name}.damaged-{stamp}")
-    for suffix in ("", "-wal", "-shm"):
+    directory = Path(backup_dir) if backup_dir else Path(f"{db}.backups")
+    good = next((c for c in newest_backups(directory) if _quick_check(c) == "ok"), None)
+    if not db.exists() and good is None:  # a mistyped path must not become a fresh database with a new key
+        raise DatabaseError(
+            f"{db}: no database there and no good backup in {directory}: nothing to recover; check --db (or the "
+            f"config's db) and backup_dir",
+            "gone",
+        )
+    aside = db.with_name(f"{db.name}.damaged-{stamp}") if db.exists() else None
+    for suffix in ("", "-wal", "-shm") if aside is not None else ():
         part = Path(f"{db}{suffix}")
         if part.exists():
             os.replace(part, Path(f"{aside}{suffix}"))
-    directory = Path(backup_dir) if backup_dir else Path(f"{db}.backups")
-    for candidate in newest_backups(directory):
-        if _quick_check(candidate) == "ok":
-            tmp = db.with_name(db.name + ".restoring")
-            tmp.write_bytes(candidate.read_bytes())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, db)
-            return Recovery(
-                "restored",
-                str(aside),
-                str(candidate),
-                notes=(
-                    "changes made after this backup are lost: apply your workloads again",
-                    "node tokens minted or revoked after it: mint or revoke them again (the signing key is the "
-                    "backup's, so tokens minted before it keep working)",
-                ),
-            )
-    return _salvage(Path(f"{aside}"), db)
+    if good is not None:
+        tmp = db.with_name(db.name + ".restoring")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # 0600 from the start: it holds the key
+        with os.fdopen(fd, "wb") as out, open(good, "rb") as source:
+            shutil.copyfileobj(source, out)
+        os.replace(tmp, db)
+        return Recovery(
+            "restored",
+            str(aside or ""),
+            str(good),
+            notes=(
+                "changes made after this backup are lost: apply your workloads again",
+                "node tokens minted or revoked after it: mint or revoke them again (the signing key is the "
+                "backup's, so tokens minted before it keep working)",
+            ),
+        )
+    assert aside is not None  # no backup and no file was refused above
+    return _salvage(aside, db)
 
 
 def _salvage(damaged: Path, db: Path) -> Recovery:

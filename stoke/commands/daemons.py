@@ -189,7 +189,7 @@ def recover_database(db: str, backup_dir: str | None) -> int:
     if result.action == "sound":
         print(f"{db}: passes its integrity check; nothing to recover")
         return 0
-    print(f"{db}: damaged; kept aside as {result.kept_aside}")
+    print(f"{db}: damaged; kept aside as {result.kept_aside}" if result.kept_aside else f"{db}: missing")
     if result.action == "restored":
         print(f"restored from the backup {result.source}")
     else:

@@ -218,6 +218,27 @@ def test_recover_without_a_backup_salvages_what_is_readable(tmp_path):
         fresh.close()
 
 
+def test_recover_of_a_missing_database_restores_the_backup_or_refuses(tmp_path):
+    db = tmp_path / "c.db"
+    with pytest.raises(DatabaseError, match="no database there and no good backup"):
+        recover(db, tmp_path / "none")
+    assert not db.exists()  # a mistyped path made no fresh database (with a new signing key)
+    store = Store(db)
+    key = store.agent_key()
+    (tmp_path / "backups").mkdir()
+    store.backup(tmp_path / "backups" / "stoke-controller-20260101T000000Z.db")
+    store.close()
+    db.unlink()
+    result = recover(db, tmp_path / "backups")
+    assert result.action == "restored" and result.kept_aside == ""
+    assert db.stat().st_mode & 0o777 == 0o600
+    again = Store(db)
+    try:
+        assert again.agent_key() == key
+    finally:
+        again.close()
+
+
 def test_opening_on_a_full_disk_says_the_disk_is_full(small_disk):
     Store(small_disk / "c.db").close()
     fill(small_disk)
