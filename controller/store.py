@@ -256,10 +256,7 @@ class Store:
                 db.close()
             if not isinstance(err, sqlite3.Error):
                 raise
-            kind = failure_kind(err)
-            free = self.free_bytes()
-            if kind == "io" and free is not None and free < 2**20:
-                kind = "disk_full"  # SQLite cannot even make its WAL index: say so, not "disk I/O error"
+            kind = self._failure_kind(err)
             raise DatabaseError(
                 advice(self.path, kind, "open", err)
                 if kind != "io"
@@ -275,7 +272,7 @@ class Store:
         for column, decl in _WORKLOAD_COLUMNS.items():
             if column not in have:
                 db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
-        damage = "; ".join(str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()[:5])
+        damage = _quick_check_summary(db)
         if damage != "ok":
             raise DatabaseError(advice(self.path, "corrupt", "open", damage), "corrupt")
         row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -285,6 +282,13 @@ class Store:
             raise DatabaseError(
                 f"{self.path}: schema version {row[0]} is not {SCHEMA_VERSION}; use a fresh db path or an older stoke"
             )
+
+    def _failure_kind(self, err: sqlite3.Error) -> str:
+        """`failure_kind`, and "disk_full" for SQLite's bare "disk I/O error" on a filesystem with no room left
+        (at open SQLite cannot even make its WAL index)."""
+        kind = failure_kind(err)
+        free = self.free_bytes()
+        return "disk_full" if kind == "io" and free is not None and free < 2**20 else kind
 
     def _file_identity(self) -> tuple[int, int] | None:
         if self.path == ":memory:":
@@ -327,10 +331,7 @@ class Store:
             try:
                 yield self._db
             except sqlite3.Error as err:
-                kind = failure_kind(err)
-                free = self.free_bytes()
-                if kind == "io" and free is not None and free < 2**20:
-                    kind = "disk_full"  # "disk I/O error" on a filesystem with no room left
+                kind = self._failure_kind(err)
                 message = advice(self.path, kind, action, err)
                 if action == "write" or kind == "corrupt":
                     self._failed(kind, message)
@@ -395,11 +396,9 @@ class Store:
         """'ok', or what SQLite's quick_check says is wrong (a damaged file)."""
         try:
             with self._use("read") as db:
-                rows = db.execute("PRAGMA quick_check").fetchall()
+                return _quick_check_summary(db)
         except DatabaseError as err:
             return str(err)
-        text = "; ".join(str(r[0]) for r in rows[:5])
-        return "ok" if text == "ok" else text
 
     def backup(self, dest: str | Path) -> Path:
         """An online, consistent copy of the database at `dest` (SQLite's backup API; writers wait only for
@@ -882,14 +881,18 @@ def _quick_check(path: Path) -> str:
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            rows = db.execute("PRAGMA quick_check").fetchall()
+            summary = _quick_check_summary(db)
             db.execute("SELECT value FROM meta WHERE key='agent_key'").fetchone()
         finally:
             db.close()
     except sqlite3.Error as err:
         return str(err)
-    text = "; ".join(str(r[0]) for r in rows[:5])
-    return "ok" if text == "ok" else text
+    return summary
+
+
+def _quick_check_summary(db: sqlite3.Connection) -> str:
+    """'ok', or the first five problems SQLite's quick_check finds."""
+    return "; ".join(str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()[:5])
 
 
 def recover(db_path: str | Path, backup_dir: str | Path | None = None, now: float | None = None) -> Recovery:
