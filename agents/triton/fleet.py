@@ -506,8 +506,11 @@ class TritonFleet:
         try:
             new = self._spawn(slot.assignment, slot.config, exclude=key)
         except (RuntimeError, OSError) as err:  # TritonError, MpsError
+            # kept with its killed process, like a crashed one: the next check retries the restart (dropped,
+            # the replica would stay gone until the next plan revision, since the agent applies only changes)
+            self._slots[key] = slot
             self._release_hold(workload)
-            return f"{what}; killed; restart failed: {err}"
+            return f"{what}; killed; restart failed (retried at the next check): {err}"
         self._slots[key] = new
         self._release_hold(workload)
         return f"{what}; killed and restarted as pid {new.process.pid} on {new.process.grpc_url}"

@@ -193,6 +193,24 @@ def test_check_health_restarts_a_crashed_process(fleet):
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
 
 
+def test_a_hung_process_whose_restart_fails_is_restarted_at_the_next_check(fleet):
+    fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])
+    pid = fleet.processes()["echo#0"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    ready_timeout = fleet.ready_timeout_s
+    fleet.ready_timeout_s = 0.01  # the replacement cannot come up in time: its restart fails
+    try:
+        events = fleet.check_health()
+    finally:
+        fleet.ready_timeout_s = ready_timeout
+    assert len(events) == 1 and "hung" in events[0] and "restart failed" in events[0]
+    assert "echo#0" in fleet.processes() and not fleet.processes()["echo#0"]["alive"]  # kept, killed
+    events = fleet.check_health()  # retried, as for a crash
+    assert len(events) == 1 and "restarted" in events[0], events
+    assert fleet.processes()["echo#0"]["pid"] != pid
+    assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
+
+
 @pytest.mark.parametrize("arrival, rate", [("constant", 200.0), ("poisson", 300.0)])
 def test_loadgen_throughput_within_5_percent_of_rate(fleet, arrival, rate):
     fleet.apply([echo(batch=16, share=100.0), *OTHERS[:2]])
