@@ -63,6 +63,7 @@ from controller.recalibrate import (
     SliWindow,
     crosses,
     factor_move,
+    lowered_below_sli,
     nodes_agree,
     p99_moves,
     placed_replicas,
@@ -424,6 +425,9 @@ class FeedbackLoop:
             return
         candidate = with_serving(corrected, model, serving.serving_p99_ms)
         moves = p99_moves(active, candidate, replicas)
+        if lowered_below_sli(moves, sli, tolerance) is not None:  # never below what clients see
+            self._confirm[pair] = Confirmation()
+            return
         factor = correction.factor if correction else current
         crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
         confirmation = self._confirm.get(pair, Confirmation()).next(

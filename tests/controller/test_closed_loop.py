@@ -380,3 +380,19 @@ def test_an_overloaded_replica_teaches_the_serving_path_nothing(tmp_path):
         node.beat(rate=100.0, p99=900.0, p50=500.0, over=0.9)
     assert not [v for v in svc.store.profile_versions("accel_sim") if v.meta.get("serving_p99_ms")]
     assert placed(svc).name == "w"  # still served
+
+
+def test_a_lowered_service_time_never_takes_the_prediction_below_what_the_sli_shows(tmp_path):
+    """Triton's compute says the model runs twice as fast as profiled, but clients still see the p99 the
+    profile predicts. The SLI windows are too few to move the serving term, so a published lowering of the
+    service time alone would predict less than clients see: it is held instead."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    seen = placed(svc).predicted_p99_ms
+    tolerance = CONFIG.recalibration.replan_threshold * 80 / 2.0
+    for i in range(60):
+        node.beat(factor=0.5, p99=seen if i % 4 == 0 else None)  # an SLI window now and then: too few to learn from
+        assert placed(svc).predicted_p99_ms >= seen - tolerance, (i, placed(svc).predicted_p99_ms, seen)
