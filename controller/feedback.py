@@ -248,10 +248,11 @@ class FeedbackLoop:
                 log.warning("recalibration of %s/%s failed: %s", pair[1], pair[0], err)
         with self._lock:
             self._alerts = {k: v for k, v in self._alerts.items() if v[1] > now}
+            floors = self._floors(now)
             self._output = LoopOutput(
-                floors=tuple(sorted(self._floors(now).items())),
+                floors=tuple(sorted(floors.items())),
                 alerts=tuple(text for _, (text, _) in sorted(self._alerts.items())),
-                feedback=MappingProxyType(self._workload_feedback(now)),
+                feedback=MappingProxyType(self._workload_feedback(now, floors)),
             )
             return self._output
 
@@ -588,7 +589,7 @@ class FeedbackLoop:
         """Per workload, as of the last tick: demand, last-window p99, SLO attainment, error ratio, guard."""
         return dict(self.output.feedback)
 
-    def _workload_feedback(self, now: float) -> dict[str, WorkloadFeedback]:
+    def _workload_feedback(self, now: float, floors: Mapping[str, float]) -> dict[str, WorkloadFeedback]:
         fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
         out: dict[str, WorkloadFeedback] = {}
         by_workload: dict[str, list[tuple[str, _Replica]]] = {}
@@ -610,14 +611,13 @@ class FeedbackLoop:
                         counted += w.requests
             guards = [r.guard for _, r in sorted(replicas, key=lambda kr: kr[0])]
             demand = self._demand.get(name)
-            floor = max((g.floor_pct for g in guards if g.floor_pct and now < g.floor_until), default=0.0)
             out[name] = WorkloadFeedback(
                 demand=demand.text if demand else "",
                 observed_p99_ms=max(p99s) if p99s else None,
                 error_ratio=observed / predicted if predicted > 0 else None,
                 guard=next((g.text for g in guards if g.text), ""),
                 guard_moves=sum(g.moves for g in guards),
-                floor_pct=floor,
+                floor_pct=floors.get(name, 0.0),
                 within_slo=1.0 - late / counted if counted > 0 else None,
                 requests=int(counted),
             )
