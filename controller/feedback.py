@@ -152,6 +152,8 @@ class FeedbackLoop:
         self._next_recalibration = 0.0
         self._cause = ""
         self._applied: PlanView | None = None
+        #: the applied plan's (p99, share) per replica key: read on every heartbeat, so worked out once per plan
+        self._planned: tuple[dict[str, float], dict[str, float]] = ({}, {})
         self._revision = -1  # the applied revision the last tick saw (-1: none yet)
         self._capacity: tuple[NodeState, ...] | None = None  # the nodes' states at the last tick
         self._capacity_changed = -math.inf  # when they last changed (the guard is quiet for a while)
@@ -186,7 +188,7 @@ class FeedbackLoop:
         profiles, _ = self.profiles.snapshot()
         versions = {pair: version for pair, (version, _) in self.store.profile_state().items()}
         with self._lock:
-            p99 = _planned(self._applied)[0]
+            p99 = self._planned[0]
             last_seq = {key: r.last_seq for key, r in self._replicas.items()}
             records = records_from_report(
                 report, self._gpu_types_of(report.node_id), profiles, versions, p99, last_seq, now
@@ -220,8 +222,9 @@ class FeedbackLoop:
         profiles, _ = self.profiles.snapshot()
         with self._lock:
             self._count_replan(inp.applied)
-            self._applied = inp.applied
-            shares = _planned(inp.applied)[1]
+            if inp.applied is not self._applied:
+                self._applied, self._planned = inp.applied, _planned(inp.applied)
+            shares = self._planned[1]
             quiet = self._capacity_step(inp.nodes, now)
             for workload, why in inp.floors_refused:
                 self._refused(workload, why, now)
