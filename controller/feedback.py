@@ -48,14 +48,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from controller.config import ServiceConfig
-from controller.demand import DemandState, quantile, track
+from controller.demand import DemandState, track
 from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire, refuse, step
 from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
 from controller.messages import HeartbeatReport, Replica
 from controller.observations import ObservationRecord, calibration_points, records_from_report
 from controller.profiles import Profiles
 from controller.recalibrate import (
-    SERVING_QUANTILE,
     Confirmation,
     Move,
     PlacedReplica,
@@ -69,6 +68,7 @@ from controller.recalibrate import (
     placed_replicas,
     replica_p99_ms,
     serving_estimate,
+    sli_p99_ms,
     with_serving,
 )
 from controller.reconcile.planning import PlanView
@@ -675,8 +675,8 @@ def _prediction_below(
     if not sli:
         return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
     for r in replicas:
-        seen = [w.p99_ms for w in sli if w.key == r.key]
-        if seen and quantile(seen, SERVING_QUANTILE) > replica_p99_ms(active, r) + tolerance_ms:
+        seen = sli_p99_ms(sli, r.key)
+        if seen is not None and seen > replica_p99_ms(active, r) + tolerance_ms:
             return True
     return False
 

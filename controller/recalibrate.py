@@ -266,10 +266,16 @@ def lowered_below_sli(moves: Sequence[Move], windows: Sequence[SliWindow], toler
     `SERVING_QUANTILE` p99, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
     while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits."""
     for m in moves:
-        seen = [w.p99_ms for w in windows if w.key == m.key]
-        if m.after_ms < m.before_ms and seen and quantile(seen, SERVING_QUANTILE) > m.after_ms + tolerance_ms:
+        seen = sli_p99_ms(windows, m.key)
+        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms + tolerance_ms:
             return m
     return None
+
+
+def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
+    """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no window)."""
+    seen = [w.p99_ms for w in windows if w.key == key]
+    return quantile(seen, SERVING_QUANTILE) if seen else None
 
 
 def with_serving(profile: DeviceProfile, model: str, serving_ms: float) -> DeviceProfile:
