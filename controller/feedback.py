@@ -575,11 +575,8 @@ class FeedbackLoop:
 
     # ------------------------------------------------------------ what the planner and the views read
 
-    def floors(self) -> dict[str, float]:
-        """{workload: share floor} from the last tick (the largest of its replicas' unexpired floors)."""
-        return self.output.floor_map()
-
     def _floors(self, now: float) -> dict[str, float]:
+        """{workload: share floor}: the largest of its replicas' unexpired floors."""
         out: dict[str, float] = {}
         for key, replica in self._replicas.items():
             g = replica.guard

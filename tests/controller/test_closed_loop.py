@@ -294,7 +294,7 @@ def test_a_floor_that_cannot_be_applied_is_an_event_and_an_alert_not_a_move(tmp_
     status = svc.status()
     assert any(a.startswith("SLO guard:") and "not applied" in a for a in status.alerts)
     assert all(w.feedback.guard_moves == 0 for w in status.workloads) and svc.feedback.counters["guard_moves"] == 0
-    assert svc.feedback.floors() == {}
+    assert svc.feedback.output.floors == ()
     text = generate_latest(metrics.registry).decode()
     assert 'stoke_guard_moves_total{model="accel_sim",workload="w"} 0.0' in text
     assert "stoke_guard_floors_refused 2.0" in text
