@@ -351,6 +351,8 @@ class FeedbackLoop:
                 self._alerts.pop(key, None)
 
     def _track_demand(self, names: set[str], now: float) -> None:
+        if not names and not self._demand:
+            return  # no window to track and no tracker to forget: spare reading every workload
         stored = self.store.workloads()
         for name in [n for n in self._demand if n not in {w.name for w in stored if w.rate_auto}]:
             del self._demand[name]  # deleted, or no longer auto
