@@ -158,6 +158,8 @@ class FeedbackLoop:
         self._capacity: tuple[NodeState, ...] | None = None  # the nodes' states at the last tick
         self._capacity_changed = -math.inf  # when they last changed (the guard is quiet for a while)
         self._alerts: dict[str, tuple[str, float]] = {}  # key -> (alert, until)
+        #: guard moves applied per workload: a counter (stoke_guard_moves_total) outlives the replica that moved
+        self._moves: collections.Counter[str] = collections.Counter()
         self._output = LoopOutput()
         self.counters: collections.Counter[str] = collections.Counter()
         r = config.recalibration
@@ -335,6 +337,7 @@ class FeedbackLoop:
         self._event("guard", workload, action.text, now)
         if action.kind == "applied":
             self.counters["guard_moves"] += 1
+            self._moves[workload] += 1
         elif action.kind == "refused":
             self.counters["guard_refused"] += 1
             self._alerts[key] = (f"SLO guard: {action.text}", now + self.config.guard.hold_s)
@@ -351,9 +354,14 @@ class FeedbackLoop:
                 self._alerts.pop(key, None)
 
     def _track_demand(self, names: set[str], now: float) -> None:
-        if not names and not self._demand:
-            return  # no window to track and no tracker to forget: spare reading every workload
+        """Demand of the auto workloads that reported (`names`); trackers and guard move counts of deleted
+        workloads are forgotten."""
+        if not names and not self._demand and not self._moves:
+            return  # no window to track and nothing to forget: spare reading every workload
         stored = self.store.workloads()
+        known = {w.name for w in stored}
+        for name in [n for n in self._moves if n not in known]:
+            del self._moves[name]
         for name in [n for n in self._demand if n not in {w.name for w in stored if w.rate_auto}]:
             del self._demand[name]  # deleted, or no longer auto
         workloads = {w.name: w for w in stored if w.rate_auto and w.name in names}
@@ -597,7 +605,7 @@ class FeedbackLoop:
         by_workload: dict[str, list[tuple[str, _Replica]]] = {}
         for key, replica in self._replicas.items():
             by_workload.setdefault(Replica.parse(key).workload, []).append((key, replica))
-        for name in set(by_workload) | set(self._demand):
+        for name in set(by_workload) | set(self._demand) | set(self._moves):
             replicas = by_workload.get(name, [])
             current = [r for _, r in replicas if r.windows and now - r.windows[-1].unix <= fresh]
             p99s = [r.windows[-1].p99_ms for r in current if r.windows[-1].p99_ms is not None]
@@ -618,7 +626,7 @@ class FeedbackLoop:
                 observed_p99_ms=max(p99s) if p99s else None,
                 error_ratio=observed / predicted if predicted > 0 else None,
                 guard=next((g.text for g in guards if g.text), ""),
-                guard_moves=sum(g.moves for g in guards),
+                guard_moves=self._moves[name],
                 floor_pct=floors.get(name, 0.0),
                 within_slo=1.0 - late / counted if counted > 0 else None,
                 requests=int(counted),

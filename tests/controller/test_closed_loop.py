@@ -396,3 +396,28 @@ def test_a_lowered_service_time_never_takes_the_prediction_below_what_the_sli_sh
     for i in range(60):
         node.beat(factor=0.5, p99=seen if i % 4 == 0 else None)  # an SLI window now and then: too few to learn from
         assert placed(svc).predicted_p99_ms >= seen - tolerance, (i, placed(svc).predicted_p99_ms, seen)
+
+
+def test_guard_moves_stay_counted_when_the_replica_that_made_them_is_gone(tmp_path):
+    """stoke_guard_moves_total is a counter: a replica forgotten (its node lost, the workload pending) must not
+    take its moves with it (a counter that goes down reads as a reset, and increase() counts it again)."""
+    config = replace(CONFIG, recalibration=replace(CONFIG.recalibration, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(4):
+        node.beat(p99=120.0, over=0.1)
+    node.beat(p99=30.0, over=0.0)  # serving at the floor's share: one move
+    assert svc.status().workloads[0].feedback.guard_moves == 1
+    svc.register("n2", (NodeDevice(0, "V100", "gpu", gpu_type="V100"),))  # no profile: nothing runs there
+    for _ in range(40):  # n1 silent past its timeout: lost, the workload pending, its replica forgotten
+        clock.t += 1.0
+        svc.heartbeat(HeartbeatReport("n2"))
+        svc.reconcile()
+    w = svc.status().workloads[0]
+    assert w.state == "pending" and "w#0" not in svc.feedback._replicas
+    assert w.feedback.guard_moves == 1
+    svc.delete_workload("w")
+    svc.reconcile()
+    assert svc.feedback._moves == {}  # a deleted workload's count goes with it (bounded state)
