@@ -48,14 +48,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from controller.config import ServiceConfig
-from controller.demand import DemandState, quantile, track
+from controller.demand import DemandState, track
 from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire, refuse, step
 from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
 from controller.messages import HeartbeatReport, Replica
 from controller.observations import ObservationRecord, calibration_points, records_from_report
 from controller.profiles import Profiles
 from controller.recalibrate import (
-    SERVING_QUANTILE,
     Confirmation,
     Move,
     PlacedReplica,
@@ -63,11 +62,13 @@ from controller.recalibrate import (
     SliWindow,
     crosses,
     factor_move,
+    lowered_below_sli,
     nodes_agree,
     p99_moves,
     placed_replicas,
     replica_p99_ms,
     serving_estimate,
+    sli_p99_ms,
     with_serving,
 )
 from controller.reconcile.planning import PlanView
@@ -151,10 +152,14 @@ class FeedbackLoop:
         self._next_recalibration = 0.0
         self._cause = ""
         self._applied: PlanView | None = None
+        #: the applied plan's (p99, share) per replica key: read on every heartbeat, so worked out once per plan
+        self._planned: tuple[dict[str, float], dict[str, float]] = ({}, {})
         self._revision = -1  # the applied revision the last tick saw (-1: none yet)
         self._capacity: tuple[NodeState, ...] | None = None  # the nodes' states at the last tick
         self._capacity_changed = -math.inf  # when they last changed (the guard is quiet for a while)
         self._alerts: dict[str, tuple[str, float]] = {}  # key -> (alert, until)
+        #: guard moves applied per workload: a counter (stoke_guard_moves_total) outlives the replica that moved
+        self._moves: collections.Counter[str] = collections.Counter()
         self._output = LoopOutput()
         self.counters: collections.Counter[str] = collections.Counter()
         r = config.recalibration
@@ -185,7 +190,7 @@ class FeedbackLoop:
         profiles, _ = self.profiles.snapshot()
         versions = {pair: version for pair, (version, _) in self.store.profile_state().items()}
         with self._lock:
-            p99 = _planned(self._applied)[0]
+            p99 = self._planned[0]
             last_seq = {key: r.last_seq for key, r in self._replicas.items()}
             records = records_from_report(
                 report, self._gpu_types_of(report.node_id), profiles, versions, p99, last_seq, now
@@ -219,8 +224,9 @@ class FeedbackLoop:
         profiles, _ = self.profiles.snapshot()
         with self._lock:
             self._count_replan(inp.applied)
-            self._applied = inp.applied
-            shares = _planned(inp.applied)[1]
+            if inp.applied is not self._applied:
+                self._applied, self._planned = inp.applied, _planned(inp.applied)
+            shares = self._planned[1]
             quiet = self._capacity_step(inp.nodes, now)
             for workload, why in inp.floors_refused:
                 self._refused(workload, why, now)
@@ -247,10 +253,11 @@ class FeedbackLoop:
                 log.warning("recalibration of %s/%s failed: %s", pair[1], pair[0], err)
         with self._lock:
             self._alerts = {k: v for k, v in self._alerts.items() if v[1] > now}
+            floors = self._floors(now)
             self._output = LoopOutput(
-                floors=tuple(sorted(self._floors(now).items())),
+                floors=tuple(sorted(floors.items())),
                 alerts=tuple(text for _, (text, _) in sorted(self._alerts.items())),
-                feedback=MappingProxyType(self._workload_feedback(now)),
+                feedback=MappingProxyType(self._workload_feedback(now, floors)),
             )
             return self._output
 
@@ -330,6 +337,7 @@ class FeedbackLoop:
         self._event("guard", workload, action.text, now)
         if action.kind == "applied":
             self.counters["guard_moves"] += 1
+            self._moves[workload] += 1
         elif action.kind == "refused":
             self.counters["guard_refused"] += 1
             self._alerts[key] = (f"SLO guard: {action.text}", now + self.config.guard.hold_s)
@@ -346,7 +354,14 @@ class FeedbackLoop:
                 self._alerts.pop(key, None)
 
     def _track_demand(self, names: set[str], now: float) -> None:
+        """Demand of the auto workloads that reported (`names`); trackers and guard move counts of deleted
+        workloads are forgotten."""
+        if not names and not self._demand and not self._moves:
+            return  # no window to track and nothing to forget: spare reading every workload
         stored = self.store.workloads()
+        known = {w.name for w in stored}
+        for name in [n for n in self._moves if n not in known]:
+            del self._moves[name]
         for name in [n for n in self._demand if n not in {w.name for w in stored if w.rate_auto}]:
             del self._demand[name]  # deleted, or no longer auto
         workloads = {w.name: w for w in stored if w.rate_auto and w.name in names}
@@ -424,6 +439,9 @@ class FeedbackLoop:
             return
         candidate = with_serving(corrected, model, serving.serving_p99_ms)
         moves = p99_moves(active, candidate, replicas)
+        if lowered_below_sli(moves, sli, tolerance) is not None:  # never below what clients see
+            self._confirm[pair] = Confirmation()
+            return
         factor = correction.factor if correction else current
         crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
         confirmation = self._confirm.get(pair, Confirmation()).next(
@@ -567,11 +585,8 @@ class FeedbackLoop:
 
     # ------------------------------------------------------------ what the planner and the views read
 
-    def floors(self) -> dict[str, float]:
-        """{workload: share floor} from the last tick (the largest of its replicas' unexpired floors)."""
-        return self.output.floor_map()
-
     def _floors(self, now: float) -> dict[str, float]:
+        """{workload: share floor}: the largest of its replicas' unexpired floors."""
         out: dict[str, float] = {}
         for key, replica in self._replicas.items():
             g = replica.guard
@@ -584,13 +599,13 @@ class FeedbackLoop:
         """Per workload, as of the last tick: demand, last-window p99, SLO attainment, error ratio, guard."""
         return dict(self.output.feedback)
 
-    def _workload_feedback(self, now: float) -> dict[str, WorkloadFeedback]:
+    def _workload_feedback(self, now: float, floors: Mapping[str, float]) -> dict[str, WorkloadFeedback]:
         fresh = FRESH_INTERVALS * self.config.heartbeat_interval_s
         out: dict[str, WorkloadFeedback] = {}
         by_workload: dict[str, list[tuple[str, _Replica]]] = {}
         for key, replica in self._replicas.items():
             by_workload.setdefault(Replica.parse(key).workload, []).append((key, replica))
-        for name in set(by_workload) | set(self._demand):
+        for name in set(by_workload) | set(self._demand) | set(self._moves):
             replicas = by_workload.get(name, [])
             current = [r for _, r in replicas if r.windows and now - r.windows[-1].unix <= fresh]
             p99s = [r.windows[-1].p99_ms for r in current if r.windows[-1].p99_ms is not None]
@@ -606,14 +621,13 @@ class FeedbackLoop:
                         counted += w.requests
             guards = [r.guard for _, r in sorted(replicas, key=lambda kr: kr[0])]
             demand = self._demand.get(name)
-            floor = max((g.floor_pct for g in guards if g.floor_pct and now < g.floor_until), default=0.0)
             out[name] = WorkloadFeedback(
                 demand=demand.text if demand else "",
                 observed_p99_ms=max(p99s) if p99s else None,
                 error_ratio=observed / predicted if predicted > 0 else None,
                 guard=next((g.text for g in guards if g.text), ""),
-                guard_moves=sum(g.moves for g in guards),
-                floor_pct=floor,
+                guard_moves=self._moves[name],
+                floor_pct=floors.get(name, 0.0),
                 within_slo=1.0 - late / counted if counted > 0 else None,
                 requests=int(counted),
             )
@@ -668,8 +682,8 @@ def _prediction_below(
     if not sli:
         return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
     for r in replicas:
-        seen = [w.p99_ms for w in sli if w.key == r.key]
-        if seen and quantile(seen, SERVING_QUANTILE) > replica_p99_ms(active, r) + tolerance_ms:
+        seen = sli_p99_ms(sli, r.key)
+        if seen is not None and seen > replica_p99_ms(active, r) + tolerance_ms:
             return True
     return False
 

@@ -18,7 +18,8 @@ The slow path (recalibration, then a re-plan) needs evidence; the guard acts on 
   would leave a workload unplaced (then the solve drops it and says why: `refuse`);
 - the move is *applied*, and counted (`GuardState.moves`, `stoke_guard_moves_total`), only when
   a window shows the replica serving at the floor's share. A floor the solve refused is no
-  move: `refuse` clears it and keeps the reason, which the loop reports as an event and an alert;
+  move: `refuse` clears it and keeps the reason, which the loop reports as an event and an alert
+  (so does a floor already applied that a later solve cannot keep: it is not held in name only);
 - at 100% there is no larger share; the guard says so and waits (recalibration re-plans);
 - `clear` drops a floor when the capacity changes (a node lost or back, see `controller.feedback`):
   the floor was sized for a cluster that is no longer there, and it must never keep a placeable
@@ -126,8 +127,9 @@ def step(
 
 
 def refuse(state: GuardState, key: str, reason: str) -> tuple[GuardState, GuardAction | None]:
-    """The solve could not apply the requested floor (`reason`): no move; the floor is dropped."""
-    if not state.requested:
+    """The solve could not apply the floor (`reason`): the floor is dropped. A requested floor is no move; an
+    applied one (a later solve, say after a workload was added) stops being one the plan honours."""
+    if not state.floor_pct:
         return state, None
     text = f"{key}: floor of {state.floor_pct:g}% not applied: {reason}"
     return replace(state, floor_pct=0.0, floor_until=0.0, requested=False, text=text), GuardAction(

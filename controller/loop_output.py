@@ -46,6 +46,3 @@ class LoopOutput:
     floors: tuple[tuple[str, float], ...] = ()  # sorted by workload
     alerts: tuple[str, ...] = ()  # what needs a person (a floor that cannot be applied, ...)
     feedback: Mapping[str, WorkloadFeedback] = field(default_factory=lambda: MappingProxyType({}))
-
-    def floor_map(self) -> dict[str, float]:
-        return dict(self.floors)

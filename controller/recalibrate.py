@@ -31,7 +31,9 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
 
 - Never below the SLI: the term is the `SERVING_QUANTILE` (the median) of a node's residuals,
   so the corrected prediction matches the p99 its windows show, and a lowered term is the largest
-  over all nodes, so no correction predicts less than any node's SLI shows.
+  over all nodes, so no correction predicts less than any node's SLI shows. A service-time correction
+  that lowers a replica's prediction below its SLI while the serving term holds waits
+  (`lowered_below_sli`).
 - Agreement: each node running the model gets one vote, whatever its number of windows (windows
   weighted by node): a raise needs a strict majority of the nodes with evidence to show it, a
   lowering needs all of them. One node (or one flooding agent) cannot move the model alone.
@@ -50,6 +52,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.demand import quantile
 from controller.messages import Replica
 from interference.batching import end_to_end_p99_ms, latency_distribution
 from interference.profile import DeviceProfile
@@ -206,14 +209,6 @@ class ServingEstimate:
     text: str
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def serving_estimate(
     profile: DeviceProfile,
     model: str,
@@ -237,7 +232,7 @@ def serving_estimate(
     if len(usable) < min_windows:
         return stays(f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}")
     per_node = {
-        n: _quantile([w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n], SERVING_QUANTILE) for n in nodes
+        n: quantile([w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n], SERVING_QUANTILE) for n in nodes
     }
     up = [n for n, v in per_node.items() if v > current + tolerance_ms]
     down = [n for n, v in per_node.items() if v < current - tolerance_ms]
@@ -264,6 +259,23 @@ def serving_estimate(
         f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
     )
     return ServingEstimate(new, True, len(usable), len(nodes), agreeing, attribution, text)
+
+
+def lowered_below_sli(moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float) -> Move | None:
+    """A replica whose predicted p99 the candidate lowers below what its SLI windows show (their
+    `SERVING_QUANTILE` p99, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
+    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits."""
+    for m in moves:
+        seen = sli_p99_ms(windows, m.key)
+        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms + tolerance_ms:
+            return m
+    return None
+
+
+def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
+    """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no window)."""
+    seen = [w.p99_ms for w in windows if w.key == key]
+    return quantile(seen, SERVING_QUANTILE) if seen else None
 
 
 def with_serving(profile: DeviceProfile, model: str, serving_ms: float) -> DeviceProfile:

@@ -338,7 +338,7 @@ def end_to_end_p99_ms(batch_p99_ms: Any, serving_p99_ms: float) -> Any:
     serving path's p99 outside the batch (`ModelProfile.serving_p99_ms`: client, router, Triton's
     frontend and back). Adding the two p99s bounds the p99 of the sum from above (the tails rarely
     meet), which is the side a plan should err on. Works on numbers and numpy arrays alike; the
-    planner (`controller.solver`) and the closed loop (`controller.recalibrate`) both use it."""
+    planner (`planner.solver`) and the closed loop (`controller.recalibrate`) both use it."""
     return batch_p99_ms + serving_p99_ms
 
 

@@ -412,6 +412,10 @@ class ReplicaMemo:
         self._capacity: dict[tuple[Any, ...], float | None] = {}
         self._items: dict[tuple[tuple[Any, ...], float], Item | None] = {}
 
+    def __len__(self) -> int:
+        """Entries held (a `SolveMemo` kept across solves starts a type's afresh past a bound)."""
+        return len(self._capacity) + len(self._items)
+
     def capacity(self, workload: Workload) -> float | None:
         key = _shape(workload)
         if key not in self._capacity:
@@ -771,7 +775,8 @@ class SolveMemo:
     inputs, so a solve with a memo returns the plan it returns without one, only sooner. The caller
     keeps the memo (the controller's solver worker holds one across solves), so the solver stays a
     function of what it is given. It is emptied when the GPU types (names, prices, profiles) or the
-    options change, and trimmed to the workloads of the last solve when it grows past them.
+    options change, and trimmed to the workloads of the last solve when it grows past them (a GPU
+    type's `ReplicaMemo` too: each new rate of a workload is a new entry there).
     """
 
     def __init__(self) -> None:
@@ -803,6 +808,8 @@ class SolveMemo:
         for g in problem.inventory:
             if g.name not in self.caches:
                 self.caches[g.name] = PointCache(g)
+            # a rate or floor that changes solve after solve (demand, the SLO guard) is a new entry each time
+            if g.name not in self.replicas or len(self.replicas[g.name]) > 8 * len(problem.workloads) + 1000:
                 self.replicas[g.name] = ReplicaMemo(self.caches[g.name], options)
 
 

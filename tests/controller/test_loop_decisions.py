@@ -234,3 +234,26 @@ def test_a_service_time_correction_needs_the_nodes_running_the_model_one_vote_ea
     assert nodes_agree({"n1": [0.5], "n2": [1.2]}, 2.0, 1.0)[2] is False  # a lowering needs every node
     assert nodes_agree({"n1": [0.5], "n2": [0.6]}, 2.0, 1.1) == (2, 2, True)
     assert nodes_agree({}, 1.0, 2.0) == (0, 0, True)  # no per-node evidence: the estimate stands
+
+
+def test_a_candidate_that_lowers_a_prediction_below_the_sli_is_named():
+    from controller.recalibrate import SliWindow, lowered_below_sli
+
+    def seen(p99):
+        return [SliWindow("w#0", "n1", p99, None, 0.5, 1.0) for _ in range(3)]
+
+    lower = Move("w#0", 20.0, 10.0, 80.0)
+    assert lowered_below_sli([lower], seen(20.0), 1.0) == lower  # clients see 20 ms: 10 is below it
+    assert lowered_below_sli([lower], seen(10.5), 1.0) is None  # within the tolerance
+    assert lowered_below_sli([lower], [], 1.0) is None  # no SLI: nothing to stay above
+    assert lowered_below_sli([Move("w#0", 10.0, 12.0, 80.0)], seen(20.0), 1.0) is None  # a raise is not held here
+
+
+def test_an_applied_floor_a_later_solve_refuses_is_dropped_and_said():
+    state, _ = run([over(), over(), over()])
+    state, action = step(state, "w#0", fine(share=60.0), 60.0, 10.0, 4.0, GUARD)
+    assert action is not None and action.kind == "applied" and state.floor_pct == 60.0
+    # a workload added later: the plan with the floor would leave it unplaced, so the plan is made without it
+    refused, action = refuse(state, "w#0", "it would leave new unplaced")
+    assert action is not None and action.kind == "refused" and "not applied: it would leave new unplaced" in action.text
+    assert refused.floor_pct == 0.0 and refused.moves == 1  # the move it made stays counted

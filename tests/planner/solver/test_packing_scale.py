@@ -146,3 +146,17 @@ def test_the_controller_keeps_one_memo_for_a_solver_that_takes_it():
     run(problem, "stoke")
     run(problem, "stoke", current=None)
     assert calls[0] is not None and calls[0] is calls[1]
+
+
+def test_a_memo_kept_across_solves_starts_a_types_replica_entries_afresh_past_its_bound():
+    from planner.solver.stoke import SolveMemo
+
+    problem = Problem(tuple(fleet_workloads(5, seed=3)), (V100,))
+    memo = SolveMemo()
+    plan = solve(problem, "stoke", memo=memo)
+    replicas = memo.replicas["V100"]
+    assert len(replicas._items) <= 8 * len(problem.workloads) + 1000
+    # what months of demand changes leave behind: a (shape, rate) entry per rate ever planned
+    replicas._items.update({(("gone",), 0.1 * k): None for k in range(8 * len(problem.workloads) + 1001)})
+    assert solve(problem, "stoke", memo=memo) == plan  # the next solve starts the type's entries afresh
+    assert len(memo.replicas["V100"]._items) <= 8 * len(problem.workloads) + 1000
