@@ -44,6 +44,8 @@ from foundation.names import name_problem
 log = logging.getLogger("stoke.triton")
 #: Requests per batch size that pre-warm a new process before a move switches traffic to it.
 WARM_UP_REQUESTS = 2
+#: How long a warm-up waits for Triton to count its requests (it counts after replying).
+WARM_UP_COUNT_WAIT_S = 2.0
 
 # --------------------------------------------------------------------------- the fleet
 
@@ -284,14 +286,24 @@ class TritonFleet:
         from agents.loadgen import LoadError, build_inputs  # the load generator's input builder
 
         model = slot.assignment.model
+        sent = 0
         try:
             for batch in sorted({1, max(1, int(slot.config.max_batch_size))}):
                 inputs = build_inputs(slot.process.client, model, batch)
                 for _ in range(WARM_UP_REQUESTS):
                     slot.process.client.infer(model, inputs, client_timeout=self.ready_timeout_s)
+                    sent += 1
         except (LoadError, InferenceServerException):
             return  # a model that cannot be warmed up still serves; its first requests are slower
-        slot.last_metrics = self._scrape(slot) or {}
+        # Triton counts a request a moment after its reply reaches the client: wait (briefly) until the
+        # counters hold every warm-up request, or the first window would count the last ones as traffic.
+        deadline = time.monotonic() + WARM_UP_COUNT_WAIT_S
+        while True:
+            counters = self._scrape(slot) or {}
+            if counters.get("success", 0.0) >= sent or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        slot.last_metrics = counters
         slot.last_scrape = self._clock()
 
     def _ensure_mps(self) -> None:
