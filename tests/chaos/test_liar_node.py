@@ -14,50 +14,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from profiles import accel_sim_profile
+from loop_helpers import CONFIG, CPU, PROFILE, Clock, window
 
 from controller.api import convert
 from controller.api import stoke_pb2_grpc as pb_grpc
 from controller.api.client import ControllerClient
-from controller.config import ControllerConfig, DemandConfig, GuardConfig, RecalibrationConfig, ServiceConfig
-from controller.messages import BatchStat, HeartbeatReport, NodeDevice, Observation
+from controller.config import ControllerConfig, ServiceConfig
+from controller.messages import HeartbeatReport, Observation
 from controller.server import ControllerServer
 from controller.service import ControlService
 from controller.store import Store
-from interference.latency import predict_gpu
 from interference.profile_io import profile_to_dict
-from interference.recalibration import Correction, apply_corrections
-
-CPU = (NodeDevice(0, "cpu", "cpu", cores=2),)
-PROFILE = accel_sim_profile(2)
-CONFIG = ServiceConfig(
-    heartbeat_interval_s=1.0,
-    heartbeat_timeout_s=30.0,
-    recalibration=RecalibrationConfig(interval_s=1.0, half_life_s=30.0, min_windows=5, min_executions=50),
-    guard=GuardConfig(windows=3, min_requests=10, hold_s=60.0, cooldown_s=10.0),
-    demand=DemandConfig(window_s=30.0, cooldown_s=40.0, up_heartbeats=2),
-)
-
-
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def window(a, seq: int, factor: float, rate: float | None = None) -> Observation:
-    truth = apply_corrections(PROFILE, {"accel_sim": Correction("accel_sim", "scale", factor, factor, 0, 0, 0, 0, 0)})
-    r = a.rate_rps if rate is None else rate
-    n = max(1, int(min(r, 1e5)))
-    stats = tuple(
-        BatchStat(b, max(1, n // (2 * b)), predict_gpu(truth, [(a.model, b, a.share_pct)])[0].latency_ms)
-        for b in sorted({1, a.batch})
-    )
-    return Observation(
-        a.key, a.model, request_rate_rps=r, seq=seq, window_s=1.0, requests=n, batch_stats=stats, latency_count=n
-    )
 
 
 def test_a_liar_claiming_other_nodes_keys_moves_no_plan_and_publishes_no_correction(tmp_path):

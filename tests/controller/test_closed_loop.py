@@ -12,33 +12,13 @@ import math
 from dataclasses import replace
 
 import pytest
-from profiles import accel_sim_profile
+from loop_helpers import CONFIG, CPU, PROFILE, Clock, window
 
-from controller.config import DemandConfig, GuardConfig, ObservationsConfig, RecalibrationConfig, ServiceConfig
+from controller.config import ObservationsConfig
 from controller.messages import BatchStat, HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Observation
 from controller.service import ControlService
 from controller.store import Store
-from interference.latency import predict_gpu
 from interference.profile_io import profile_to_dict
-from interference.recalibration import Correction, apply_corrections
-
-CPU = (NodeDevice(0, "cpu", "cpu", cores=2),)
-PROFILE = accel_sim_profile(2)
-CONFIG = ServiceConfig(
-    heartbeat_interval_s=1.0,
-    heartbeat_timeout_s=30.0,
-    recalibration=RecalibrationConfig(interval_s=1.0, half_life_s=30.0, min_windows=5, min_executions=50),
-    guard=GuardConfig(windows=3, min_requests=10, hold_s=60.0, cooldown_s=10.0),
-    demand=DemandConfig(window_s=30.0, cooldown_s=40.0, up_heartbeats=2),
-)
-
-
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def service(tmp_path, config=CONFIG):
@@ -47,11 +27,6 @@ def service(tmp_path, config=CONFIG):
     svc.upload_profile(json.dumps(profile_to_dict(PROFILE)), "CPU")
     svc.register("n1", CPU)
     return svc, clock
-
-
-def truth(factor: float):
-    c = Correction("accel_sim", "scale", factor, factor, 0, 0, 0, 0, 0)
-    return apply_corrections(PROFILE, {"accel_sim": c})
 
 
 class Node:
@@ -64,32 +39,21 @@ class Node:
         self.clock.t += seconds
         answer = self.svc.heartbeat(HeartbeatReport("n1"))
         running = answer.assignments
-        observed = []
         self.seq += 1
-        for a in running:
-            r = a.rate_rps if rate is None else rate
-            n = max(1, int(r * seconds)) if requests is None else requests
-            stats = tuple(
-                BatchStat(
-                    b, max(1, n // (2 * b)), predict_gpu(truth(factor), [(a.model, b, a.share_pct)])[0].latency_ms
-                )
-                for b in sorted({1, a.batch})
+        observed = [
+            window(
+                a,
+                self.seq,
+                factor,
+                rate,
+                seconds,
+                requests,
+                latency_p99_ms=p99,
+                latency_p50_ms=p50,
+                over_slo_ratio=over,
             )
-            observed.append(
-                Observation(
-                    a.key,
-                    a.model,
-                    request_rate_rps=r,
-                    seq=self.seq,
-                    window_s=seconds,
-                    requests=n,
-                    batch_stats=stats,
-                    latency_count=n,
-                    latency_p99_ms=p99,
-                    latency_p50_ms=p50,
-                    over_slo_ratio=over,
-                )
-            )
+            for a in running
+        ]
         self.svc.heartbeat(HeartbeatReport("n1", running=running, observed=tuple(observed)))
         self.svc.reconcile()
         return running
