@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from controller.messages import NodeDevice
 from foundation import validate as check
 from foundation.errors import InputError
@@ -283,6 +281,8 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
 
 
 def _read_yaml(path: Path) -> Any:
+    import yaml  # here, not at the top: clients import this module for ConfigError and need no YAML
+
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as err:

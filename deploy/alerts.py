@@ -50,12 +50,21 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from foundation.errors import InputError
+# The options and file names live in a light module of their own: the CLI's parser reads them.
+from deploy.slo_options import (
+    _LABEL_VALUE,
+    DASHBOARD_FILE,
+    DEFAULT_DATASOURCE_UID,
+    GRAFANA_ALERTS_FILE,
+    RULES_FILE,
+    RULES_TEST_FILE,
+    AlertConfigError,
+    SloOptions,
+)
 from planner.solver.problem import Plan, Workload
 
 # grafana-foundation-sdk loads inside the dashboard builders: the CLI imports this module to build its parser.
@@ -85,80 +94,6 @@ def burn_windows(options: SloOptions) -> tuple[tuple[str, str, str, float], ...]
 #: Every window an SLI is recorded over (short to long).
 SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 ALERT_NAMES = {"page": "StokeLatencySLOBurnPage", "ticket": "StokeLatencySLOBurnTicket"}
-
-DEFAULT_HISTOGRAM = "stoke_request_latency_ms"
-DEFAULT_OBJECTIVE = 0.999
-DEFAULT_PERIOD_DAYS = 30
-
-RULES_FILE = "prometheus-rules.yml"
-RULES_TEST_FILE = "prometheus-rules.test.yml"
-DASHBOARD_FILE = "grafana-dashboard.json"
-GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
-
-_LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
-_GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
-DEFAULT_DASHBOARD_UID = "stoke-slo"
-DEFAULT_DATASOURCE_UID = "prometheus"
-
-
-class AlertConfigError(InputError):
-    """Options or workloads cannot be turned into valid rules; the message names the field."""
-
-
-@dataclass(frozen=True)
-class SloOptions:
-    """How SLIs are measured and judged. Defaults: 99.9 % over 30 days, the serving path's histogram."""
-
-    objective: float = DEFAULT_OBJECTIVE  # share of requests that must meet the SLO
-    period_days: int = DEFAULT_PERIOD_DAYS  # SLO period (budget window)
-    histogram: str = DEFAULT_HISTOGRAM  # histogram metric family, in milliseconds
-    selector: str = 'workload="{name}"'  # label matchers of one workload's series
-    # label matchers of one workload's Triton series: Triton labels them only by model, so a workload
-    # label must come from the scrape (each Triton process serves one workload); see `panel_rules`
-    triton_selector: str = 'model="{model}",workload="{name}"'
-    dashboard_uid: str = DEFAULT_DASHBOARD_UID  # stable Grafana uid, whatever the workloads
-    rule_interval: str | None = None  # group evaluation interval (None: Prometheus' global)
-    # uid of the Grafana Prometheus data source the alert rules query (the dashboard offers a picker instead);
-    # Grafana gives data sources random uids unless provisioned with one, so the default must be said aloud
-    datasource_uid: str = DEFAULT_DATASOURCE_UID
-    folder: str = "stoke"  # Grafana folder of the alert rules
-    org_id: int = 1
-    #: how long a workload may stay pending (planned for, not placed) before StokeWorkloadPending fires
-    pending_for: str = "5m"
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.objective, bool)
-            or not isinstance(self.objective, (int, float))
-            or not 0.0 < self.objective < 1.0
-        ):
-            raise AlertConfigError(f"objective must be a ratio in (0, 1) such as 0.999, got {self.objective!r}")
-        if isinstance(self.period_days, bool) or not isinstance(self.period_days, int) or self.period_days < 1:
-            raise AlertConfigError(f"period_days must be a whole number >= 1, got {self.period_days!r}")
-        if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.histogram):
-            raise AlertConfigError(f"histogram {self.histogram!r} is not a Prometheus metric name")
-        for field_name in ("selector", "triton_selector"):
-            value = getattr(self, field_name)
-            try:
-                value.format(model="m", name="n")
-            except (KeyError, IndexError, ValueError) as err:
-                raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
-        if not isinstance(self.pending_for, str) or not re.fullmatch(r"[1-9][0-9]{0,5}[smh]", self.pending_for):
-            raise AlertConfigError(f"pending_for {self.pending_for!r} must be a duration such as 5m, 90s or 1h")
-        if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
-            raise AlertConfigError(
-                f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
-                f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}"
-            )
-
-    @property
-    def error_budget(self) -> float:
-        return 1.0 - self.objective
-
-    @property
-    def period(self) -> str:
-        return f"{self.period_days}d"
-
 
 # --------------------------------------------------------------------------- helpers
 

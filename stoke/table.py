@@ -97,8 +97,27 @@ def _styled(cell: str) -> Any:
     return Text(cell, style=style)
 
 
+def _plain_ascii(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
+    """The plain table laid out here, as rich lays it out, when every cell is one line of printable ASCII (each
+    character one column wide); None otherwise. Loading rich takes longer than a short command's whole work."""
+    cells = [[format_cell(row[i] if i < len(row) else None) for i in range(len(headers))] for row in rows]
+    if not all(c.isascii() and c.isprintable() for c in (*headers, *(c for row in cells for c in row))):
+        return None
+    numeric = numeric_columns(headers, rows)
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = []
+    for row in (list(headers), ["-" * w for w in widths], *cells):
+        # rich strips a right-aligned cell's trailing spaces before it aligns it
+        line = "  ".join(c.rstrip().rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric))
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """The table as plain text (see the module docstring)."""
+    plain = _plain_ascii(headers, rows)
+    if plain is not None:
+        return plain
     from rich.console import Console
 
     buffer = io.StringIO()

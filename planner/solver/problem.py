@@ -10,13 +10,17 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foundation import names
 from foundation import validate as check
 from foundation.errors import InputError
-from interference.profile import DeviceProfile
 from planner.bounds import MAX_RATE_RPS, MAX_REPLICAS, MAX_SLO_MS
+
+# Only named in annotations: the plan types load without numpy, so a client that only reads plans and
+# workloads (`stoke status`, the gRPC client) starts quickly.
+if TYPE_CHECKING:
+    from interference.profile import DeviceProfile
 
 
 class ProblemError(InputError):

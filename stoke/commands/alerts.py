@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from deploy.alerts import (
+from deploy.slo_options import (
     DASHBOARD_FILE,
     DEFAULT_DATASOURCE_UID,
     DEFAULT_HISTOGRAM,
@@ -19,13 +19,9 @@ from deploy.alerts import (
     RULES_TEST_FILE,
     AlertConfigError,
     SloOptions,
-    render_all,
-    shared_selectors,
-    summary_rows,
 )
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
-from planner.workload_file import load_workloads_file
 from stoke.commands.inputs import read_plan
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
@@ -134,6 +130,10 @@ def _options(args: argparse.Namespace) -> SloOptions:
 
 
 def run_render(args: argparse.Namespace) -> int:
+    # the renderer (YAML, the planner's types) loads here, not while the parser is built
+    from deploy.alerts import render_all, shared_selectors, summary_rows
+    from planner.workload_file import load_workloads_file
+
     options = _options(args)
     workloads = load_workloads_file(args.workloads).workloads
     plan = read_plan(args.plan) if args.plan else None

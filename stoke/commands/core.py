@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
-from interference.profile import DEFAULT_FIT_ERROR, DOMAIN_MAX_BATCH
-from interference.profiling import MEASUREMENTS_FORMAT, ProfileSession, Stability
-from planner.solver.solve import STRATEGIES
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
 from stoke.output import add_output_file_option, add_output_option, emit
@@ -23,9 +20,19 @@ from stoke.table import render_table
 
 # The solver (numpy), the simulator and the fit (scikit-learn, scipy) load inside the commands that use
 # them, so `stoke --help` and every other command start at once (test_cli_start.py checks it).
+#: `stoke plan --strategy` choices (planner.solver.STRATEGIES), the batch range `profile fit` checks
+#: (interference.profile.DOMAIN_MAX_BATCH) and `profile run`'s stability defaults (interference.profiling.Stability):
+#: copied here because building the parser should load none of those modules; test_cli_start.py keeps the copies
+#: equal.
+STRATEGIES = ("stoke", "igniter", "ffd")
+DOMAIN_MAX_BATCH = 32
+STABILITY_TOLERANCE_PCT = 10.0
+STABILITY_MAX_WINDOWS = 10
+
 if TYPE_CHECKING:
     from interference.fit import FitReport
     from interference.profile import DeviceProfile
+    from interference.profiling import ProfileSession
     from planner.simulate import SimulationReport
     from planner.solver import Plan
     from planner.workload_file import WorkloadsFile
@@ -239,14 +246,14 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--stability-percentage",
         type=float,
-        default=Stability().tolerance_pct,
+        default=STABILITY_TOLERANCE_PCT,
         metavar="PCT",
         help="the last 3 window medians must lie within this of their mean (default %(default)g)",
     )
     r.add_argument(
         "--max-windows",
         type=int,
-        default=Stability().max_windows,
+        default=STABILITY_MAX_WINDOWS,
         metavar="N",
         help="windows per point before it is recorded as unstable (default %(default)s)",
     )
@@ -629,6 +636,8 @@ def format_report(report: SimulationReport) -> str:
 
 def _measurements(text: str) -> dict[str, Any] | None:
     """`stoke profile run` output (one JSON object) rather than iGniter JSON lines; None when it is not."""
+    from interference.profiling import MEASUREMENTS_FORMAT
+
     try:
         data = json.loads(text)
     except ValueError:
@@ -640,6 +649,7 @@ def run_profile_run(args: argparse.Namespace) -> int:
     import os
 
     from agents.profiler import ProfilingError, run_session
+    from interference.profiling import ProfileSession, Stability
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -733,6 +743,8 @@ def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]
 
 
 def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
+    from interference.profile import DEFAULT_FIT_ERROR
+
     models: dict[str, Any] = {}
     for name, m in sorted(profile.models.items()):
         d = m.domain
@@ -753,6 +765,7 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
 
 
 def run_profile_show(args: argparse.Namespace) -> int:
+    from interference.profile import DEFAULT_FIT_ERROR
     from interference.profile_io import bundled_profile
 
     profile = _load_profile_arg(args.profile) or bundled_profile()
@@ -921,6 +934,7 @@ def run_profile_fit(args: argparse.Namespace) -> int:
     # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
     from interference.fit import InterferenceModel, RawProfileError, fit_measured
     from interference.profile_io import ProfileFileError, parse_raw, save_profile
+    from interference.profiling import ProfileSession
 
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")

@@ -8,10 +8,12 @@ import threading
 import time
 from typing import Any
 
-from agents.device import DEVICE_KINDS, DeviceError, info_to_dict, open_device, sample_to_dict
 from foundation.errors import UserError
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
+
+#: `--device` choices (agents.device.DEVICE_KINDS, a module that loads pynvml; test_cli_start.py keeps them equal).
+DEVICE_KINDS = ("auto", "cpu", "nvml")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,6 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(kind: str) -> Any:
+    from agents.device import DeviceError, open_device
+
     try:
         return open_device(kind)
     except DeviceError as err:
@@ -70,6 +74,8 @@ def _mib(value: int | None) -> float | None:
 def run_show(args: argparse.Namespace) -> int:
     if args.interval < 0:
         raise UserError(f"--interval must be >= 0 seconds, got {args.interval:g}")
+    from agents.device import info_to_dict, sample_to_dict
+
     device = _open(args.device)
     try:
         infos = device.describe()
@@ -138,6 +144,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from agents.device import DeviceError
     from agents.device_exporter import serve_device_metrics  # prometheus_client: only for this command
 
     if not 0 <= args.port <= 65535:

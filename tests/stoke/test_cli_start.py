@@ -41,6 +41,17 @@ def test_help_loads_no_heavy_library(argv: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("argv", [("--help",), ("status", "--help"), ("alerts", "render", "--help")])
+def test_help_loads_not_even_numpy_or_yaml(argv: tuple[str, ...]) -> None:
+    # numpy alone took 0.1 s of a 0.35 s `stoke --help` (issue 16); `plan --help` may load it: it prints the
+    # solver's defaults
+    loaded = _loaded_after(*argv)
+    assert not loaded & {"numpy", "yaml", "pynvml"}, (
+        f"stoke {' '.join(argv)} imported {loaded & {'numpy', 'yaml', 'pynvml'}}"
+    )
+
+
+@pytest.mark.slow
 def test_plan_of_the_example_loads_no_fit_or_rpc_library() -> None:
     loaded = _loaded_after("plan")
     assert "numpy" in loaded  # it did plan
@@ -59,7 +70,18 @@ def test_help_shows_the_strategy_defaults(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_constants_copied_for_the_parser_match_their_source() -> None:
-    from stoke.commands import train
+    from agents.device import DEVICE_KINDS
+    from interference.profile import DOMAIN_MAX_BATCH
+    from interference.profiling import Stability
+    from planner.solver import STRATEGIES
+    from stoke.commands import core, device, train
     from training.comm_sim import SCHEDULERS
 
     assert train.SCHEDULERS == SCHEDULERS
+    assert core.STRATEGIES == STRATEGIES
+    assert core.DOMAIN_MAX_BATCH == DOMAIN_MAX_BATCH
+    assert device.DEVICE_KINDS == DEVICE_KINDS
+    assert (core.STABILITY_TOLERANCE_PCT, core.STABILITY_MAX_WINDOWS) == (
+        Stability().tolerance_pct,
+        Stability().max_windows,
+    )

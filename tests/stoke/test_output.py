@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stoke.cli import build_parser, main
 from stoke.live import LiveView, Tab
@@ -46,6 +48,47 @@ def test_plain_tables_have_one_format_for_every_command():
         "photo-tagging  1,200.50   100%  1,234,567  :smile:",
     ]
     assert render_table(["a", "b"], []) == "a  b\n-  -"
+
+
+_CELL = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**9), 10**9),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from(["-", "+3.1", "45%", "1,200", "ok", "MISS", "a b", "[x]", ""]),
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    headers=st.lists(st.text(alphabet="abc_ %", min_size=1, max_size=8), min_size=1, max_size=5),
+    rows=st.lists(st.lists(_CELL, max_size=6), max_size=5),
+)
+def test_plain_ascii_tables_are_laid_out_as_rich_lays_them_out(headers, rows):
+    from stoke.table import _plain_ascii
+
+    rich_text = _rich_render(headers, rows)
+    assert _plain_ascii(headers, rows) == rich_text
+    assert render_table(headers, rows) == rich_text
+
+
+def _rich_render(headers, rows) -> str:
+    from rich.console import Console
+
+    from stoke.table import _table
+
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer, width=100_000, color_system=None, force_terminal=False, markup=False, emoji=False, highlight=False
+    )
+    console.print(_table(headers, rows, plain=True), crop=False)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def test_a_table_of_wide_characters_is_still_laid_out_by_rich():
+    rows = [["名前", 1.0], ["é\u0301", 2.5]]
+    assert render_table(["name", "v"], rows) == _rich_render(["name", "v"], rows)
 
 
 def test_on_a_terminal_the_same_table_is_drawn_by_rich():
