@@ -6,9 +6,10 @@
    process: workloads, GPUs, GPUs per workload, the plan's gap to its own lower bound, wall time
    of the whole command (read, check, plan, print) and its ratio to the first size's, its CPU
    time (what a busy machine does not inflate) and its peak RSS.
-2. Re-planning in the controller: the reconcile planning step (`plan_observed`, the controller's
-   solver with its memo, in this process) with 10,000 workloads placed on 2-GPU nodes, then one
-   workload's rate changed, several times: time of each re-plan and the assignments it moved.
+2. Re-planning in the controller: the reconcile planning step (`plan_observed`: observe, solve, bind) with
+   10,000 workloads placed on 2-GPU nodes, then one workload's rate changed, several times: time of each
+   re-plan and the assignments it moved. Twice: with the solver in its worker process (the controller's
+   default, the pipe sending only what changed) and in this process (`solver_budget_s: 0`).
 3. CLI start-up: `stoke --help`, `stoke status` against nothing and `stoke plan` of the bundled
    example (median of 5 runs each), and reading + checking a 10,000-workload file.
 
@@ -85,58 +86,69 @@ def scale_table(sizes: list[int], tmp: Path) -> None:
 
 
 def replan(workloads: int, changes: int = 5) -> None:
-    """The controller's planning step at `workloads`, then `changes` one-rate changes."""
+    """The controller's planning step at `workloads`, then `changes` one-rate changes: through the solver
+    worker process (the controller's default, `solver_budget_s` 30) and in this process (`solver_budget_s: 0`)."""
     from controller.config import ServiceConfig
-    from controller.reconcile.budget import remembering
+    from controller.reconcile.budget import budgeted, close_worker
     from controller.reconcile.planning import Observed, plan_observed
     from controller.reconcile.slots import Binding
     from planner.solver import solve
     from planner.workload_file import default_gpu_types
 
     profile = default_gpu_types()[0].profile
-    mix = list(fleet_workloads(workloads))
     nodes = workloads // 3  # 2 GPUs each: room to spare
     slots = tuple(Binding(f"node-{n:05d}", d, "V100") for n in range(nodes) for d in (0, 1))
-    config = ServiceConfig()
-    solver = remembering(solve)  # what the controller's solver worker runs
-
-    def run_solver(problem, current):
-        return solver(problem, config.strategy, current=current)
-
-    def cells(view):
-        return {
-            (p.name, p.replica): (b.node_id, b.device, p.share_pct, p.batch) if b else None
-            for g, b in zip(view.plan.gpus, view.bindings)
-            for p in g.placements
-        }
-
-    def observed(applied):
-        return Observed(tuple(mix), {"V100": profile}, 1, slots, applied)
-
-    started = time.perf_counter()
-    view = replace(plan_observed(observed(None), config, run_solver, 0.0), revision=1)
     print(
-        f"\nRe-planning in the controller (planning step in process, the solver's memo kept): {workloads:,} workloads "
-        f"on {nodes:,} nodes x 2 V100\n  first plan: {len(view.plan.gpus):,} GPUs, {len(view.pending)} pending, "
-        f"{time.perf_counter() - started:.1f} s"
+        f"\nRe-planning in the controller (its planning step: observe, solve, bind): {workloads:,} workloads "
+        f"on {nodes:,} nodes x 2 V100"
     )
-    started = time.perf_counter()
-    view = replace(plan_observed(observed(view), config, run_solver, 0.0), revision=2)
-    print(f"  the same inputs again: {(time.perf_counter() - started) * 1000:.0f} ms")
-    for step in range(changes):
-        k = (step * 1931 + 17) % len(mix)
-        mix[k] = replace(mix[k], rate_rps=round(mix[k].rate_rps * (1.6 if step % 2 == 0 else 0.6), 1))
+    for label, config in (
+        ("solver worker (the default)", ServiceConfig()),
+        ("in process (solver_budget_s: 0)", replace(ServiceConfig(), solver_budget_s=0.0)),
+    ):
+        mix = list(fleet_workloads(workloads))
+        solver = budgeted(solve, config.solver_budget_s, config.solver_memory_mib)  # what the controller runs
+
+        def run_solver(problem, current, solver=solver, config=config):
+            return solver(problem, config.strategy, current=current)
+
+        def cells(view):
+            return {
+                (p.name, p.replica): (b.node_id, b.device, p.share_pct, p.batch) if b else None
+                for g, b in zip(view.plan.gpus, view.bindings)
+                for p in g.placements
+            }
+
+        def observed(applied, mix=mix):
+            return Observed(tuple(mix), {"V100": profile}, 1, slots, applied)
+
         started = time.perf_counter()
-        new = replace(plan_observed(observed(view), config, run_solver, 0.0), revision=3 + step)
-        took = time.perf_counter() - started
-        before, after = cells(view), cells(new)
-        moved = sum(1 for key in set(before) | set(after) if before.get(key) != after.get(key))
+        view = replace(plan_observed(observed(None), config, run_solver, 0.0), revision=1)
         print(
-            f"  {mix[k].name} to {mix[k].rate_rps:g} req/s: re-planned in {took * 1000:.0f} ms, "
-            f"{moved} of {len(after):,} assignments moved ({moved / len(after):.2%}), "
-            f"GPUs {len(view.plan.gpus):,} -> {len(new.plan.gpus):,}"
+            f"  {label}: first plan {len(view.plan.gpus):,} GPUs, {len(view.pending)} pending, "
+            f"{time.perf_counter() - started:.1f} s"
         )
-        view = new
+        started = time.perf_counter()
+        view = replace(plan_observed(observed(view), config, run_solver, 0.0), revision=2)
+        print(f"    the same inputs again: {(time.perf_counter() - started) * 1000:.0f} ms")
+        took_ms = []
+        for step in range(changes):
+            k = (step * 1931 + 17) % len(mix)
+            mix[k] = replace(mix[k], rate_rps=round(mix[k].rate_rps * (1.6 if step % 2 == 0 else 0.6), 1))
+            started, cpu = time.perf_counter(), time.process_time()
+            new = replace(plan_observed(observed(view), config, run_solver, 0.0), revision=3 + step)
+            took, cpu = time.perf_counter() - started, time.process_time() - cpu
+            took_ms.append(took * 1000)
+            before, after = cells(view), cells(new)
+            moved = sum(1 for key in set(before) | set(after) if before.get(key) != after.get(key))
+            print(
+                f"    {mix[k].name} to {mix[k].rate_rps:g} req/s: re-planned in {took * 1000:.0f} ms "
+                f"({cpu * 1000:.0f} ms CPU in this process), {moved} of {len(after):,} assignments moved "
+                f"({moved / len(after):.2%}), GPUs {len(view.plan.gpus):,} -> {len(new.plan.gpus):,}"
+            )
+            view = new
+        print(f"    median re-plan {statistics.median(took_ms):.0f} ms, max {max(took_ms):.0f} ms")
+        close_worker()
 
 
 def cli_startup(tmp: Path) -> None:

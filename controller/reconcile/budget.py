@@ -27,7 +27,7 @@ not Python's start on a busy machine.
 from __future__ import annotations
 
 import atexit
-import copyreg
+import gc
 import inspect
 import logging
 import os
@@ -39,25 +39,21 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from controller.reconcile.planning import BudgetExceeded
+from controller.reconcile.wire import Channel
 from planner.solver import Plan, Problem, ProblemError
 
 log = logging.getLogger("stoke.planner.solver")
 _HEADER = struct.Struct("!Q")
 
 
-def _read_only(data: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
-    return types.MappingProxyType(data)
-
-
-# profiles freeze their models in a read-only mapping: it travels as the dict it wraps
-copyreg.pickle(types.MappingProxyType, lambda m: (_read_only, (dict(m),)))
 #: Largest message either side accepts (a problem of 10,000 workloads is a few MB).
 MAX_MESSAGE = 256 * 1024 * 1024
+#: The solver worker looks at every object for garbage once in this many solves (see `_serve`).
+FULL_COLLECTION_EVERY = 50
 #: Longest wait for a new worker to import the solver and say it is ready (not part of any solve's budget).
 START_TIMEOUT_S = 60.0
 
@@ -77,8 +73,12 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes:
 
 
 def _write(stream: BinaryIO, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    _write_bytes(stream, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _write_bytes(stream: BinaryIO, data: bytes) -> None:
+    stream.write(_HEADER.pack(len(data)))
+    stream.write(data)
     stream.flush()
 
 
@@ -91,10 +91,13 @@ class SolverWorker:
         self._lock = threading.Lock()
         self.started = 0  # worker processes started (a new one after each kill)
         self.exit_code: int | None = None  # of the last worker that ended
+        # what the worker already holds travels as its number (`wire`); both ends start afresh with a worker
+        self._requests, self._answers = Channel(), Channel()
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        self._requests, self._answers = Channel(), Channel()
         env = dict(os.environ)
         # the child imports the solver (and a test's solver) from the same places as this process
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -136,7 +139,7 @@ class SolverWorker:
         assert proc.stdin is not None and proc.stdout is not None
         deadline = time.monotonic() + budget_s
         try:
-            _write(proc.stdin, request)  # type: ignore[arg-type]
+            _write_bytes(proc.stdin, self._requests.dumps(request))  # type: ignore[arg-type]
         except (BrokenPipeError, OSError):
             raise _Dead from None
         header = self._read(proc, _HEADER.size, deadline, budget_s)
@@ -144,7 +147,11 @@ class SolverWorker:
         if size > MAX_MESSAGE:
             self._kill()
             raise BudgetExceeded(f"the solver answered with {size} bytes, more than {MAX_MESSAGE}")
-        kind, value = pickle.loads(self._read(proc, size, deadline, budget_s))
+        try:
+            kind, value = self._answers.loads(self._read(proc, size, deadline, budget_s))
+        except pickle.UnpicklingError:  # the two ends' tables disagree: a new worker starts both afresh
+            self._kill()
+            raise _Dead from None
         if kind == "ok":
             return value  # type: ignore[no-any-return]
         if kind == "budget":
@@ -154,7 +161,7 @@ class SolverWorker:
     def _read(self, proc: subprocess.Popen[bytes], size: int, deadline: float, budget_s: float) -> bytes:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
-        data = b""
+        data = bytearray()
         while len(data) < size:
             left = deadline - time.monotonic()
             ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
@@ -165,7 +172,7 @@ class SolverWorker:
             if not chunk:
                 raise _Dead
             data += chunk
-        return data
+        return bytes(data)
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -265,13 +272,21 @@ def _serve(memory_mib: int) -> None:
     os.dup2(2, 1)
     source = sys.stdin.buffer
     solvers: dict[Any, Callable[..., Plan]] = {}  # each solver `remembering` across the worker's solves
+    requests, answers = Channel(), Channel()
+    # Garbage is collected between solves, while the controller reads the answer, not during one: at
+    # 10,000 workloads a full collection over the memo took 70-150 ms, half a re-plan's time. What
+    # survives is frozen (left out of later collections), so the collection after the next solve looks
+    # at that solve's objects only and is over before the next request comes; every
+    # `FULL_COLLECTION_EVERY` solves everything is looked at again, so a cycle dropped later is freed too.
+    gc.disable()
+    solves = 0
     import planner.solver.stoke  # noqa: F401 - the strategies load on first use elsewhere; here before "ready"
 
     _write(out, ("ready", None))  # the imports are done: the controller starts the budget's clock now
     while True:
         try:
             (size,) = _HEADER.unpack(_read_exact(source, _HEADER.size))
-            solver, args, kwargs = pickle.loads(_read_exact(source, size))
+            solver, args, kwargs = requests.loads(_read_exact(source, size))
         except EOFError:
             return  # the controller closed the pipe (or exited)
         try:
@@ -284,7 +299,12 @@ def _serve(memory_mib: int) -> None:
             answer = ("budget", f"the solver ran out of its memory budget of {memory_mib} MiB (solver_memory_mib)")
         except Exception as err:  # noqa: BLE001 - a solver bug becomes this solve's error, not the controller's
             answer = ("problem", (f"the solver failed: {type(err).__name__}: {err}", ""))
-        _write(out, answer)
+        _write_bytes(out, answers.dumps(answer))
+        solves += 1
+        if solves % FULL_COLLECTION_EVERY == 0:
+            gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
 
 if __name__ == "__main__":

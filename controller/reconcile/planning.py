@@ -144,8 +144,13 @@ def split_schedulable(
     types are there and which are profiled when they do not meet (a `gpu_types[].match` that does
     not claim the device, a profile stored under another name)."""
     schedulable, pending = [], []
+    servable: set[tuple[str | None, str]] = set()  # (gpu_type, model) pairs found servable: each checked once
+    every_type = sorted(usable)
     for w in workloads:
-        allowed = [w.gpu_type] if w.gpu_type else sorted(usable)
+        if (w.gpu_type, w.model) in servable:
+            schedulable.append(w)
+            continue
+        allowed = [w.gpu_type] if w.gpu_type else every_type
         if w.gpu_type and w.gpu_type not in usable:
             pending.append(
                 (
@@ -164,6 +169,7 @@ def split_schedulable(
             )
             pending.append((w.name, why))
         else:
+            servable.add((w.gpu_type, w.model))
             schedulable.append(w)
     return schedulable, pending
 
@@ -275,7 +281,8 @@ def bind_plan(
     for g, b in zip(plan.gpus, bindings):
         if b is None:
             pending += [(p.name, f"no free {g.gpu_type} device on the ready nodes") for p in g.placements]
+    named = {name for name, _ in pending}
     for w in schedulable:
-        if w.name not in placed and all(w.name != name for name, _ in pending):
+        if w.name not in placed and w.name not in named:
             pending.append((w.name, "the solver did not place it: " + ("; ".join(plan.notes) or "no reason given")))
     return PlanView(revision=0, plan=plan, bindings=bindings, pending=tuple(sorted(set(pending))), created_unix=now)

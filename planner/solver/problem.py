@@ -115,12 +115,16 @@ class Problem:
         types = {g.name for g in self.inventory}
         if len(types) != len(self.inventory):
             raise ProblemError("GPU type names in the inventory must be unique")
+        checked: set[tuple[str | None, str]] = set()  # (gpu_type, model) pairs found servable: each once
         for w in self.workloads:
+            if (w.gpu_type, w.model) in checked:
+                continue
             if w.gpu_type is not None and w.gpu_type not in types:
                 raise ProblemError(
                     f"workload {w.name!r}: gpu_type {w.gpu_type!r} is not in the inventory ({', '.join(sorted(types))})"
                 )
             allowed = [g for g in self.inventory if w.gpu_type in (None, g.name)]
+            checked.add((w.gpu_type, w.model))
             if not any(w.model in g.profile.models for g in allowed):
                 raise ProblemError(
                     f"workload {w.name!r}: model {w.model!r} is not profiled on "

@@ -706,29 +706,32 @@ def _seed_from(
     solve's shares instead of checking its co-location again (the same check, the same answer)."""
     untouched: set[int] = set()
     # A placement takes the pending replica of its workload with its rate and batch (replica numbers
-    # follow GPU order, so they need not match), else the one with its number.
+    # follow GPU order, so they need not match), else the one with its number. Each pending replica
+    # is taken once: `unmatched` (a set, not a list per workload to remove from: 11,000 placements
+    # at 10,000 workloads).
     by_name: dict[str, list[tuple[str, int]]] = {}
     for replica in pending:
         by_name.setdefault(replica[0], []).append(replica)
+    unmatched = set(pending)
 
     def match(p: Placement, gpu_type: str) -> Item | None:
-        keys = by_name.get(p.name, [])
         own = (p.name, p.replica)
-        found = pending.get(own) if own in keys else None
+        found = pending.get(own) if own in unmatched else None
         if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
             same: tuple[str, int] | None = own  # the usual case: its own number
         else:
+            keys = [k for k in by_name.get(p.name, ()) if k in unmatched]
             same = next(
                 (
                     k
                     for k in keys
                     if pending[k][0].batch == p.batch and abs(pending[k][0].rate_rps - p.rate_rps) <= 1e-6
                 ),
-                own if own in keys else None,
+                own if own in unmatched else None,
             )
         if same is None or pending[same][1] != gpu_type:
             return None
-        keys.remove(same)
+        unmatched.discard(same)
         return pending[same][0]
 
     for gpu in current.gpus:
@@ -789,6 +792,9 @@ class SolveMemo:
         self.choices: dict[Workload, tuple[str, tuple[Item, ...]]] = {}
         self.seeded: dict[tuple[Any, ...], tuple[tuple[Item, ...], tuple[float, ...]]] = {}
         self.placements: dict[tuple[Any, ...], tuple[Placement, ...]] = {}
+        #: per (placements, key, price): the GPU of the plan, the same object solve after solve (a caller that
+        #: sends plans elsewhere, the controller's solver worker, recognises it by identity)
+        self.gpus: dict[tuple[int, str | None, float], GpuPlan] = {}
         self.renumbered: dict[tuple[int, int, int], Item] = {}
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
@@ -802,9 +808,9 @@ class SolveMemo:
         if len(self.choices) > 2 * len(problem.workloads) + 1000:
             names = set(problem.workloads)
             self.choices = {w: c for w, c in self.choices.items() if w in names}
-            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+            self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
         if len(self.held) > 4 * len(problem.workloads) + 1000:
-            self.seeded, self.placements, self.renumbered, self.held = {}, {}, {}, []
+            self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
         for g in problem.inventory:
             if g.name not in self.caches:
                 self.caches[g.name] = PointCache(g)
@@ -957,5 +963,10 @@ def _to_plan(
             if memo is not None:
                 memo.placements[key] = placements
                 memo.held.append(tuple(b.items))
-        gpus.append(GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements))
+        gpu = memo.gpus.get((id(placements), b.key, prices[b.gpu_type])) if memo is not None else None
+        if gpu is None:
+            gpu = GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements)
+            if memo is not None:  # its placements are held (by `placements`), so their id stays theirs
+                memo.gpus[(id(placements), b.key, prices[b.gpu_type])] = gpu
+        gpus.append(gpu)
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)
