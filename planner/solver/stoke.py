@@ -706,32 +706,29 @@ def _seed_from(
     solve's shares instead of checking its co-location again (the same check, the same answer)."""
     untouched: set[int] = set()
     # A placement takes the pending replica of its workload with its rate and batch (replica numbers
-    # follow GPU order, so they need not match), else the one with its number. Each pending replica
-    # is taken once: `unmatched` (a set, not a list per workload to remove from: 11,000 placements
-    # at 10,000 workloads).
+    # follow GPU order, so they need not match), else the one with its number.
     by_name: dict[str, list[tuple[str, int]]] = {}
     for replica in pending:
         by_name.setdefault(replica[0], []).append(replica)
-    unmatched = set(pending)
 
     def match(p: Placement, gpu_type: str) -> Item | None:
+        keys = by_name.get(p.name, [])
         own = (p.name, p.replica)
-        found = pending.get(own) if own in unmatched else None
+        found = pending.get(own) if own in keys else None
         if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
             same: tuple[str, int] | None = own  # the usual case: its own number
         else:
-            keys = [k for k in by_name.get(p.name, ()) if k in unmatched]
             same = next(
                 (
                     k
                     for k in keys
                     if pending[k][0].batch == p.batch and abs(pending[k][0].rate_rps - p.rate_rps) <= 1e-6
                 ),
-                own if own in unmatched else None,
+                own if own in keys else None,
             )
         if same is None or pending[same][1] != gpu_type:
             return None
-        unmatched.discard(same)
+        keys.remove(same)
         return pending[same][0]
 
     for gpu in current.gpus:
