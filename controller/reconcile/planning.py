@@ -199,6 +199,8 @@ def _current(kept: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
     if kept is None:
         return None
     names = {w.name for w in workloads}
+    if {p.name for g in kept.gpus for p in g.placements} <= names:  # the usual case: nothing to take out
+        return Plan(strategy=kept.strategy, gpus=tuple(g for g in kept.gpus if g.placements), notes=kept.notes)
     gpus = tuple(
         g
         if all(p.name in names for p in g.placements)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from foundation.gc_pause import collection_paused
 from planner.solver.problem import Plan, Problem, ProblemError
 
 if TYPE_CHECKING:
@@ -36,14 +37,15 @@ def solve(
             f"strategy {strategy!r} takes no options (safety margin, utilisation cap); they tune the stoke strategy"
         )
     # The strategies (numpy) load on first use: STRATEGIES alone is what the CLI's parser needs.
-    if strategy == "igniter":
-        from planner.solver.igniter import solve_igniter
+    with collection_paused():  # a solve makes no garbage cycles to speak of: see foundation.gc_pause
+        if strategy == "igniter":
+            from planner.solver.igniter import solve_igniter
 
-        return solve_igniter(problem)
-    if strategy == "ffd":
-        from planner.solver.ffd import solve_ffd
+            return solve_igniter(problem)
+        if strategy == "ffd":
+            from planner.solver.ffd import solve_ffd
 
-        return solve_ffd(problem)
-    from planner.solver.stoke import DEFAULT_OPTIONS, solve_stoke
+            return solve_ffd(problem)
+        from planner.solver.stoke import DEFAULT_OPTIONS, solve_stoke
 
-    return solve_stoke(problem, current, options or DEFAULT_OPTIONS, memo)
+        return solve_stoke(problem, current, options or DEFAULT_OPTIONS, memo)

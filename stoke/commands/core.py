@@ -332,6 +332,13 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from foundation.gc_pause import collection_paused
+
+    with collection_paused():  # reading, solving and printing a large fleet: see foundation.gc_pause
+        return _run_plan(args)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
     from planner.solver import ProblemError, plan_to_dict, solve
     from planner.solver.stoke import DEFAULT_OPTIONS, StokeOptions
 
