@@ -6,10 +6,11 @@
    process: workloads, GPUs, GPUs per workload, the plan's gap to its own lower bound, wall time
    of the whole command (read, check, plan, print) and its ratio to the first size's, its CPU
    time (what a busy machine does not inflate) and its peak RSS.
-2. Re-planning in the controller: the reconcile planning step (`plan_observed`: observe, solve, bind) with
-   10,000 workloads placed on 2-GPU nodes, then one workload's rate changed, several times: time of each
-   re-plan and the assignments it moved. Twice: with the solver in its worker process (the controller's
-   default, the pipe sending only what changed) and in this process (`solver_budget_s: 0`).
+2. Re-planning in the controller: the reconcile planning step (the workloads read from the controller's
+   store, then `plan_observed`: solve, bind) with 10,000 workloads placed on 2-GPU nodes, then one
+   workload's rate changed, several times: time of each re-plan and the assignments it moved. Twice:
+   with the solver in its worker process (the controller's default, the pipe sending only what
+   changed) and in this process (`solver_budget_s: 0`).
 3. CLI start-up: `stoke --help`, `stoke status` against nothing and `stoke plan` of the bundled
    example (median of 5 runs each), and reading + checking a 10,000-workload file.
 
@@ -92,6 +93,7 @@ def replan(workloads: int, changes: int = 5) -> None:
     from controller.reconcile.budget import budgeted, close_worker
     from controller.reconcile.planning import Observed, plan_observed
     from controller.reconcile.slots import Binding
+    from controller.store import Store
     from planner.solver import solve
     from planner.workload_file import default_gpu_types
 
@@ -99,7 +101,7 @@ def replan(workloads: int, changes: int = 5) -> None:
     nodes = workloads // 3  # 2 GPUs each: room to spare
     slots = tuple(Binding(f"node-{n:05d}", d, "V100") for n in range(nodes) for d in (0, 1))
     print(
-        f"\nRe-planning in the controller (its planning step: observe, solve, bind): {workloads:,} workloads "
+        f"\nRe-planning in the controller (its planning step: read the store, solve, bind): {workloads:,} workloads "
         f"on {nodes:,} nodes x 2 V100"
     )
     for label, config in (
@@ -108,6 +110,9 @@ def replan(workloads: int, changes: int = 5) -> None:
     ):
         mix = list(fleet_workloads(workloads))
         solver = budgeted(solve, config.solver_budget_s, config.solver_memory_mib)  # what the controller runs
+        # the workloads live in the controller's store, read back at every pass as `observe` does
+        store = Store(Path(tempfile.mkdtemp(prefix="bench-replan-")) / "controller.db")
+        store.upsert_workloads(mix, 0.0)
 
         def run_solver(problem, current, solver=solver, config=config):
             return solver(problem, config.strategy, current=current)
@@ -119,8 +124,8 @@ def replan(workloads: int, changes: int = 5) -> None:
                 for p in g.placements
             }
 
-        def observed(applied, mix=mix):
-            return Observed(tuple(mix), {"V100": profile}, 1, slots, applied)
+        def observed(applied, store=store):
+            return Observed(store.workload_rows()[0], {"V100": profile}, 1, slots, applied)
 
         started = time.perf_counter()
         view = replace(plan_observed(observed(None), config, run_solver, 0.0), revision=1)
@@ -135,6 +140,7 @@ def replan(workloads: int, changes: int = 5) -> None:
         for step in range(changes):
             k = (step * 1931 + 17) % len(mix)
             mix[k] = replace(mix[k], rate_rps=round(mix[k].rate_rps * (1.6 if step % 2 == 0 else 0.6), 1))
+            store.upsert_workloads([mix[k]], float(step))  # the apply; the re-plan reads it back
             started, cpu = time.perf_counter(), time.process_time()
             new = replace(plan_observed(observed(view), config, run_solver, 0.0), revision=3 + step)
             took, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -149,6 +155,7 @@ def replan(workloads: int, changes: int = 5) -> None:
             view = new
         print(f"    median re-plan {statistics.median(took_ms):.0f} ms, max {max(took_ms):.0f} ms")
         close_worker()
+        store.close()
 
 
 def cli_startup(tmp: Path) -> None:

@@ -1,0 +1,39 @@
+"""The store's workload rows: read at every re-plan, built and checked only when a row changed (issue 16)."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+
+from controller.store import Store
+from planner.solver.random_mix import fleet_workloads
+
+
+def test_unchanged_rows_come_back_as_the_same_workloads_and_changes_are_read(tmp_path):
+    store = Store(tmp_path / "s.db")
+    workloads = list(fleet_workloads(5, seed=4))
+    store.upsert_workloads(workloads, 0.0)
+    first, _ = store.workload_rows()
+    assert sorted(first, key=lambda w: w.name) == sorted(workloads, key=lambda w: w.name)
+    changed = replace(workloads[2], rate_rps=workloads[2].rate_rps * 2)
+    store.upsert_workloads([changed], 1.0)
+    store.delete_workload(workloads[0].name)
+    second, _ = store.workload_rows()
+    by_name = {w.name: w for w in second}
+    assert by_name[changed.name] == changed
+    assert workloads[0].name not in by_name
+    unchanged = [w for w in first if w.name not in (changed.name, workloads[0].name)]
+    assert all(by_name[w.name] is w for w in unchanged)  # not built or checked again
+    store.close()
+
+
+def test_a_row_changed_behind_the_stores_back_is_read_and_checked_again(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.upsert_workloads(list(fleet_workloads(2, seed=4)), 0.0)
+    (name, *_), _ = store.workload_rows()
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("UPDATE workloads SET rate_rps = 1e308 WHERE name = ?", (name.name,))
+    good, bad = store.workload_rows()
+    assert name.name not in {w.name for w in good}
+    assert bad and bad[0][0] == name.name and "rate_rps" in bad[0][1]
+    store.close()
