@@ -96,7 +96,9 @@ def bind_gpus(
         if bound[i] is not None:
             continue
         gpu_type = plan.gpus[i].gpu_type
-        cursor = of_type.setdefault(gpu_type, iter([s for s in free if s.gpu_type == gpu_type]))
+        cursor = of_type.get(gpu_type)
+        if cursor is None:  # once per type (a setdefault built the list for every GPU: quadratic in a first plan)
+            cursor = of_type[gpu_type] = iter([s for s in free if s.gpu_type == gpu_type])
         slot = next((s for s in cursor if s not in taken), None)
         if slot is not None:
             bound[i] = slot
