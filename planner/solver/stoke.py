@@ -711,6 +711,8 @@ def _seed_from(
     for replica in pending:
         by_name.setdefault(replica[0], []).append(replica)
 
+    by_own = [True]  # whether every placement of the GPU at hand took its own number, its rate and batch
+
     def match(p: Placement, gpu_type: str) -> Item | None:
         keys = by_name.get(p.name, [])
         own = (p.name, p.replica)
@@ -718,6 +720,7 @@ def _seed_from(
         if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
             same: tuple[str, int] | None = own  # the usual case: its own number
         else:
+            by_own[0] = False
             same = next(
                 (
                     k
@@ -731,32 +734,31 @@ def _seed_from(
         keys.remove(same)
         return pending[same][0]
 
+    def unchanged(entry: tuple[GpuPlan, tuple[Item, ...], Any]) -> bool:
+        """Whether `match` would take each of this GPU's replicas again, as it did in an earlier solve
+        (the same placements, each its own number, rate and batch: the same replica objects still
+        pending, none taken yet); then takes them."""
+        gpu, items = entry[0], entry[1]
+        keys = [item.key for item in items]
+        for item, key in zip(items, keys):
+            found = pending.get(key)
+            if found is None or found[0] is not item or found[1] != gpu.gpu_type or key not in by_name[key[0]]:
+                return False
+        for key in keys:
+            by_name[key[0]].remove(key)
+        return True
+
     for gpu in current.gpus:
         if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
             continue
-        candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
-        # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
-        # entry holds them, so their ids stay theirs
-        key = (gpu.gpu_type, tuple(map(id, candidates)))
-        seeded = memo.seeded.get(key) if memo is not None else None
-        if seeded is None:
-            cache = packing.caches[gpu.gpu_type]
-            # all of them together from their minimum shares (a share the SLO guard raised comes back
-            # down when its floor goes), else one by one, dropping those that no longer fit
-            together = colocate(cache, candidates)
-            if together is not None:
-                seeded = (candidates, tuple(together[0]))
-            else:
-                items: list[Item] = []
-                shares: list[float] = []
-                for item in candidates:
-                    fitted = colocate(cache, items + [item], shares + [item.min_share])
-                    if fitted is not None:
-                        items, shares = items + [item], fitted[0]
-                seeded = (tuple(items), tuple(shares))
-            if memo is not None:
-                memo.seeded[key] = seeded
-                memo.held.append(candidates)
+        # With a memo, a GPU of the plan an earlier solve was given (the same object: the controller hands
+        # back the plan it was answered) whose replicas are all still as they were is taken as it was:
+        # at 10,000 workloads nearly every GPU, and half of a re-plan's time went into matching them.
+        entry = memo.reseeded.get(id(gpu)) if memo is not None else None
+        if entry is not None and entry[0] is gpu and unchanged(entry):
+            seeded = entry[2]
+        else:
+            seeded = _seed_gpu(packing, gpu, match, by_own, memo)
         for item in seeded[0]:
             del pending[item.key]
         if seeded[0]:
@@ -764,6 +766,43 @@ def _seed_from(
             if len(seeded[0]) == len(gpu.placements):
                 untouched.add(b.id)
     return untouched
+
+
+def _seed_gpu(
+    packing: Packing,
+    gpu: GpuPlan,
+    match: Callable[[Placement, str], Item | None],
+    by_own: list[bool],
+    memo: SolveMemo | None,
+) -> tuple[tuple[Item, ...], tuple[float, ...]]:
+    """The replicas (matched by `match`) a GPU of the current plan keeps, with their shares."""
+    by_own[0] = True
+    candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
+    # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
+    # entry holds them, so their ids stay theirs
+    key = (gpu.gpu_type, tuple(map(id, candidates)))
+    seeded = memo.seeded.get(key) if memo is not None else None
+    if seeded is None:
+        cache = packing.caches[gpu.gpu_type]
+        # all of them together from their minimum shares (a share the SLO guard raised comes back
+        # down when its floor goes), else one by one, dropping those that no longer fit
+        together = colocate(cache, candidates)
+        if together is not None:
+            seeded = (candidates, tuple(together[0]))
+        else:
+            items: list[Item] = []
+            shares: list[float] = []
+            for item in candidates:
+                fitted = colocate(cache, items + [item], shares + [item.min_share])
+                if fitted is not None:
+                    items, shares = items + [item], fitted[0]
+            seeded = (tuple(items), tuple(shares))
+        if memo is not None:
+            memo.seeded[key] = seeded
+            memo.held.append(candidates)
+    if memo is not None and by_own[0] and len(candidates) == len(gpu.placements):
+        memo.reseeded[id(gpu)] = (gpu, candidates, seeded)  # holds the GPU: its id stays its own
+    return seeded
 
 
 class SolveMemo:
@@ -793,6 +832,9 @@ class SolveMemo:
         #: sends plans elsewhere, the controller's solver worker, recognises it by identity)
         self.gpus: dict[tuple[int, str | None, float], GpuPlan] = {}
         self.renumbered: dict[tuple[int, int, int], Item] = {}
+        #: per GPU of a current plan (by identity, the GPU held): the replicas it was seeded with and their shares,
+        #: when each took its own number (`_seed_from` takes them again while they are all still pending)
+        self.reseeded: dict[int, tuple[GpuPlan, tuple[Item, ...], tuple[tuple[Item, ...], tuple[float, ...]]]] = {}
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
 
@@ -806,8 +848,10 @@ class SolveMemo:
             names = set(problem.workloads)
             self.choices = {w: c for w, c in self.choices.items() if w in names}
             self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
-        if len(self.held) > 4 * len(problem.workloads) + 1000:
+            self.reseeded = {}
+        if len(self.held) > 4 * len(problem.workloads) + 1000 or len(self.reseeded) > 4 * len(problem.workloads) + 1000:
             self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
+            self.reseeded = {}
         for g in problem.inventory:
             if g.name not in self.caches:
                 self.caches[g.name] = PointCache(g)

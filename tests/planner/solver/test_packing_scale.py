@@ -128,6 +128,31 @@ def test_a_memo_replans_to_the_same_plan_and_moves_only_the_change():
     assert solve(problem, "stoke", options=tighter, memo=memo) == solve(problem, "stoke", options=tighter)
 
 
+def test_a_memo_given_back_its_own_plans_replans_as_a_solve_without_it():
+    """The controller hands the solver the plan it was answered (the same GPU objects): the memo then takes
+    the GPUs whose replicas are unchanged as they were, which must change nothing in the answer."""
+    from dataclasses import replace
+
+    from planner.solver.stoke import SolveMemo
+
+    workloads = list(fleet_workloads(60, seed=12))
+    memo = SolveMemo()
+    plan = solve(Problem(tuple(workloads), (V100,)), "stoke", memo=memo)
+    rng = random.Random(5)
+    for step in range(8):
+        k = rng.randrange(len(workloads))
+        factor = (3.0, 0.3, 1.7, 0.5)[step % 4]  # replicas come and go
+        workloads[k] = replace(workloads[k], rate_rps=round(workloads[k].rate_rps * factor, 1))
+        if step == 5:  # a workload leaves: its GPUs' neighbours are re-fitted
+            del workloads[rng.randrange(len(workloads))]
+        problem = Problem(tuple(workloads), (V100,))
+        given = replace(plan, gpus=plan.gpus[:-1]) if step == 6 else plan  # a GPU lost as well
+        remembered = solve(problem, "stoke", current=given, memo=memo)
+        assert remembered == solve(problem, "stoke", current=given)
+        plan = remembered
+    assert memo.reseeded  # the GPUs were taken as they were
+
+
 def test_the_controller_keeps_one_memo_for_a_solver_that_takes_it():
     from controller.reconcile.budget import remembering
 
