@@ -52,15 +52,25 @@ class Verification:
 
 
 def plan_points(plan: Plan) -> set[tuple[str, str, int, float]]:
-    """(GPU type, model, batch, share) of every replica of `plan`."""
-    return {(g.gpu_type, p.model, p.batch, round(p.share_pct, 6)) for g in plan.gpus for p in g.placements}
+    """(GPU type, model, batch, share) of every batch size a replica of `plan` runs: its max batch B, and
+    for Poisson clients every partial batch 1..B-1 too (a lightly loaded queue's p99 comes from them;
+    paced clients' batches are all full)."""
+    points = set()
+    for g in plan.gpus:
+        for p in g.placements:
+            share = round(p.share_pct, 6)
+            sizes = range(1, p.batch + 1) if p.arrivals == "poisson" else (p.batch,)
+            points.update((g.gpu_type, p.model, k, share) for k in sizes)
+    return points
 
 
-def unmeasured(problem: Problem, plan: Plan) -> list[tuple[str, str, int, float]]:
+def unmeasured(
+    problem: Problem, plan: Plan, points: set[tuple[str, str, int, float]] | None = None
+) -> list[tuple[str, str, int, float]]:
     profiles = {g.name: g.profile for g in problem.inventory}
     return sorted(
         point
-        for point in plan_points(plan)
+        for point in (plan_points(plan) if points is None else points)
         if profiles[point[0]].model(point[1]).measured_ms(point[2], point[3]) is None
     )
 
@@ -98,6 +108,7 @@ def verify(
         todo = unmeasured(problem, current)
         if not todo:
             return Verification(current, problem, tuple(rounds), True)
+        todo = unmeasured(problem, current)
         worst = 0.0
         for gpu_type, model, batch, share in todo:
             active = float(measure(gpu_type, model, batch, share))
