@@ -15,7 +15,9 @@ Variants: `today` (stoke before issue 15: the central fit trusted everywhere, 5%
 paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the wide-margin baseline
 of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
 (error-aware, then `planner.solver.verify` measures the chosen points on the truth, the simulated
-device, and re-plans until the plan holds on measured points; rounds and points are printed).
+device: every batch size 1..B of a Poisson replica, B of a paced one, and the same one share step
+lower (`--neighbours`), and re-plans until the plan holds on measured points; rounds and points are
+printed).
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
 """
@@ -169,7 +171,7 @@ def main() -> None:
                 for variant in variants:
                     started = time.perf_counter()
                     if variant == "verified":
-                        checked = verify(Problem(workloads, types), measure_on(truth))
+                        checked = verify(Problem(workloads, types), measure_on(truth), neighbours=True)
                         plan = checked.plan
                         rounds = ", ".join(f"{r.measured} pts -> {r.gpus_after} GPUs" for r in checked.rounds)
                         notes.append(

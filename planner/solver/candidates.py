@@ -159,6 +159,7 @@ class PointCache:
         self._errors: dict[str, NDArray[Any]] = {}
         self._upper: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
         self._lines: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
+        self._upper_packed: dict[tuple[str, str], NDArray[Any]] = {}
         self.shares = share_steps(self.profile.gpu)
 
     def serving_p99_ms(self, model: str) -> float:
@@ -176,13 +177,19 @@ class PointCache:
         return table
 
     def domain_table(self, model: str) -> NDArray[Any]:
-        """Which (batch, share) candidates lie in the profile's measured domain, shape (MAX_BATCH, shares)."""
+        """Which (batch, share) candidates lie in the profile's measured domain, shape (MAX_BATCH, shares):
+        inside the fit's measured batches and shares, or measured by verification themselves."""
         m = self.profile.model(model)
         if m.domain is None:
             return np.ones((MAX_BATCH, len(self.shares)), dtype=bool)
         batches = np.arange(1, MAX_BATCH + 1)[:, None]
         in_batches = (batches >= m.domain.batches[0]) & (batches <= m.domain.batches[-1])
-        return np.asarray(in_batches & (self.shares[None, :] >= m.domain.min_share - EPS), dtype=bool)
+        table = np.array(in_batches & (self.shares[None, :] >= m.domain.min_share - EPS), dtype=bool)
+        for batch, share, _ in m.measured:
+            column = int(round(share / self.step)) - 1
+            if 1 <= batch <= MAX_BATCH and 0 <= column < len(self.shares):
+                table[batch - 1, column] = True
+        return table
 
     def upper_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """`solo_table` with L and O raised to the error bound: latency x (1+e), throughput / (1+e)."""
@@ -297,21 +304,35 @@ class PointCache:
     def _upper_curves(self, model: str, mode: str) -> NDArray[Any]:
         """Packed table curves (MAX_BATCH, shares, grid, 2) of the upper service curve: at each
         utilisation of the grid (that of the raised O(B)), the least p99 over `upper_lines`."""
+        found = self._upper_packed.get((model, mode))
+        if found is not None:
+            return found
         factor, shape = self.upper_lines(model)
-        batches = np.broadcast_to(np.arange(1, MAX_BATCH + 1)[:, None], shape.shape[1:]).astype(np.intp)
-        grid = 1.0 / (1.0 + np.exp(-batching_table().logits))
-        best_ratio = np.full(shape.shape[1:] + (len(grid),), np.inf)
-        best_size = np.zeros_like(best_ratio)
+        table = batching_table()
+        batches = np.broadcast_to(np.arange(1, MAX_BATCH + 1)[:, None], shape.shape[1:])
+        grid = 1.0 / (1.0 + np.exp(-table.logits))
+        best = np.full(shape.shape[1:] + (len(grid),), np.inf)  # log(p99 / raised O(B))
+        best_size = np.zeros_like(best)
         for j in range(shape.shape[0]):
-            curves = batching_table().curve_set(mode, batches[..., None], shape[j][..., None])
-            ratio, size = curves.at_utilisation(factor[j][..., None] * grid)
-            ratio = ratio * factor[j][..., None]  # the table is relative to the line's own O(B)
-            better = ratio < best_ratio
-            best_ratio, best_size = np.where(better, ratio, best_ratio), np.where(better, size, best_size)
-        with np.errstate(divide="ignore"):
-            log_ratio = np.log(best_ratio)
-        # past every line's table range: unstable (exp(300) is finite, so interpolation stays defined)
-        return np.stack([np.where(np.isfinite(log_ratio), log_ratio, 300.0), best_size], axis=-1)
+            log_ratio, size = table.curves(mode, batches, shape[j])
+            # the line's own utilisation at each grid node, and the table's value there (linear in logit)
+            u = np.minimum(factor[j][..., None] * grid, 1.0 - 1e-12)
+            pos = (np.log(u / (1.0 - u)) - table.LOGIT_START) / table.LOGIT_STEP
+            low = np.clip(np.floor(pos).astype(np.intp), 0, len(grid) - 2)
+            w = pos - low
+            at_low = np.take_along_axis(log_ratio, low, axis=-1)
+            value = at_low + (np.take_along_axis(log_ratio, low + 1, axis=-1) - at_low) * w
+            size_low = np.take_along_axis(size, low, axis=-1)
+            size_at = size_low + (np.take_along_axis(size, low + 1, axis=-1) - size_low) * w
+            # the table is relative to the line's own O(B); past its top the queue is unstable
+            value = np.where(u > MAX_UTILISATION + 1e-12, np.inf, value + np.log(factor[j])[..., None])
+            better = value < best
+            best, best_size = np.where(better, value, best), np.where(better, size_at, best_size)
+        log_ratio = best
+        found = self._upper_packed[(model, mode)] = np.stack(
+            [np.where(np.isfinite(log_ratio), log_ratio, 300.0), best_size], axis=-1
+        )
+        return found
 
     def rated_curves(
         self, model: str, modes: tuple[str, ...], columns: tuple[int, int] | None = None, upper: bool = False

@@ -273,7 +273,8 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         help="measure the points a plan chose, put them in the profile and re-plan until the plan holds on them",
         description="Verify before serving: each (model, batch, share) the plan chose is measured on the device, "
         "the measurement replaces the fit there (and raises its neighbourhood when slower), and the workloads "
-        "are planned again; a round that chooses only measured points ends it (at most --rounds). Devices: "
+        "are planned again; a round that chooses only measured points ends it (at most --rounds). A Poisson "
+        "replica is measured at every batch size 1..B it runs, a paced one at B. Devices: "
         "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests), or 'cpu', real "
         "Triton processes on this node (the plan must be made with a CPU profile: --profile). Measuring "
         "through NVML/MPS on a GPU is not built yet.",
@@ -291,6 +292,12 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     )
     v.add_argument("--requests", type=int, default=20, help="cpu: requests per measurement window (default 20)")
     v.add_argument("--rounds", type=int, default=8, help="at most this many measure/re-plan rounds (default 8)")
+    v.add_argument(
+        "--neighbours",
+        action="store_true",
+        help="also measure each chosen point one share step lower (about twice the points): where the "
+        "error bound kept the plan from a smaller share, a measurement may show it holds",
+    )
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
     v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
     v.set_defaults(run=run_profile_verify)
@@ -854,7 +861,9 @@ def run_profile_verify(args: argparse.Namespace) -> int:
             )
 
         try:
-            checked = verify(problem, measure, plan=plan, max_rounds=args.rounds, progress=progress)
+            checked = verify(
+                problem, measure, plan=plan, max_rounds=args.rounds, progress=progress, neighbours=args.neighbours
+            )
         finally:
             if hasattr(measure, "close"):
                 measure.close()
