@@ -250,7 +250,7 @@ class PointCache:
 
     def upper_occupancy_table(self, model: str) -> NDArray[Any]:
         """O(k) raised to the error bound at every (k, share): the points the upper service curve covers."""
-        return self.occupancy_table(model) * (1.0 + self.error_table(model))
+        return np.asarray(self.occupancy_table(model) * (1.0 + self.error_table(model)), dtype=float)
 
     def upper_lines(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """Linear occupancies that lie at or above every raised O(k), k = 1..B, for each (B, share).

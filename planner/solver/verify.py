@@ -60,7 +60,7 @@ def plan_points(plan: Plan) -> set[tuple[str, str, int, float]]:
     """(GPU type, model, batch, share) of every batch size a replica of `plan` runs: its max batch B, and
     for Poisson clients every partial batch 1..B-1 too (a lightly loaded queue's p99 comes from them;
     paced clients' batches are all full)."""
-    points = set()
+    points: set[tuple[str, str, int, float]] = set()
     for g in plan.gpus:
         for p in g.placements:
             share = round(p.share_pct, 6)
@@ -73,7 +73,7 @@ def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, f
     """The points of `plan_points` one share step lower, inside the profile's measured shares: the error
     bound kept the plan from them, and measured they may well hold (the plan's neighbours)."""
     profiles = {g.name: g.profile for g in problem.inventory}
-    out = set()
+    out: set[tuple[str, str, int, float]] = set()
     for gpu_type, model, batch, share in plan_points(plan):
         profile = profiles[gpu_type]
         lower = round(share - profile.gpu.share_step_pct, 6)

@@ -435,8 +435,9 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
     lines.append(
         "p99_ms: predicted 99th-percentile request latency end to end (queueing + batch fill + co-located "
         "inference + the serving path); p99_upper: the same with L and O raised to the profile's error bound "
-        "there and partial batches on a line at or above every raised O(k); serving_ms: the serving path's p99 outside the batch (client, router, Triton's frontend), from "
-        "the profile; infer_ms: one batch's inference time; delay_ms: Triton's max queue delay."
+        "there and partial batches on a line at or above every raised O(k); serving_ms: the serving path's p99 "
+        "outside the batch (client, router, Triton's frontend), from the profile; infer_ms: one batch's "
+        "inference time; delay_ms: Triton's max queue delay."
     )
     return "\n".join(lines)
 
