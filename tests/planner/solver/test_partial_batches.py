@@ -116,3 +116,41 @@ def test_verification_measures_partial_batches_and_the_replan_holds_on_a_tiled_d
         p = next(p for _, p in checked.plan.placements() if p.name == name)
         assert w.meets_slo, name
         assert w.p99_ms <= p.p99_upper_ms, name  # the upper bound holds on the device
+        assert p.p99_upper_ms <= 0.98 * p.slo_ms * (1 + 1e-9), name  # and it is what the budget held
+
+
+def measured_curve(slower: float) -> GpuType:
+    """resnet50 measured at batches 1..8 on every share step: batches 2..7 `slower` than the fit,
+    batches 1 and 8 as fitted (so the chord through O(1) and O(8) does not move)."""
+    m = FITTED.model("resnet50")
+    step = FITTED.gpu.share_step_pct
+    points = {
+        (k, round(step * j, 6)): (slower if 1 < k < 8 else 1.0) * m.active_time_ms(k, step * j)
+        for k in range(1, 9)
+        for j in range(1, int(round(100 / step)) + 1)
+    }
+    return GpuType("V100", 3.06, DeviceProfile(FITTED.gpu, {**FITTED.models, "resnet50": m.with_measured(points)}))
+
+
+def test_slow_partial_batches_raise_the_p99_the_planner_checks():
+    from planner.solver.stoke import candidate_grid
+
+    workload = Workload("w", "resnet50", 40.0, 150.0)  # light load at batch 8
+    exact, slow = PointCache(measured_curve(1.0)), PointCache(measured_curve(1.2))
+    at_exact = candidate_grid(workload, exact, workload.rate_rps).p99_ms[:, 7]
+    at_slow = candidate_grid(workload, slow, workload.rate_rps).p99_ms[:, 7]
+    both = np.isfinite(at_exact) & np.isfinite(at_slow)
+    assert both.any()
+    # the chord through O(1) and O(8) is the same; only the partial batches differ
+    assert (at_slow[both] > at_exact[both] * 1.03).mean() > 0.5
+    # and the scalar check `colocate` uses (P99Target.met_by) reads the same curves
+    from planner.solver.stoke import best_candidate
+
+    item = best_candidate(workload, exact, workload.rate_rps)
+    prediction = exact.predict([item], [item.min_share])[0]
+    raised = exact.raised("resnet50", item.batch, item.min_share, prediction)
+    slow_raised = slow.raised("resnet50", item.batch, item.min_share, slow.predict([item], [item.min_share])[0])
+    if item.batch > 2:
+        assert item.target.p99_ms(slow, slow_raised, item.min_share, upper=True) > item.target.p99_ms(
+            exact, raised, item.min_share, upper=True
+        )
