@@ -120,7 +120,7 @@ class Channel:
     def _define(self, number: int, cls: type, state: dict[str, Any]) -> Any:
         if cls not in SHARED_TYPES:
             raise pickle.UnpicklingError(f"{cls!r} is not a shared type")
-        obj = cls.__new__(cls)
+        obj: Any = object.__new__(cls)
         obj.__dict__.update(state)  # as pickle itself restores a dataclass: no __init__, no re-validation
         self._table[number] = obj
         return obj
