@@ -7,7 +7,8 @@ direction of the pipe. The sender numbers each workload, placement, GPU of a pla
 first time it sends it (the value travels, with its number) and sends only the number afterwards;
 the receiver keeps what it was given under that number. An object is found by identity (the
 controller keeps its workloads and profiles, and hands back the placements it received) or, for
-the hashable types, by value.
+the hashable types, by value. A problem's workloads and a plan's GPUs travel as one list of numbers
+(and the objects not sent before), not one pickling call each.
 
 Both ends start empty with each worker process. The sender bounds what it keeps: past
 `MAX_HELD` objects (or four times what one message holds) it starts afresh and tells the receiver
@@ -25,13 +26,16 @@ import types
 from typing import Any
 
 from interference.profile import DeviceProfile
-from planner.solver import GpuPlan, Placement, Workload
+from planner.solver import GpuPlan, Placement, Plan, Problem, Workload
 
 #: Types sent once: frozen, plain data the solver is given or gives back again and again.
 SHARED_TYPES: tuple[type, ...] = (Workload, Placement, GpuPlan, DeviceProfile)
 #: Of those, the ones also found by value (a profile holds arrays: by identity only).
 _BY_VALUE = (Workload, Placement, GpuPlan)
 _NAMES = {(t.__module__, t.__qualname__): t for t in SHARED_TYPES}
+#: Containers of many shared objects, and the field that holds them: the field travels as one list of numbers
+#: (the objects already sent) and objects, instead of one call per object (10,000 workloads, 5,000 GPUs).
+_CONTAINERS: dict[type, str] = {Problem: "workloads", Plan: "gpus"}
 #: Objects a sender keeps numbered at most (beyond four times the last message's).
 MAX_HELD = 200_000
 
@@ -50,6 +54,11 @@ def _held(number: int) -> Any:
 
 
 def _first(number: int, cls: type, state: dict[str, Any]) -> Any:
+    """Placeholder, as `_held`."""
+    raise pickle.UnpicklingError("a shared object outside a Channel")
+
+
+def _container(cls: type, field: str, state: dict[str, Any]) -> Any:
     """Placeholder, as `_held`."""
     raise pickle.UnpicklingError("a shared object outside a Channel")
 
@@ -78,6 +87,7 @@ class Channel:
         pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
         table = dict(copyreg.dispatch_table)
         table.update({t: self._reduce for t in SHARED_TYPES})
+        table.update({t: self._reduce_container for t in _CONTAINERS})
         pickler.dispatch_table = table  # type: ignore[misc]  # the documented per-pickler override
         self._count = 0
         pickler.dump(obj)
@@ -103,6 +113,16 @@ class Channel:
         # the fields travel through this pickler, so a GPU's known placements go as their numbers too
         return (_first, (number, type(obj), dict(vars(obj))))
 
+    def _reduce_container(self, obj: Any) -> tuple[Any, ...]:
+        field = _CONTAINERS[type(obj)]
+        state = dict(vars(obj))
+        by_id = self._by_id
+        # a number for each object already sent (an int is never one of the shared types), the object itself
+        # for the rest (then `_reduce` numbers it, or finds it by value)
+        state[field] = [by_id.get(id(x), x) for x in state[field]]
+        self._count += len(state[field])
+        return (_container, (type(obj), field, state))
+
     # ---------------------------------------------------------------- receiving
 
     def loads(self, data: bytes | memoryview) -> Any:
@@ -125,6 +145,18 @@ class Channel:
         self._table[number] = obj
         return obj
 
+    def _define_container(self, cls: type, field: str, state: dict[str, Any]) -> Any:
+        if _CONTAINERS.get(cls) != field:
+            raise pickle.UnpicklingError(f"{cls!r} is not a container of shared objects")
+        table = self._table
+        try:
+            state[field] = tuple(table[x] if type(x) is int else x for x in state[field])
+        except KeyError as err:
+            raise pickle.UnpicklingError(f"shared object {err.args[0]} was never sent") from None
+        obj: Any = object.__new__(cls)
+        obj.__dict__.update(state)
+        return obj
+
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, channel: Channel) -> None:
@@ -136,4 +168,6 @@ class _Unpickler(pickle.Unpickler):
             return self._channel._lookup
         if module == __name__ and name == "_first":
             return self._channel._define
+        if module == __name__ and name == "_container":
+            return self._channel._define_container
         return super().find_class(module, name)
