@@ -492,12 +492,11 @@ class Store:
             ).fetchall()
         good, bad = [], []
         known, by_row = self._workloads_by_row, {}
-        for r in rows:
-            row = tuple(r)
-            workload = known.get(row)
+        for r in rows:  # tuples: a row is its own key
+            workload = known.get(r)
             if workload is not None:
                 good.append(workload)
-                by_row[row] = workload
+                by_row[r] = workload
                 continue
             try:
                 workload = Workload(
@@ -511,7 +510,7 @@ class Store:
                     max_rps=r[7],
                 )
                 good.append(workload)
-                by_row[row] = workload
+                by_row[r] = workload
             except InputError as err:
                 bad.append(
                     (

@@ -61,10 +61,14 @@ def bind_gpus(
 ) -> tuple[Binding | None, ...]:
     """One slot (or None) per plan GPU; `previous` maps slots to the keys they ran before (or makes
     that map: it is needed only when a GPU has no usable key). Time linear in GPUs and slots."""
-    free = sorted(set(slots), key=slot_order)
+    slots = tuple(slots)
+    by_key = {slot_key(s): s for s in slots}
+    free: list[Binding] = []
+    if len(by_key) < len(slots):  # a key twice: the last in slot order names it (sorted only then, and below)
+        free = sorted(set(slots), key=slot_order)
+        by_key = {slot_key(s): s for s in free}
     bound: list[Binding | None] = [None] * len(plan.gpus)
     taken: set[Binding] = set()
-    by_key = {slot_key(s): s for s in free}
     for i, gpu in enumerate(plan.gpus):
         slot = by_key.get(getattr(gpu, "key", None) or "")
         if slot is not None and slot.gpu_type == gpu.gpu_type and slot not in taken:
@@ -73,6 +77,7 @@ def bind_gpus(
     unbound = [i for i, b in enumerate(bound) if b is None]
     if not unbound:
         return tuple(bound)
+    free = free or sorted(set(slots), key=slot_order)
     ran = (previous() if callable(previous) else previous) or {}
     # count, per unbound GPU, its replicas that ran on each free slot (through an index: replica -> slots)
     healthy = set(free)

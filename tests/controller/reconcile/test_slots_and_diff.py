@@ -90,6 +90,7 @@ def test_bind_agrees_with_the_rule_read_literally_on_random_plans():
     rng = random.Random(7)
     for _ in range(200):
         slots = [Binding(f"n{k}", d, rng.choice(["CPU", "GPU"])) for k in range(rng.randint(1, 6)) for d in (0, 1)]
+        rng.shuffle(slots)  # in any order (bind_gpus sorts only when it must)
         names = [f"w{k}" for k in range(12)]
         gpus = []
         for _ in range(rng.randint(1, 10)):
