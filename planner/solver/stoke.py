@@ -697,6 +697,11 @@ def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     return best
 
 
+#: A GPU of a current plan as an earlier solve seeded it: the GPU, the replicas it took (each its own number),
+#: what it kept of them with their shares, and the replicas' keys (`SolveMemo.reseeded`).
+Reseeded = tuple[GpuPlan, tuple[Item, ...], tuple[tuple[Item, ...], tuple[float, ...]], tuple[tuple[str, int], ...]]
+
+
 def _seed_from(
     packing: Packing,
     current: Plan,
@@ -738,12 +743,11 @@ def _seed_from(
         keys.remove(same)
         return pending[same][0]
 
-    def unchanged(entry: tuple[GpuPlan, tuple[Item, ...], Any]) -> bool:
+    def unchanged(entry: Reseeded) -> bool:
         """Whether `match` would take each of this GPU's replicas again, as it did in an earlier solve
         (the same placements, each its own number, rate and batch: the same replica objects still
         pending, none taken yet); then takes them."""
-        gpu, items = entry[0], entry[1]
-        keys = [item.key for item in items]
+        gpu, items, keys = entry[0], entry[1], entry[3]
         for item, key in zip(items, keys):
             found = pending.get(key)
             if found is None or found[0] is not item or found[1] != gpu.gpu_type or key not in by_name[key[0]]:
@@ -761,10 +765,12 @@ def _seed_from(
         entry = memo.reseeded.get(id(gpu)) if memo is not None else None
         if entry is not None and entry[0] is gpu and unchanged(entry):
             seeded = entry[2]
+            for key in entry[3] if seeded[0] is entry[1] else (item.key for item in seeded[0]):
+                del pending[key]
         else:
             seeded = _seed_gpu(packing, gpu, match, by_own, memo)
-        for item in seeded[0]:
-            del pending[item.key]
+            for item in seeded[0]:
+                del pending[item.key]
         if seeded[0]:
             b = packing.open_bin(gpu.gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
             if len(seeded[0]) == len(gpu.placements):
@@ -805,7 +811,8 @@ def _seed_gpu(
             memo.seeded[key] = seeded
             memo.held.append(candidates)
     if memo is not None and by_own[0] and len(candidates) == len(gpu.placements):
-        memo.reseeded[id(gpu)] = (gpu, candidates, seeded)  # holds the GPU: its id stays its own
+        # holds the GPU: its id stays its own
+        memo.reseeded[id(gpu)] = (gpu, candidates, seeded, tuple(item.key for item in candidates))
     return seeded
 
 
@@ -838,7 +845,7 @@ class SolveMemo:
         self.renumbered: dict[tuple[int, int, int], Item] = {}
         #: per GPU of a current plan (by identity, the GPU held): the replicas it was seeded with and their shares,
         #: when each took its own number (`_seed_from` takes them again while they are all still pending)
-        self.reseeded: dict[int, tuple[GpuPlan, tuple[Item, ...], tuple[tuple[Item, ...], tuple[float, ...]]]] = {}
+        self.reseeded: dict[int, Reseeded] = {}
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
 
