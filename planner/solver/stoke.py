@@ -45,6 +45,7 @@ still fit; only what no longer fits, and new workloads, are placed again.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -975,20 +976,21 @@ def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
 
     With a memo, a replica renumbered the same way as in an earlier solve is that solve's object
     (so the memo's identity keys find it again)."""
-    counts: dict[str, int] = {}
-    for b in bins:
-        for i in b.items:
-            counts[i.workload.name] = counts.get(i.workload.name, 0) + 1
+    names = [i.workload.name for b in bins for i in b.items]  # in GPU order, once (11,000 at 10,000 workloads)
+    counts = Counter(names)
     seen: dict[str, int] = {}
+    at = 0
     for b in bins:
         for k, i in enumerate(b.items):
-            n = seen.get(i.workload.name, 0)
-            seen[i.workload.name] = n + 1
-            if i.replica != n or i.replicas != counts[i.workload.name]:
-                key = (id(i), n, counts[i.workload.name])
+            name = names[at]
+            at += 1
+            n = seen.get(name, 0)
+            seen[name] = n + 1
+            if i.replica != n or i.replicas != counts[name]:
+                key = (id(i), n, counts[name])
                 renumbered = memo.renumbered.get(key) if memo is not None else None
                 if renumbered is None:
-                    renumbered = replace(i, replica=n, replicas=counts[i.workload.name])
+                    renumbered = replace(i, replica=n, replicas=counts[name])
                     if memo is not None:
                         memo.renumbered[key] = renumbered
                         memo.held.append((i,))
