@@ -28,6 +28,7 @@ from typing import Any
 
 from controller.config import ServiceConfig
 from controller.reconcile.slots import Binding, bind_gpus, slot_key, slot_keys, without_slots
+from foundation.gc_pause import collection_paused
 from interference.profile import DeviceProfile
 from planner.solver import GpuType, Placement, Plan, Problem, ProblemError, Workload, plan_to_dict
 
@@ -98,6 +99,12 @@ def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolv
     without them (one the applied plan places, or one waiting for capacity that came back): then
     the plan is made without them, says so in its notes, and names each refused floor with the
     reason in `floors_refused`. A floor never keeps a placeable workload pending."""
+    # a pass over every workload and GPU of the fleet, making no garbage cycles: see foundation.gc_pause
+    with collection_paused():
+        return _plan_with_floors(observed, config, run_solver, now)
+
+
+def _plan_with_floors(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:
     view = _plan_observed(observed, config, run_solver, now, dict(observed.floors))
     if not observed.floors or not view.pending:
         return view
