@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.messages import ModelAssignment, Replica
+from controller.messages import REPLICA_SEPARATOR, ModelAssignment
 from planner.solver import GpuPlan, Plan
 
 
@@ -47,7 +47,9 @@ def slot_key(slot: Binding) -> str:
 
 
 def placement_keys(gpu: GpuPlan) -> frozenset[str]:
-    return frozenset(str(Replica(p.name, p.replica)) for p in gpu.placements)
+    """Its replicas' keys, as `str(Replica(name, replica))` writes them (without making a Replica of each:
+    a GPU opened at a re-plan reads every slot's keys, 11,000 at 10,000 workloads)."""
+    return frozenset(f"{p.name}{REPLICA_SEPARATOR}{p.replica}" for p in gpu.placements)
 
 
 def slot_order(slot: Binding) -> tuple[str, int, str]:

@@ -102,3 +102,12 @@ def test_bind_agrees_with_the_rule_read_literally_on_random_plans():
         expected = _bind_by_definition(plan, slots, previous)
         assert bind_gpus(plan, slots, previous) == expected
         assert bind_gpus(plan, slots, lambda previous=previous: previous) == expected
+
+
+def test_placement_keys_are_the_replica_keys():
+    from controller.messages import Replica
+    from controller.reconcile.slots import placement_keys
+
+    g = GpuPlan("CPU", 0.1, (pl("a"), pl("b-2")))
+    g = GpuPlan("CPU", 0.1, tuple(p.__class__(**{**vars(p), "replica": k}) for k, p in enumerate(g.placements)))
+    assert placement_keys(g) == {str(Replica(p.name, p.replica)) for p in g.placements} == {"a#0", "b-2#1"}
