@@ -226,7 +226,10 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "measured in windows of --requests requests until the last 3 window medians lie within "
         "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
-        "resume.",
+        "resume. Once per model it also measures the serving path outside the batch (its p99 becomes the "
+        "profile's serving_p99_ms, the median of 3 windows' p99s): windows of 10 x --requests batch-1 requests "
+        "through the agent's router over gRPC, "
+        "open-loop at --serving-rate, less Triton's own time; a measurements file without it gets it on resume.",
     )
     add_repo_option(r, "model repository (default %(default)s)")
     r.add_argument(
@@ -249,6 +252,13 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         default=Stability().max_windows,
         metavar="N",
         help="windows per point before it is recorded as unstable (default %(default)s)",
+    )
+    r.add_argument(
+        "--serving-rate",
+        type=float,
+        default=20.0,  # agents.loadgen.SERVING_RATE_RPS (not imported here: it loads tritonclient)
+        metavar="RPS",
+        help="Poisson rate of the serving-path measurement, req/s (default %(default)g)",
     )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     add_output_file_option(
@@ -665,6 +675,8 @@ def run_profile_run(args: argparse.Namespace) -> int:
         )
     if args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
+    if not 0 < args.serving_rate <= 1000:
+        raise UserError(f"--serving-rate must be a rate in (0, 1000] req/s, got {args.serving_rate:g}")
     try:
         stability = Stability(tolerance_pct=args.stability_percentage, max_windows=args.max_windows)
     except ValueError as err:
@@ -679,7 +691,19 @@ def run_profile_run(args: argparse.Namespace) -> int:
             show(event)
 
         try:
-            run_session(session, args.repo, output, requests=args.requests, stability=stability, progress=progress)
+            run_session(
+                session,
+                args.repo,
+                output,
+                requests=args.requests,
+                stability=stability,
+                progress=progress,
+                serving_rate_rps=args.serving_rate,
+                on_serving=lambda model, ms: print(
+                    f"{model}: serving path p99 {ms:.2f} ms (through the router at {args.serving_rate:g} req/s)",
+                    flush=True,
+                ),
+            )
         except ProfilingError as err:
             done, total = session.progress()
             raise UserError(
