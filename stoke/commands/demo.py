@@ -31,9 +31,6 @@ DEMO_SLO_FACTOR = 4.0
 #: Hourly price of the local CPU node in the demo (about a 2-vCPU cloud instance).
 DEMO_CPU_PRICE = 0.08
 DEMO_COUNT = 2  # a 2-core node holds two demo workloads at the fitted CPU profile's 50% share step
-#: The demo's tight-SLO case, first in the set: the example's thumbnail-filter keeps its own 10 ms SLO on the CPU
-#: (its rate is scaled), where the serving path outside the batch is most of the budget.
-DEMO_TIGHT = "thumbnail-filter"
 #: Blocking requests each load generator sends before its schedule starts, not counted (perf_analyzer warms up
 #: too): the first calls of a fresh client and channel are not what the steady-state model predicts.
 DEMO_WARMUP_REQUESTS = 10
@@ -71,15 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]:
-    """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model):
-    the tight-SLO case `DEMO_TIGHT` first, at its own SLO."""
+    """The workloads of `path`, or the bundled examples scaled to CPU (the first `count`, one per demo model)."""
     from planner.solver import Workload
     from planner.workload_file import example_workloads_path, load_workloads_file, read_workloads
 
     if path:
         return read_workloads(path)
     examples = load_workloads_file(example_workloads_path()).workloads
-    examples = tuple(sorted(examples, key=lambda w: w.name != DEMO_TIGHT))  # stable: the rest keep their order
     out, used = [], set()
     for w in examples:
         model = DEMO_MODEL_FOR.get(w.model)
@@ -90,7 +85,7 @@ def demo_workloads(path: str | None, count: int = DEMO_COUNT) -> tuple[Any, ...]
             Workload(
                 name=w.name,
                 model=model,
-                slo_ms=w.slo_ms if w.name == DEMO_TIGHT else w.slo_ms * DEMO_SLO_FACTOR,
+                slo_ms=w.slo_ms * DEMO_SLO_FACTOR,
                 rate_rps=round(w.rate_rps / DEMO_RATE_DIVISOR, 1),
             )
         )

@@ -409,7 +409,6 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
     assert len(rows) == 2
     profile = load_profile(ROOT / "interference" / "data" / "cpu-2core-profile.json")
     models = {w.name: w.model for w in demo_workloads(None)}
-    assert min(w.slo_ms for w in demo_workloads(None)) == 10.0  # the demo carries a tight-SLO case
     for row in rows:
         name, state, rate, requests, failed = row[0], row[1], float(row[3]), int(row[6]), int(row[7])
         assert state == "serving" and failed == 0
