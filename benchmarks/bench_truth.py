@@ -15,7 +15,11 @@ Variants: `today` (stoke before issue 15: the central fit trusted everywhere, 5%
 paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the wide-margin baseline
 of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
 (error-aware, then `planner.solver.verify` measures the chosen points on the truth, the simulated
-device, and re-plans until the plan holds on measured points; rounds and points are printed).
+device: every batch size 1..B of a Poisson replica, B of a paced one, and the same one share step
+lower (`--neighbours`), and re-plans until the plan holds on measured points; rounds and points are
+printed). `--variants oracle` is a reference, not a planner: the error-aware planner given the truth as
+measured at every point (what verification would find if it measured everything), the floor of a
+verified plan.
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
 """
@@ -30,6 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from interference.batching import serve
+from interference.profile import DeviceProfile
 from interference.profile_io import bundled_raw_path, read_raw
 from interference.truth import measure_on, truth_profile
 from planner.simulate import _arrivals, service_curve
@@ -49,7 +54,33 @@ VARIANTS = {
     "blunt": replace(CENTRAL_OPTIONS, safety_margin=0.10, max_utilisation=0.85),
     "error-aware": DEFAULT_OPTIONS,
     "verified": DEFAULT_OPTIONS,  # error-aware, then `verify` on the simulated device (the truth)
+    "oracle": DEFAULT_OPTIONS,  # a reference, not a planner: every point of the truth given as measured
 }
+DEFAULT_VARIANTS = ("today", "blunt", "error-aware", "verified")
+
+
+def oracle_types(types: tuple, truth: dict) -> tuple:
+    """`types` with the truth measured at every (batch 1..32, share step) of every model, as verification
+    would find it if it measured everything (at `MEASURED_ERROR`): what the error-aware planner needs
+    when nothing is left to verify, the floor of a verified plan."""
+    out = []
+    for gpu in types:
+        if gpu.name not in truth:
+            out.append(gpu)
+            continue
+        profile, step = gpu.profile, gpu.profile.gpu.share_step_pct
+        models = {
+            name: m.with_measured(
+                {
+                    (b, round(step * j, 6)): truth[gpu.name].model(name).active_time_ms(b, step * j)
+                    for b in range(1, 33)
+                    for j in range(1, int(round(100.0 / step)) + 1)
+                }
+            )
+            for name, m in profile.models.items()
+        }
+        out.append(replace(gpu, profile=DeviceProfile(profile.gpu, models)))
+    return tuple(out)
 
 
 def _serve_kernel(arrivals, batch, delay, latency, occupancy, out):  # pragma: no cover - numba
@@ -141,7 +172,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,300,1000")
     parser.add_argument("--arrivals", default="poisson,constant")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default %(default)s; oracle: the truth given to the "
+        "planner as measured everywhere, the floor of a verified plan)",
+    )
     parser.add_argument("--requests", type=int, default=200_000, help="requests replayed per replica (default 200,000)")
     parser.add_argument(
         "--truth",
@@ -169,13 +205,15 @@ def main() -> None:
                 for variant in variants:
                     started = time.perf_counter()
                     if variant == "verified":
-                        checked = verify(Problem(workloads, types), measure_on(truth))
+                        checked = verify(Problem(workloads, types), measure_on(truth), neighbours=True)
                         plan = checked.plan
                         rounds = ", ".join(f"{r.measured} pts -> {r.gpus_after} GPUs" for r in checked.rounds)
                         notes.append(
                             f"{size} {arrivals}: verified in {len(checked.rounds)} round(s), {checked.points} points "
                             f"measured ({rounds}); holds on measured points: {checked.holds}"
                         )
+                    elif variant == "oracle":
+                        plan = solve(Problem(workloads, oracle_types(types, truth)), "stoke", options=DEFAULT_OPTIONS)
                     else:
                         plan = solve(Problem(workloads, types), "stoke", options=VARIANTS[variant])
                     solve_s = time.perf_counter() - started

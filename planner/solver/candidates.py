@@ -77,18 +77,21 @@ class P99Target:
     error_bound: bool = False
     mode: str = field(init=False)  # the batching table's delay mode, fixed by the fields above
     #: share -> this queue's table curves at that share (filled on use: the hot path of `colocate`)
-    _curves: dict[float, tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
+    _curves: dict[tuple[float, bool], tuple[list[float], list[float]]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         mode = "paced" if self.paced else delay_mode(self.batch, self.rate_rps, self.queue_delay_ms)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "_curves", {})
 
-    def p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
-        """The request's p99 end to end: the batching queue's, plus the serving path (`end_to_end_p99_ms`)."""
-        return float(end_to_end_p99_ms(self._batch_p99_ms(cache, prediction, share), cache.serving_p99_ms(self.model)))
+    def p99_ms(self, cache: PointCache, prediction: Prediction, share: float, upper: bool = False) -> float:
+        """The request's p99 end to end: the batching queue's, plus the serving path (`end_to_end_p99_ms`).
+        `upper`: on the upper service curve (`PointCache.upper_lines`; `prediction` raised by the caller)."""
+        return float(
+            end_to_end_p99_ms(self._batch_p99_ms(cache, prediction, share, upper), cache.serving_p99_ms(self.model))
+        )
 
-    def _batch_p99_ms(self, cache: PointCache, prediction: Prediction, share: float) -> float:
+    def _batch_p99_ms(self, cache: PointCache, prediction: Prediction, share: float, upper: bool) -> float:
         latency, throughput = prediction.latency_ms, prediction.throughput_rps
         utilisation = self.rate_rps / throughput
         if self.paced:
@@ -96,9 +99,9 @@ class P99Target:
         if utilisation > MAX_UTILISATION + EPS:
             return math.inf
         occupancy = 1000.0 * self.batch / throughput
-        found = self._curves.get(share)
+        found = self._curves.get((share, upper))
         if found is None:
-            found = self._curves[share] = cache.p99_curve(self.model, self.batch, share, self.mode)
+            found = self._curves[(share, upper)] = cache.p99_curve(self.model, self.batch, share, self.mode, upper)
         curve, sizes = found
         u = utilisation if utilisation > 1e-12 else 1e-12
         pos = (math.log(u / (1.0 - u)) - LOGIT_START) / LOGIT_STEP
@@ -116,7 +119,7 @@ class P99Target:
         prediction = self.checked(cache, prediction, share)
         if self.rate_rps > prediction.throughput_rps * self.max_utilisation + EPS:
             return False
-        return self.p99_ms(cache, prediction, share) <= self.latency_budget_ms + EPS
+        return self.p99_ms(cache, prediction, share, self.error_bound) <= self.latency_budget_ms + EPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,8 @@ class PointCache:
         self._curve: dict[tuple[str, int, float, str], tuple[list[float], list[float]]] = {}
         self._errors: dict[str, NDArray[Any]] = {}
         self._upper: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
+        self._lines: dict[str, tuple[NDArray[Any], NDArray[Any]]] = {}
+        self._upper_packed: dict[tuple[str, str], NDArray[Any]] = {}
         self.shares = share_steps(self.profile.gpu)
 
     def serving_p99_ms(self, model: str) -> float:
@@ -169,13 +174,19 @@ class PointCache:
         return table
 
     def domain_table(self, model: str) -> NDArray[Any]:
-        """Which (batch, share) candidates lie in the profile's measured domain, shape (MAX_BATCH, shares)."""
+        """Which (batch, share) candidates lie in the profile's measured domain, shape (MAX_BATCH, shares):
+        inside the fit's measured batches and shares, or measured by verification themselves."""
         m = self.profile.model(model)
         if m.domain is None:
             return np.ones((MAX_BATCH, len(self.shares)), dtype=bool)
         batches = np.arange(1, MAX_BATCH + 1)[:, None]
         in_batches = (batches >= m.domain.batches[0]) & (batches <= m.domain.batches[-1])
-        return np.asarray(in_batches & (self.shares[None, :] >= m.domain.min_share - EPS), dtype=bool)
+        table = np.array(in_batches & (self.shares[None, :] >= m.domain.min_share - EPS), dtype=bool)
+        for batch, share, _ in m.measured:
+            column = int(round(share / self.step)) - 1
+            if 1 <= batch <= MAX_BATCH and 0 <= column < len(self.shares):
+                table[batch - 1, column] = True
+        return table
 
     def upper_table(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
         """`solo_table` with L and O raised to the error bound: latency x (1+e), throughput / (1+e)."""
@@ -219,37 +230,121 @@ class PointCache:
         _, throughput = self.solo_table(model)
         return np.asarray(1000.0 * np.arange(1, MAX_BATCH + 1)[:, None] / throughput, dtype=float)
 
-    def p99_curves(self, model: str, modes: tuple[str, ...]) -> CurveSet:
+    def p99_curves(self, model: str, modes: tuple[str, ...], upper: bool = False) -> CurveSet:
         """Batching-table p99 curves of every (delay mode, batch, share) candidate of `model`,
-        shape (modes, MAX_BATCH, shares)."""
-        key = (model, ",".join(modes))
+        shape (modes, MAX_BATCH, shares). `upper`: the curves of the upper service curve
+        (`upper_lines`), relative to the raised O(B), for checks at the error bound."""
+        key = (model, ",".join(modes) + ("^" if upper else ""))
         found = self._curves.get(key)
         if found is None:
             occupancy = self.occupancy_table(model)
             batches = (np.arange(1, MAX_BATCH + 1)[:, None] * np.ones_like(occupancy)).astype(np.intp)
-            shape = batching_shape(occupancy[0][None, :], occupancy, batches)
-            found = self._curves[key] = CurveSet(
-                np.stack([batching_table().curve_set(mode, batches, shape).packed for mode in modes])
-            )
+            if upper:
+                found = self._curves[key] = CurveSet(np.stack([self._upper_curves(model, mode) for mode in modes]))
+            else:
+                shape = batching_shape(occupancy[0][None, :], occupancy, batches)
+                found = self._curves[key] = CurveSet(
+                    np.stack([batching_table().curve_set(mode, batches, shape).packed for mode in modes])
+                )
         return found
 
-    def rated_curves(self, model: str, modes: tuple[str, ...], columns: tuple[int, int] | None = None) -> CurveSet:
+    def upper_occupancy_table(self, model: str) -> NDArray[Any]:
+        """O(k) raised to the error bound at every (k, share): the points the upper service curve covers."""
+        return np.asarray(self.occupancy_table(model) * (1.0 + self.error_table(model)), dtype=float)
+
+    def upper_lines(self, model: str) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Linear occupancies that lie at or above every raised O(k), k = 1..B, for each (B, share).
+
+        The batching table knows O(k) as a line through O(1) and O(B), but measured curves are not
+        lines: partial batches may sit above the chord (tile steps, bumps), and a queue at light load
+        runs on partial batches. A line at or above every point can only delay a batch, so its p99
+        bounds the queue's from above. Two such lines are kept: the one pivoting on O(B) (the full-batch
+        utilisation unchanged: best at heavy load) and the one pivoting on O(1) (light load), and
+        `_upper_curves` takes the lesser p99 per utilisation. (Lifting the chord, or a line touching
+        the points at mid-batch, won on a few percent of candidates and changed no benchmark plan.)
+        Returns (factor, shape), each (2, MAX_BATCH, shares): the line's O(B) over the raised O(B)
+        (>= 1: it raises utilisation) and the table's shape coordinate of the line.
+        """
+        found = self._lines.get(model)
+        if found is not None:
+            return found
+        points = self.upper_occupancy_table(model)  # (MAX_BATCH, shares)
+        factor = np.ones((2, MAX_BATCH, len(self.shares)))
+        shape = np.zeros((2, MAX_BATCH, len(self.shares)))
+        k = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
+        for b in range(2, MAX_BATCH + 1):
+            o, kk = points[:b], k[:b]
+            first, last = o[0], o[b - 1]
+            slopes = (
+                np.min((last - o[:-1]) / (b - kk[:-1]), axis=0),  # pivoting on O(B)
+                np.max((o[1:] - first) / (kk[1:] - 1.0), axis=0),  # pivoting on O(1)
+            )
+            for j, slope in enumerate(slopes):
+                slope = np.maximum(slope, 0.0)
+                lift = np.max(o - slope[None, :] * kk, axis=0)  # the line's value at k = 0
+                top = lift + slope * b
+                factor[j, b - 1] = np.maximum(top / last, 1.0)
+                # at least O(B)/B at k = 1: the table's shapes start there (a line through the origin)
+                shape[j, b - 1] = batching_shape(np.maximum(lift + slope, top / b), top, b)
+        found = self._lines[model] = (factor, shape)
+        return found
+
+    def _upper_curves(self, model: str, mode: str) -> NDArray[Any]:
+        """Packed table curves (MAX_BATCH, shares, grid, 2) of the upper service curve: at each
+        utilisation of the grid (that of the raised O(B)), the least p99 over `upper_lines`."""
+        found = self._upper_packed.get((model, mode))
+        if found is not None:
+            return found
+        factor, shape = self.upper_lines(model)
+        table = batching_table()
+        batches = np.broadcast_to(np.arange(1, MAX_BATCH + 1)[:, None], shape.shape[1:])
+        grid = 1.0 / (1.0 + np.exp(-table.logits))
+        best = np.full(shape.shape[1:] + (len(grid),), np.inf)  # log(p99 / raised O(B))
+        best_size = np.zeros_like(best)
+        rows = (np.arange(batches.size) * len(grid)).reshape(batches.shape)[..., None]
+        for j in range(shape.shape[0]):
+            log_ratio, size = table.curves(mode, batches, shape[j])
+            if np.all(factor[j] == 1.0):  # the line keeps O(B): the table's own nodes
+                value, size_at = log_ratio, size
+            else:  # the line's own utilisation at each grid node, and the table's value there (linear in logit)
+                u = np.minimum(factor[j][..., None] * grid, 1.0 - 1e-12)
+                pos = (np.log(u / (1.0 - u)) - table.LOGIT_START) / table.LOGIT_STEP
+                low = np.clip(np.floor(pos).astype(np.intp), 0, len(grid) - 2)
+                w, index = pos - low, rows + low
+                flat_ratio, flat_size = log_ratio.reshape(-1), size.reshape(-1)
+                value = flat_ratio[index] + (flat_ratio[index + 1] - flat_ratio[index]) * w
+                size_at = flat_size[index] + (flat_size[index + 1] - flat_size[index]) * w
+                # the table is relative to the line's own O(B); past its top the queue is unstable
+                value = np.where(u > MAX_UTILISATION + 1e-12, np.inf, value + np.log(factor[j])[..., None])
+            better = value < best
+            best, best_size = np.where(better, value, best), np.where(better, size_at, best_size)
+        log_ratio = best
+        found = self._upper_packed[(model, mode)] = np.stack(
+            [np.where(np.isfinite(log_ratio), log_ratio, 300.0), best_size], axis=-1
+        )
+        return found
+
+    def rated_curves(
+        self, model: str, modes: tuple[str, ...], columns: tuple[int, int] | None = None, upper: bool = False
+    ) -> CurveSet:
         """`p99_curves` with a rate axis in second place, shape (modes, 1, MAX_BATCH, shares), so
         (rates, MAX_BATCH, shares) utilisations broadcast against it; `columns`: (first, stop) share steps."""
         first, stop = columns if columns is not None else (0, len(self.shares))
-        key = (model, f"{','.join(modes)}@{first}:{stop}")
+        key = (model, f"{','.join(modes)}@{first}:{stop}" + ("^" if upper else ""))
         found = self._curves.get(key)
         if found is None:
-            packed = self.p99_curves(model, modes).packed[:, None, :, first:stop]
+            packed = self.p99_curves(model, modes, upper).packed[:, None, :, first:stop]
             found = self._curves[key] = CurveSet(packed)
         return found
 
-    def p99_curve(self, model: str, batch: int, share: float, mode: str) -> tuple[list[float], list[float]]:
+    def p99_curve(
+        self, model: str, batch: int, share: float, mode: str, upper: bool = False
+    ) -> tuple[list[float], list[float]]:
         """One candidate's curves as plain lists (the scalar hot path of `colocate`)."""
-        key = (model, batch, share, mode)
+        key = (model, batch, share, mode + ("^" if upper else ""))
         found = self._curve.get(key)
         if found is None:
-            packed = self.p99_curves(model, (mode,)).packed
+            packed = self.p99_curves(model, (mode,), upper).packed
             column = int(round(share / self.step)) - 1
             found = self._curve[key] = (
                 packed[0, batch - 1, column, :, 0].tolist(),
@@ -343,8 +438,8 @@ def reject(workload: Workload, cache: PointCache, budget_ms: float, rule: str) -
     )
 
 
-def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
-    """The batching model's p99 for a placed replica, whatever target placed it."""
+def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Prediction, upper: bool = False) -> float:
+    """The batching model's p99 for a placed replica, whatever target placed it (`upper`: see `P99Target.p99_ms`)."""
     target = item.target
     if not isinstance(target, P99Target):
         target = P99Target(
@@ -355,12 +450,14 @@ def replica_p99_ms(cache: PointCache, item: Item, share: float, prediction: Pred
             item.workload.model,
             paced=item.workload.arrivals == "constant",
         )
-    return target.p99_ms(cache, prediction, share)
+    return target.p99_ms(cache, prediction, share, upper)
 
 
 def replica_p99_upper_ms(cache: PointCache, item: Item, share: float, prediction: Prediction) -> float:
-    """The replica's p99 with L and O raised to the profile's error bound at its point."""
-    return replica_p99_ms(cache, item, share, cache.raised(item.workload.model, item.batch, share, prediction))
+    """The replica's p99 with L and O raised to the profile's error bound at its point, and partial batches
+    on the upper service curve (at or above every raised O(k), `PointCache.upper_lines`)."""
+    raised = cache.raised(item.workload.model, item.batch, share, prediction)
+    return replica_p99_ms(cache, item, share, raised, upper=True)
 
 
 def binding_constraint(cache: PointCache, item: Item, share: float) -> str:

@@ -77,8 +77,8 @@ def explain(
         if options.error_bound:
             summary.append(
                 "error bound: the budget and the cap are checked with L(k) and O(k) raised to the profile's "
-                "out-of-sample error at each candidate (`stoke profile show`); the plan shows the central p99 "
-                "beside p99_upper, the binding one"
+                "out-of-sample error at each candidate (`stoke profile show`), partial batches 1..B on a line at "
+                "or above every raised O(k); the plan shows the central p99 beside p99_upper, the binding one"
             )
         else:
             summary.append("error bound off (--no-error-bound): the central fit is trusted")

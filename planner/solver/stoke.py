@@ -173,7 +173,9 @@ def _p99(
     if columns is not None:
         latency, throughput = latency[:, columns[0] : columns[1]], throughput[:, columns[0] : columns[1]]
         outside = outside[:, columns[0] : columns[1]]
-    modes, p99, utilisation, delays = _p99_tables(latency, throughput, cache, model, arrivals, rate, columns)
+    modes, p99, utilisation, delays = _p99_tables(
+        latency, throughput, cache, model, arrivals, rate, columns, upper=options.error_bound
+    )
     if outside.any():
         p99, utilisation = np.where(outside, np.inf, p99), np.where(outside, np.inf, utilisation)
     return modes, p99, utilisation, delays
@@ -187,8 +189,10 @@ def _p99_tables(
     arrivals: str,
     rate: Any,
     columns: tuple[int, int] | None,
+    upper: bool = False,
 ) -> tuple[tuple[str, ...], NDArray[Any], NDArray[Any], NDArray[Any]]:
-    """`_p99` on given L and throughput tables (already cut to `columns`)."""
+    """`_p99` on given L and throughput tables (already cut to `columns`); `upper`: partial batches on
+    the upper service curve (`PointCache.upper_lines`)."""
     batch = np.arange(1, MAX_BATCH + 1, dtype=float)[:, None]
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
@@ -198,7 +202,7 @@ def _p99_tables(
         p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
         return modes, end_to_end_p99_ms(p99, serving)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
     occupancy = 1000.0 * batch / throughput
-    curves = cache.rated_curves(model, modes, columns) if rate.ndim else cache.p99_curves(model, modes)
+    curves = cache.rated_curves(model, modes, columns, upper) if rate.ndim else cache.p99_curves(model, modes, upper)
     ratio, size = curves.at_utilisation(utilisation)
     p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, serving)
     delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])

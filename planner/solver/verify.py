@@ -3,7 +3,12 @@
 The fit is right on average; a plan picks the few points where it is most favourable, which is where
 being wrong costs most. So after planning, each chosen (GPU type, model, batch, share) is measured
 (`Measure`: real Triton on CPU, the NVML/MPS path on a GPU, the simulated device in tests and
-benchmarks), the measurement replaces the fitted active time there (`ModelProfile.with_measured`, at
+benchmarks): for a Poisson replica every batch size 1..B it runs, since a lightly loaded queue's p99
+comes from partial batches and the p99 at the error bound covers them (`PointCache.upper_lines`); for
+a paced one B (its batches are all full). With `neighbours` the same points one share step lower are
+measured too: the error bound kept the plan from them, and measured they may hold (a measured point
+counts as inside the profile's domain, so this may also reach below the fit's smallest share). The
+measurement replaces the fitted active time there (`ModelProfile.with_measured`, at
 `MEASURED_ERROR` instead of the fit's error bound), and the workloads are planned again. A round that
 chooses only measured points ends it: the plan holds on measured points. A re-plan may move a replica
 to a point not yet measured; that is the next round's work. At most `max_rounds` rounds.
@@ -52,15 +57,39 @@ class Verification:
 
 
 def plan_points(plan: Plan) -> set[tuple[str, str, int, float]]:
-    """(GPU type, model, batch, share) of every replica of `plan`."""
-    return {(g.gpu_type, p.model, p.batch, round(p.share_pct, 6)) for g in plan.gpus for p in g.placements}
+    """(GPU type, model, batch, share) of every batch size a replica of `plan` runs: its max batch B, and
+    for Poisson clients every partial batch 1..B-1 too (a lightly loaded queue's p99 comes from them;
+    paced clients' batches are all full)."""
+    points: set[tuple[str, str, int, float]] = set()
+    for g in plan.gpus:
+        for p in g.placements:
+            share = round(p.share_pct, 6)
+            sizes = range(1, p.batch + 1) if p.arrivals == "poisson" else (p.batch,)
+            points.update((g.gpu_type, p.model, k, share) for k in sizes)
+    return points
 
 
-def unmeasured(problem: Problem, plan: Plan) -> list[tuple[str, str, int, float]]:
+def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, float]]:
+    """The points of `plan_points` one share step lower, inside the profile's measured shares: the error
+    bound kept the plan from them, and measured they may well hold (the plan's neighbours)."""
+    profiles = {g.name: g.profile for g in problem.inventory}
+    out: set[tuple[str, str, int, float]] = set()
+    for gpu_type, model, batch, share in plan_points(plan):
+        profile = profiles[gpu_type]
+        lower = round(share - profile.gpu.share_step_pct, 6)
+        if lower > 0:
+            out.add((gpu_type, model, batch, lower))
+    return out
+
+
+def unmeasured(
+    problem: Problem, plan: Plan, points: set[tuple[str, str, int, float]] | None = None
+) -> list[tuple[str, str, int, float]]:
+    """The points of `plan` (default `plan_points`) that `problem`'s profiles have not measured."""
     profiles = {g.name: g.profile for g in problem.inventory}
     return sorted(
         point
-        for point in plan_points(plan)
+        for point in (plan_points(plan) if points is None else points)
         if profiles[point[0]].model(point[1]).measured_ms(point[2], point[3]) is None
     )
 
@@ -86,6 +115,7 @@ def verify(
     options: StokeOptions = DEFAULT_OPTIONS,
     max_rounds: int = DEFAULT_ROUNDS,
     progress: Callable[[Round], None] | None = None,
+    neighbours: bool = False,
 ) -> Verification:
     """Measure `plan`'s points (default: plan `problem` first), re-plan, repeat; see the module doc."""
     if not 1 <= max_rounds <= 100:
@@ -95,9 +125,10 @@ def verify(
     measured: dict[tuple[str, str], dict[tuple[int, float], float]] = {}
     types: dict[str, GpuType] = {g.name: g for g in problem.inventory}
     for number in range(1, max_rounds + 1):
-        todo = unmeasured(problem, current)
-        if not todo:
+        if not unmeasured(problem, current):
             return Verification(current, problem, tuple(rounds), True)
+        wanted = plan_points(current) | (neighbour_points(problem, current) if neighbours else set())
+        todo = unmeasured(problem, current, wanted)
         worst = 0.0
         for gpu_type, model, batch, share in todo:
             active = float(measure(gpu_type, model, batch, share))

@@ -283,7 +283,8 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         help="measure the points a plan chose, put them in the profile and re-plan until the plan holds on them",
         description="Verify before serving: each (model, batch, share) the plan chose is measured on the device, "
         "the measurement replaces the fit there (and raises its neighbourhood when slower), and the workloads "
-        "are planned again; a round that chooses only measured points ends it (at most --rounds). Devices: "
+        "are planned again; a round that chooses only measured points ends it (at most --rounds). A Poisson "
+        "replica is measured at every batch size 1..B it runs, a paced one at B. Devices: "
         "'simulated', the perturbed V100 truth of interference/truth.py (benchmarks and tests), or 'cpu', real "
         "Triton processes on this node (the plan must be made with a CPU profile: --profile). Measuring "
         "through NVML/MPS on a GPU is not built yet.",
@@ -301,6 +302,12 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     )
     v.add_argument("--requests", type=int, default=20, help="cpu: requests per measurement window (default 20)")
     v.add_argument("--rounds", type=int, default=8, help="at most this many measure/re-plan rounds (default 8)")
+    v.add_argument(
+        "--neighbours",
+        action="store_true",
+        help="also measure each chosen point one share step lower (about twice the points): where the "
+        "error bound kept the plan from a smaller share, a measurement may show it holds",
+    )
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
     v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
     v.set_defaults(run=run_profile_verify)
@@ -438,8 +445,9 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
     lines.append(
         "p99_ms: predicted 99th-percentile request latency end to end (queueing + batch fill + co-located "
         "inference + the serving path); p99_upper: the same with L and O raised to the profile's error bound "
-        "there; serving_ms: the serving path's p99 outside the batch (client, router, Triton's frontend), from "
-        "the profile; infer_ms: one batch's inference time; delay_ms: Triton's max queue delay."
+        "there and partial batches on a line at or above every raised O(k); serving_ms: the serving path's p99 "
+        "outside the batch (client, router, Triton's frontend), from the profile; infer_ms: one batch's "
+        "inference time; delay_ms: Triton's max queue delay."
     )
     return "\n".join(lines)
 
@@ -878,7 +886,9 @@ def run_profile_verify(args: argparse.Namespace) -> int:
             )
 
         try:
-            checked = verify(problem, measure, plan=plan, max_rounds=args.rounds, progress=progress)
+            checked = verify(
+                problem, measure, plan=plan, max_rounds=args.rounds, progress=progress, neighbours=args.neighbours
+            )
         finally:
             if hasattr(measure, "close"):
                 measure.close()

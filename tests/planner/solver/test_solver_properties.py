@@ -185,3 +185,27 @@ def test_no_stoke_plan_exceeds_memory_or_clients_even_when_they_are_tight(worklo
     plan = solve(Problem(workloads, (gpu_type,)), "stoke")
     for gpu in plan.gpus:
         assert gpu.memory_mib <= 3072.0 + 1e-6 and len(gpu.placements) <= 3
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload_mixes(max_size=5), st.sampled_from(["poisson", "constant"]))
+def test_a_verified_plan_leaves_the_fits_domain_only_at_measured_points(workloads, arrivals):
+    from interference.profile_io import bundled_raw_path, read_raw
+    from interference.truth import measure_on, truth_profile
+    from planner.solver.verify import verify
+
+    workloads = tuple(replace(w, arrivals=arrivals) for w in workloads)
+    truth = {"V100": truth_profile(V100.profile, read_raw(bundled_raw_path()))}
+    try:
+        checked = verify(Problem(workloads, (V100,)), measure_on(truth), neighbours=True, max_rounds=4)
+    except ProblemError:
+        return  # rejected workloads: nothing to check
+    profile = next(iter(checked.problem.inventory)).profile
+    # the verified plan, and a plan of other rates on the profile verification left (measured points
+    # below the fit's shares among them: unmeasured points beside them stay out of bounds)
+    lighter = replace(checked.problem, workloads=tuple(replace(w, rate_rps=0.6 * w.rate_rps) for w in workloads))
+    for plan in (checked.plan, solve(lighter, "stoke")):
+        for _, p in plan.placements():
+            domain = V100.profile.model(p.model).domain
+            measured = profile.model(p.model).measured_ms(p.batch, p.share_pct) is not None
+            assert domain.contains(p.batch, p.share_pct) or measured, (p.name, p.batch, p.share_pct)

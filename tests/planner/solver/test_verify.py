@@ -68,3 +68,41 @@ def test_a_device_that_gives_garbage_is_refused():
         verify(Problem(WORKLOADS, (V100,)), lambda *point: 0.0)
     with pytest.raises(ProblemError, match="rounds must be"):
         verify(Problem(WORKLOADS, (V100,)), measure, max_rounds=0)
+
+
+def exact(gpu_type, model, batch, share):
+    return FITTED.model(model).active_time_ms(batch, share)
+
+
+def test_neighbours_measure_one_share_step_lower_and_may_lower_the_plan():
+    problem = Problem(WORKLOADS, (V100,))
+    plain = verify(problem, exact)
+    wider = verify(problem, exact, neighbours=True)
+    assert plain.holds and wider.holds
+    step = FITTED.gpu.share_step_pct
+    first = solve(problem, "stoke")
+    measured = {
+        (m, b, r) for m, mp in next(iter(wider.problem.inventory)).profile.models.items() for b, r, _ in mp.measured
+    }
+    for _, p in first.placements():  # round 1 measured each chosen point and the one a step lower
+        assert (p.model, p.batch, round(p.share_pct, 6)) in measured
+        assert (p.model, p.batch, round(p.share_pct - step, 6)) in measured
+    assert wider.points > plain.points
+    # a device exactly as fitted: measured points carry 2% instead of the fit's bound, so lower shares hold
+    total = lambda plan: sum(p.share_pct for _, p in plan.placements())  # noqa: E731
+    assert total(wider.plan) < total(plain.plan) - step / 2
+    for _, p in wider.plan.placements():
+        assert p.p99_upper_ms <= p.slo_ms
+
+
+def test_a_measured_point_below_the_fits_shares_counts_as_inside_the_domain():
+    from planner.solver.candidates import PointCache
+
+    ssd = FITTED.model("ssd")
+    low = ssd.domain.min_share - 2 * FITTED.gpu.share_step_pct
+    measured = replace(ssd, measured=((4, low, ssd.active_time_ms(4, low) * 1.2),))
+    cache = PointCache(GpuType("V100", 3.06, DeviceProfile(FITTED.gpu, {**FITTED.models, "ssd": measured})))
+    table = cache.domain_table("ssd")
+    column = int(round(low / FITTED.gpu.share_step_pct)) - 1
+    assert table[3, column] and not table[2, column] and not table[3, column + 1]
+    assert not PointCache(V100).domain_table("ssd")[3, column]
