@@ -271,7 +271,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         description="Per model: the batch sizes and shares the profile measured (the domain the planner stays "
         "in), and the fit's leave-one-out error there (each measured point left out, the model refitted "
         "without it, and the point predicted): its 90% quantile and worst, the error floor, and the error "
-        "grid. A profile saved before profiles recorded this shows the conservative default.",
+        "grid. A profile saved before profiles recorded this shows the conservative default. serving_p99_ms is "
+        "the measured serving path outside the batch (client, router, Triton's frontend), added to every p99 "
+        "the planner predicts for the model.",
     )
     sh.add_argument(
         "profile", nargs="?", metavar="PROFILE.json", help="fitted profile (default: the bundled V100 profile)"
@@ -768,7 +770,7 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for name, m in sorted(profile.models.items()):
         d = m.domain
-        models[name] = (
+        models[name] = {"serving_p99_ms": m.serving_p99_ms} | (
             {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
             if d is None
             else {
@@ -787,6 +789,9 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
 def run_profile_show(args: argparse.Namespace) -> int:
     from interference.profile_io import bundled_profile
 
+    def serving(m: Any) -> str:  # the serving path outside the batch, added to every p99 the planner predicts
+        return f"{m.serving_p99_ms:.2f}" if m.serving_p99_ms > 0 else "0 (not measured)"
+
     profile = _load_profile_arg(args.profile) or bundled_profile()
     if args.json:
         emit(args, profile_domain_dict(profile))
@@ -795,7 +800,9 @@ def run_profile_show(args: argparse.Namespace) -> int:
     for name, m in sorted(profile.models.items()):
         d = m.domain
         if d is None:
-            rows.append([name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-"])
+            rows.append(
+                [name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-", serving(m)]
+            )
             continue
         rows.append(
             [
@@ -805,10 +812,11 @@ def run_profile_show(args: argparse.Namespace) -> int:
                 f"{d.quantile(0.9):.1%}",
                 f"{d.quantile(1.0):.1%}",
                 f"{d.floor:.1%}",
+                serving(m),
             ]
         )
     print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
-    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor"], rows))
+    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "serving_p99_ms"], rows))
     if getattr(args, "output_format", "table") == "wide":
         print()
         print(
