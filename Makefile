@@ -9,7 +9,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test test-fast tools bench schema clean
+.PHONY: run test test-fast tools bench schema cpu-profile clean
 
 # The venv is rebuilt whenever the dependency lists change.
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -53,6 +53,16 @@ schema: $(BIN)/.installed
 	$(BIN)/python -m controller.config
 	$(BIN)/python -m planner.workload_file
 	$(BIN)/python -m deploy.crd
+
+# The bundled CPU profile that `stoke up` plans with, measured on this machine: `stoke profile run` on Triton 2.51
+# on CPU (every batch x whole-core share, a co-location point per model, and each model's serving path through
+# the agent's router), then `stoke profile fit` (which refuses a fit that fails its checks). profile run resumes
+# the measurements file: delete it to measure everything afresh, or drop its "serving_p99_ms" to measure only
+# the serving path again.
+CPU_MEASUREMENTS := interference/data/cpu-2core-measurements.json
+cpu-profile: $(BIN)/.installed
+	$(BIN)/stoke profile run -o $(CPU_MEASUREMENTS)
+	$(BIN)/stoke profile fit $(CPU_MEASUREMENTS) -o interference/data/cpu-2core-profile.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

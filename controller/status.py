@@ -4,8 +4,9 @@
 plan with the nodes' reports. A workload's state:
 
 - pending: no replica is placed (the plan's reason, or "not planned yet");
-- degraded: a node of one of its replicas is not ready, or only some replicas
-  could be placed;
+- degraded: a node of one of its replicas is not ready, only some replicas
+  could be placed, or it serves best effort (its SLO can no longer be promised:
+  `controller.reconcile.planning._best_effort`);
 - unconfirmed: a node of one of its replicas is ready but its heartbeats stopped
   (silent for more than `unconfirmed_after_s`): it may not serve, and it is judged
   (lost, or heard again) at the heartbeat timeout;

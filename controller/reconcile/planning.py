@@ -11,7 +11,8 @@
    (`current=`). Not enough devices: plan as if there were (the GPUs beyond
    the ready devices stay unbound and their workloads pending); a workload
    infeasible on its own, or one the solver cannot plan within its budget
-   (`BudgetExceeded`), is pending with the reason and the rest is planned;
+   (`BudgetExceeded`), is pending with the reason and the rest is planned
+   (except one that serves: it keeps serving best effort, see `_best_effort`);
 3. `bind_plan`: each plan GPU gets a node device (`slots.bind_gpus`, stable),
    keeps the slot as its identity for the next solve, and every workload
    left unplaced is pending with its reason.
@@ -253,14 +254,74 @@ def solve_with_fallback(
             infeasible.append((w.name, str(err)))
     if not infeasible and not isinstance(failure, BudgetExceeded):
         raise failure  # feasible one by one, not together
+    infeasible, relaxed = _best_effort(workloads, infeasible, kept, lambda w: run([w], unbounded))
+    feasible += relaxed
     if not feasible:
         return None, [], infeasible
     try:
-        return run(feasible, unbounded), feasible, infeasible
+        return _real_slos(run(feasible, unbounded), workloads), feasible, infeasible
     except BudgetExceeded as over:
         plan, count = _longest_plannable(feasible, lambda ws: run(ws, unbounded))
         reason = f"not planned together with the {count} workload(s) before it: {over}"
-        return plan, feasible[:count], infeasible + [(w.name, reason) for w in feasible[count:]]
+        return _real_slos(plan, workloads), feasible[:count], infeasible + [(w.name, reason) for w in feasible[count:]]
+
+
+#: How far a serving workload's SLO may be stretched to keep it placed (best effort) once it cannot be
+#: promised: past 10x its SLO it is pending, as a new workload would be.
+BEST_EFFORT_SLO_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def _best_effort(
+    workloads: Sequence[Workload], infeasible: Pending, kept: Plan | None, solves: Callable[[Workload], Plan]
+) -> tuple[Pending, list[Workload]]:
+    """(pending, workloads to plan at a stretched SLO).
+
+    A workload the applied plan serves and that can no longer be planned within its SLO (the closed
+    loop learnt a slower serving path, a new profile) keeps serving: dropping it would fail every
+    request, where serving it late fails only those over the SLO. It is planned at the least stretch
+    of `BEST_EFFORT_SLO_FACTORS` that solves alone, its placements carry its real SLO (the agents'
+    SLI and the burn-rate alerts judge it by that), and it stays listed with the reason, so its status
+    reads `degraded`. A new workload, or one that cannot be planned at 10x its SLO, stays pending."""
+    serving = {p.name for g in kept.gpus for p in g.placements} if kept is not None else set()
+    by_name = {w.name: w for w in workloads}
+    pending: Pending = []
+    relaxed: list[Workload] = []
+    for name, why in infeasible:
+        stretched = _least_stretch(by_name[name], solves) if name in serving else None
+        if stretched is None:
+            pending.append((name, why))
+            continue
+        relaxed.append(stretched)
+        pending.append(
+            (
+                name,
+                f"its {by_name[name].slo_ms:g} ms SLO can no longer be promised ({why}); it keeps serving, "
+                f"planned best effort for {stretched.slo_ms:g} ms: lower its rate, loosen its SLO or add devices",
+            )
+        )
+    return pending, relaxed
+
+
+def _least_stretch(w: Workload, solves: Callable[[Workload], Plan]) -> Workload | None:
+    for factor in BEST_EFFORT_SLO_FACTORS:
+        try:
+            stretched = replace(w, slo_ms=round(w.slo_ms * factor, 3))
+            solves(stretched)
+            return stretched
+        except ProblemError:  # still infeasible, or past the SLO bound
+            continue
+    return None
+
+
+def _real_slos(plan: Plan | None, workloads: Sequence[Workload]) -> Plan | None:
+    """`plan` with every placement carrying its workload's own SLO (best-effort ones were solved stretched)."""
+    if plan is None:
+        return None
+    slo = {w.name: w.slo_ms for w in workloads}
+    if all(p.slo_ms == slo[p.name] for g in plan.gpus for p in g.placements):
+        return plan
+    gpus = tuple(replace(g, placements=tuple(replace(p, slo_ms=slo[p.name]) for p in g.placements)) for g in plan.gpus)
+    return replace(plan, gpus=gpus)
 
 
 def _longest_plannable(workloads: list[Workload], run: Callable[[Sequence[Workload]], Plan]) -> tuple[Plan | None, int]:

@@ -233,7 +233,10 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "measured in windows of --requests requests until the last 3 window medians lie within "
         "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
-        "resume.",
+        "resume. Once per model it also measures the serving path outside the batch (its p99 becomes the "
+        "profile's serving_p99_ms, the median of 3 windows' p99s): windows of 10 x --requests batch-1 requests "
+        "through the agent's router over gRPC, "
+        "open-loop at --serving-rate, less Triton's own time; a measurements file without it gets it on resume.",
     )
     add_repo_option(r, "model repository (default %(default)s)")
     r.add_argument(
@@ -257,6 +260,13 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="windows per point before it is recorded as unstable (default %(default)s)",
     )
+    r.add_argument(
+        "--serving-rate",
+        type=float,
+        default=20.0,  # agents.loadgen.SERVING_RATE_RPS (not imported here: it loads tritonclient)
+        metavar="RPS",
+        help="Poisson rate of the serving-path measurement, req/s (default %(default)g)",
+    )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     add_output_file_option(
         r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
@@ -268,7 +278,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         description="Per model: the batch sizes and shares the profile measured (the domain the planner stays "
         "in), and the fit's leave-one-out error there (each measured point left out, the model refitted "
         "without it, and the point predicted): its 90% quantile and worst, the error floor, and the error "
-        "grid. A profile saved before profiles recorded this shows the conservative default.",
+        "grid. A profile saved before profiles recorded this shows the conservative default. serving_p99_ms is "
+        "the measured serving path outside the batch (client, router, Triton's frontend), added to every p99 "
+        "the planner predicts for the model.",
     )
     sh.add_argument(
         "profile", nargs="?", metavar="PROFILE.json", help="fitted profile (default: the bundled V100 profile)"
@@ -690,6 +702,8 @@ def run_profile_run(args: argparse.Namespace) -> int:
         )
     if args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
+    if not 0 < args.serving_rate <= 1000:
+        raise UserError(f"--serving-rate must be a rate in (0, 1000] req/s, got {args.serving_rate:g}")
     try:
         stability = Stability(tolerance_pct=args.stability_percentage, max_windows=args.max_windows)
     except ValueError as err:
@@ -704,7 +718,19 @@ def run_profile_run(args: argparse.Namespace) -> int:
             show(event)
 
         try:
-            run_session(session, args.repo, output, requests=args.requests, stability=stability, progress=progress)
+            run_session(
+                session,
+                args.repo,
+                output,
+                requests=args.requests,
+                stability=stability,
+                progress=progress,
+                serving_rate_rps=args.serving_rate,
+                on_serving=lambda model, ms: print(
+                    f"{model}: serving path p99 {ms:.2f} ms (through the router at {args.serving_rate:g} req/s)",
+                    flush=True,
+                ),
+            )
         except ProfilingError as err:
             done, total = session.progress()
             raise UserError(
@@ -763,7 +789,7 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for name, m in sorted(profile.models.items()):
         d = m.domain
-        models[name] = (
+        models[name] = {"serving_p99_ms": m.serving_p99_ms} | (
             {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
             if d is None
             else {
@@ -783,6 +809,9 @@ def run_profile_show(args: argparse.Namespace) -> int:
     from interference.profile import DEFAULT_FIT_ERROR
     from interference.profile_io import bundled_profile
 
+    def serving(m: Any) -> str:  # the serving path outside the batch, added to every p99 the planner predicts
+        return f"{m.serving_p99_ms:.2f}" if m.serving_p99_ms > 0 else "0 (not measured)"
+
     profile = _load_profile_arg(args.profile) or bundled_profile()
     if args.json:
         emit(args, profile_domain_dict(profile))
@@ -791,7 +820,9 @@ def run_profile_show(args: argparse.Namespace) -> int:
     for name, m in sorted(profile.models.items()):
         d = m.domain
         if d is None:
-            rows.append([name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-"])
+            rows.append(
+                [name, "not recorded", "not recorded", f"{DEFAULT_FIT_ERROR:.1%} (default)", "-", "-", serving(m)]
+            )
             continue
         rows.append(
             [
@@ -801,10 +832,11 @@ def run_profile_show(args: argparse.Namespace) -> int:
                 f"{d.quantile(0.9):.1%}",
                 f"{d.quantile(1.0):.1%}",
                 f"{d.floor:.1%}",
+                serving(m),
             ]
         )
     print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
-    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor"], rows))
+    print(render_table(["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "serving_p99_ms"], rows))
     if getattr(args, "output_format", "table") == "wide":
         print()
         print(

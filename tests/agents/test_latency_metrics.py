@@ -47,3 +47,19 @@ def test_window_percentiles_and_share_over_the_slo_from_two_scrapes():
     restarted = {bound: 0.0 for bound in after}
     assert latency_window(after, restarted).count == 0  # an exporter that restarted counts from zero
     assert latency_window(before, after, slo_ms=33.0).over_slo_ratio is None  # no bucket at that SLO
+
+
+def test_a_window_p99_reads_close_to_its_slowest_requests():
+    """The closed loop learns the serving path from windows' p99s, interpolated inside a bucket: the buckets are
+    fine enough that a window of 48 requests whose slowest took 10.5 ms does not read 15 ms (1-2-5 buckets did)."""
+    from prometheus_client import generate_latest
+
+    from agents.latency_metrics import latency_window, parse_sli
+
+    exporter = RequestLatencyExporter([10.0])
+    record = exporter.recorder("w", "m")
+    for ms in [3.0] * 47 + [10.5]:
+        record(ms)
+    w = latency_window(None, parse_sli(generate_latest(exporter.registry).decode())["w"], slo_ms=10.0)
+    assert w.count == 48 and w.over_slo_ratio == 1 / 48
+    assert 10.0 <= w.p99_ms <= 12.0

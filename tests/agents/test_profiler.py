@@ -43,8 +43,10 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     assert session.done and all(v > 0 for v in session.results.values())
     assert set(session.spreads) == set(session.results)
     assert session.model_bytes["mlp_small"] == (64 * 4, 16 * 4)
-    # the serving path outside the batch, measured once per model over gRPC (client less Triton's own time)
+    # the serving path outside the batch, measured once per model through the router over gRPC, open-loop
+    # (client less Triton's own time)
     assert set(session.serving_p99_ms) == {"mlp_small"} and 0 < session.serving_p99_ms["mlp_small"] < 1000
+    assert text.count("mlp_small: serving path p99 ") == 1 and "through the router at 20 req/s" in text
     # every solo point recorded the serving process's resident memory; the fit turns it into a line
     solo = [p.key for p in session.points() if p.neighbours == 0]
     assert set(session.memory_mib) == set(solo) and all(10 < v < 65536 for v in session.memory_mib.values())
@@ -52,6 +54,15 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 0  # resuming a finished profile measures nothing again
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
+    # a measurements file from before the serving term gets it on resume, and nothing else is measured again
+    data = json.loads(out.read_text())
+    data.pop("serving_p99_ms")
+    out.write_text(json.dumps(data))
+    assert main([*argv, "--serving-rate", "40"]) == 0
+    resumed = capsys.readouterr().out
+    assert "through the router at 40 req/s" in resumed and "[" not in resumed.split("resuming")[1]
+    again = ProfileSession.from_dict(json.loads(out.read_text()))
+    assert again.results == session.results and 0 < again.serving_p99_ms["mlp_small"] < 1000
     profile = fit_measured_profile(session)
     assert set(profile.models) == {"mlp_small"}
     assert profile.models["mlp_small"].serving_p99_ms == session.serving_p99_ms["mlp_small"]
@@ -63,6 +74,10 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
 def test_profile_run_names_a_missing_model(tmp_path, capsys):
     assert main(["profile", "run", "--repo", REPO, "--models", "nope", "-o", str(tmp_path / "m.json")]) == 2
     assert "no model 'nope'" in capsys.readouterr().err
+    argv = ["profile", "run", "--repo", REPO, "--models", "mlp_small", "-o", str(tmp_path / "m.json")]
+    assert main([*argv, "--serving-rate", "0"]) == 2
+    assert "--serving-rate must be a rate in (0, 1000] req/s, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):

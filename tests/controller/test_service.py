@@ -380,3 +380,47 @@ def test_readme_small_clusters_the_only_node_falling_silent_holds_the_plan(tmp_p
     svc.reconcile()
     assert {n.node_id: n.state for n in svc.list_nodes()} == {"node-a": "silent"}
     assert where(svc)["a#0"][0] == "node-a" and svc.status().alerts
+
+
+def _with_serving_path(ms: float) -> str:
+    """The demo CPU profile whose models' serving path outside the batch is `ms` (p99): what the closed loop or a
+    re-profile learns when clients are slower than the batch alone."""
+    from control_helpers import cpu_profile
+
+    from interference.profile import DeviceProfile
+    from interference.profile_io import profile_to_dict
+
+    profile = cpu_profile()
+    models = {name: replace(m, serving_p99_ms=ms) for name, m in profile.models.items()}
+    return json.dumps(profile_to_dict(DeviceProfile(profile.gpu, models)))
+
+
+def test_a_serving_workload_whose_slo_can_no_longer_be_promised_keeps_serving_best_effort(svc):
+    svc.apply_workloads([wl("a", slo=40.0)])
+    svc.reconcile()
+    placed = where(svc)
+    assert set(placed) == {"a#0"}
+    # the serving path turns out to take 45 ms: a 40 ms SLO cannot be promised any more
+    svc.upload_profile(_with_serving_path(45.0))
+    outcome = svc.reconcile()
+    reason = dict(outcome.plan.pending)["a"]
+    assert "keeps serving" in reason and "40 ms SLO" in reason, reason
+    assert set(where(svc)) == {"a#0"}  # still placed: dropping it would fail every request
+    node = where(svc)["a#0"][0]
+    assigned = svc.heartbeat(HeartbeatReport(node_id=node)).assignments
+    assert [a.slo_ms for a in assigned] == [40.0]  # the agents' SLI still judges it by its own SLO
+    svc.heartbeat(HeartbeatReport(node_id=node, running=tuple(assigned)))
+    [status] = svc.status().workloads
+    assert status.state == "degraded" and "best effort" in status.reason
+    assert svc.reconcile() is None  # level-based: the same inputs, nothing to do
+    # a new workload at the same SLO is not started best effort: it is pending, as before
+    svc.apply_workloads([wl("a", slo=40.0), wl("b", slo=40.0)])
+    svc.reconcile()
+    states = {s.workload.name: s for s in svc.status().workloads}
+    assert states["a"].state == "degraded" and states["b"].state == "pending"
+    assert "keeps serving" not in states["b"].reason and set(where(svc)) == {"a#0"}
+    # past 10x its SLO a serving workload is pending too
+    svc.upload_profile(_with_serving_path(500.0))
+    svc.reconcile()
+    states = {s.workload.name: s for s in svc.status().workloads}
+    assert states["a"].state == "pending" and "keeps serving" not in states["a"].reason and not where(svc)

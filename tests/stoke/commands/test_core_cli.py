@@ -221,8 +221,8 @@ def test_the_cpu_example_s_own_commands_leave_the_bundled_repository_as_it_is(ca
     plan_path = tmp_path / "plan.json"
     for line in lines:
         argv = shlex.split(line.replace("plan.json", str(plan_path)).replace("triton_repo", str(repo)))[1:]
-        if argv[:2] == ["triton", "up"]:
-            continue  # serving runs until Ctrl-C (tested elsewhere)
+        if argv[:2] == ["triton", "up"] or argv[:1] == ["up"]:
+            continue  # serving runs until Ctrl-C or for its --seconds (tested elsewhere)
         if ">" in argv:  # the plan goes to a file
             argv = argv[: argv.index(">")]
             code, out, err = run(capsys, *argv)
@@ -278,6 +278,17 @@ def test_profile_show_reports_the_domain_and_error(capsys):
     code, out, _ = run(capsys, "profile", "show", "--json")
     data = json.loads(out)
     assert data["models"]["ssd"]["batches"] == [1, 16, 32] and 0 < data["models"]["ssd"]["error_floor"] < 0.2
+
+
+def test_profile_show_reports_the_measured_serving_path(capsys):
+    cpu_profile = str(bundled_raw_path().parent / "cpu-2core-profile.json")
+    code, out, _ = run(capsys, "profile", "show", cpu_profile, "--json")
+    data = json.loads(out)
+    assert code == 0 and all(m["serving_p99_ms"] > 0 for m in data["models"].values())
+    code, out, _ = run(capsys, "profile", "show", cpu_profile)
+    assert "serving_p99_ms" in out and "not measured" not in out
+    code, out, _ = run(capsys, "profile", "show")  # the bundled V100 figures carry no serving path
+    assert "0 (not measured)" in out
 
 
 def test_profile_verify_measures_the_plans_points_and_replans(capsys, tmp_path):
