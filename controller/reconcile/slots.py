@@ -77,10 +77,22 @@ def bind_gpus(
             bound[i] = slot
             taken.add(slot)
     unbound = [i for i, b in enumerate(bound) if b is None]
-    if not unbound:
-        return tuple(bound)
-    free = free or sorted(set(slots), key=slot_order)
-    ran = (previous() if callable(previous) else previous) or {}
+    if unbound:
+        ran = (previous() if callable(previous) else previous) or {}
+        _bind_unbound(plan, free or sorted(set(slots), key=slot_order), ran, unbound, bound, taken)
+    return tuple(bound)
+
+
+def _bind_unbound(
+    plan: Plan,
+    free: list[Binding],
+    ran: Mapping[Binding, frozenset[str]],
+    unbound: list[int],
+    bound: list[Binding | None],
+    taken: set[Binding],
+) -> None:
+    """`bind_gpus` for the GPUs without a usable key: the free slot most of their replicas ran on, else the
+    first free slot of their type (in slot order); fills `bound` and `taken`."""
     # count, per unbound GPU, its replicas that ran on each free slot (through an index: replica -> slots)
     healthy = set(free)
     where: dict[str, list[Binding]] = {}
@@ -106,11 +118,10 @@ def bind_gpus(
         cursor = of_type.get(gpu_type)
         if cursor is None:  # once per type (a setdefault built the list for every GPU: quadratic in a first plan)
             cursor = of_type[gpu_type] = iter([s for s in free if s.gpu_type == gpu_type])
-        slot = next((s for s in cursor if s not in taken), None)
-        if slot is not None:
-            bound[i] = slot
-            taken.add(slot)
-    return tuple(bound)
+        first = next((s for s in cursor if s not in taken), None)
+        if first is not None:
+            bound[i] = first
+            taken.add(first)
 
 
 def slot_keys(plan: Plan, bindings: Sequence[Binding | None]) -> dict[Binding, frozenset[str]]:
