@@ -77,6 +77,14 @@ def test_a_number_the_receiver_never_got_is_refused_not_guessed():
         Channel().loads(sender.dumps(workloads))  # a receiver that missed the first message
 
 
+def test_a_container_naming_a_number_never_sent_is_refused():
+    sender = Channel()
+    problem = Problem(tuple(fleet_workloads(4, seed=9)), (default_gpu_types()[0],))
+    sender.dumps(problem)
+    with pytest.raises(pickle.UnpicklingError, match="never sent"):
+        Channel().loads(sender.dumps(problem))
+
+
 def test_only_the_shared_types_are_built_from_their_fields():
     class Other:
         pass
