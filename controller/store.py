@@ -245,6 +245,12 @@ class Store:
         # the last read's workloads by stored row: an unchanged row is the same Workload, not checked again
         # (building and checking 10,000 of them took 150-200 ms of every re-plan)
         self._workloads_by_row: dict[tuple[Any, ...], Workload] = {}
+        # the workload rows of the last read by name (in name order), read again in full when another
+        # connection committed (SQLite's data_version) and otherwise only for the names written through
+        # this store since (`_written`): a re-plan after one apply reads one row, not 10,000
+        self._rows_by_name: dict[Any, tuple[Any, ...]] | None = None
+        self._rows_read_at: tuple[int, int] | None = None  # (connection, data_version) of that read
+        self._written: set[str] = set()
 
     def _connect(self) -> sqlite3.Connection:
         """Open the database, create or migrate its schema and check it; a failure says why and what to do,
@@ -446,6 +452,7 @@ class Store:
         `dry_run`: the same transaction, rolled back (nothing stored)."""
         created, updated, unchanged = [], [], []
         with self._use("write") as db, self._transaction(db, commit=not dry_run):
+            self._written.update(w.name for w in workloads)  # before writing: a row read again is never wrong
             for w in workloads:
                 row = db.execute(
                     "SELECT model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps FROM workloads WHERE name=?",
@@ -472,6 +479,7 @@ class Store:
 
     def delete_workload(self, name: str) -> bool:
         with self._use("write") as db:
+            self._written.add(name)
             cur = db.execute("DELETE FROM workloads WHERE name=?", (name,))
             return cur.rowcount > 0
 
@@ -486,10 +494,7 @@ class Store:
     def workload_rows(self) -> tuple[tuple[Workload, ...], tuple[tuple[str, str], ...]]:
         """(the stored workloads, [(name as shown, why)] of the rows that fail today's checks)."""
         with self._use("read") as db:
-            rows = db.execute(
-                "SELECT name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps FROM workloads "
-                "ORDER BY name"
-            ).fetchall()
+            rows = self._read_workload_rows(db)
         good, bad = [], []
         known, by_row = self._workloads_by_row, {}
         for r in rows:  # tuples: a row is its own key
@@ -522,9 +527,38 @@ class Store:
         self._workloads_by_row = by_row  # only the rows stored now: a deleted workload is forgotten
         return tuple(good), tuple(bad)
 
+    _WORKLOAD_COLUMNS = "name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps"
+
+    def _read_workload_rows(self, db: sqlite3.Connection) -> list[tuple[Any, ...]]:
+        """Every workload row in name order: the last read's, with the rows written since read again (see
+        `_rows_by_name`); all of them when another connection wrote, or a name was added."""
+        read_at = (id(db), db.execute("PRAGMA data_version").fetchone()[0])
+        written, self._written = self._written, set()
+        rows = self._rows_by_name
+        if rows is not None and read_at == self._rows_read_at and len(written) <= 500:
+            names = sorted(written)
+            fresh = {
+                r[0]: r
+                for r in db.execute(
+                    f"SELECT {self._WORKLOAD_COLUMNS} FROM workloads WHERE name IN ({','.join('?' * len(names))})",
+                    names,
+                ).fetchall()
+            }
+            if set(fresh) <= set(rows):  # updated or deleted rows keep the order; a new name needs a full read
+                for name in names:
+                    if name in fresh:
+                        rows[name] = fresh[name]
+                    else:
+                        rows.pop(name, None)
+                return list(rows.values())
+        listed = db.execute(f"SELECT {self._WORKLOAD_COLUMNS} FROM workloads ORDER BY name").fetchall()
+        self._rows_by_name, self._rows_read_at = {r[0]: r for r in listed}, read_at
+        return listed
+
     def set_planned_rate(self, name: str, rate_rps: float, now: float) -> bool:
         """The demand tracker's new planning rate of an auto workload; False when it is gone or not auto."""
         with self._use("write") as db:
+            self._written.add(name)
             cur = db.execute(
                 "UPDATE workloads SET rate_rps=?, updated_unix=? WHERE name=? AND rate_auto=1",
                 (float(rate_rps), now, name),

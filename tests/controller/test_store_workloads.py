@@ -37,3 +37,28 @@ def test_a_row_changed_behind_the_stores_back_is_read_and_checked_again(tmp_path
     assert name.name not in {w.name for w in good}
     assert bad and bad[0][0] == name.name and "rate_rps" in bad[0][1]
     store.close()
+
+
+def test_rows_written_through_the_store_are_read_again_and_the_rest_kept(tmp_path):
+    """After the first read, a write through this store re-reads only the rows it wrote; every kind of write
+    is seen: an update, a new name (a full read), a deletion, the demand tracker's rate, a dry run."""
+    store = Store(tmp_path / "s.db")
+    workloads = list(fleet_workloads(6, seed=5))
+    auto = replace(workloads[1], rate_auto=True, min_rps=1.0, max_rps=1000.0)
+    store.upsert_workloads([*workloads[:1], auto, *workloads[2:5]], 0.0)
+    store.workload_rows()
+    store.upsert_workloads([replace(workloads[0], slo_ms=workloads[0].slo_ms + 1)], 1.0)
+    store.upsert_workloads([workloads[5]], 2.0)  # a new name
+    store.delete_workload(workloads[2].name)
+    assert store.set_planned_rate(auto.name, 77.0, 3.0)
+    store.upsert_workloads([replace(workloads[3], rate_rps=1.5)], 4.0, dry_run=True)  # rolled back
+    got = {w.name: w for w in store.workload_rows()[0]}
+    assert got[workloads[0].name].slo_ms == workloads[0].slo_ms + 1
+    assert workloads[5].name in got and workloads[2].name not in got
+    assert got[auto.name].rate_rps == 77.0
+    assert got[workloads[3].name].rate_rps == workloads[3].rate_rps
+    assert [w.name for w in store.workload_rows()[0]] == sorted(got)  # in name order, as SQLite gives them
+    fresh = Store(tmp_path / "s.db")  # what another reader finds: the same
+    assert fresh.workload_rows() == store.workload_rows()
+    store.close()
+    fresh.close()
