@@ -111,7 +111,8 @@ def replan(workloads: int, changes: int = 5) -> None:
         mix = list(fleet_workloads(workloads))
         solver = budgeted(solve, config.solver_budget_s, config.solver_memory_mib)  # what the controller runs
         # the workloads live in the controller's store, read back at every pass as `observe` does
-        store = Store(Path(tempfile.mkdtemp(prefix="bench-replan-")) / "controller.db")
+        folder = tempfile.TemporaryDirectory(prefix="bench-replan-")
+        store = Store(Path(folder.name) / "controller.db")
         store.upsert_workloads(mix, 0.0)
 
         def run_solver(problem, current, solver=solver, config=config):
@@ -156,6 +157,7 @@ def replan(workloads: int, changes: int = 5) -> None:
         print(f"    median re-plan {statistics.median(took_ms):.0f} ms, max {max(took_ms):.0f} ms")
         close_worker()
         store.close()
+        folder.cleanup()
 
 
 def cli_startup(tmp: Path) -> None:
