@@ -245,16 +245,20 @@ def solve_with_fallback(
             return run(workloads, unbounded), workloads, []
         except ProblemError as together:
             failure = together
-    feasible, infeasible = [], []
+    feasible, infeasible, over_budget = [], [], set()
     for w in workloads:
         try:
             run([w], unbounded)
             feasible.append(w)
         except ProblemError as err:
             infeasible.append((w.name, str(err)))
+            if isinstance(err, BudgetExceeded):
+                over_budget.add(w.name)
     if not infeasible and not isinstance(failure, BudgetExceeded):
         raise failure  # feasible one by one, not together
-    infeasible, relaxed = _best_effort(workloads, infeasible, kept, lambda w: run([w], unbounded))
+    infeasible, relaxed = _best_effort(
+        workloads, infeasible, kept, lambda w: run([w], unbounded), frozenset(over_budget)
+    )
     feasible += relaxed
     if not feasible:
         return None, [], infeasible
@@ -272,7 +276,11 @@ BEST_EFFORT_SLO_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 def _best_effort(
-    workloads: Sequence[Workload], infeasible: Pending, kept: Plan | None, solves: Callable[[Workload], Plan]
+    workloads: Sequence[Workload],
+    infeasible: Pending,
+    kept: Plan | None,
+    solves: Callable[[Workload], Plan],
+    over_budget: frozenset[str] = frozenset(),
 ) -> tuple[Pending, list[Workload]]:
     """(pending, workloads to plan at a stretched SLO).
 
@@ -281,13 +289,14 @@ def _best_effort(
     request, where serving it late fails only those over the SLO. It is planned at the least stretch
     of `BEST_EFFORT_SLO_FACTORS` that solves alone, its placements carry its real SLO (the agents'
     SLI and the burn-rate alerts judge it by that), and it stays listed with the reason, so its status
-    reads `degraded`. A new workload, or one that cannot be planned at 10x its SLO, stays pending."""
+    reads `degraded`. A new workload, or one that cannot be planned at 10x its SLO, stays pending, and so does
+    one whose solve ran over the solver's budget (`over_budget`; each stretch would cost a budget again)."""
     serving = {p.name for g in kept.gpus for p in g.placements} if kept is not None else set()
     by_name = {w.name: w for w in workloads}
     pending: Pending = []
     relaxed: list[Workload] = []
     for name, why in infeasible:
-        stretched = _least_stretch(by_name[name], solves) if name in serving else None
+        stretched = _least_stretch(by_name[name], solves) if name in serving and name not in over_budget else None
         if stretched is None:
             pending.append((name, why))
             continue
@@ -308,6 +317,8 @@ def _least_stretch(w: Workload, solves: Callable[[Workload], Plan]) -> Workload 
             stretched = replace(w, slo_ms=round(w.slo_ms * factor, 3))
             solves(stretched)
             return stretched
+        except BudgetExceeded:  # a stretch will not make it faster: no budget spent on the rest
+            return None
         except ProblemError:  # still infeasible, or past the SLO bound
             continue
     return None
