@@ -353,7 +353,9 @@ def bind_plan(
 ) -> PlanView:
     """Bind the plan's GPUs to slots (stable), key each GPU by its slot, and name every unplaced workload."""
     applied = observed.applied
-    bindings = bind_gpus(plan, observed.slots, lambda: slot_keys(applied.plan, applied.bindings) if applied else {})
+    bindings = bind_gpus(
+        plan, observed.slots, lambda wanted: slot_keys(applied.plan, applied.bindings, wanted) if applied else {}
+    )
     # a GPU's identity is its slot: stored plans carry it, the next solve keeps it
     keys = [slot_key(b) if b else None for b in bindings]
     plan = replace(plan, gpus=tuple(g if g.key == k else replace(g, key=k) for g, k in zip(plan.gpus, keys)))

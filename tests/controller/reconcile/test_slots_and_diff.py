@@ -101,7 +101,12 @@ def test_bind_agrees_with_the_rule_read_literally_on_random_plans():
         previous = {s: frozenset(f"{n}#0" for n in rng.sample(names, rng.randint(0, 3))) for s in slots}
         expected = _bind_by_definition(plan, slots, previous)
         assert bind_gpus(plan, slots, previous) == expected
-        assert bind_gpus(plan, slots, lambda previous=previous: previous) == expected
+        assert bind_gpus(plan, slots, lambda wanted, previous=previous: previous) == expected
+        # the map made for the keys of the GPUs left without a slot only binds as the whole one does
+        old_gpus = tuple(GpuPlan(s.gpu_type, 0.1, tuple(pl(k[:-2]) for k in keys)) for s, keys in previous.items())
+        old_plan = Plan("stoke", old_gpus)
+        ran = lambda wanted, old=old_plan, at=tuple(previous): slot_keys(old, at, wanted)  # noqa: E731
+        assert bind_gpus(plan, slots, ran) == expected
 
 
 def test_placement_keys_are_the_replica_keys():
