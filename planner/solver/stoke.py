@@ -850,20 +850,25 @@ class SolveMemo:
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
 
+    def _forget_identities(self) -> None:
+        """Drop the entries keyed by object identity (and the objects held for them): they grow with every
+        re-plan that changes something, and a rebuilt entry gives the same answer."""
+        self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
+        self.reseeded = {}
+
     def open(self, problem: Problem, options: StokeOptions) -> None:
         """Ready for a solve of `problem`: valid entries kept, stale ones dropped."""
         basis = (tuple((g.name, g.price_per_hour, g.profile) for g in problem.inventory), options)
         if basis != self._basis:
             self._basis = basis
             self.clear()
+        bound = 4 * len(problem.workloads) + 1000
         if len(self.choices) > 2 * len(problem.workloads) + 1000:
             names = set(problem.workloads)
             self.choices = {w: c for w, c in self.choices.items() if w in names}
-            self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
-            self.reseeded = {}
-        if len(self.held) > 4 * len(problem.workloads) + 1000 or len(self.reseeded) > 4 * len(problem.workloads) + 1000:
-            self.seeded, self.placements, self.gpus, self.renumbered, self.held = {}, {}, {}, {}, []
-            self.reseeded = {}
+            self._forget_identities()
+        if len(self.held) > bound or len(self.reseeded) > bound:
+            self._forget_identities()
         for g in problem.inventory:
             if g.name not in self.caches:
                 self.caches[g.name] = PointCache(g)
