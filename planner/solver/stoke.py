@@ -770,7 +770,12 @@ def _seed_from(
         # as they were is taken as it was: at 10,000 workloads nearly every GPU, and half of a re-plan's time
         # went into matching them.
         entry = reseeded.get(id(gpu.placements))
-        if entry is not None and entry[0].placements is gpu.placements and unchanged(entry):
+        if (
+            entry is not None
+            and entry[0].placements is gpu.placements
+            and entry[0].gpu_type == gpu_type
+            and unchanged(entry)
+        ):
             seeded = entry[2]
             for key in entry[3] if seeded[0] is entry[1] else (item.key for item in seeded[0]):
                 del pending[key]
