@@ -27,6 +27,14 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   `retry_apply_s`, restarts crashed Triton processes (`check_health`) and
   scrapes the figures (`observe`), then publishes a snapshot.
 
+- verify before serving: an answer may carry `measure` requests (points the controller wants measured
+  before a new assignment serves). They are checked (`limits.measure_request_problems`; a refused list
+  measures nothing), and the *measure* thread (`measure_once`) measures each (request, batch) once with
+  the injected `measurer` (the device backend: real Triton on CPU, the profiler's path; the simulated
+  truth device in tests); results go out in every heartbeat while the controller still asks for them,
+  and are dropped once it stops (it has recorded them). An agent without a measurer answers each point
+  with an error, so the controller serves the plan without waiting.
+
 The fleet is any object with `refusals` (why it will not run assignments: asked
 before every apply, e.g. a device they over-commit), `apply`, `observe`, `check_health`,
 `running`, `close`, and optionally `serving_endpoints` (where clients reach each
@@ -58,6 +66,8 @@ from controller.messages import (
     HeartbeatAnswer,
     HeartbeatReport,
     InvalidArgument,
+    MeasuredPoint,
+    MeasureRequest,
     ModelAssignment,
     NodeDevice,
     Observation,
@@ -77,6 +87,22 @@ class Fleet(Protocol):
     def check_health(self) -> list[str]: ...
     def running(self) -> list[ModelAssignment]: ...
     def close(self) -> None: ...
+
+
+class PointMeasurer(Protocol):
+    """Measures one point for verify before serving: the solo active time (ms) of `model` at `batch`
+    on `device` at `share_pct`, over windows of `requests` requests; raises when it cannot."""
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float: ...
+
+
+#: (model, device, share %, batch): one point a measure request names.
+PointKey = tuple[str, int, float, int]
+
+
+def point_keys(requests: Sequence[MeasureRequest]) -> list[PointKey]:
+    """The points `requests` ask for, in order."""
+    return [(m.model, m.device, round(float(m.share_pct), 6), int(b)) for m in requests for b in m.batches]
 
 
 class Client(Protocol):
@@ -229,6 +255,10 @@ class AgentState:
     refused_revision: int = 0
     #: why this node's serving endpoints cannot serve (the router's own probe); non-empty: no heartbeat
     serving_problems: tuple[str, ...] = ()
+    #: verify before serving: what the controller asks to measure (checked), and the results so far
+    measure_wanted: tuple[MeasureRequest, ...] = ()
+    measured: dict[PointKey, MeasuredPoint] = field(default_factory=dict)
+    measure_refused: tuple[str, ...] = ()  # why the last measure requests were refused
 
 
 #: The agent's shutdown bound (s): loops 2 s + the fleet's `SHUTDOWN_S` (20 s) + 3 s, documented as <= 30 s.
@@ -254,9 +284,11 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         sli_sources: Sequence[Callable[[], str]] = (),
         device: Any = None,
+        measurer: PointMeasurer | None = None,
     ) -> None:
         """`sli_sources` return the serving path's SLI histogram as Prometheus text (URLs, an in-process
-        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`)."""
+        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`); `measurer`
+        measures points for verify before serving (None: this node measures nothing, and says so)."""
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -272,12 +304,14 @@ class Agent:
         self.clock = clock
         self.sli = SliReader(sli_sources)
         self.device = device
+        self.measurer = measurer
         self.state = AgentState()
         #: this agent process, for the controller's replay check; heartbeats are numbered from 1 within it
         self.incarnation = secrets.token_hex(16)
         self._sequence = 0
         self._lock = threading.Lock()
         self._wake_fleet = threading.Event()
+        self._wake_measure = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -337,6 +371,7 @@ class Agent:
                     endpoints=s.endpoints[: limits.MAX_ASSIGNMENTS],
                     sequence=self._next_sequence(),
                     incarnation=self.incarnation,
+                    measured=tuple(s.measured.values())[: limits.MAX_MEASURED],
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
@@ -371,6 +406,7 @@ class Agent:
             self.interval_s = answer.heartbeat_interval_s
         if answer.hold:  # the controller re-plans with this node back: keep what runs
             return self._next_beat()
+        self._take_measure_requests(answer.measure)
         refused = limits.assignment_problems(answer.assignments)
         with self._lock:
             if refused:
@@ -387,6 +423,60 @@ class Agent:
                     s.desired, s.desired_revision = tuple(answer.assignments), answer.revision
                     self._wake_fleet.set()
         return self._next_beat()
+
+    def _take_measure_requests(self, requests: Sequence[MeasureRequest]) -> None:
+        """Keep what the controller asks to measure now (checked: a refused list measures nothing) and the
+        results it still asks for; results it no longer asks for were recorded, and are dropped."""
+        problems = tuple(limits.measure_request_problems(requests))
+        with self._lock:
+            again = problems == self.state.measure_refused
+            self.state.measure_refused = problems
+            if problems:
+                self.state.measure_wanted, self.state.measured = (), {}
+        if problems:
+            if not again:  # said once per refusal, not every heartbeat
+                log.error("refused the controller's measure requests, nothing measured: %s", "; ".join(problems[:3]))
+                self._event(f"measure requests refused: {problems[0]}")
+            return
+        keys = set(point_keys(requests))
+        with self._lock:
+            s = self.state
+            s.measure_wanted = tuple(requests)
+            s.measured = {k: v for k, v in s.measured.items() if k in keys}
+            todo = len(keys) > len(s.measured)
+        if todo:
+            self._wake_measure.set()
+
+    def measure_once(self) -> bool:
+        """Measure the next point asked for and not measured yet; False when there is none."""
+        with self._lock:
+            s = self.state
+            todo = [(k, m) for m in s.measure_wanted for k in point_keys([m]) if k not in s.measured]
+        if not todo:
+            return False
+        (model, device, share, batch), request = todo[0]
+        error, active = "", 0.0
+        if self.measurer is None:
+            error = (
+                "this node does not measure (its agent runs with --no-measure, or on a GPU node, where measuring "
+                "through NVML/MPS is not built yet)"
+            )
+        else:
+            try:
+                active = float(self.measurer(model, device, share, batch, request.requests))
+                if not (math.isfinite(active) and 0 < active <= limits.MAX_ACTIVE_MS):
+                    error, active = f"the measurement gave {active!r} ms", 0.0
+            except Exception as err:  # noqa: BLE001 - any device failure is this point's error, reported
+                error = f"{type(err).__name__}: {err}"
+        point = MeasuredPoint(model, device, share, batch, active, clean_text(error, limits.MAX_MESSAGE_CHARS - 3))
+        with self._lock:
+            if (model, device, share, batch) in set(point_keys(s.measure_wanted)):  # still asked for
+                s.measured[(model, device, share, batch)] = point
+        self._event(
+            f"measured {model} batch {batch} at {share:g}% on device {device}: "
+            + (f"{active:.3f} ms" if not error else f"failed ({error})")
+        )
+        return True
 
     # ------------------------------------------------------------ fleet side
 
@@ -483,8 +573,23 @@ class Agent:
             self._wake_fleet.wait(self.interval_s)
             self._wake_fleet.clear()
 
+    def _measure_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.measure_once():
+                    continue
+            except Exception:  # the same: logged, the loop goes on
+                log.exception("measure step failed")
+            self._wake_measure.wait(self.interval_s)
+            self._wake_measure.clear()
+
     def start(self) -> None:
-        for target, name in ((self._control_loop, "agent-control"), (self._fleet_loop, "agent-fleet")):
+        loops = (
+            (self._control_loop, "agent-control"),
+            (self._fleet_loop, "agent-fleet"),
+            (self._measure_loop, "agent-measure"),
+        )
+        for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -495,6 +600,7 @@ class Agent:
         fleet step blocked on it), then the loops get another moment."""
         self._stop.set()
         self._wake_fleet.set()
+        self._wake_measure.set()
         for t in self._threads:
             t.join(timeout=2.0)
         if close_fleet:

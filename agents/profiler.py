@@ -273,3 +273,33 @@ class TritonMeasurer:
 
     def close(self) -> None:
         self.fleet.close()
+
+
+class AgentMeasurer:
+    """Verify before serving on a CPU node: the agent's `agents.agent.PointMeasurer` over `TritonMeasurer`.
+
+    The controller asks a node to measure a point before a new assignment serves there; this serves the
+    model alone at that share in real Triton processes of its own (apart from the serving fleet, started
+    on the first request, so an agent that is never asked starts nothing) and measures it like
+    `stoke profile verify --device cpu`. The measurement runs beside what the node serves, on the same
+    cores: on a busy node it reads high, which errs on the safe side. `close()` stops its processes.
+    """
+
+    def __init__(self, repository: str, *, progress: Callable[[str], None] = lambda line: None) -> None:
+        self.repository = repository
+        self.progress = progress
+        self._measurer: TritonMeasurer | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float:
+        with self._lock:
+            if self._measurer is None:
+                self._measurer = TritonMeasurer(self.repository, requests=requests, progress=self.progress)
+            self._measurer.requests = requests
+            return self._measurer("", model, batch, share_pct)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._measurer is not None:
+                self._measurer.close()
+                self._measurer = None

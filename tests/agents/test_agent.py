@@ -10,7 +10,7 @@ import pytest
 
 from agents.agent import Agent
 from controller import limits
-from controller.messages import AssignmentError, HeartbeatAnswer, ModelAssignment, NodeDevice
+from controller.messages import AssignmentError, HeartbeatAnswer, MeasureRequest, ModelAssignment, NodeDevice
 
 
 @dataclass
@@ -81,6 +81,7 @@ class FakeClient:
         self.revision = 1
         self.reports = []
         self.registrations = 0
+        self.measure: tuple = ()  # measure requests (verify before serving) in every answer
 
     def register(self, node_id, devices, address=""):
         if not self.up:
@@ -95,7 +96,7 @@ class FakeClient:
         self.reports.append(report)
         if not self.known:
             return HeartbeatAnswer(registered=False)
-        return HeartbeatAnswer(True, self.revision, self.assignments, 0.5)
+        return HeartbeatAnswer(True, self.revision, self.assignments, 0.5, measure=self.measure)
 
 
 class Clock:
@@ -337,3 +338,70 @@ def test_a_node_whose_endpoints_cannot_serve_stops_heartbeating_until_they_can()
     agent.heartbeat_once()
     assert len(client.reports) == sent + 1
     assert any("endpoints cannot serve" in e for e in client.reports[-1].events)
+
+
+# ---------------------------------------------------------------- verify before serving: measure requests
+
+
+class Measurer:
+    """A simulated device: 2 ms per batch item, or failing; counts its measurements."""
+
+    def __init__(self, fail: str = ""):
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def __call__(self, model, device, share_pct, batch, requests):
+        self.calls.append((model, device, share_pct, batch, requests))
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return 2.0 * batch
+
+
+def make_measuring(measurer):
+    agent, client, fleet, clock = make()
+    agent.measurer = measurer
+    return agent, client, fleet, clock
+
+
+def test_measure_requests_are_measured_once_reported_until_recorded_then_dropped():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1, 2), 7),)
+    agent.heartbeat_once()
+    while agent.measure_once():
+        pass
+    assert measurer.calls == [("mlp_small", 0, 30.0, 1, 7), ("mlp_small", 0, 30.0, 2, 7)]
+    for _ in range(3):  # the controller asks again until it has them: measured once, reported each time
+        agent.heartbeat_once()
+        assert not agent.measure_once()
+        assert [(p.batch, p.active_ms, p.error) for p in client.reports[-1].measured] == [(1, 2.0, ""), (2, 4.0, "")]
+    assert len(measurer.calls) == 2
+    client.measure = ()  # recorded: no longer asked for, so no longer reported
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert client.reports[-1].measured == ()
+
+
+def test_a_failing_or_missing_measurer_reports_the_error_for_the_point():
+    for measurer, words in ((Measurer(fail="device lost"), "device lost"), (None, "does not measure")):
+        agent, client, _, _ = make_measuring(measurer)
+        client.measure = (MeasureRequest("mlp_small", 0, 30.0, (3,), 7),)
+        agent.heartbeat_once()
+        assert agent.measure_once() and not agent.measure_once()
+        agent.heartbeat_once()
+        (point,) = client.reports[-1].measured
+        assert point.batch == 3 and point.active_ms == 0.0 and words in point.error
+
+
+def test_garbage_measure_requests_are_refused_and_nothing_is_measured():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("../../etc/passwd", 0, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert not agent.measure_once() and measurer.calls == []
+    events = [e for r in client.reports for e in r.events if "measure requests refused" in e]
+    assert len(events) == 1 and "measure[0].model" in events[0]  # said once, naming the field
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 10**9),)
+    agent.heartbeat_once()
+    assert not agent.measure_once() and measurer.calls == []
