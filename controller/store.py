@@ -104,6 +104,10 @@ CREATE TABLE IF NOT EXISTS profile_versions (
 CREATE TABLE IF NOT EXISTS profile_state (
     gpu_type TEXT NOT NULL, model TEXT NOT NULL, active INTEGER NOT NULL, pinned INTEGER NOT NULL,
     PRIMARY KEY (gpu_type, model));
+CREATE TABLE IF NOT EXISTS measured_points (
+    gpu_type TEXT NOT NULL, model TEXT NOT NULL, batch INTEGER NOT NULL, share_pct REAL NOT NULL,
+    active_ms REAL NOT NULL, node_id TEXT NOT NULL, measured_unix REAL NOT NULL,
+    PRIMARY KEY (gpu_type, model, batch, share_pct));
 CREATE TABLE IF NOT EXISTS loop_events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, unix REAL NOT NULL, kind TEXT NOT NULL, workload TEXT NOT NULL,
     text TEXT NOT NULL);
@@ -581,8 +585,10 @@ class Store:
                 ).fetchone()
                 db.execute("INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)", (gpu_type, model, text, now))
                 if before is not None and before[0] != text:
-                    # a new fit is the new truth: its coefficients are active, recalibration starts over
+                    # a new fit is the new truth: its coefficients are active, recalibration starts over, and
+                    # verification measures its chosen points again
                     db.execute("DELETE FROM profile_state WHERE gpu_type=? AND model=?", (gpu_type, model))
+                    db.execute("DELETE FROM measured_points WHERE gpu_type=? AND model=?", (gpu_type, model))
 
     def profile_dicts(self) -> dict[str, dict[str, Any]]:
         """{gpu_type: {"gpu": {...}, "models": {model: {...}}}}: the stored fitted profiles."""
@@ -680,6 +686,31 @@ class Store:
                 "ON s.gpu_type=v.gpu_type AND s.model=v.model AND s.active=v.version"
             ).fetchall()
         return {(r[0], r[1]): json.loads(r[2]) for r in rows}
+
+    # ------------------------------------------------------------ verify before serving
+
+    def add_measured_points(self, points: Sequence[tuple[str, str, int, float, float, str]], now: float) -> int:
+        """Store measured points (gpu_type, model, batch, share %, solo active ms, node id) in one transaction;
+        a point measured before is kept as it was (the first measurement stands: a repeated report changes
+        nothing). Returns how many were new."""
+        with self._use("write") as db, self._transaction(db):
+            added = 0
+            for gpu_type, model, batch, share, active, node in points:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO measured_points VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (gpu_type, model, int(batch), round(float(share), 6), float(active), node, now),
+                )
+                added += cur.rowcount
+        return added
+
+    def measured_points(self) -> dict[tuple[str, str], dict[tuple[int, float], float]]:
+        """{(gpu_type, model): {(batch, share %): solo active ms}} of every stored measured point."""
+        with self._use("read") as db:
+            rows = db.execute("SELECT gpu_type, model, batch, share_pct, active_ms FROM measured_points").fetchall()
+        out: dict[tuple[str, str], dict[tuple[int, float], float]] = {}
+        for gpu_type, model, batch, share, active in rows:
+            out.setdefault((gpu_type, model), {})[(int(batch), float(share))] = float(active)
+        return out
 
     # ------------------------------------------------------------ observations
 

@@ -1,0 +1,252 @@
+"""Verify before serving, in the running controller: a new assignment's points are measured by its node first.
+
+`stoke profile verify PLAN` measures the points a plan chose and re-plans on them
+(`planner.solver.verify`). With `verification.enabled` the controller does the same before a
+new or changed assignment serves:
+
+- `VerifyBeforeServing.gate(view, cut, profiles, now)`: a reconcile pass's new plan holds when one of its
+  new or changed assignments runs at a (model, batch, share) point the active profile has not
+  measured (every batch 1..B at its share for a Poisson replica, B for a paced one, as `verify`
+  does). The plan is then not applied: the applied one keeps serving, and a new workload stays
+  pending with the reason. The points are asked of the node the plan binds them to (at most
+  `max_points` a round; a point two nodes would run is measured once).
+- `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
+  answer until the results are in (level-based: a repeated answer measures nothing twice).
+- `take(node_id, points, profiles)`: a result counts only for a point asked of that node; a
+  solo active time more than `MAX_FIT_RATIO` times off the fit either way is refused (a node that
+  lies or a broken measurement). Accepted points are stored (`Store.add_measured_points`) and
+  join the active profiles (`controller.profiles`, `ModelProfile.with_measured`), so the next
+  pass re-plans on them; the plan serves once it chooses only measured points.
+- Bounds: at most `rounds` re-plans that ask for new points; then the plan serves as it stands.
+  A point not measured within `timeout_s` (the node went away, a device hangs), one its node
+  could not measure, or a refused result is given up: reported in the status alerts and not
+  asked again (until the controller restarts), and the plan serves without it. Serving the plan
+  unmeasured is the fallback because holding it longer would keep a new workload from serving at
+  all, or an old placement that no longer fits its workload; the error-aware plan is what serves
+  without verification, so the fallback is never worse than verification off.
+
+Restarts: measured points are stored, so a restarted controller asks only for what was not
+measured yet; what is held, asked for and given up lives in memory and is rebuilt by the next
+passes. Pure apart from its lock: no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from controller import limits
+from controller.config import VerificationConfig
+from controller.messages import MeasuredPoint, MeasureRequest, ModelAssignment
+from controller.reconcile.diff import classify
+from controller.reconcile.planning import PlanView
+from interference.profile import DeviceProfile
+
+#: A measured solo active time counts only within this factor of the fit's, either way.
+MAX_FIT_RATIO = 20.0
+#: Points given up are remembered (not asked again) up to this many; notes kept for the status alerts.
+MAX_GIVEN_UP = 10_000
+MAX_NOTES = 10
+
+#: (GPU type, model, batch, share %): one point of a profile.
+Point = tuple[str, str, int, float]
+
+
+@dataclass(frozen=True, order=True)
+class Wanted:
+    """A point asked of a node's device."""
+
+    node_id: str
+    device: int
+    gpu_type: str
+    model: str
+    share_pct: float
+    batch: int
+
+    @property
+    def point(self) -> Point:
+        return (self.gpu_type, self.model, self.batch, self.share_pct)
+
+
+def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment]]) -> dict[Wanted, set[str]]:
+    """{point on a node: the workloads it serves} for every batch size of each bound placement of `view` that is
+    new or changed against `cut` (the applied plan per node): 1..B for Poisson clients, B for paced ones."""
+    before = {(node, a.key): a for node, items in cut.items() for a in items}
+    out: dict[Wanted, set[str]] = {}
+    for gpu, slot in zip(view.plan.gpus, view.bindings):
+        if slot is None:
+            continue
+        for p in gpu.placements:
+            a = ModelAssignment.of(p, slot.device)
+            if classify(before.get((slot.node_id, a.key)), a) == "unchanged":
+                continue
+            share = round(float(p.share_pct), 6)
+            sizes = range(1, p.batch + 1) if p.arrivals == "poisson" else (p.batch,)
+            for k in sizes:
+                out.setdefault(Wanted(slot.node_id, slot.device, gpu.gpu_type, p.model, share, int(k)), set()).add(
+                    p.name
+                )
+    return out
+
+
+class VerifyBeforeServing:
+    """What verify before serving holds, asks and gave up (see the module doc)."""
+
+    def __init__(self, config: VerificationConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._wanted: dict[Wanted, float] = {}  # asked of a node -> when first asked
+        self._given_up: dict[Point, str] = {}
+        self._asked: set[Point] = set()  # every point asked in this hold (new ones start a round)
+        self._rounds = 0
+        self._holding: dict[str, str] = {}  # workload -> why it waits
+        self._notes: collections.deque[str] = collections.deque(maxlen=MAX_NOTES)
+        #: counts what changes a pass's outcome besides the profiles (a point given up): part of its inputs
+        self.version = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    # ------------------------------------------------------------ the reconcile pass
+
+    def gate(
+        self,
+        view: PlanView,
+        cut: Mapping[str, Sequence[ModelAssignment]],
+        profiles: Mapping[str, DeviceProfile],
+        now: float,
+    ) -> bool:
+        """True: hold `view` (its new points are being measured); False: it may serve."""
+        if not self.config.enabled:
+            return False
+        needed: dict[Point, tuple[Wanted, set[str]]] = {}
+        for w, names in sorted(assignment_points(view, cut).items()):
+            profile = profiles.get(w.gpu_type)
+            model = profile.models.get(w.model) if profile is not None else None
+            if model is None or model.measured_ms(w.batch, w.share_pct) is not None:
+                continue
+            with self._lock:
+                if w.point in self._given_up:
+                    continue
+            if w.point in needed:  # the same point on another node: measured once
+                needed[w.point][1].update(names)
+            else:
+                needed[w.point] = (w, set(names))
+        with self._lock:
+            if not needed:
+                self._settle()
+                return False
+            new = set(needed) - self._asked
+            if new and self._rounds >= self.config.rounds:
+                self._notes.append(
+                    f"verification: {len(needed)} point(s) still not measured after {self._rounds} round(s); "
+                    f"the plan serves as it stands"
+                )
+                self._settle()
+                return False
+            if new:
+                self._rounds += 1
+                self._asked |= new
+            # points already asked first (their results may be on the way), then the rest, up to max_points
+            order = sorted(needed, key=lambda p: (needed[p][0] not in self._wanted, needed[p][0]))
+            chosen = order[: self.config.max_points]
+            self._wanted = {needed[p][0]: self._wanted.get(needed[p][0], now) for p in chosen}
+            self._holding = {}
+            for point in order:
+                w, names = needed[point]
+                for name in sorted(names):
+                    self._holding.setdefault(
+                        name,
+                        f"being verified before it serves: {w.model} at {w.share_pct:g}% is measured on "
+                        f"{w.node_id} (round {self._rounds} of at most {self.config.rounds})",
+                    )
+            return True
+
+    def _settle(self) -> None:
+        self._wanted, self._asked, self._rounds, self._holding = {}, set(), 0, {}
+
+    def expire(self, now: float) -> bool:
+        """Give up the points asked longer than `timeout_s` ago; True when any was (the plan may serve now)."""
+        with self._lock:
+            late = [w for w, since in self._wanted.items() if now - since > self.config.timeout_s]
+            for w in late:
+                del self._wanted[w]
+                self._give_up(w, f"not measured by {w.node_id} within {self.config.timeout_s:g} s")
+            return bool(late)
+
+    def _give_up(self, w: Wanted, why: str) -> None:
+        if len(self._given_up) >= MAX_GIVEN_UP:
+            self._given_up.pop(next(iter(self._given_up)))
+        self._given_up[w.point] = why
+        self._notes.append(
+            f"verification: {w.model} batch {w.batch} at {w.share_pct:g}% on {w.gpu_type} was given up ({why}); "
+            f"it serves as planned"
+        )
+        self.version += 1
+
+    # ------------------------------------------------------------ the heartbeat
+
+    def requests_for(self, node_id: str) -> tuple[MeasureRequest, ...]:
+        """What `node_id` is asked to measure now, grouped by (model, device, share) and within the bounds."""
+        with self._lock:
+            groups: dict[tuple[str, int, float], list[int]] = {}
+            for w in sorted(self._wanted):
+                if w.node_id == node_id:
+                    groups.setdefault((w.model, w.device, w.share_pct), []).append(w.batch)
+        return tuple(
+            MeasureRequest(model, device, share, tuple(batches[: limits.MAX_MEASURE_BATCHES]), self.config.requests)
+            for (model, device, share), batches in list(groups.items())[: limits.MAX_MEASURE_REQUESTS]
+        )
+
+    def take(
+        self, node_id: str, points: Sequence[MeasuredPoint], profiles: Mapping[str, DeviceProfile]
+    ) -> tuple[list[tuple[str, str, int, float, float, str]], list[str]]:
+        """(points to store: (GPU type, model, batch, share, ms, node)), what was given up, in words) of what
+        `node_id` reports; a result for a point not asked of it is ignored (a repeat, or not its to give)."""
+        with self._lock:
+            by_key = {(w.model, w.device, w.share_pct, w.batch): w for w in self._wanted if w.node_id == node_id}
+            accepted: list[tuple[str, str, int, float, float, str]] = []
+            given_up: list[str] = []
+            for m in points:
+                asked = by_key.pop((m.model, m.device, round(float(m.share_pct), 6), m.batch), None)
+                if asked is None:
+                    continue
+                w = asked
+                del self._wanted[w]
+                why = ""
+                if m.error:
+                    why = f"{node_id} could not measure it: {m.error}"
+                else:
+                    fitted = float(profiles[w.gpu_type].model(w.model).active_time_ms(w.batch, w.share_pct))
+                    ratio = m.active_ms / fitted if fitted > 0 else float("inf")
+                    if not 1.0 / MAX_FIT_RATIO <= ratio <= MAX_FIT_RATIO:
+                        why = (
+                            f"refused the measurement of {node_id}: {m.active_ms:g} ms is {ratio:.3g} x the fit's "
+                            f"{fitted:.3g} ms (allowed 1/{MAX_FIT_RATIO:g} to {MAX_FIT_RATIO:g} x)"
+                        )
+                if why:
+                    self._give_up(w, why)
+                    given_up.append(self._notes[-1])
+                else:
+                    accepted.append((w.gpu_type, w.model, w.batch, w.share_pct, float(m.active_ms), node_id))
+            return accepted, given_up
+
+    # ------------------------------------------------------------ status
+
+    def holding(self) -> dict[str, str]:
+        """{workload: why it waits} while a plan is held."""
+        with self._lock:
+            return dict(self._holding)
+
+    def alerts(self) -> tuple[str, ...]:
+        with self._lock:
+            lines = list(self._notes)
+            if self._holding:
+                lines.append(
+                    f"verification: a new plan is held while {len(self._wanted)} point(s) are measured "
+                    f"(round {self._rounds} of at most {self.config.rounds}); the applied plan keeps serving"
+                )
+            return tuple(lines)

@@ -1,0 +1,358 @@
+"""Verify before serving in the running controller: gRPC on loopback, a real agent loop, a simulated device.
+
+The simulated device is the CPU demo profile's fit made slower (`SLOWDOWN`): the fit is optimistic
+at every point, so the point the first plan chooses does not hold once measured. With
+`verification.enabled` the plan is held while the node measures it, re-planned on the
+measurement, and serves only on measured points; with it off (the default) the first plan serves.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import pytest
+from control_helpers import cpu_profile, cpu_profile_json, wait_for
+
+from agents.agent import Agent
+from controller import limits
+from controller.api.client import ControllerClient
+from controller.config import ConfigError, ControllerConfig, ServiceConfig, VerificationConfig, load_config
+from controller.messages import (
+    HeartbeatReport,
+    InvalidArgument,
+    MeasuredPoint,
+    MeasureRequest,
+    ModelAssignment,
+    NodeDevice,
+)
+from controller.recalibrate import placed_replicas, replica_p99_ms
+from controller.server import ControllerServer
+
+pytestmark = pytest.mark.slow  # gRPC servers on loopback: make test-fast skips it
+
+#: The simulated device is this much slower than the fit, everywhere.
+SLOWDOWN = 1.6
+CPU = (NodeDevice(0, "cpu", "cpu", cores=8),)
+WORKLOAD = {"name": "web", "model": "mlp_small", "slo_ms": 12.0, "rate_rps": 150.0}
+
+
+class SlowDevice:
+    """A simulated device: the fit's solo active time times `SLOWDOWN`; records what it measured."""
+
+    def __init__(self, slowdown: float = SLOWDOWN) -> None:
+        self.profile = cpu_profile()
+        self.slowdown = slowdown
+        self.measured: list[tuple[str, int, float, int]] = []
+        self.asked = threading.Event()  # a measurement was asked for
+        self.go = threading.Event()  # measurements proceed (set by the test; set from the start by default)
+        self.go.set()
+        self._lock = threading.Lock()
+
+    def truth_ms(self, model: str, batch: int, share: float) -> float:
+        return float(self.profile.model(model).active_time_ms(batch, share)) * self.slowdown
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float:
+        self.asked.set()
+        assert self.go.wait(30)
+        with self._lock:
+            self.measured.append((model, device, share_pct, batch))
+        return self.truth_ms(model, batch, share_pct)
+
+
+@dataclass
+class ApplyReport:
+    errors: tuple = ()
+
+
+class InstantFleet:
+    """A fleet whose assignments serve the moment they are applied (no Triton: the test is the control path)."""
+
+    def __init__(self) -> None:
+        self.serving: dict[str, ModelAssignment] = {}
+        self.applied: list[tuple[ModelAssignment, ...]] = []
+
+    def refusals(self, assignments):
+        return []
+
+    def apply(self, assignments):
+        self.applied.append(tuple(assignments))
+        self.serving = {a.key: a for a in assignments}
+        return ApplyReport()
+
+    def observe(self):
+        return []
+
+    def check_health(self):
+        return []
+
+    def running(self):
+        return list(self.serving.values())
+
+    def close(self):
+        self.serving = {}
+
+
+def start(tmp_path, verification: VerificationConfig):
+    config = ControllerConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="",
+        db=str(tmp_path / "c.db"),
+        reconcile_interval_s=0.05,
+        service=ServiceConfig(
+            heartbeat_interval_s=0.1,
+            heartbeat_timeout_s=5.0,
+            solver_budget_s=0.0,  # solve in process: the test is about the hold, not the worker
+            verification=verification,
+        ),
+    )
+    server = ControllerServer(config).start()
+    server.service.upload_profile(cpu_profile_json())
+    return server
+
+
+def agent_for(server, measurer):
+    fleet = InstantFleet()
+    client = ControllerClient(server.address)
+    agent = Agent(client, fleet, "node-a", CPU, heartbeat_interval_s=0.1, measurer=measurer, jitter=0.0)
+    agent.start()
+    return agent, fleet, client
+
+
+def served(fleet) -> ModelAssignment | None:
+    return fleet.serving.get("web#0")
+
+
+def test_off_by_default_serves_the_first_plan_and_measures_nothing(tmp_path):
+    assert ServiceConfig().verification.enabled is False
+    device = SlowDevice()
+    server = start(tmp_path, VerificationConfig())
+    agent, fleet, client = agent_for(server, device)
+    try:
+        wait_for("the node", lambda: server.service.list_nodes())
+        server.service.apply_workloads([WORKLOAD])
+        first = wait_for("web serving", lambda: served(fleet), timeout=20)
+        plan = server.service.current_plan()
+        assert plan is not None and plan.revision == 1  # the first plan served, no hold
+        placement = next(iter(plan.bound_placements()))
+        assert (first.share_pct, first.batch) == (placement.share_pct, placement.batch)
+        assert device.measured == []
+    finally:
+        agent.stop()
+        client.close()
+        server.stop()
+
+
+def test_a_slower_device_holds_the_assignment_measures_replans_then_serves(tmp_path):
+    device = SlowDevice()
+    server = start(tmp_path, VerificationConfig(enabled=True, timeout_s=30.0))
+    svc = server.service
+    agent, fleet, client = agent_for(server, device)
+    try:
+        wait_for("the node", lambda: svc.list_nodes())
+        device.go.clear()  # the device measures once the test has seen the hold
+        svc.apply_workloads([WORKLOAD])
+        unverified = next(p for p in svc.preview_plan().bound_placements() if p.name == "web")
+        # held: nothing applied, the workload pending with the reason, while its node measures
+        assert device.asked.wait(20)
+        status = {w.workload.name: w for w in svc.status().workloads}
+        assert status["web"].state == "pending" and "being verified" in status["web"].reason, status["web"]
+        assert any("a new plan is held" in a for a in svc.status().alerts)
+        assert svc.current_plan() is None and served(fleet) is None
+        device.go.set()
+        final = wait_for("web serving", lambda: served(fleet), timeout=60)
+        plan = svc.current_plan()
+        assert plan is not None
+        placement = next(p for p in plan.bound_placements() if p.name == "web")
+        # the re-plan moved away from the optimistic point the fit chose (to a larger share: the device is slower
+        # everywhere), the first plan applied is the verified one, and the unverified point never served
+        assert final.share_pct > unverified.share_pct
+        assert plan.revision == 1
+        assert all(a.share_pct == final.share_pct for applied in fleet.applied for a in applied)
+        assert (final.share_pct, final.batch) == (placement.share_pct, placement.batch)
+        measured = {(b, s) for _, _, s, b in device.measured}
+        sizes = range(1, placement.batch + 1) if placement.arrivals == "poisson" else (placement.batch,)
+        assert {(k, round(placement.share_pct, 6)) for k in sizes} <= measured
+        # nothing was measured twice (heartbeats repeat; the level-based request does not)
+        assert len(device.measured) == len(set(device.measured))
+        # the served prediction is made on the measured times, and covers them: the profile the controller
+        # plans with holds the device's own figures there, and its p99 on them is within the SLO
+        profiles, _ = svc.profiles.snapshot()
+        model = profiles["CPU"].model("mlp_small")
+        for k in sizes:
+            got = model.measured_ms(k, placement.share_pct)
+            assert got is not None and math.isclose(
+                got, device.truth_ms("mlp_small", k, placement.share_pct), rel_tol=1e-6
+            )
+        replica = placed_replicas(plan.plan, "CPU", "mlp_small")[0]
+        p99 = replica_p99_ms(profiles["CPU"], replica)
+        assert math.isclose(p99, placement.predicted_p99_ms, rel_tol=1e-6)
+        assert p99 <= WORKLOAD["slo_ms"]
+        # a restart keeps the measured points: nothing is measured again and the plan stands
+        count = len(device.measured)
+        agent.stop()
+        client.close()
+        server.stop()
+        server = start(tmp_path, VerificationConfig(enabled=True, timeout_s=30.0))
+        agent, fleet, client = agent_for(server, device)
+        wait_for("web serving again", lambda: served(fleet), timeout=30)
+        assert len(device.measured) == count
+    finally:
+        agent.stop()
+        client.close()
+        server.stop()
+
+
+def test_a_point_the_node_cannot_measure_is_given_up_reported_and_the_plan_serves(tmp_path):
+    def broken(model, device, share_pct, batch, requests):
+        raise RuntimeError("the device is gone")
+
+    server = start(tmp_path, VerificationConfig(enabled=True, timeout_s=30.0))
+    svc = server.service
+    agent, fleet, client = agent_for(server, broken)
+    try:
+        wait_for("the node", lambda: svc.list_nodes())
+        svc.apply_workloads([WORKLOAD])
+        wait_for("web serving", lambda: served(fleet), timeout=30)
+        alerts = " ".join(svc.status().alerts)
+        assert "given up" in alerts and "the device is gone" in alerts, alerts
+    finally:
+        agent.stop()
+        client.close()
+        server.stop()
+
+
+def test_a_point_not_measured_in_time_is_given_up_and_the_plan_serves(tmp_path):
+    release = threading.Event()
+
+    def hung(model, device, share_pct, batch, requests):
+        release.wait(30)
+        raise RuntimeError("released")
+
+    server = start(tmp_path, VerificationConfig(enabled=True, timeout_s=0.5))
+    svc = server.service
+    agent, fleet, client = agent_for(server, hung)
+    try:
+        wait_for("the node", lambda: svc.list_nodes())
+        svc.apply_workloads([WORKLOAD])
+        wait_for("web serving", lambda: served(fleet), timeout=30)
+        assert "within 0.5 s" in " ".join(svc.status().alerts)
+    finally:
+        release.set()
+        agent.stop()
+        client.close()
+        server.stop()
+
+
+# ---------------------------------------------------------------- garbage at both trust boundaries
+
+
+def test_garbage_measurements_are_refused_at_the_controller_naming_the_field(tmp_path):
+    server = start(tmp_path, VerificationConfig(enabled=True))
+    try:
+        with ControllerClient(server.address) as c:
+            c.register("node-a", CPU)
+            for point, field in (
+                (MeasuredPoint("mlp_small", 0, 50.0, 1, math.nan), "measured[0].active_ms"),
+                (MeasuredPoint("mlp_small", 0, 50.0, 1, -1.0), "measured[0].active_ms"),
+                (MeasuredPoint("mlp_small", 0, 50.0, 1, 1e9), "measured[0].active_ms"),
+                (MeasuredPoint("../etc", 0, 50.0, 1, 1.0), "measured[0].model"),
+                (MeasuredPoint("mlp_small", 0, 150.0, 1, 1.0), "measured[0].share_pct"),
+                (MeasuredPoint("mlp_small", 0, 50.0, 0, 1.0), "measured[0].batch"),
+                (MeasuredPoint("mlp_small", 0, 50.0, 1, 1.0, "bad\x1b[31m"), "measured[0].error"),
+                (MeasuredPoint("mlp_small", 0, 50.0, 1, 1.0, "failed"), "measured[0].active_ms"),
+            ):
+                with pytest.raises(InvalidArgument) as err:
+                    c.heartbeat(HeartbeatReport(node_id="node-a", measured=(point,)))
+                assert field in str(err.value)  # the wire carries the message, which names the field
+            flood = tuple(MeasuredPoint("mlp_small", 0, 50.0, 1, 1.0) for _ in range(limits.MAX_MEASURED + 1))
+            with pytest.raises(InvalidArgument, match="measured"):
+                c.heartbeat(HeartbeatReport(node_id="node-a", measured=flood))
+    finally:
+        server.stop()
+
+
+def test_measurements_not_asked_for_or_far_off_the_fit_do_not_join_the_profile(tmp_path):
+    from controller.config import ServiceConfig as SC
+    from controller.service import ControlService
+    from controller.store import Store
+
+    svc = ControlService(Store(tmp_path / "s.db"), SC(verification=VerificationConfig(enabled=True)))
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([WORKLOAD])
+    outcome = svc.reconcile()
+    assert outcome is not None and outcome.held and svc.current_plan() is None
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    assert asked and all(isinstance(m, MeasureRequest) for m in asked)
+    m = asked[0]
+    fitted = cpu_profile().model(m.model).active_time_ms(m.batches[0], m.share_pct)
+    unasked = MeasuredPoint(m.model, m.device, m.share_pct, 4000, 1.0)
+    lie = MeasuredPoint(m.model, m.device, m.share_pct, m.batches[0], fitted / 1000)
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=(unasked, lie)))
+    assert svc.store.measured_points() == {}
+    assert "refused the measurement" in " ".join(svc.status().alerts)
+
+
+def test_the_config_option_is_validated(tmp_path):
+    assert VerificationConfig().enabled is False
+    path = tmp_path / "c.yaml"
+    path.write_text("verification: {enabled: true, max_points: 0}\n")
+    with pytest.raises(ConfigError, match="max_points"):
+        load_config(path)
+    path.write_text("verification: {enabled: true, requests: 100000}\n")
+    with pytest.raises(ConfigError, match="requests"):
+        load_config(path)
+    path.write_text("verification: {enabled: true, rounds: 2, timeout_s: 60}\n")
+    v = load_config(path).service.verification
+    assert (v.enabled, v.rounds, v.timeout_s) == (True, 2, 60.0)
+
+
+def _service(tmp_path, **verification):
+    from controller.service import ControlService
+    from controller.store import Store
+
+    svc = ControlService(
+        Store(tmp_path / "s.db"), ServiceConfig(verification=VerificationConfig(enabled=True, **verification))
+    )
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([WORKLOAD])
+    return svc
+
+
+def _measure_all(svc, device) -> tuple[MeasuredPoint, ...]:
+    """One heartbeat that fetches the node's measure requests, and the points the device gives for them."""
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    return tuple(
+        MeasuredPoint(m.model, m.device, m.share_pct, b, device(m.model, m.device, m.share_pct, b, m.requests))
+        for m in asked
+        for b in m.batches
+    )
+
+
+def test_rounds_are_bounded_then_the_plan_serves_as_it_stands(tmp_path):
+    svc, device = _service(tmp_path, rounds=1), SlowDevice()
+    assert svc.reconcile().held
+    points = _measure_all(svc, device)
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
+    stored = svc.store.measured_points()
+    assert sum(len(v) for v in stored.values()) == len(points) > 0
+    # a repeated heartbeat with the same results stores nothing again
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
+    assert svc.store.measured_points() == stored
+    # the re-plan on the measurements wants new points, but the one round is spent: the plan serves
+    outcome = svc.reconcile()
+    assert outcome is not None and not outcome.held and outcome.plan.revision == 1
+    placement = next(iter(outcome.plan.bound_placements()))
+    assert placement.share_pct > points[0].share_pct  # planned on the measurements, not the fit
+    assert "still not measured after 1 round(s)" in " ".join(svc.status().alerts)
+    assert svc.heartbeat(HeartbeatReport(node_id="node-a")).measure == ()
+
+
+def test_a_round_asks_for_at_most_max_points(tmp_path):
+    svc = _service(tmp_path, max_points=2)
+    assert svc.reconcile().held
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    assert sum(len(m.batches) for m in asked) == 2
