@@ -381,7 +381,10 @@ class ControlService:
         except Exception:  # a failing loop step must not cost the node its heartbeat (logged with its traceback)
             log.exception("recording the observations of %s failed", report.node_id)
         if report.measured:
-            self._take_measured(report)
+            try:
+                self._take_measured(report)
+            except Exception:  # the store failing must not cost the node its heartbeat; it reports them again
+                log.exception("recording the points %s measured failed", report.node_id)
         if self.nodes.awaiting_plan(report.node_id, planned_at):
             # back after being lost: its part of the plan was cut while it was away; keep what runs
             self.wake()
@@ -401,7 +404,8 @@ class ControlService:
         accepted, given_up = self.verifier.take(report.node_id, report.measured, profiles)
         now = self.clock()
         if accepted:
-            self.store.add_measured_points(accepted, now)
+            self.store.add_measured_points(accepted, now)  # raises before `recorded`: they stay asked, none lost
+            self.verifier.recorded(accepted)
             self.profiles.reload()
             models = sorted({f"{model} on {gpu_type}" for gpu_type, model, *_ in accepted})
             self.store.add_event(

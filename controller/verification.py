@@ -205,7 +205,9 @@ class VerifyBeforeServing:
         self, node_id: str, points: Sequence[MeasuredPoint], profiles: Mapping[str, DeviceProfile]
     ) -> tuple[list[tuple[str, str, int, float, float, str]], list[str]]:
         """(points to store: (GPU type, model, batch, share, ms, node)), what was given up, in words) of what
-        `node_id` reports; a result for a point not asked of it is ignored (a repeat, or not its to give)."""
+        `node_id` reports; a result for a point not asked of it is ignored (a repeat, or not its to give).
+        A point to store stays asked until `recorded` says it is stored: a store that fails loses nothing
+        (the node reports it again while it is asked)."""
         with self._lock:
             by_key = {(w.model, w.device, w.share_pct, w.batch): w for w in self._wanted if w.node_id == node_id}
             accepted: list[tuple[str, str, int, float, float, str]] = []
@@ -215,12 +217,12 @@ class VerifyBeforeServing:
                 if asked is None:
                     continue
                 w = asked
-                del self._wanted[w]
-                why = ""
-                if m.error:
-                    why = f"{node_id} could not measure it: {m.error}"
-                else:
-                    fitted = float(profiles[w.gpu_type].model(w.model).active_time_ms(w.batch, w.share_pct))
+                why = m.error and f"{node_id} could not measure it: {m.error}"
+                profile = profiles.get(w.gpu_type)
+                if not why and (profile is None or w.model not in profile.models):
+                    why = f"the profile of {w.model} on {w.gpu_type} is gone"
+                elif not why and profile is not None:
+                    fitted = float(profile.model(w.model).active_time_ms(w.batch, w.share_pct))
                     ratio = m.active_ms / fitted if fitted > 0 else float("inf")
                     if not 1.0 / MAX_FIT_RATIO <= ratio <= MAX_FIT_RATIO:
                         why = (
@@ -228,11 +230,19 @@ class VerifyBeforeServing:
                             f"{fitted:.3g} ms (allowed 1/{MAX_FIT_RATIO:g} to {MAX_FIT_RATIO:g} x)"
                         )
                 if why:
+                    del self._wanted[w]
                     self._give_up(w, why)
                     given_up.append(self._notes[-1])
                 else:
                     accepted.append((w.gpu_type, w.model, w.batch, w.share_pct, float(m.active_ms), node_id))
             return accepted, given_up
+
+    def recorded(self, points: Sequence[tuple[str, str, int, float, float, str]]) -> None:
+        """`points` (as `take` gave them) are stored: no longer asked."""
+        done = {(gpu_type, model, batch, share, node) for gpu_type, model, batch, share, _, node in points}
+        with self._lock:
+            for w in [w for w in self._wanted if (w.gpu_type, w.model, w.batch, w.share_pct, w.node_id) in done]:
+                del self._wanted[w]
 
     # ------------------------------------------------------------ status
 

@@ -356,3 +356,36 @@ def test_a_round_asks_for_at_most_max_points(tmp_path):
     assert svc.reconcile().held
     asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
     assert sum(len(m.batches) for m in asked) == 2
+
+
+def test_a_store_that_fails_to_record_a_measurement_loses_nothing(tmp_path):
+    from controller.service import ControlService
+    from controller.store import Store
+
+    class FailingStore(Store):
+        """The real store, whose next measured-points write fails (a full disk) while `fail` is set."""
+
+        fail = False
+
+        def add_measured_points(self, points, now):
+            if self.fail:
+                from controller.store import DatabaseError
+
+                raise DatabaseError("disk full")
+            return super().add_measured_points(points, now)
+
+    store = FailingStore(tmp_path / "s.db")
+    svc = ControlService(store, ServiceConfig(verification=VerificationConfig(enabled=True)))
+    svc.upload_profile(cpu_profile_json())
+    svc.register("node-a", CPU)
+    svc.apply_workloads([WORKLOAD])
+    assert svc.reconcile().held
+    points = _measure_all(svc, SlowDevice())
+    store.fail = True
+    answer = svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))  # the heartbeat still answers
+    assert answer.registered and store.measured_points() == {}
+    assert answer.measure  # still asked: the node keeps its results and reports them again
+    store.fail = False
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
+    assert sum(len(v) for v in store.measured_points().values()) == len(points)
+    assert svc.heartbeat(HeartbeatReport(node_id="node-a")).measure == ()
