@@ -32,8 +32,9 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   measures nothing), and the *measure* thread (`measure_once`) measures each (request, batch) once with
   the injected `measurer` (the device backend: real Triton on CPU, the profiler's path; the simulated
   truth device in tests); results go out in every heartbeat while the controller still asks for them,
-  and are dropped once it stops (it has recorded them). An agent without a measurer answers each point
-  with an error, so the controller serves the plan without waiting.
+  and are dropped once it stops (it has recorded them). Once nothing is left to measure the measurer is
+  closed (a Triton measurer stops its processes, and starts them again when asked). An agent without a
+  measurer answers each point with an error, so the controller serves the plan without waiting.
 
 The fleet is any object with `refusals` (why it will not run assignments: asked
 before every apply, e.g. a device they over-commit), `apply`, `observe`, `check_health`,
@@ -573,11 +574,22 @@ class Agent:
             self._wake_fleet.wait(self.interval_s)
             self._wake_fleet.clear()
 
+    def measure_pending(self) -> int:
+        """Measure every point asked for and not measured yet (until stopped), then release the measurer: one
+        holding processes lets them go until asked again. Returns how many points were measured."""
+        count = 0
+        while not self._stop.is_set() and self.measure_once():
+            count += 1
+        if count:
+            close = getattr(self.measurer, "close", None)
+            if close is not None:
+                close()
+        return count
+
     def _measure_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.measure_once():
-                    continue
+                self.measure_pending()
             except Exception:  # the same: logged, the loop goes on
                 log.exception("measure step failed")
             self._wake_measure.wait(self.interval_s)

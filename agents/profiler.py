@@ -282,7 +282,8 @@ class AgentMeasurer:
     model alone at that share in real Triton processes of its own (apart from the serving fleet, started
     on the first request, so an agent that is never asked starts nothing) and measures it like
     `stoke profile verify --device cpu`. The measurement runs beside what the node serves, on the same
-    cores: on a busy node it reads high, which errs on the safe side. `close()` stops its processes.
+    cores: on a busy node it reads high, which errs on the safe side. `close()` stops its processes (the
+    agent closes it once nothing is left to measure; the next request starts them again).
     """
 
     def __init__(self, repository: str, *, progress: Callable[[str], None] = lambda line: None) -> None:
@@ -296,7 +297,7 @@ class AgentMeasurer:
             if self._measurer is None:
                 self._measurer = TritonMeasurer(self.repository, requests=requests, progress=self.progress)
             self._measurer.requests = requests
-            return self._measurer("", model, batch, share_pct)
+            return self._measurer("this node", model, batch, share_pct)
 
     def close(self) -> None:
         with self._lock:

@@ -344,11 +344,15 @@ def test_a_node_whose_endpoints_cannot_serve_stops_heartbeating_until_they_can()
 
 
 class Measurer:
-    """A simulated device: 2 ms per batch item, or failing; counts its measurements."""
+    """A simulated device: 2 ms per batch item, or failing; counts its measurements and releases."""
 
     def __init__(self, fail: str = ""):
         self.calls: list[tuple] = []
         self.fail = fail
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
 
     def __call__(self, model, device, share_pct, batch, requests):
         self.calls.append((model, device, share_pct, batch, requests))
@@ -368,8 +372,8 @@ def test_measure_requests_are_measured_once_reported_until_recorded_then_dropped
     agent, client, _, _ = make_measuring(measurer)
     client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1, 2), 7),)
     agent.heartbeat_once()
-    while agent.measure_once():
-        pass
+    assert agent.measure_pending() == 2 and measurer.closed == 1  # released once nothing is left to measure
+    assert agent.measure_pending() == 0 and measurer.closed == 1
     assert measurer.calls == [("mlp_small", 0, 30.0, 1, 7), ("mlp_small", 0, 30.0, 2, 7)]
     for _ in range(3):  # the controller asks again until it has them: measured once, reported each time
         agent.heartbeat_once()
