@@ -123,7 +123,9 @@ class VerifyBeforeServing:
         if not self.config.enabled:
             return False
         needed: dict[Point, tuple[Wanted, set[str]]] = {}
-        for w, names in sorted(assignment_points(view, cut).items()):
+        points = assignment_points(view, cut)
+        changed = {name for names in points.values() for name in names}
+        for w, names in sorted(points.items()):
             profile = profiles.get(w.gpu_type)
             model = profile.models.get(w.model) if profile is not None else None
             if model is None or model.measured_ms(w.batch, w.share_pct) is not None:
@@ -163,6 +165,11 @@ class VerifyBeforeServing:
                         f"being verified before it serves: {w.model} at {w.share_pct:g}% is measured on "
                         f"{w.node_id} (round {self._rounds} of at most {self.config.rounds})",
                     )
+            for name in sorted(changed - set(self._holding)):  # its own points are measured; others' are not
+                self._holding[name] = (
+                    f"waiting to serve: the new plan is held while {len(self._wanted)} point(s) of other workloads "
+                    f"are measured (round {self._rounds} of at most {self.config.rounds})"
+                )
             return True
 
     def _settle(self) -> None:

@@ -389,3 +389,23 @@ def test_a_store_that_fails_to_record_a_measurement_loses_nothing(tmp_path):
     svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
     assert sum(len(v) for v in store.measured_points().values()) == len(points)
     assert svc.heartbeat(HeartbeatReport(node_id="node-a")).measure == ()
+
+
+def test_every_workload_a_held_plan_would_change_says_why_it_waits(tmp_path):
+    svc = _service(tmp_path)
+    svc.apply_workloads([{"name": "api", "model": "conv_medium", "slo_ms": 200.0, "rate_rps": 5.0}])
+    assert svc.reconcile().held
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    exact = SlowDevice(slowdown=1.0)  # the fit is right for conv_medium: its point holds once measured
+    points = tuple(
+        MeasuredPoint(m.model, m.device, m.share_pct, b, exact(m.model, 0, m.share_pct, b, 5))
+        for m in asked
+        if m.model == "conv_medium"
+        for b in m.batches
+    )
+    assert points
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))  # mlp_small's points stay asked
+    assert svc.reconcile().held
+    reasons = {w.workload.name: (w.state, w.reason) for w in svc.status().workloads}
+    assert reasons["web"][0] == "pending" and "being verified" in reasons["web"][1], reasons
+    assert reasons["api"][0] == "pending" and "waiting to serve" in reasons["api"][1], reasons
