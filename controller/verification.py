@@ -125,14 +125,13 @@ class VerifyBeforeServing:
         needed: dict[Point, tuple[Wanted, set[str]]] = {}
         points = assignment_points(view, cut)
         changed = {name for names in points.values() for name in names}
+        with self._lock:
+            given_up = set(self._given_up)
         for w, names in sorted(points.items()):
             profile = profiles.get(w.gpu_type)
             model = profile.models.get(w.model) if profile is not None else None
-            if model is None or model.measured_ms(w.batch, w.share_pct) is not None:
+            if model is None or w.point in given_up or model.measured_ms(w.batch, w.share_pct) is not None:
                 continue
-            with self._lock:
-                if w.point in self._given_up:
-                    continue
             if w.point in needed:  # the same point on another node: measured once
                 needed[w.point][1].update(names)
             else:
