@@ -689,24 +689,29 @@ class Store:
 
     # ------------------------------------------------------------ verify before serving
 
-    def add_measured_points(self, points: Sequence[tuple[str, str, int, float, float, str]], now: float) -> int:
+    def add_measured_points(self, points: Sequence[tuple[str, str, int, float, float, str]], now: float) -> None:
         """Store measured points (gpu_type, model, batch, share %, solo active ms, node id) in one transaction;
-        a point measured before is kept as it was (the first measurement stands: a repeated report changes
-        nothing). Returns how many were new."""
+        the newest measurement of a point stands (one superseded by a recalibration is measured again)."""
         with self._use("write") as db, self._transaction(db):
-            added = 0
-            for gpu_type, model, batch, share, active, node in points:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO measured_points VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (gpu_type, model, int(batch), round(float(share), 6), float(active), node, now),
-                )
-                added += cur.rowcount
-        return added
+            db.executemany(
+                "INSERT OR REPLACE INTO measured_points VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (gpu_type, model, int(batch), round(float(share), 6), float(active), node, now)
+                    for gpu_type, model, batch, share, active, node in points
+                ],
+            )
 
     def measured_points(self) -> dict[tuple[str, str], dict[tuple[int, float], float]]:
-        """{(gpu_type, model): {(batch, share %): solo active ms}} of every stored measured point."""
+        """{(gpu_type, model): {(batch, share %): solo active ms}} of the stored measured points that count: a
+        point measured before the active recalibrated version of its model was made is superseded by it (the
+        closed loop saw the model change since; verification measures the point again when it is wanted)."""
         with self._use("read") as db:
-            rows = db.execute("SELECT gpu_type, model, batch, share_pct, active_ms FROM measured_points").fetchall()
+            rows = db.execute(
+                "SELECT m.gpu_type, m.model, m.batch, m.share_pct, m.active_ms FROM measured_points m "
+                "LEFT JOIN profile_state s ON s.gpu_type=m.gpu_type AND s.model=m.model "
+                "LEFT JOIN profile_versions v ON v.gpu_type=s.gpu_type AND v.model=s.model AND v.version=s.active "
+                "WHERE v.created_unix IS NULL OR m.measured_unix > v.created_unix"
+            ).fetchall()
         out: dict[tuple[str, str], dict[tuple[int, float], float]] = {}
         for gpu_type, model, batch, share, active in rows:
             out.setdefault((gpu_type, model), {})[(int(batch), float(share))] = float(active)

@@ -16,7 +16,9 @@ new or changed assignment serves:
   solo active time more than `MAX_FIT_RATIO` times off the fit either way is refused (a node that
   lies or a broken measurement). Accepted points are stored (`Store.add_measured_points`) and
   join the active profiles (`controller.profiles`, `ModelProfile.with_measured`), so the next
-  pass re-plans on them; the plan serves once it chooses only measured points.
+  pass re-plans on them; the plan serves once it chooses only measured points. A recalibrated
+  version of the model made after a measurement supersedes it (`Store.measured_points`): the
+  closed loop saw the model change since, and a measured point would otherwise mask it there.
 - Bounds: at most `rounds` re-plans that ask for new points; then the plan serves as it stands.
   A point not measured within `timeout_s` (the node went away, a device hangs), one its node
   could not measure, or a refused result is given up: reported in the status alerts and not

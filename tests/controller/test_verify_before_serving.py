@@ -409,3 +409,29 @@ def test_every_workload_a_held_plan_would_change_says_why_it_waits(tmp_path):
     reasons = {w.workload.name: (w.state, w.reason) for w in svc.status().workloads}
     assert reasons["web"][0] == "pending" and "being verified" in reasons["web"][1], reasons
     assert reasons["api"][0] == "pending" and "waiting to serve" in reasons["api"][1], reasons
+
+
+def test_a_recalibration_after_a_measurement_supersedes_it_and_a_newer_measurement_counts_again(tmp_path):
+    """A measured point must not mask what the closed loop learnt since (a device that slowed down)."""
+    from controller.profiles import ProfileBook
+    from controller.store import Store
+    from interference.profile_io import profile_to_dict
+
+    store = Store(tmp_path / "s.db")
+    book = ProfileBook(store)
+    book.put("CPU", cpu_profile(), 100.0)
+
+    def active(batch=2, share=50.0):
+        book.reload()
+        return book.snapshot()[0]["CPU"].model("mlp_small").measured_ms(batch, share)
+
+    store.add_measured_points([("CPU", "mlp_small", 2, 50.0, 3.0, "node-a")], 200.0)
+    assert active() == 3.0
+    slower = profile_to_dict(cpu_profile())["models"]["mlp_small"]
+    slower["k_act"] = [2.0 * k for k in slower["k_act"][:3]] + list(slower["k_act"][3:])
+    store.add_profile_version("CPU", "mlp_small", slower, {"factor": 2.0}, 300.0)  # recalibrated: 2x slower
+    assert active() is None  # superseded: the recalibrated coefficients speak there
+    store.add_measured_points([("CPU", "mlp_small", 2, 50.0, 5.0, "node-a")], 400.0)
+    assert active() == 5.0
+    store.set_profile_state("CPU", "mlp_small", 0, True)  # rolled back to the fit: the measurement counts
+    assert active() == 5.0
