@@ -401,8 +401,8 @@ class ControlService:
         """Verify before serving: the points this node measured join the profiles (stored first, so a restart
         loses none), and the next pass re-plans on them; what was given up is an event."""
         profiles, _ = self.profiles.snapshot()
-        accepted, given_up = self.verifier.take(report.node_id, report.measured, profiles)
         now = self.clock()
+        accepted = self.verifier.take(report.node_id, report.measured, profiles, now)
         if accepted:
             self.store.add_measured_points(accepted, now)  # raises before `recorded`: they stay asked, none lost
             self.verifier.recorded(accepted)
@@ -411,9 +411,7 @@ class ControlService:
             self.store.add_event(
                 "verify", "", f"{report.node_id} measured {len(accepted)} point(s) of {', '.join(models)}", now
             )
-        for text in given_up:
-            log.warning("%s", text)
-            self.store.add_event("verify", "", text[: limits.MAX_EVENT_CHARS], now)
+        given_up = self.reconciler.record_verification_events()
         if accepted or given_up:
             self.wake()
 
@@ -502,7 +500,7 @@ class ControlService:
             self.store.workloads(),
             self.list_nodes(),
             self.reconciler.last_error,
-            self.nodes.alerts() + self.feedback.output.alerts + self.verifier.alerts(),
+            self.nodes.alerts() + self.feedback.output.alerts + self.verifier.alerts(self.clock()),
             feedback=self.feedback.workload_feedback(),
             loop_events=events,
             unconfirmed_after_s=UNCONFIRMED_INTERVALS * self.config.heartbeat_interval_s,

@@ -9,7 +9,9 @@ new or changed assignment serves:
   measured (every batch 1..B at its share for a Poisson replica, B for a paced one, as `verify`
   does). The plan is then not applied: the applied one keeps serving, and a new workload stays
   pending with the reason. The points are asked of the node the plan binds them to (at most
-  `max_points` a round; a point two nodes would run is measured once).
+  `max_points` a round; a point two nodes would run is measured once). A plan that moves a replica
+  off a node that cannot serve (lost, silent) is never held: nothing serves that replica meanwhile,
+  and a failover must not wait for a measurement (its new points serve unmeasured, noted).
 - `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
   answer until the results are in (level-based: a repeated answer measures nothing twice).
 - `take(node_id, points, profiles)`: a result counts only for a point asked of that node; a
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller import limits
@@ -51,6 +53,8 @@ MAX_FIT_RATIO = 20.0
 #: Points given up are remembered (not asked again) up to this many; notes kept for the status alerts.
 MAX_GIVEN_UP = 10_000
 MAX_NOTES = 10
+#: A note (a point given up, rounds spent, a failover not held) stays among the status alerts this long (s).
+NOTE_S = 600.0
 
 #: (GPU type, model, batch, share %): one point of a profile.
 Point = tuple[str, str, int, float]
@@ -93,6 +97,21 @@ def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment
     return out
 
 
+def failovers(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment]], healthy: Collection[str]) -> list[str]:
+    """The replicas (keys) `view` moves off a node that cannot serve (not in `healthy`): nothing serves them
+    meanwhile, so a plan holding them would lengthen an outage."""
+    placed_on = {a.key: node for node, items in cut.items() for a in items}
+    return sorted(
+        key
+        for gpu, slot in zip(view.plan.gpus, view.bindings)
+        if slot is not None
+        for p in gpu.placements
+        if (was := placed_on.get(key := str(ModelAssignment.of(p, slot.device).key))) is not None
+        and was != slot.node_id
+        and was not in healthy
+    )
+
+
 class VerifyBeforeServing:
     """What verify before serving holds, asks and gave up (see the module doc)."""
 
@@ -104,7 +123,8 @@ class VerifyBeforeServing:
         self._asked: set[Point] = set()  # every point asked in this hold (new ones start a round)
         self._rounds = 0
         self._holding: dict[str, str] = {}  # workload -> why it waits
-        self._notes: collections.deque[str] = collections.deque(maxlen=MAX_NOTES)
+        self._notes: collections.deque[tuple[float, str]] = collections.deque(maxlen=MAX_NOTES)  # (when, text)
+        self._events: list[str] = []  # notes not yet recorded as events
         #: counts what changes a pass's outcome besides the profiles (a point given up): part of its inputs
         self.version = 0
 
@@ -120,8 +140,10 @@ class VerifyBeforeServing:
         cut: Mapping[str, Sequence[ModelAssignment]],
         profiles: Mapping[str, DeviceProfile],
         now: float,
+        healthy: Collection[str] | None = None,
     ) -> bool:
-        """True: hold `view` (its new points are being measured); False: it may serve."""
+        """True: hold `view` (its new points are being measured); False: it may serve. `healthy`: the nodes that
+        can serve: a plan that fails a replica over from another node serves at once (`failovers`)."""
         if not self.config.enabled:
             return False
         needed: dict[Point, tuple[Wanted, set[str]]] = {}
@@ -138,15 +160,26 @@ class VerifyBeforeServing:
                 needed[w.point][1].update(names)
             else:
                 needed[w.point] = (w, set(names))
+        moved = failovers(view, cut, healthy) if needed and healthy is not None else []
         with self._lock:
             if not needed:
                 self._settle()
                 return False
+            if moved:
+                self._note(
+                    f"verification: skipped for a plan that moves {', '.join(moved[:3])}"
+                    f"{' and others' if len(moved) > 3 else ''} off a node that cannot serve (a failover does "
+                    f"not wait); its {len(needed)} new point(s) serve unmeasured",
+                    now,
+                )
+                self._settle()
+                return False
             new = set(needed) - self._asked
             if new and self._rounds >= self.config.rounds:
-                self._notes.append(
+                self._note(
                     f"verification: {len(needed)} point(s) still not measured after {self._rounds} round(s); "
-                    f"the plan serves as it stands"
+                    f"the plan serves as it stands",
+                    now,
                 )
                 self._settle()
                 return False
@@ -182,18 +215,31 @@ class VerifyBeforeServing:
             late = [w for w, since in self._wanted.items() if now - since > self.config.timeout_s]
             for w in late:
                 del self._wanted[w]
-                self._give_up(w, f"not measured by {w.node_id} within {self.config.timeout_s:g} s")
+                self._give_up(w, f"not measured by {w.node_id} within {self.config.timeout_s:g} s", now)
             return bool(late)
 
-    def _give_up(self, w: Wanted, why: str) -> None:
+    def _give_up(self, w: Wanted, why: str, now: float) -> None:
         if len(self._given_up) >= MAX_GIVEN_UP:
             self._given_up.pop(next(iter(self._given_up)))
         self._given_up[w.point] = why
-        self._notes.append(
+        self._note(
             f"verification: {w.model} batch {w.batch} at {w.share_pct:g}% on {w.gpu_type} was given up ({why}); "
-            f"it serves as planned"
+            f"it serves as planned",
+            now,
         )
         self.version += 1
+
+    def _note(self, text: str, now: float) -> None:
+        """Something a person should hear of: an alert for `NOTE_S`, and an event (`drain_events`)."""
+        self._notes.append((now, text))
+        self._events.append(text)
+        del self._events[:-MAX_NOTES]
+
+    def drain_events(self) -> list[str]:
+        """The notes since the last call (the caller records them as events and logs them)."""
+        with self._lock:
+            events, self._events = self._events, []
+            return events
 
     # ------------------------------------------------------------ the heartbeat
 
@@ -210,16 +256,16 @@ class VerifyBeforeServing:
         )
 
     def take(
-        self, node_id: str, points: Sequence[MeasuredPoint], profiles: Mapping[str, DeviceProfile]
-    ) -> tuple[list[tuple[str, str, int, float, float, str]], list[str]]:
-        """(points to store: (GPU type, model, batch, share, ms, node)), what was given up, in words) of what
-        `node_id` reports; a result for a point not asked of it is ignored (a repeat, or not its to give).
+        self, node_id: str, points: Sequence[MeasuredPoint], profiles: Mapping[str, DeviceProfile], now: float
+    ) -> list[tuple[str, str, int, float, float, str]]:
+        """The points to store, (GPU type, model, batch, share, ms, node), of what `node_id` reports; one it
+        could not measure, or refused here, is given up (a note). A result for a point not asked of it is
+        ignored (a repeat, or not its to give).
         A point to store stays asked until `recorded` says it is stored: a store that fails loses nothing
         (the node reports it again while it is asked)."""
         with self._lock:
             by_key = {(w.model, w.device, w.share_pct, w.batch): w for w in self._wanted if w.node_id == node_id}
             accepted: list[tuple[str, str, int, float, float, str]] = []
-            given_up: list[str] = []
             for m in points:
                 asked = by_key.pop((m.model, m.device, round(float(m.share_pct), 6), m.batch), None)
                 if asked is None:
@@ -239,11 +285,10 @@ class VerifyBeforeServing:
                         )
                 if why:
                     del self._wanted[w]
-                    self._give_up(w, why)
-                    given_up.append(self._notes[-1])
+                    self._give_up(w, why, now)
                 else:
                     accepted.append((w.gpu_type, w.model, w.batch, w.share_pct, float(m.active_ms), node_id))
-            return accepted, given_up
+            return accepted
 
     def recorded(self, points: Sequence[tuple[str, str, int, float, float, str]]) -> None:
         """`points` (as `take` gave them) are stored: no longer asked."""
@@ -259,9 +304,10 @@ class VerifyBeforeServing:
         with self._lock:
             return dict(self._holding)
 
-    def alerts(self) -> tuple[str, ...]:
+    def alerts(self, now: float) -> tuple[str, ...]:
+        """The current hold, and the notes of the last `NOTE_S` seconds."""
         with self._lock:
-            lines = list(self._notes)
+            lines = [text for when, text in self._notes if now - when <= NOTE_S]
             if self._holding:
                 lines.append(
                     f"verification: a new plan is held while {len(self._wanted)} point(s) are measured "

@@ -223,10 +223,23 @@ class Reconciler:
                 if not skipped:  # passes with nothing to do are not timed
                     self.observer.reconciled(time.perf_counter() - started, error)
 
+    def record_verification_events(self) -> int:
+        """Verify before serving's notes (points given up, rounds spent, a failover not held) as events and log
+        lines; returns how many."""
+        events = self.verifier.drain_events() if self.verifier is not None else []
+        for text in events:
+            log.warning("%s", text)
+            self.store.add_event("verify", "", text[:1000], self.clock())
+        return len(events)
+
     def _act(self, view: PlanView, observed: Observed) -> ApplyOutcome:
         applied = self.applied
-        if self.verifier is not None and self.verifier.gate(view, self._cut, observed.profiles, self.clock()):
-            return ApplyOutcome(plan=applied or view, changed=False, changes=(), held=True)
+        if self.verifier is not None:
+            healthy = {slot.node_id for slot in observed.slots}
+            held = self.verifier.gate(view, self._cut, observed.profiles, self.clock(), healthy)
+            self.record_verification_events()
+            if held:
+                return ApplyOutcome(plan=applied or view, changed=False, changes=(), held=True)
         if applied is None and not view.plan.gpus and not view.pending:
             return ApplyOutcome(plan=view, changed=False, changes=())  # nothing to run, nothing to record
         if applied is not None and applied.signature() == view.signature():

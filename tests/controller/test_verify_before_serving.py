@@ -435,3 +435,20 @@ def test_a_recalibration_after_a_measurement_supersedes_it_and_a_newer_measureme
     assert active() == 5.0
     store.set_profile_state("CPU", "mlp_small", 0, True)  # rolled back to the fit: the measurement counts
     assert active() == 5.0
+
+
+def test_a_failover_off_a_node_that_cannot_serve_is_not_held(tmp_path):
+    from controller.verification import VerifyBeforeServing
+
+    svc = _service(tmp_path)
+    view = svc.preview_plan()  # web on node-a, at points nothing measured
+    (placement,) = view.bound_placements()
+    cut = {"node-x": (ModelAssignment.of(placement, 0),)}  # the applied plan had it on node-x
+    profiles, _ = svc.profiles.snapshot()
+    gate = VerifyBeforeServing(VerificationConfig(enabled=True))
+    assert gate.gate(view, cut, profiles, 0.0, healthy={"node-a", "node-x"})  # a move between serving nodes waits
+    assert not gate.gate(view, cut, profiles, 1.0, healthy={"node-a"})  # node-x cannot serve: a failover does not
+    assert gate.requests_for("node-a") == () and gate.holding() == {}
+    assert "off a node that cannot serve" in " ".join(gate.alerts(2.0))
+    assert gate.drain_events() and not gate.drain_events()  # recorded once
+    assert gate.alerts(1.0 + 601.0) == ()  # a note is an alert for ten minutes
