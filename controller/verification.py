@@ -4,7 +4,7 @@
 (`planner.solver.verify`). With `verification.enabled` the controller does the same before a
 new or changed assignment serves:
 
-- `VerifyBeforeServing.gate(view, cut, profiles, now)`: a reconcile pass's new plan holds when one of its
+- `VerifyBeforeServing.gate(view, cut, profiles, now, healthy)`: a reconcile pass's new plan holds when one of its
   new or changed assignments runs at a (model, batch, share) point the active profile has not
   measured (every batch 1..B at its share for a Poisson replica, B for a paced one, as `verify`
   does). The plan is then not applied: the applied one keeps serving, and a new workload stays
@@ -14,7 +14,7 @@ new or changed assignment serves:
   and a failover must not wait for a measurement (its new points serve unmeasured, noted).
 - `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
   answer until the results are in (level-based: a repeated answer measures nothing twice).
-- `take(node_id, points, profiles)`: a result counts only for a point asked of that node; a
+- `take(node_id, points, profiles, now)`: a result counts only for a point asked of that node; a
   solo active time more than `MAX_FIT_RATIO` times off the fit either way is refused (a node that
   lies or a broken measurement). Accepted points are stored (`Store.add_measured_points`) and
   join the active profiles (`controller.profiles`, `ModelProfile.with_measured`), so the next
@@ -23,8 +23,8 @@ new or changed assignment serves:
   closed loop saw the model change since, and a measured point would otherwise mask it there.
 - Bounds: at most `rounds` re-plans that ask for new points; then the plan serves as it stands.
   A point not measured within `timeout_s` (the node went away, a device hangs), one its node
-  could not measure, or a refused result is given up: reported in the status alerts and not
-  asked again (until the controller restarts), and the plan serves without it. Serving the plan
+  could not measure, or a refused result is given up: a status alert for `NOTE_S`, an event
+  (`drain_events`), not asked again (until the controller restarts), and the plan serves without it. Serving the plan
   unmeasured is the fallback because holding it longer would keep a new workload from serving at
   all, or an old placement that no longer fits its workload; the error-aware plan is what serves
   without verification, so the fallback is never worse than verification off.
