@@ -127,6 +127,8 @@ class VerifyBeforeServing:
         self._events: list[str] = []  # notes not yet recorded as events
         #: counts what changes a pass's outcome besides the profiles (a point given up): part of its inputs
         self.version = 0
+        #: for the metrics: points stored and given up since the start
+        self.counters = {"measured": 0, "given_up": 0}
 
     @property
     def enabled(self) -> bool:
@@ -222,6 +224,7 @@ class VerifyBeforeServing:
         if len(self._given_up) >= MAX_GIVEN_UP:
             self._given_up.pop(next(iter(self._given_up)))
         self._given_up[w.point] = why
+        self.counters["given_up"] += 1
         self._note(
             f"verification: {w.model} batch {w.batch} at {w.share_pct:g}% on {w.gpu_type} was given up ({why}); "
             f"it serves as planned",
@@ -294,10 +297,16 @@ class VerifyBeforeServing:
         """`points` (as `take` gave them) are stored: no longer asked."""
         done = {(gpu_type, model, batch, share, node) for gpu_type, model, batch, share, _, node in points}
         with self._lock:
+            self.counters["measured"] += len(points)
             for w in [w for w in self._wanted if (w.gpu_type, w.model, w.batch, w.share_pct, w.node_id) in done]:
                 del self._wanted[w]
 
     # ------------------------------------------------------------ status
+
+    def wanted(self) -> int:
+        """Points asked of the nodes now."""
+        with self._lock:
+            return len(self._wanted)
 
     def holding(self) -> dict[str, str]:
         """{workload: why it waits} while a plan is held."""

@@ -332,9 +332,21 @@ def _measure_all(svc, device) -> tuple[MeasuredPoint, ...]:
     )
 
 
+def _metrics(svc) -> dict[str, float]:
+    from prometheus_client import generate_latest
+
+    from controller.metrics import ControllerMetrics
+
+    text = generate_latest(ControllerMetrics(svc).registry).decode()
+    return {
+        line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("stoke_verification")
+    }
+
+
 def test_rounds_are_bounded_then_the_plan_serves_as_it_stands(tmp_path):
     svc, device = _service(tmp_path, rounds=1), SlowDevice()
     assert svc.reconcile().held
+    assert _metrics(svc)["stoke_verification_holding"] == 1.0
     points = _measure_all(svc, device)
     svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
     stored = svc.store.measured_points()
@@ -349,6 +361,9 @@ def test_rounds_are_bounded_then_the_plan_serves_as_it_stands(tmp_path):
     assert placement.share_pct > points[0].share_pct  # planned on the measurements, not the fit
     assert "still not measured after 1 round(s)" in " ".join(svc.status().alerts)
     assert svc.heartbeat(HeartbeatReport(node_id="node-a")).measure == ()
+    metrics = _metrics(svc)
+    assert metrics["stoke_verification_holding"] == 0.0 and metrics["stoke_verification_points_wanted"] == 0.0
+    assert metrics["stoke_verification_points_measured_total"] == len(points)
 
 
 def test_a_round_asks_for_at_most_max_points(tmp_path):
