@@ -4,14 +4,18 @@
 (`planner.solver.verify`). With `verification.enabled` the controller does the same before a
 new or changed assignment serves:
 
-- `VerifyBeforeServing.gate(view, cut, profiles, now, healthy)`: a reconcile pass's new plan holds when one of its
-  new or changed assignments runs at a (model, batch, share) point the active profile has not
-  measured (every batch 1..B at its share for a Poisson replica, B for a paced one, as `verify`
-  does). The plan is then not applied: the applied one keeps serving, and a new workload stays
+- `VerifyBeforeServing.gate(view, cut, profiles, now, healthy, failed)`: a reconcile pass's new
+  plan holds when one of its new or changed assignments runs at a (model, batch, share) point the
+  active profile has not measured (every batch 1..B at its share for a Poisson replica, B for a
+  paced one, as `verify` does). The plan is then not applied: the applied one keeps serving, and a new workload stays
   pending with the reason. The points are asked of the node the plan binds them to (at most
-  `max_points` a round; a point two nodes would run is measured once). A plan that moves a replica
-  off a node that cannot serve (lost, silent) is never held: nothing serves that replica meanwhile,
-  and a failover must not wait for a measurement (its new points serve unmeasured, noted).
+  `max_points` a round; a point two nodes would run is measured once). A plan that is a failover
+  is never held (`failovers`): an applied assignment on a (node, device) slot that left the
+  inventory (a lost node, a blocked device; a silent node's slots stay in it, its replicas do not
+  move) or that its node reports failed, and that the plan does not keep as it is, wherever its
+  replica lands (another device, another node, or dropped by a plan with fewer replicas): nothing
+  serves that replica meanwhile, and a failover must not wait for a measurement (all the plan's new
+  points serve unmeasured, noted).
 - `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
   answer until the results are in (level-based: a repeated answer measures nothing twice).
 - `take(node_id, points, profiles, now)`: a result counts only for a point asked of that node; a
@@ -97,18 +101,30 @@ def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment
     return out
 
 
-def failovers(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment]], healthy: Collection[str]) -> list[str]:
-    """The replicas (keys) `view` moves off a node that cannot serve (not in `healthy`): nothing serves them
-    meanwhile, so a plan holding them would lengthen an outage."""
-    placed_on = {a.key: node for node, items in cut.items() for a in items}
-    return sorted(
-        key
+def failovers(
+    view: PlanView,
+    cut: Mapping[str, Sequence[ModelAssignment]],
+    healthy: Collection[tuple[str, int]],
+    failed: Mapping[str, Collection[str]] | None = None,
+) -> list[str]:
+    """The applied replicas (keys) `view` fails over: each applied assignment on a (node, device) slot not in
+    `healthy` (a lost node, a blocked device), or one its node reports failed (`failed`: {node: keys}), that
+    `view` does not keep unchanged where it is, wherever its key lands (another device of the same node, another
+    node, or nowhere: a plan with fewer replicas). Nothing serves such a replica meanwhile, so a plan holding it
+    would lengthen an outage."""
+    after = {
+        (slot.node_id, (a := ModelAssignment.of(p, slot.device)).key): a
         for gpu, slot in zip(view.plan.gpus, view.bindings)
         if slot is not None
         for p in gpu.placements
-        if (was := placed_on.get(key := str(ModelAssignment.of(p, slot.device).key))) is not None
-        and was != slot.node_id
-        and was not in healthy
+    }
+    failed = failed or {}
+    return sorted(
+        a.key
+        for node, items in cut.items()
+        for a in items
+        if ((node, a.device) not in healthy or a.key in failed.get(node, ()))
+        and classify(a, after.get((node, a.key))) != "unchanged"
     )
 
 
@@ -142,10 +158,12 @@ class VerifyBeforeServing:
         cut: Mapping[str, Sequence[ModelAssignment]],
         profiles: Mapping[str, DeviceProfile],
         now: float,
-        healthy: Collection[str] | None = None,
+        healthy: Collection[tuple[str, int]] | None = None,
+        failed: Mapping[str, Collection[str]] | None = None,
     ) -> bool:
-        """True: hold `view` (its new points are being measured); False: it may serve. `healthy`: the nodes that
-        can serve: a plan that fails a replica over from another node serves at once (`failovers`)."""
+        """True: hold `view` (its new points are being measured); False: it may serve. `healthy`: the (node,
+        device) slots that can serve, `failed`: {node: assignment keys it reports failed}: a plan that fails an
+        applied replica over serves at once (`failovers`)."""
         if not self.config.enabled:
             return False
         needed: dict[Point, tuple[Wanted, set[str]]] = {}
@@ -162,16 +180,16 @@ class VerifyBeforeServing:
                 needed[w.point][1].update(names)
             else:
                 needed[w.point] = (w, set(names))
-        moved = failovers(view, cut, healthy) if needed and healthy is not None else []
+        moved = failovers(view, cut, healthy, failed) if needed and healthy is not None else []
         with self._lock:
             if not needed:
                 self._settle()
                 return False
             if moved:
                 self._note(
-                    f"verification: skipped for a plan that moves {', '.join(moved[:3])}"
-                    f"{' and others' if len(moved) > 3 else ''} off a node that cannot serve (a failover does "
-                    f"not wait); its {len(needed)} new point(s) serve unmeasured",
+                    f"verification: skipped for a plan that fails over {', '.join(moved[:3])}"
+                    f"{' and others' if len(moved) > 3 else ''} (off a lost node, a blocked device or a failed "
+                    f"start: a failover does not wait); its {len(needed)} new point(s) serve unmeasured",
                     now,
                 )
                 self._settle()

@@ -235,8 +235,10 @@ class Reconciler:
     def _act(self, view: PlanView, observed: Observed) -> ApplyOutcome:
         applied = self.applied
         if self.verifier is not None:
-            healthy = {slot.node_id for slot in observed.slots}
-            held = self.verifier.gate(view, self._cut, observed.profiles, self.clock(), healthy)
+            # a failover is never held: the (node, device) slots that serve, and what the nodes report failed
+            healthy = {(slot.node_id, slot.device) for slot in observed.slots}
+            failed = {node: set(self.registry.errors_of(node)) for node in self._cut}
+            held = self.verifier.gate(view, self._cut, observed.profiles, self.clock(), healthy, failed)
             self.record_verification_events()
             if held:
                 return ApplyOutcome(plan=applied or view, changed=False, changes=(), held=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from control_helpers import cpu_profile, cpu_profile_json, wait_for
@@ -20,6 +20,7 @@ from controller import limits
 from controller.api.client import ControllerClient
 from controller.config import ConfigError, ControllerConfig, ServiceConfig, VerificationConfig, load_config
 from controller.messages import (
+    AssignmentError,
     HeartbeatReport,
     InvalidArgument,
     MeasuredPoint,
@@ -461,9 +462,109 @@ def test_a_failover_off_a_node_that_cannot_serve_is_not_held(tmp_path):
     cut = {"node-x": (ModelAssignment.of(placement, 0),)}  # the applied plan had it on node-x
     profiles, _ = svc.profiles.snapshot()
     gate = VerifyBeforeServing(VerificationConfig(enabled=True))
-    assert gate.gate(view, cut, profiles, 0.0, healthy={"node-a", "node-x"})  # a move between serving nodes waits
-    assert not gate.gate(view, cut, profiles, 1.0, healthy={"node-a"})  # node-x cannot serve: a failover does not
+    both = {("node-a", 0), ("node-x", 0)}
+    assert gate.gate(view, cut, profiles, 0.0, healthy=both)  # a move between serving nodes waits
+    assert not gate.gate(view, cut, profiles, 1.0, healthy={("node-a", 0)})  # node-x cannot serve: no wait
     assert gate.requests_for("node-a") == () and gate.holding() == {}
-    assert "off a node that cannot serve" in " ".join(gate.alerts(2.0))
+    assert "fails over web#0" in " ".join(gate.alerts(2.0))
     assert gate.drain_events() and not gate.drain_events()  # recorded once
     assert gate.alerts(1.0 + 601.0) == ()  # a note is an alert for ten minutes
+    # a replica its node reports failed is a failover too, even with its slot in the inventory
+    gate = VerifyBeforeServing(VerificationConfig(enabled=True))
+    assert not gate.gate(view, cut, profiles, 0.0, healthy=both, failed={"node-x": {"web#0"}})
+
+
+def test_a_failover_is_found_by_slot_not_by_node_nor_by_key(tmp_path):
+    """The reviewer's two holes: a replica leaving a blocked device of a node that still serves, and a lost node's
+    replica the new plan drops (fewer replicas)."""
+    from dataclasses import replace
+
+    from controller.verification import VerifyBeforeServing, failovers
+
+    svc = _service(tmp_path)
+    view = svc.preview_plan()
+    (placement,) = view.bound_placements()
+    profiles, _ = svc.profiles.snapshot()
+    on_device_1 = {"node-a": (ModelAssignment.of(placement, 1),)}  # device 1 of node-a is blocked now
+    assert failovers(view, on_device_1, {("node-a", 0)}) == ["web#0"]
+    gate = VerifyBeforeServing(VerificationConfig(enabled=True))
+    assert not gate.gate(view, on_device_1, profiles, 0.0, healthy={("node-a", 0)})
+    dropped = {"node-x": (replace(ModelAssignment.of(placement, 0), replica=1),)}  # web#1, gone with node-x
+    assert failovers(view, dropped, {("node-a", 0)}) == ["web#1"]
+    gate = VerifyBeforeServing(VerificationConfig(enabled=True))
+    assert not gate.gate(view, dropped, profiles, 0.0, healthy={("node-a", 0)})
+    # the plan keeps a failed replica as it is: not a failover (holding the rest does not lengthen its outage)
+    kept = {"node-a": (ModelAssignment.of(placement, 0),)}
+    assert failovers(view, kept, {("node-a", 0)}, {"node-a": {"web#0"}}) == []
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _serving_unverified(tmp_path, devices=CPU):
+    """web applied on one of node-a and node-b at points nothing measured (planned with verification off), then
+    the controller restarted with it on and the nodes back: (service, clock, the node serving web)."""
+    from controller.service import ControlService
+    from controller.store import Store
+
+    clock = FakeClock()
+    config = ServiceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
+    off = ControlService(Store(tmp_path / "s.db"), config, clock=clock, tick=clock)
+    off.upload_profile(cpu_profile_json())
+    for node in ("node-a", "node-b"):
+        off.register(node, devices)
+    off.apply_workloads([WORKLOAD])
+    assert off.reconcile().changed
+    off.store.close()
+    on = ControlService(
+        Store(tmp_path / "s.db"),
+        replace(config, verification=VerificationConfig(enabled=True)),
+        clock=clock,
+        tick=clock,
+    )
+    for node in ("node-a", "node-b"):
+        on.register(node, devices)
+    outcome = on.reconcile(force=True)
+    assert outcome is not None and not outcome.held and not outcome.changed
+    (node,) = [n.node_id for n in on.list_nodes() if n.assigned]
+    return on, clock, node
+
+
+def test_a_node_lost_by_heartbeat_timeout_fails_over_at_once_through_the_loop(tmp_path):
+    svc, clock, victim = _serving_unverified(tmp_path)
+    survivor = ({"node-a", "node-b"} - {victim}).pop()
+    for _ in range(12):  # the victim stays silent past the 5 s timeout, the survivor beats every second
+        clock.t += 0.5
+        svc.nodes.watch_clock()
+        svc.heartbeat(HeartbeatReport(node_id=survivor))
+    outcome = svc.reconcile()
+    assert {n.node_id: n.state for n in svc.list_nodes()}[victim] == "lost"
+    assert outcome is not None and outcome.changed and not outcome.held
+    assert [n.node_id for n in svc.list_nodes() if n.assigned] == [survivor]
+    assert "fails over web#0" in " ".join(svc.status().alerts)
+
+
+def test_a_replica_leaving_a_blocked_device_of_a_serving_node_fails_over_at_once_through_the_loop(tmp_path):
+    two = (NodeDevice(0, "cpu", "cpu", cores=8), NodeDevice(1, "cpu", "cpu", cores=8))
+    svc, clock, node = _serving_unverified(tmp_path, two)
+    answer = svc.heartbeat(HeartbeatReport(node_id=node))
+    (assigned,) = answer.assignments
+    svc.heartbeat(  # every assignment of its device failed to start: the device is blocked
+        HeartbeatReport(
+            node_id=node,
+            errors=(AssignmentError(assigned.key, "start failed: boom"),),
+            errors_revision=answer.revision,
+        )
+    )
+    other = next(n for n in svc.list_nodes() if n.node_id != node)
+    other_heartbeat = svc.heartbeat(HeartbeatReport(node_id=other.node_id))
+    assert other_heartbeat.registered
+    outcome = svc.reconcile()
+    assert outcome is not None and outcome.changed and not outcome.held, svc.status().alerts
+    where = {(n.node_id, a.device) for n in svc.list_nodes() for a in n.assigned}
+    assert (node, assigned.device) not in where and len(where) == 1
