@@ -404,9 +404,10 @@ class ControlService:
         now = self.clock()
         accepted = self.verifier.take(report.node_id, report.measured, profiles, now)
         if accepted:
-            self.store.add_measured_points(accepted, now)  # raises before `recorded`: they stay asked, none lost
-            self.verifier.recorded(accepted)
+            # either raising before `recorded` leaves them asked: the node reports them again, none is lost
+            self.store.add_measured_points(accepted, now)
             self.profiles.reload()
+            self.verifier.recorded(accepted)  # bumps its version: the next pass re-plans on them
             models = sorted({f"{model} on {gpu_type}" for gpu_type, model, *_ in accepted})
             self.store.add_event(
                 "verify", "", f"{report.node_id} measured {len(accepted)} point(s) of {', '.join(models)}", now

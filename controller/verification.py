@@ -312,10 +312,13 @@ class VerifyBeforeServing:
             return accepted
 
     def recorded(self, points: Sequence[tuple[str, str, int, float, float, str]]) -> None:
-        """`points` (as `take` gave them) are stored: no longer asked."""
+        """`points` (as `take` gave them) are stored and in the active profiles: no longer asked. Counts as a
+        change of the pass's inputs (`version`), so the next pass re-plans on them even where the profiles'
+        own version did not move."""
         done = {(gpu_type, model, batch, share, node) for gpu_type, model, batch, share, _, node in points}
         with self._lock:
             self.counters["measured"] += len(points)
+            self.version += 1
             for w in [w for w in self._wanted if (w.gpu_type, w.model, w.batch, w.share_pct, w.node_id) in done]:
                 del self._wanted[w]
 

@@ -568,3 +568,26 @@ def test_a_replica_leaving_a_blocked_device_of_a_serving_node_fails_over_at_once
     assert outcome is not None and outcome.changed and not outcome.held, svc.status().alerts
     where = {(n.node_id, a.device) for n in svc.list_nodes() for a in n.assigned}
     assert (node, assigned.device) not in where and len(where) == 1
+
+
+def test_a_profile_reload_that_fails_once_does_not_leave_the_hold_stuck(tmp_path):
+    svc = _service(tmp_path)
+    assert svc.reconcile().held
+    points = _measure_all(svc, SlowDevice())
+    reload, failures = svc.profiles.reload, []
+
+    def fails_once():
+        if not failures:
+            failures.append(1)
+            raise OSError("the database is locked")
+        return reload()
+
+    svc.profiles.reload = fails_once
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))  # stored, not in the profiles yet
+    assert failures and svc.heartbeat(HeartbeatReport(node_id="node-a")).measure  # still asked
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))  # reported again: reloaded, recorded
+    assert svc.heartbeat(HeartbeatReport(node_id="node-a")).measure == ()
+    profiles, _ = svc.profiles.snapshot()
+    p = points[0]
+    assert profiles["CPU"].model(p.model).measured_ms(p.batch, p.share_pct) is not None
+    assert svc.reconcile() is not None  # the pass re-plans on the measurements (not skipped as unchanged)
