@@ -128,6 +128,26 @@ def failovers(
     )
 
 
+def _fitting(order: Sequence[Point], needed: Mapping[Point, tuple[Wanted, set[str]]], most: int) -> list[Point]:
+    """The first of `order` a round asks for: at most `most` in all, and per node what one heartbeat answer can
+    carry (`limits.MAX_MEASURE_REQUESTS` (model, device, share) groups of `limits.MAX_MEASURE_BATCHES` batch
+    sizes); the rest wait for a later round of the same hold (they are asked already, so no round is spent)."""
+    chosen: list[Point] = []
+    groups: dict[str, dict[tuple[str, int, float], int]] = {}  # node -> {group: batch sizes in it}
+    for point in order:
+        if len(chosen) >= most:
+            break
+        w = needed[point][0]
+        of_node, group = groups.setdefault(w.node_id, {}), (w.model, w.device, w.share_pct)
+        if group not in of_node and len(of_node) >= limits.MAX_MEASURE_REQUESTS:
+            continue
+        if of_node.get(group, 0) >= limits.MAX_MEASURE_BATCHES:
+            continue
+        of_node[group] = of_node.get(group, 0) + 1
+        chosen.append(point)
+    return chosen
+
+
 class VerifyBeforeServing:
     """What verify before serving holds, asks and gave up (see the module doc)."""
 
@@ -208,7 +228,7 @@ class VerifyBeforeServing:
                 self._asked |= new
             # points already asked first (their results may be on the way), then the rest, up to max_points
             order = sorted(needed, key=lambda p: (needed[p][0] not in self._wanted, needed[p][0]))
-            chosen = order[: self.config.max_points]
+            chosen = _fitting(order, needed, self.config.max_points)
             self._wanted = {needed[p][0]: self._wanted.get(needed[p][0], now) for p in chosen}
             self._holding = {}
             for point in order:
@@ -265,7 +285,8 @@ class VerifyBeforeServing:
     # ------------------------------------------------------------ the heartbeat
 
     def requests_for(self, node_id: str) -> tuple[MeasureRequest, ...]:
-        """What `node_id` is asked to measure now, grouped by (model, device, share) and within the bounds."""
+        """What `node_id` is asked to measure now, grouped by (model, device, share); `gate` asks no more than
+        fits in the bounds (the slices only guard them)."""
         with self._lock:
             groups: dict[tuple[str, int, float], list[int]] = {}
             for w in sorted(self._wanted):

@@ -591,3 +591,29 @@ def test_a_profile_reload_that_fails_once_does_not_leave_the_hold_stuck(tmp_path
     p = points[0]
     assert profiles["CPU"].model(p.model).measured_ms(p.batch, p.share_pct) is not None
     assert svc.reconcile() is not None  # the pass re-plans on the measurements (not skipped as unchanged)
+
+
+def test_a_round_asks_a_node_for_no_more_than_one_answer_carries_and_the_rest_later(tmp_path, monkeypatch):
+    """Points past the heartbeat answer's bounds are not asked (then given up as 'not measured'): they wait."""
+    monkeypatch.setattr(limits, "MAX_MEASURE_REQUESTS", 1)
+    monkeypatch.setattr(limits, "MAX_MEASURE_BATCHES", 1)
+    svc = _service(tmp_path)
+    svc.apply_workloads([{"name": "api", "model": "conv_medium", "slo_ms": 200.0, "rate_rps": 5.0}])
+    assert svc.reconcile().held
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    assert [len(m.batches) for m in asked] == [1] and svc.verifier.wanted() == 1  # every point asked is sent
+    exact = SlowDevice(slowdown=1.0)
+    seen = set()
+    for _ in range(20):  # one point a heartbeat, all in the same round, until the plan serves
+        asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+        if not asked:
+            break
+        (m,) = asked
+        seen.add((m.model, m.share_pct, m.batches[0]))
+        point = MeasuredPoint(
+            m.model, m.device, m.share_pct, m.batches[0], exact(m.model, 0, m.share_pct, m.batches[0], 5)
+        )
+        svc.heartbeat(HeartbeatReport(node_id="node-a", measured=(point,)))
+        svc.reconcile()
+    assert len(seen) >= 2 and {m for m, _, _ in seen} == {"mlp_small", "conv_medium"}
+    assert "given up" not in " ".join(svc.status().alerts)
