@@ -26,10 +26,11 @@ new or changed assignment serves:
   version of the model made after a measurement supersedes it (`Store.measured_points`): the
   closed loop saw the model change since, and a measured point would otherwise mask it there.
 - Bounds: at most `rounds` re-plans that ask for new points; then the plan serves as it stands.
-  A point not measured within `timeout_s` (the node went away, a device hangs), one its node
-  could not measure, or a refused result is given up: a status alert for `NOTE_S`, an event
-  (`drain_events`), not asked again (until the controller restarts), and the plan serves without it. Serving the plan
-  unmeasured is the fallback because holding it longer would keep a new workload from serving at
+  A point not measured within `timeout_s` (the node went away, a device hangs; the node
+  measures its points one at a time, so each new result from it starts the `timeout_s` of its
+  other points again), one its node could not measure, or a refused result is given up: a
+  status alert for `NOTE_S`, an event (`drain_events`), not asked again (until the controller
+  restarts), and the plan serves without it. Serving the plan unmeasured is the fallback because holding it longer would keep a new workload from serving at
   all, or an old placement that no longer fits its workload; the error-aware plan is what serves
   without verification, so the fallback is never worse than verification off.
 
@@ -157,6 +158,7 @@ class VerifyBeforeServing:
         self._wanted: dict[Wanted, float] = {}  # asked of a node -> when first asked
         self._given_up: dict[Point, str] = {}
         self._asked: set[Point] = set()  # every point asked in this hold (new ones start a round)
+        self._taken: set[Wanted] = set()  # results taken and not recorded yet (a store that failed)
         self._rounds = 0
         self._holding: dict[str, str] = {}  # workload -> why it waits
         self._notes: collections.deque[tuple[float, str]] = collections.deque(maxlen=MAX_NOTES)  # (when, text)
@@ -308,6 +310,7 @@ class VerifyBeforeServing:
         with self._lock:
             by_key = {(w.model, w.device, w.share_pct, w.batch): w for w in self._wanted if w.node_id == node_id}
             accepted: list[tuple[str, str, int, float, float, str]] = []
+            progressed = False
             for m in points:
                 asked = by_key.pop((m.model, m.device, round(float(m.share_pct), 6), m.batch), None)
                 if asked is None:
@@ -330,6 +333,13 @@ class VerifyBeforeServing:
                     self._give_up(w, why, now)
                 else:
                     accepted.append((w.gpu_type, w.model, w.batch, w.share_pct, float(m.active_ms), node_id))
+                progressed = progressed or w not in self._taken  # a repeat (a store that failed) is no progress
+                self._taken.add(w)
+            self._taken &= set(self._wanted)
+            if progressed:  # it measures one point at a time: its other points' deadlines start again
+                for other in self._wanted:
+                    if other.node_id == node_id:
+                        self._wanted[other] = now
             return accepted
 
     def recorded(self, points: Sequence[tuple[str, str, int, float, float, str]]) -> None:

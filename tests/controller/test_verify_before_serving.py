@@ -617,3 +617,29 @@ def test_a_round_asks_a_node_for_no_more_than_one_answer_carries_and_the_rest_la
         svc.reconcile()
     assert len(seen) >= 2 and {m for m, _, _ in seen} == {"mlp_small", "conv_medium"}
     assert "given up" not in " ".join(svc.status().alerts)
+
+
+def test_a_node_that_reports_results_keeps_its_other_points_asked(tmp_path):
+    """It measures one point at a time: a deadline counted from the first ask would expire points still queued."""
+    from controller.verification import VerifyBeforeServing
+
+    svc = _service(tmp_path)
+    svc.apply_workloads([{"name": "api", "model": "conv_medium", "slo_ms": 200.0, "rate_rps": 5.0}])
+    view = svc.preview_plan()
+    profiles, _ = svc.profiles.snapshot()
+    gate = VerifyBeforeServing(VerificationConfig(enabled=True, timeout_s=10.0))
+    assert gate.gate(view, {}, profiles, 0.0)
+    asked = gate.requests_for("node-a")
+    m = asked[0]
+    exact = SlowDevice(slowdown=1.0)
+    first = MeasuredPoint(m.model, m.device, m.share_pct, m.batches[0], exact(m.model, 0, m.share_pct, m.batches[0], 5))
+    accepted = gate.take("node-a", (first,), profiles, 8.0)
+    assert len(accepted) == 1
+    assert gate.take("node-a", (first,), profiles, 9.0) == accepted  # reported again: no progress
+    gate.recorded(accepted)
+    left = gate.wanted()
+    assert left >= 1
+    assert not gate.expire(15.0)  # 15 s after the first ask, 7 s after the node's last result
+    assert gate.wanted() == left
+    assert gate.expire(18.5)  # 10.5 s after its last result: given up
+    assert gate.wanted() == 0
