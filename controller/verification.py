@@ -83,7 +83,8 @@ class Wanted:
 
 def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment]]) -> dict[Wanted, set[str]]:
     """{point on a node: the workloads it serves} for every batch size of each bound placement of `view` that is
-    new or changed against `cut` (the applied plan per node): 1..B for Poisson clients, B for paced ones."""
+    new or changed against `cut` (the applied plan per node): 1..B for Poisson clients, B for paced ones. A
+    change of the queue delay alone asks nothing: the replica serves at the same points already."""
     before = {(node, a.key): a for node, items in cut.items() for a in items}
     out: dict[Wanted, set[str]] = {}
     for gpu, slot in zip(view.plan.gpus, view.bindings):
@@ -91,8 +92,16 @@ def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment
             continue
         for p in gpu.placements:
             a = ModelAssignment.of(p, slot.device)
-            if classify(before.get((slot.node_id, a.key)), a) == "unchanged":
+            old = before.get((slot.node_id, a.key))
+            if classify(old, a) == "unchanged":
                 continue
+            if old is not None and (old.model, old.device, old.batch, old.share_pct) == (
+                a.model,
+                a.device,
+                a.batch,
+                a.share_pct,
+            ):
+                continue  # only its queue delay changes: the replica already serves at these points
             share = round(float(p.share_pct), 6)
             sizes = range(1, p.batch + 1) if p.arrivals == "poisson" else (p.batch,)
             for k in sizes:

@@ -643,3 +643,18 @@ def test_a_node_that_reports_results_keeps_its_other_points_asked(tmp_path):
     assert gate.wanted() == left
     assert gate.expire(18.5)  # 10.5 s after its last result: given up
     assert gate.wanted() == 0
+
+
+def test_a_queue_delay_change_alone_is_not_held(tmp_path):
+    from controller.verification import VerifyBeforeServing, assignment_points
+
+    svc = _service(tmp_path)
+    view = svc.preview_plan()
+    (placement,) = view.bound_placements()
+    profiles, _ = svc.profiles.snapshot()
+    serving = ModelAssignment.of(placement, 0)
+    cut = {"node-a": (replace(serving, queue_delay_ms=serving.queue_delay_ms + 1.0),)}
+    assert assignment_points(view, cut) == {}
+    assert not VerifyBeforeServing(VerificationConfig(enabled=True)).gate(view, cut, profiles, 0.0)
+    resized = {"node-a": (replace(serving, batch=serving.batch + 1),)}  # another batch size: measured first
+    assert VerifyBeforeServing(VerificationConfig(enabled=True)).gate(view, resized, profiles, 0.0)
