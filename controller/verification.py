@@ -81,6 +81,10 @@ class Wanted:
         return (self.gpu_type, self.model, self.batch, self.share_pct)
 
 
+def _points_of(a: ModelAssignment) -> tuple[str, int, int, float]:
+    return (a.model, a.device, a.batch, a.share_pct)
+
+
 def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment]]) -> dict[Wanted, set[str]]:
     """{point on a node: the workloads it serves} for every batch size of each bound placement of `view` that is
     new or changed against `cut` (the applied plan per node): 1..B for Poisson clients, B for paced ones. A
@@ -95,12 +99,7 @@ def assignment_points(view: PlanView, cut: Mapping[str, Sequence[ModelAssignment
             old = before.get((slot.node_id, a.key))
             if classify(old, a) == "unchanged":
                 continue
-            if old is not None and (old.model, old.device, old.batch, old.share_pct) == (
-                a.model,
-                a.device,
-                a.batch,
-                a.share_pct,
-            ):
+            if old is not None and _points_of(old) == _points_of(a):
                 continue  # only its queue delay changes: the replica already serves at these points
             share = round(float(p.share_pct), 6)
             sizes = range(1, p.batch + 1) if p.arrivals == "poisson" else (p.batch,)
