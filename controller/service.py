@@ -131,7 +131,7 @@ class ControlService:
         self.config = config or ServiceConfig()
         self.clock = clock
         self._changed = threading.Event()
-        self.profiles = ProfileBook(store)
+        self.profiles = ProfileBook(store, measured_points=self.config.verification.enabled)
         self.nodes = NodeRegistry(self.config, clock, self.wake, tick)
         self.agent_key = store.agent_key()
         self._generations = store.token_generations()

@@ -434,7 +434,7 @@ def test_a_recalibration_after_a_measurement_supersedes_it_and_a_newer_measureme
     from interference.profile_io import profile_to_dict
 
     store = Store(tmp_path / "s.db")
-    book = ProfileBook(store)
+    book = ProfileBook(store, measured_points=True)
     book.put("CPU", cpu_profile(), 100.0)
 
     def active(batch=2, share=50.0):
@@ -658,3 +658,25 @@ def test_a_queue_delay_change_alone_is_not_held(tmp_path):
     assert not VerifyBeforeServing(VerificationConfig(enabled=True)).gate(view, cut, profiles, 0.0)
     resized = {"node-a": (replace(serving, batch=serving.batch + 1),)}  # another batch size: measured first
     assert VerifyBeforeServing(VerificationConfig(enabled=True)).gate(view, resized, profiles, 0.0)
+
+
+def test_measured_points_count_only_while_verification_is_on(tmp_path):
+    from controller.service import ControlService
+    from controller.store import Store
+
+    svc = _service(tmp_path, rounds=1)
+    assert svc.reconcile().held
+    points = _measure_all(svc, SlowDevice())
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=points))
+    p = points[0]
+
+    def measured(service):
+        return service.profiles.snapshot()[0]["CPU"].model(p.model).measured_ms(p.batch, p.share_pct)
+
+    assert measured(svc) is not None
+    svc.store.close()
+    off = ControlService(Store(tmp_path / "s.db"), ServiceConfig())  # restarted with verification off
+    assert measured(off) is None and off.store.measured_points()  # kept, counted nowhere
+    off.store.close()
+    on = ControlService(Store(tmp_path / "s.db"), ServiceConfig(verification=VerificationConfig(enabled=True)))
+    assert measured(on) is not None
