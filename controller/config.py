@@ -168,9 +168,9 @@ class VerificationConfig:
     requests: int = check.setting(20, check.whole_at_least(1), "requests per measurement window")
 
     def __post_init__(self) -> None:
-        if self.requests > 10_000:
+        if self.requests > 1_000:  # limits.MAX_MEASURE_WINDOW_REQUESTS: what an agent runs
             raise ConfigError(
-                f"verification.requests must be at most 10000, got {self.requests}", "verification.requests"
+                f"verification.requests must be at most 1000, got {self.requests}", "verification.requests"
             )
         if self.max_points > 4096:
             raise ConfigError(

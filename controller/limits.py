@@ -68,7 +68,7 @@ MAX_PROFILE_BYTES = 4 * 1024 * 1024
 #: may name, most requests per measurement window, and the largest solo active time a node may report (ms).
 MAX_MEASURE_REQUESTS = 32
 MAX_MEASURE_BATCHES = 256
-MAX_MEASURE_WINDOW_REQUESTS = 10_000
+MAX_MEASURE_WINDOW_REQUESTS = 1_000
 #: Most measured points one heartbeat may carry (every batch of every request).
 MAX_MEASURED = MAX_MEASURE_REQUESTS * MAX_MEASURE_BATCHES
 MAX_ACTIVE_MS = 1e6

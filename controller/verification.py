@@ -19,8 +19,9 @@ new or changed assignment serves:
 - `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
   answer until the results are in (level-based: a repeated answer measures nothing twice).
 - `take(node_id, points, profiles, now)`: a result counts only for a point asked of that node; a
-  solo active time more than `MAX_FIT_RATIO` times off the fit either way is refused (a node that
-  lies or a broken measurement). Accepted points are stored (`Store.add_measured_points`) and
+  solo active time off the fit by more than `FIT_ERRORS` times the fit's error there (at least 2x,
+  `MIN_TOLERANCE`) either way is refused and given up (a node that lies or a broken measurement:
+  a stored point stands for every node of its GPU type). Accepted points are stored (`Store.add_measured_points`) and
   join the active profiles (`controller.profiles`, `ModelProfile.with_measured`), so the next
   pass re-plans on them; the plan serves once it chooses only measured points. A recalibrated
   version of the model made after a measurement supersedes it (`Store.measured_points`): the
@@ -53,8 +54,13 @@ from controller.reconcile.diff import classify
 from controller.reconcile.planning import PlanView
 from interference.profile import DeviceProfile
 
-#: A measured solo active time counts only within this factor of the fit's, either way.
-MAX_FIT_RATIO = 20.0
+#: A measured solo active time counts only within a factor 1 + tolerance of the fit's, either way, the tolerance
+#: `FIT_ERRORS` times the fit's own relative error bound at that point (`ModelProfile.fit_error`), and at least
+#: `MIN_TOLERANCE`: 2x either way, since a CPU node measures beside what it serves, on the same cores, and reads
+#: high when busy. A result outside is refused (given up, reported): a stored point stands for every node of its
+#: GPU type, so one broken node or measurement must not move it far.
+FIT_ERRORS = 3.0
+MIN_TOLERANCE = 1.0
 #: Points given up are remembered (not asked again) up to this many; notes kept for the status alerts.
 MAX_GIVEN_UP = 10_000
 MAX_NOTES = 10
@@ -329,12 +335,15 @@ class VerifyBeforeServing:
                 if not why and (profile is None or w.model not in profile.models):
                     why = f"the profile of {w.model} on {w.gpu_type} is gone"
                 elif not why and profile is not None:
-                    fitted = float(profile.model(w.model).active_time_ms(w.batch, w.share_pct))
+                    model = profile.model(w.model)
+                    fitted = float(model.active_time_ms(w.batch, w.share_pct))
+                    most = 1.0 + max(MIN_TOLERANCE, FIT_ERRORS * float(model.fit_error(w.batch, w.share_pct)))
                     ratio = m.active_ms / fitted if fitted > 0 else float("inf")
-                    if not 1.0 / MAX_FIT_RATIO <= ratio <= MAX_FIT_RATIO:
+                    if not 1.0 / most <= ratio <= most:
                         why = (
                             f"refused the measurement of {node_id}: {m.active_ms:g} ms is {ratio:.3g} x the fit's "
-                            f"{fitted:.3g} ms (allowed 1/{MAX_FIT_RATIO:g} to {MAX_FIT_RATIO:g} x)"
+                            f"{fitted:.3g} ms (allowed 1/{most:.3g} to {most:.3g} x: {FIT_ERRORS:g} times the fit's "
+                            f"error there, at least {1 + MIN_TOLERANCE:g} x)"
                         )
                 if why:
                     del self._wanted[w]

@@ -302,7 +302,7 @@ def test_the_config_option_is_validated(tmp_path):
     path.write_text("verification: {enabled: true, max_points: 0}\n")
     with pytest.raises(ConfigError, match="max_points"):
         load_config(path)
-    path.write_text("verification: {enabled: true, requests: 100000}\n")
+    path.write_text("verification: {enabled: true, requests: 1001}\n")
     with pytest.raises(ConfigError, match="requests"):
         load_config(path)
     path.write_text("verification: {enabled: true, rounds: 2, timeout_s: 60}\n")
@@ -680,3 +680,23 @@ def test_measured_points_count_only_while_verification_is_on(tmp_path):
     off.store.close()
     on = ControlService(Store(tmp_path / "s.db"), ServiceConfig(verification=VerificationConfig(enabled=True)))
     assert measured(on) is not None
+
+
+def test_a_result_far_off_the_fits_error_there_is_refused_given_up_and_reported(tmp_path):
+    svc = _service(tmp_path)
+    assert svc.reconcile().held
+    asked = svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    m = asked[0]
+    model = cpu_profile().model(m.model)
+    b = m.batches[0]
+    fitted = float(model.active_time_ms(b, m.share_pct))
+    allowed = 1.0 + max(1.0, 3.0 * float(model.fit_error(b, m.share_pct)))
+    off = MeasuredPoint(m.model, m.device, m.share_pct, b, fitted * allowed * 1.5)  # well past, far below 20x
+    svc.heartbeat(HeartbeatReport(node_id="node-a", measured=(off,)))
+    assert svc.store.measured_points() == {}
+    alerts = " ".join(svc.status().alerts)
+    assert "refused the measurement of node-a" in alerts and "given up" in alerts, alerts
+    assert all(
+        b not in r.batches or r.share_pct != m.share_pct
+        for r in svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
+    )
