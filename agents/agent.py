@@ -34,7 +34,9 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   truth device in tests); results go out in every heartbeat while the controller still asks for them,
   and are dropped once it stops (it has recorded them). Once nothing is left to measure the measurer is
   closed (a Triton measurer stops its processes, and starts them again when asked). An agent without a
-  measurer answers each point with an error, so the controller serves the plan without waiting.
+  measurer, a point on a device this node does not have, and a measurement past `measure_timeout_s`
+  (then aborted) are answered with that point's error, so the controller serves the plan without
+  waiting. `stop()` stops the measurer beside the fleet, never waiting for a measurement in flight.
 
 The fleet is any object with `refusals` (why it will not run assignments: asked
 before every apply, e.g. a device they over-commit), `apply`, `observe`, `check_health`,
@@ -92,7 +94,10 @@ class Fleet(Protocol):
 
 class PointMeasurer(Protocol):
     """Measures one point for verify before serving: the solo active time (ms) of `model` at `batch`
-    on `device` at `share_pct`, over windows of `requests` requests; raises when it cannot."""
+    on `device` at `share_pct`, over windows of `requests` requests; raises when it cannot. Optional
+    methods the agent calls where they exist: `close()` (nothing left to measure: release what it holds),
+    `abort()` (a measurement ran past its deadline: end it without waiting for it) and `stop()` (the
+    agent stops: end everything, never wait for a measurement in flight)."""
 
     def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float: ...
 
@@ -262,6 +267,10 @@ class AgentState:
     measure_refused: tuple[str, ...] = ()  # why the last measure requests were refused
 
 
+#: Most time one point's measurement may take (s); past it the point is reported failed (its error) and the
+#: measurer aborted. A CPU point takes seconds (a Triton start and a few stable windows).
+MEASURE_TIMEOUT_S = 60.0
+
 #: The agent's shutdown bound (s): loops 2 s + the fleet's `SHUTDOWN_S` (20 s) + 3 s, documented as <= 30 s.
 SHUTDOWN_S = 30.0
 
@@ -286,10 +295,12 @@ class Agent:
         sli_sources: Sequence[Callable[[], str]] = (),
         device: Any = None,
         measurer: PointMeasurer | None = None,
+        measure_timeout_s: float = MEASURE_TIMEOUT_S,
     ) -> None:
         """`sli_sources` return the serving path's SLI histogram as Prometheus text (URLs, an in-process
         exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`); `measurer`
-        measures points for verify before serving (None: this node measures nothing, and says so)."""
+        measures points for verify before serving (None: this node measures nothing, and says so), each within
+        `measure_timeout_s`."""
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -306,6 +317,7 @@ class Agent:
         self.sli = SliReader(sli_sources)
         self.device = device
         self.measurer = measurer
+        self.measure_timeout_s = measure_timeout_s
         self.state = AgentState()
         #: this agent process, for the controller's replay check; heartbeats are numbered from 1 within it
         self.incarnation = secrets.token_hex(16)
@@ -456,19 +468,7 @@ class Agent:
         if not todo:
             return False
         (model, device, share, batch), request = todo[0]
-        error, active = "", 0.0
-        if self.measurer is None:
-            error = (
-                "this node does not measure (its agent runs with --no-measure, or on a GPU node, where measuring "
-                "through NVML/MPS is not built yet)"
-            )
-        else:
-            try:
-                active = float(self.measurer(model, device, share, batch, request.requests))
-                if not (math.isfinite(active) and 0 < active <= limits.MAX_ACTIVE_MS):
-                    error, active = f"the measurement gave {active!r} ms", 0.0
-            except Exception as err:  # noqa: BLE001 - any device failure is this point's error, reported
-                error = f"{type(err).__name__}: {err}"
+        active, error = self._measure_point(model, device, share, batch, request.requests)
         point = MeasuredPoint(model, device, share, batch, active, clean_text(error, limits.MAX_MESSAGE_CHARS - 3))
         with self._lock:
             if (model, device, share, batch) in set(point_keys(s.measure_wanted)):  # still asked for
@@ -478,6 +478,45 @@ class Agent:
             + (f"{active:.3f} ms" if not error else f"failed ({error})")
         )
         return True
+
+    def _measure_point(self, model: str, device: int, share: float, batch: int, requests: int) -> tuple[float, str]:
+        """(solo active ms, "") or (0, why not): on one of this node's own devices, within `measure_timeout_s`
+        (a measurement past it is aborted: the measurer's `abort()`, where it has one, stops its processes)."""
+        measurer = self.measurer
+        if measurer is None:
+            return 0.0, (
+                "this node does not measure (its agent runs with --no-measure, or on a GPU node, where measuring "
+                "through NVML/MPS is not built yet)"
+            )
+        own = sorted(d.index for d in self.devices)
+        if device not in own:
+            return 0.0, f"device {device} is not one of this node's (devices {', '.join(map(str, own))})"
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["ms"] = float(measurer(model, device, share, batch, requests))
+            except Exception as err:  # noqa: BLE001 - any device failure is this point's error, reported
+                out["error"] = f"{type(err).__name__}: {err}"
+
+        worker = threading.Thread(target=run, name="agent-measure-point", daemon=True)
+        worker.start()
+        end = time.monotonic() + self.measure_timeout_s
+        while worker.is_alive() and not self._stop.is_set() and time.monotonic() < end:
+            worker.join(0.1)
+        if worker.is_alive():
+            abort = getattr(measurer, "abort", None)
+            if abort is not None:
+                abort()
+            if self._stop.is_set():
+                return 0.0, "the agent stopped during the measurement"
+            return 0.0, f"not measured within {self.measure_timeout_s:g} s (stopped)"
+        if "error" in out:
+            return 0.0, str(out["error"])
+        active = float(out["ms"])
+        if not (math.isfinite(active) and 0 < active <= limits.MAX_ACTIVE_MS):
+            return 0.0, f"the measurement gave {active!r} ms"
+        return active, ""
 
     # ------------------------------------------------------------ fleet side
 
@@ -609,14 +648,22 @@ class Agent:
     def stop(self, close_fleet: bool = True) -> None:
         """Stop within `SHUTDOWN_S` whatever runs: the loops get a moment to finish their step, then the fleet
         closes with its own deadline (killing a Triton still starting or loading a model, which also ends a
-        fleet step blocked on it), then the loops get another moment."""
+        fleet step blocked on it), and the measurer stops beside it (`stop()`: a measurement in flight is not
+        waited for), then the loops get another moment."""
         self._stop.set()
         self._wake_fleet.set()
         self._wake_measure.set()
         for t in self._threads:
             t.join(timeout=2.0)
+        stopper = None
+        stop_measurer = getattr(self.measurer, "stop", None) if close_fleet else None
+        if stop_measurer is not None:  # beside the fleet's close, not after it: both have the fleet's deadline
+            stopper = threading.Thread(target=stop_measurer, name="agent-measurer-stop", daemon=True)
+            stopper.start()
         if close_fleet:
             self.fleet.close()
+        if stopper is not None:
+            stopper.join(timeout=1.0)
         for t in self._threads:
             t.join(timeout=3.0)
             if t.is_alive():

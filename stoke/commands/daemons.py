@@ -272,7 +272,10 @@ def run_agent(args: argparse.Namespace) -> int:
     if kind == "cpu" and not args.no_measure:  # measuring through NVML/MPS on a GPU is not built yet
         from agents.profiler import AgentMeasurer
 
-        measurer = AgentMeasurer(args.repo, progress=logging.getLogger("stoke.agent").info)
+        # under the agent's own workdir: a killed agent's measuring processes are reaped by the next one
+        measurer = AgentMeasurer(
+            args.repo, workdir=str(Path(fleet.workdir) / "measure"), progress=logging.getLogger("stoke.agent").info
+        )
     agent = Agent(
         client, fleet, node_id, devices, address=router.host, sli_sources=sli, device=reader, measurer=measurer
     )
@@ -290,9 +293,7 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     stop = until_signal()
     stop.wait()
-    agent.stop()
-    if measurer is not None:
-        measurer.close()
+    agent.stop()  # stops the measurer too, beside the fleet (within the agent's shutdown bound)
     client.close()
     if reader is not None:
         reader.close()

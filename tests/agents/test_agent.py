@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from dataclasses import dataclass, replace
 
 import pytest
@@ -409,3 +410,104 @@ def test_garbage_measure_requests_are_refused_and_nothing_is_measured():
     client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 10**9),)
     agent.heartbeat_once()
     assert not agent.measure_once() and measurer.calls == []
+
+
+def test_a_point_on_a_device_the_node_does_not_have_is_an_error_and_nothing_is_measured():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 3, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    assert agent.measure_once()
+    agent.heartbeat_once()
+    (point,) = client.reports[-1].measured
+    assert measurer.calls == [] and point.active_ms == 0.0 and "device 3 is not one of this node's" in point.error
+
+
+class HungMeasurer:
+    """A measurement that never ends on its own: `abort()` or `stop()` ends it (as killing its processes does)."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.ended = threading.Event()
+        self.aborted = 0
+        self.stopped = 0
+
+    def __call__(self, model, device, share_pct, batch, requests):
+        self.started.set()
+        assert self.ended.wait(30)
+        raise RuntimeError("its processes were killed")
+
+    def abort(self):
+        self.aborted += 1
+        self.ended.set()
+
+    def stop(self):
+        self.stopped += 1
+        self.ended.set()
+
+
+def test_a_measurement_past_its_deadline_is_that_points_error_and_is_aborted():
+    measurer = HungMeasurer()
+    agent, client, _, _ = make_measuring(measurer)
+    agent.measure_timeout_s = 0.3
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    assert agent.measure_once()
+    agent.heartbeat_once()
+    (point,) = client.reports[-1].measured
+    assert "not measured within 0.3 s" in point.error and measurer.aborted == 1
+
+
+def test_stopping_the_agent_stops_a_measurement_in_flight_without_waiting_for_it():
+    measurer = HungMeasurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 7),)
+    agent.start()
+    try:
+        assert measurer.started.wait(10)
+    finally:
+        agent.stop()
+    assert measurer.stopped == 1 and measurer.ended.is_set()
+    for t in [t for t in threading.enumerate() if t.name == "agent-measure-point"]:
+        t.join(timeout=10)  # ended by the stop, not left hanging
+        assert not t.is_alive()
+
+
+def test_the_cpu_measurer_stops_without_waiting_for_the_measurement_it_runs(tmp_path):
+    """`AgentMeasurer.stop` must not wait on the lock a measurement in flight holds (the agent's 30 s bound)."""
+    from agents.profiler import AgentMeasurer
+
+    class Running:  # stands in for its Triton processes: a measurement ends once they are closed
+        closed = False
+        requests = 0
+
+        def __init__(self):
+            self.started, self.killed = threading.Event(), threading.Event()
+
+        def __call__(self, gpu_type, model, batch, share_pct):
+            self.started.set()
+            assert self.killed.wait(30)
+            raise RuntimeError("its processes were killed")
+
+        def close(self, deadline_s=20.0):
+            self.closed = True
+            self.killed.set()
+
+    measurer = AgentMeasurer("unused", workdir=str(tmp_path / "measure"))
+    running = measurer._measurer = Running()
+    errors = []
+
+    def measure():
+        try:
+            measurer("mlp_small", 0, 50.0, 1, 5)
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    worker = threading.Thread(target=measure)
+    worker.start()
+    assert running.started.wait(10)
+    measurer.stop()  # returns with the lock still held by the measurement: it kills, never waits
+    worker.join(timeout=10)
+    assert not worker.is_alive() and errors == ["its processes were killed"]
+    with pytest.raises(Exception, match="stopping"):
+        measurer("mlp_small", 0, 50.0, 1, 5)  # stopped for good: nothing more starts

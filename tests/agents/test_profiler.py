@@ -99,14 +99,17 @@ def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):
     assert len(measured) == 1 and measured[0][2] > 0
 
 
-def test_the_agents_measurer_measures_a_requested_point_on_real_triton():
-    """Verify before serving on a CPU node: the agent's measurer serves the point alone and times it."""
+def test_the_agents_measurer_measures_a_requested_point_on_real_triton(tmp_path):
+    """Verify before serving on a CPU node: the agent's measurer serves the point alone and times it, its
+    processes recorded under the agent's workdir (a killed agent's are reaped by the next one there)."""
     from agents.profiler import AgentMeasurer
+    from agents.triton import LEDGER
 
     lines: list[str] = []
-    measurer = AgentMeasurer(REPO, progress=lines.append)
+    measurer = AgentMeasurer(REPO, workdir=str(tmp_path / "measure"), progress=lines.append)
     try:
         first = measurer("mlp_small", 0, 50.0, 2, 3)
+        assert list((tmp_path / "measure" / LEDGER).glob("*.json"))  # its running process, on record there
         again = measurer("mlp_small", 0, 50.0, 1, 3)  # the same Triton process, another batch size
     finally:
         measurer.close()
