@@ -16,8 +16,12 @@ Tables
 - ``profile_versions`` and ``profile_state``: recalibrated versions of each
   (GPU type, model) beside the fitted one (version 0), which version is
   active and whether a rollback pinned it;
+- ``measured_points``: the solo active time verify before serving measured
+  at a (GPU type, model, batch, share) point, by which node and when
+  (`controller.verification`); the newest per point stands, a new fit of the
+  model drops them, and a later recalibrated version supersedes them;
 - ``loop_events``: what the closed loop did (recalibrations, demand
-  decisions, SLO guard moves), the newest `KEEP_EVENTS`.
+  decisions, SLO guard moves, verification notes), the newest `KEEP_EVENTS`.
 
 Actual state (nodes, what runs) is not stored: it is rebuilt from the agents'
 reports after a restart. Every multi-row change runs in one transaction, so a
