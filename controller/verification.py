@@ -31,9 +31,10 @@ new or changed assignment serves:
   measures its points one at a time, so each new result from it starts the `timeout_s` of its
   other points again), one its node could not measure, or a refused result is given up: a
   status alert for `NOTE_S`, an event (`drain_events`), not asked again (until the controller
-  restarts), and the plan serves without it. Serving the plan unmeasured is the fallback because holding it longer would keep a new workload from serving at
-  all, or an old placement that no longer fits its workload; the error-aware plan is what serves
-  without verification, so the fallback is never worse than verification off.
+  restarts), and the plan serves without it. Serving the plan unmeasured is the fallback because
+  holding it longer would keep a new workload from serving at all, or an old placement that no
+  longer fits its workload; the error-aware plan is what serves without verification, so the
+  fallback is never worse than verification off. The bound of a hold is in the README.
 
 Restarts: measured points are stored, so a restarted controller asks only for what was not
 measured yet; what is held, asked for and given up lives in memory and is rebuilt by the next
