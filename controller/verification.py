@@ -12,10 +12,10 @@ new or changed assignment serves:
   `max_points` a round; a point two nodes would run is measured once). A plan that is a failover
   is never held (`failovers`): an applied assignment on a (node, device) slot that left the
   inventory (a lost node, a blocked device; a silent node's slots stay in it, its replicas do not
-  move) or that its node reports failed, and that the plan does not keep as it is, wherever its
-  replica lands (another device, another node, or dropped by a plan with fewer replicas): nothing
-  serves that replica meanwhile, and a failover must not wait for a measurement (all the plan's new
-  points serve unmeasured, noted).
+  move) or that its node reports failed (a failed start; a failed reload keeps serving), and that
+  the plan does not keep as it is, wherever its replica lands (another device, another node, or
+  dropped by a plan with fewer replicas): nothing serves that replica meanwhile, and a failover
+  must not wait for a measurement (all the plan's new points serve unmeasured, noted).
 - `requests_for(node_id)`: the heartbeat answer carries them (`MeasureRequest`), in every
   answer until the results are in (level-based: a repeated answer measures nothing twice).
 - `take(node_id, points, profiles, now)`: a result counts only for a point asked of that node; a

@@ -237,7 +237,7 @@ class Reconciler:
         if self.verifier is not None:
             # a failover is never held: the (node, device) slots that serve, and what the nodes report failed
             healthy = {(slot.node_id, slot.device) for slot in observed.slots}
-            failed = {node: set(self.registry.errors_of(node)) for node in self._cut}
+            failed = {node: self.registry.failed_keys(node) for node in self._cut}
             held = self.verifier.gate(view, self._cut, observed.profiles, self.clock(), healthy, failed)
             self.record_verification_events()
             if held:

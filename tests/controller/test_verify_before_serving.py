@@ -700,3 +700,14 @@ def test_a_result_far_off_the_fits_error_there_is_refused_given_up_and_reported(
         b not in r.batches or r.share_pct != m.share_pct
         for r in svc.heartbeat(HeartbeatReport(node_id="node-a")).measure
     )
+
+
+def test_a_failed_start_counts_as_failed_and_a_failed_reload_that_keeps_serving_does_not(tmp_path):
+    svc, _, node = _serving_unverified(tmp_path)
+    answer = svc.heartbeat(HeartbeatReport(node_id=node))
+    (assigned,) = answer.assignments
+    error = (AssignmentError(assigned.key, "reload failed: bad config"),)
+    svc.heartbeat(HeartbeatReport(node_id=node, running=(assigned,), errors=error, errors_revision=answer.revision))
+    assert svc.nodes.failed_keys(node) == set()  # the old config still serves it
+    svc.heartbeat(HeartbeatReport(node_id=node, errors=error, errors_revision=answer.revision))
+    assert svc.nodes.failed_keys(node) == {assigned.key}
