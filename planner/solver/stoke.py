@@ -729,7 +729,7 @@ def _seed_from(
         own = (p.name, p.replica)
         found = pending.get(own)
         own_free = found is not None and own not in taken and own not in also
-        if own_free and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+        if found is not None and own_free and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
             return own  # the usual case: its own number
         for k in by_name.get(p.name, ()):
             if k not in taken and k not in also:
