@@ -32,6 +32,7 @@ from pathlib import Path
 
 from agents.loadgen import (
     SERVING_RATE_RPS,
+    SLI_WINDOW_S,
     LoadError,
     keep_busy,
     sequential_latency_ms,
@@ -130,6 +131,7 @@ def run_session(
     progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
     clock: Callable[[], float] = time.monotonic,
     serving_rate_rps: float = SERVING_RATE_RPS,
+    sli_window_s: float = SLI_WINDOW_S,
     on_serving: Callable[[str, float, float], None] = lambda model, ms, beyond: print(
         f"{model}: serving path p99 {ms + beyond:.2f} ms ({ms:.2f} seen by the SLI windows, {beyond:.2f} beyond)",
         flush=True,
@@ -140,7 +142,8 @@ def run_session(
     Each window is `requests` sequential requests (the first window after a
     short warm-up); windows go on until `stability` holds or its
     `max_windows` are spent (the point is then recorded, marked unstable).
-    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`,
+    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`
+    (split with SLI windows of `sli_window_s`),
     also for the models of a finished session that lack it or its split (`on_serving` reports each: the part
     the SLI windows show and what clients see beyond them, ms).
     """
@@ -170,7 +173,10 @@ def run_session(
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
                 if _needs_serving(session, point.model) and not point.neighbours:
                     # the serving path outside the batch, once per model (it does not depend on the share)
-                    on_serving(point.model, *_measure_serving(fleet, copies[0], session, requests, serving_rate_rps))
+                    on_serving(
+                        point.model,
+                        *_measure_serving(fleet, copies[0], session, requests, serving_rate_rps, sli_window_s),
+                    )
                 measurement = measure_until_stable(
                     partial(_window, endpoints[copies[0].key], point.model, point.batch, requests), stability
                 )
@@ -197,7 +203,7 @@ def run_session(
             if report.errors:
                 raise ProfilingError(f"cannot serve {model}: {'; '.join(map(str, report.errors))}")
             try:
-                on_serving(model, *_measure_serving(fleet, solo, session, requests, serving_rate_rps))
+                on_serving(model, *_measure_serving(fleet, solo, session, requests, serving_rate_rps, sli_window_s))
             except LoadError as err:
                 raise ProfilingError(f"{model} serving path: {err}") from None
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
@@ -217,14 +223,20 @@ def _needs_serving(session: ProfileSession, model: str) -> bool:
 
 
 def _measure_serving(
-    fleet: TritonFleet, assignment: ModelAssignment, session: ProfileSession, requests: int, rate_rps: float
+    fleet: TritonFleet,
+    assignment: ModelAssignment,
+    session: ProfileSession,
+    requests: int,
+    rate_rps: float,
+    sli_window_s: float = SLI_WINDOW_S,
 ) -> tuple[float, float]:
     """The model's serving path p99 (ms), split into the part the closed loop's SLI windows show and what
     clients see beyond it, also into `session`: through the router's stable endpoint, Triton's own time
     read from the process behind it; `SERVING_WINDOWS` windows of 10 x `requests` requests each.
 
     Per window, clients see the p99 of all its requests (`ServingSample.p99_ms`); the loop sees the median
-    of its SLI windows' p99s over the same requests (`ServingSample.sli_p99_ms`). Beyond the SLI is the
+    of its SLI windows' p99s over the same requests (`ServingSample.sli_p99_ms`, windows of `sli_window_s`: the
+    agents' heartbeat interval). Beyond the SLI is the
     median over windows of the difference (floored at 0); the SLI part is the median client p99 less that,
     so the two add up to what clients see."""
     samples = [
@@ -239,7 +251,7 @@ def _measure_serving(
         for window in range(SERVING_WINDOWS)
     ]
     client = statistics.median(s.p99_ms() for s in samples)
-    beyond = statistics.median(max(0.0, s.p99_ms() - s.sli_p99_ms()) for s in samples)
+    beyond = statistics.median(max(0.0, s.p99_ms() - s.sli_p99_ms(sli_window_s)) for s in samples)
     session.beyond_sli_p99_ms[assignment.model] = beyond
     session.serving_p99_ms[assignment.model] = max(0.0, client - beyond)
     return session.serving_p99_ms[assignment.model], beyond

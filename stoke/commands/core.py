@@ -235,7 +235,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
         "resume. Once per model it also measures the serving path outside the batch: 3 windows of 10 x --requests "
         "batch-1 requests through the agent's router over gRPC, open-loop at --serving-rate, less Triton's own "
-        "time. Their median p99 is split into what the closed loop's SLI windows (2 s) show, the profile's "
+        "time. Their median p99 is split into what the closed loop's SLI windows (--sli-window) show, the profile's "
         "serving_p99_ms (the loop re-learns it), and what clients see beyond them, beyond_sli_p99_ms (the loop "
         "keeps it); a measurements file without them gets them on resume.",
     )
@@ -267,6 +267,14 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         default=20.0,  # agents.loadgen.SERVING_RATE_RPS (not imported here: it loads tritonclient)
         metavar="RPS",
         help="Poisson rate of the serving-path measurement, req/s (default %(default)g)",
+    )
+    r.add_argument(
+        "--sli-window",
+        type=float,
+        default=2.0,  # agents.loadgen.SLI_WINDOW_S: the controller's default heartbeat_interval_s
+        metavar="S",
+        help="the SLI window the serving path is split with: the heartbeat interval of the agents that will "
+        "serve the profile (default %(default)g, the controller's default; `stoke up` uses 1)",
     )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     add_output_file_option(
@@ -707,6 +715,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     if not 0 < args.serving_rate <= 1000:
         raise UserError(f"--serving-rate must be a rate in (0, 1000] req/s, got {args.serving_rate:g}")
+    if not 0.1 <= args.sli_window <= 3600:
+        raise UserError(
+            f"--sli-window must be a heartbeat interval in [0.1, 3600] s, got {args.sli_window:g}; "
+            "pass the agents' heartbeat interval (the controller's heartbeat_interval_s)"
+        )
     try:
         stability = Stability(tolerance_pct=args.stability_percentage, max_windows=args.max_windows)
     except ValueError as err:
@@ -729,9 +742,10 @@ def run_profile_run(args: argparse.Namespace) -> int:
                 stability=stability,
                 progress=progress,
                 serving_rate_rps=args.serving_rate,
+                sli_window_s=args.sli_window,
                 on_serving=lambda model, ms, beyond: print(
                     f"{model}: serving path p99 {ms + beyond:.2f} ms (through the router at {args.serving_rate:g} "
-                    f"req/s; {ms:.2f} ms seen by the SLI windows, {beyond:.2f} ms beyond them)",
+                    f"req/s; {ms:.2f} ms seen by the SLI's {args.sli_window:g} s windows, {beyond:.2f} ms beyond them)",
                     flush=True,
                 ),
             )
