@@ -224,11 +224,9 @@ def serving_estimate(
     min_windows: int,
     tolerance_ms: float,
 ) -> ServingEstimate:
-    """The serving term of `model` that makes the predicted p99 of its placed replicas cover the SLI
-    (see the module docstring); `profile` is the candidate (service time already corrected)."""
+    """The serving term of `model` that makes its placed replicas' predicted p99 cover the SLI (module docstring;
+    the term beyond the SLI is kept); `profile` is the candidate (service time already corrected)."""
     current = profile.model(model).serving_p99_ms
-    # the SLI windows show the batch and the serving term, not what clients see beyond them: the residual is
-    # taken from the batch's p99 alone, and the term beyond the SLI is kept as the profile has it
     without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
     batch_p99 = {r.key: replica_p99_ms(without, r) for r in replicas}
     usable = [w for w in windows if w.key in batch_p99 and math.isfinite(batch_p99[w.key]) and w.p99_ms > 0]
