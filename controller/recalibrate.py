@@ -109,17 +109,17 @@ def placed_replicas(plan: Plan, gpu_type: str, model: str) -> list[PlacedReplica
     ]
 
 
-def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica) -> float:
+def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica, *, beyond_sli: bool = True) -> float:
     """The p99 of one replica end to end at its placement, with `profile` (NaN: a model it lacks): the
     batching model's p99 plus the model's serving path, the part the SLI windows show and what clients see beyond
-    them (`interference.batching.end_to_end_p99_ms`)."""
+    them (`interference.batching.end_to_end_p99_ms`). `beyond_sli=False`: what the SLI windows should show."""
     if any(p.model not in profile.models for p in r.placements):
         return math.nan
     p = r.placement
     curve = service_curve(profile, r.placements, r.index)
     batch_p99 = latency_distribution(p.rate_rps, p.batch, p.queue_delay_ms, p.arrivals, curve).p99_ms
     m = profile.model(p.model)
-    return float(end_to_end_p99_ms(batch_p99, m.serving_p99_ms, m.beyond_sli_p99_ms))
+    return float(end_to_end_p99_ms(batch_p99, m.serving_p99_ms, m.beyond_sli_p99_ms if beyond_sli else 0.0))
 
 
 def p99_moves(active: DeviceProfile, candidate: DeviceProfile, replicas: Sequence[PlacedReplica]) -> list[Move]:
@@ -267,13 +267,16 @@ def serving_estimate(
     return ServingEstimate(new, True, len(usable), len(nodes), agreeing, attribution, text)
 
 
-def lowered_below_sli(moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float) -> Move | None:
+def lowered_below_sli(
+    moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float, beyond_sli_ms: float = 0.0
+) -> Move | None:
     """A replica whose predicted p99 the candidate lowers below what its SLI windows show (their
     `SERVING_QUANTILE` p99, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
-    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits."""
+    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits. The
+    windows are compared with the prediction less `beyond_sli_ms` (the model's part they do not show)."""
     for m in moves:
         seen = sli_p99_ms(windows, m.key)
-        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms + tolerance_ms:
+        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms - beyond_sli_ms + tolerance_ms:
             return m
     return None
 

@@ -235,6 +235,8 @@ def test_recalibrating_the_serving_term_keeps_what_clients_see_beyond_the_sli_wi
     measured = with_serving(PROFILE, "accel_sim", 6.0, beyond_sli_ms=2.5)
     batch = replica_p99_ms(with_serving(PROFILE, "accel_sim", 0.0, beyond_sli_ms=0.0), replicas[0])
     assert replica_p99_ms(measured, replicas[0]) == pytest.approx(batch + 8.5, rel=1e-9)
+    # what the SLI windows should show of it (the loop's "clients see more than predicted" compares with this)
+    assert replica_p99_ms(measured, replicas[0], beyond_sli=False) == pytest.approx(batch + 6.0, rel=1e-9)
     # the SLI windows show a 4 ms serving path; the clients' p99 over all requests is 2.5 ms above that
     windows = [SliWindow("a#0", "n1", batch + 4.0, batch + 2.0, 0.5, 1.0) for _ in range(6)]
     client_p99 = batch + 4.0 + 2.5
@@ -270,6 +272,9 @@ def test_a_candidate_that_lowers_a_prediction_below_the_sli_is_named():
     assert lowered_below_sli([lower], seen(10.5), 1.0) is None  # within the tolerance
     assert lowered_below_sli([lower], [], 1.0) is None  # no SLI: nothing to stay above
     assert lowered_below_sli([Move("w#0", 10.0, 12.0, 80.0)], seen(20.0), 1.0) is None  # a raise is not held here
+    # the windows do not show the model's part beyond them: 10 ms predicted with 3 ms of it is 7 ms in the windows
+    assert lowered_below_sli([lower], seen(10.5), 1.0, beyond_sli_ms=3.0) == lower
+    assert lowered_below_sli([lower], seen(7.5), 1.0, beyond_sli_ms=3.0) is None
 
 
 def test_an_applied_floor_a_later_solve_refuses_is_dropped_and_said():
