@@ -41,6 +41,8 @@ from agents.loadgen import (
 )
 from agents.router import Router
 from agents.triton import TritonError, TritonFleet
+from agents.triton.fleet import SHUTDOWN_S
+from agents.triton.ledger import reap_orphans
 from controller.messages import ModelAssignment
 from foundation.errors import StokeError
 from foundation.files import atomic_write_text
@@ -273,12 +275,16 @@ class TritonMeasurer:
         requests: int = 20,
         stability: Stability = DEFAULT_STABILITY,
         progress: Callable[[str], None] = lambda line: print(line, flush=True),
+        workdir: str | None = None,
     ):
+        """`workdir`: the fleet's working directory (None: a temporary one, removed by `close()`); a fixed one
+        lets the next fleet there reap processes a killed owner left running."""
         try:
-            self.fleet = TritonFleet(repository, device_kind="cpu")
+            self.fleet = TritonFleet(repository, device_kind="cpu", workdir=workdir)
         except TritonError as err:
             raise ProfilingError(str(err)) from None
         self.requests, self.stability, self.progress = requests, stability, progress
+        self.closed = False
 
     def __call__(self, gpu_type: str, model: str, batch: int, share_pct: float) -> float:
         point = MeasurePoint(model, share_pct, batch)
@@ -297,5 +303,70 @@ class TritonMeasurer:
         )
         return measurement.latency_ms
 
+    def close(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """Stop the processes within `deadline_s`, a measurement in flight too (it then fails)."""
+        self.closed = True
+        self.fleet.close(deadline_s)
+
+
+class AgentMeasurer:
+    """Verify before serving on a CPU node: the agent's `agents.agent.PointMeasurer` over `TritonMeasurer`.
+
+    The controller asks a node to measure a point before a new assignment serves there; this serves the
+    model alone at that share in real Triton processes of its own (apart from the serving fleet, started
+    on the first request, so an agent that is never asked starts nothing) and measures it like
+    `stoke profile verify --device cpu`. The measurement runs beside what the node serves, on the same
+    cores (its processes are not pinned apart from the serving replicas'): on a busy node it reads high,
+    which errs on the safe side. Its processes live in `workdir` (the agent's own, `measure/` under it), so
+    an agent killed mid-measurement has them reaped by the next one there. `close()` stops its processes
+    (the agent closes it once nothing is left to measure; the next request starts them again); `abort()`
+    and `stop()` do so without waiting for a measurement in flight (it fails), `stop()` for good.
+    """
+
+    def __init__(
+        self, repository: str, *, workdir: str | None = None, progress: Callable[[str], None] = lambda line: None
+    ) -> None:
+        self.repository = repository
+        self.workdir = workdir
+        self.progress = progress
+        self._measurer: TritonMeasurer | None = None
+        self._lock = threading.Lock()  # one measurement at a time
+        self._stopped = threading.Event()
+        #: pids of measuring processes a killed agent left running in `workdir`, stopped now
+        self.reaped = reap_orphans(workdir) if workdir is not None else []
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float:
+        with self._lock:
+            if self._stopped.is_set():
+                raise ProfilingError("the agent is stopping: nothing more is measured")
+            measurer = self._measurer
+            if measurer is None or measurer.closed:  # never started, or aborted
+                measurer = self._measurer = self._start(requests)
+            measurer.requests = requests
+            return measurer("this node", model, batch, share_pct)
+
+    def _start(self, requests: int) -> TritonMeasurer:
+        measurer = TritonMeasurer(self.repository, requests=requests, progress=self.progress, workdir=self.workdir)
+        if self._stopped.is_set():  # stopped while it started: `stop` may not have seen it
+            measurer.close()
+            raise ProfilingError("the agent is stopping: nothing more is measured")
+        return measurer
+
     def close(self) -> None:
-        self.fleet.close()
+        """Release the processes (nothing is measured meanwhile: waits for a measurement in flight)."""
+        with self._lock:
+            measurer, self._measurer = self._measurer, None
+        if measurer is not None and not measurer.closed:
+            measurer.close()
+
+    def abort(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """End a measurement in flight without waiting for it (the lock it holds is not taken): its processes
+        stop and it fails; the next call starts new ones."""
+        measurer = self._measurer  # read without the lock, which a measurement in flight holds
+        if measurer is not None and not measurer.closed:
+            measurer.close(deadline_s)
+
+    def stop(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """The agent stops: `abort`, and measure nothing more."""
+        self._stopped.set()
+        self.abort(deadline_s)

@@ -51,6 +51,7 @@ latency. The module is pure: numpy only, the table read once from package data.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -174,21 +175,29 @@ def serve(
     `latency_ms[k]` / `occupancy_ms[k]` are L(k) / O(k) for k = 1..batch (index 0 unused);
     `factor`, when given, draws a multiplier of each batch's service (noise).
     """
-    n = len(arrivals_ms)
-    out = np.empty(n)
-    sizes = np.empty(n, dtype=np.int64)
+    # Python floats and bisect, not numpy scalars: a batch's step is a handful of scalar operations, and
+    # numpy's per-call overhead made a 300,000-request replay take 5-40 s. The arithmetic is the same.
+    arrivals = arrivals_ms.tolist()
+    latency = [float(x) for x in latency_ms]
+    occupancy = [float(x) for x in occupancy_ms]
+    n = len(arrivals)
+    out: list[float] = []
+    sizes: list[int] = []
     i, free_at = 0, 0.0
     b, delay = batch, queue_delay_ms
     while i < n:
-        full_at = arrivals_ms[i + b - 1] if i + b - 1 < n else math.inf
-        start = max(free_at, arrivals_ms[i], min(full_at, arrivals_ms[i] + delay + 1e-9))  # a tie fills the batch
-        k = b if start >= full_at else min(b, int(np.searchsorted(arrivals_ms, start, side="right")) - i)
+        first = arrivals[i]
+        full_at = arrivals[i + b - 1] if i + b - 1 < n else math.inf
+        start = max(free_at, first, min(full_at, first + delay + 1e-9))  # a tie fills the batch
+        # arrivals before i are no later than `first` <= start: the search may start at i
+        k = b if start >= full_at else min(b, bisect_right(arrivals, start, i) - i)
         scale = factor() if factor is not None else 1.0
-        out[i : i + k] = start + latency_ms[k] * scale - arrivals_ms[i : i + k]
-        sizes[i : i + k] = k
-        free_at = start + occupancy_ms[k] * scale
+        done = start + latency[k] * scale
+        out.extend([done - a for a in arrivals[i : i + k]])
+        sizes.extend([k] * k)
+        free_at = start + occupancy[k] * scale
         i += k
-    return out, sizes
+    return np.asarray(out, dtype=float), np.asarray(sizes, dtype=np.int64)
 
 
 # -- the Poisson table ---------------------------------------------------------------------------------

@@ -108,3 +108,21 @@ def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):
     assert "measured mlp_small batch" in out and "round 1: measured 1 point(s)" in out and "holds on measured" in out
     measured = json.loads((tmp_path / "verified.json").read_text())["models"]["mlp_small"]["measured"]
     assert len(measured) == 1 and measured[0][2] > 0
+
+
+def test_the_agents_measurer_measures_a_requested_point_on_real_triton(tmp_path):
+    """Verify before serving on a CPU node: the agent's measurer serves the point alone and times it, its
+    processes recorded under the agent's workdir (a killed agent's are reaped by the next one there)."""
+    from agents.profiler import AgentMeasurer
+    from agents.triton import LEDGER
+
+    lines: list[str] = []
+    measurer = AgentMeasurer(REPO, workdir=str(tmp_path / "measure"), progress=lines.append)
+    try:
+        first = measurer("mlp_small", 0, 50.0, 2, 3)
+        assert list((tmp_path / "measure" / LEDGER).glob("*.json"))  # its running process, on record there
+        again = measurer("mlp_small", 0, 50.0, 1, 3)  # the same Triton process, another batch size
+    finally:
+        measurer.close()
+    assert 0 < first < 1000 and 0 < again < 1000
+    assert len(lines) == 2 and "measured mlp_small batch 2 share 50%" in lines[0]
