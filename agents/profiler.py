@@ -13,8 +13,10 @@ with an ETA.
 
 The serving path outside the batch is measured once per model, the way
 clients reach a replica: through the agent's router (its stable endpoint),
-open-loop at a steady rate (`agents.loadgen.serving_overhead_ms`). A
-measurements file from before this (no serving term) gets it on resume.
+open-loop at a steady rate (`agents.loadgen.serving_overhead_ms`), split into
+the part the closed loop's SLI windows show and what clients see beyond them.
+A measurements file from before this (no serving term, or no split) gets it
+on resume.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from pathlib import Path
 
 from agents.loadgen import (
     SERVING_RATE_RPS,
+    SLI_WINDOW_S,
     LoadError,
     keep_busy,
     sequential_latency_ms,
     serving_overhead_ms,
-    serving_p99_ms,
     tensor_bytes,
 )
 from agents.router import Router
@@ -131,8 +133,10 @@ def run_session(
     progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
     clock: Callable[[], float] = time.monotonic,
     serving_rate_rps: float = SERVING_RATE_RPS,
-    on_serving: Callable[[str, float], None] = lambda model, ms: print(
-        f"{model}: serving path p99 {ms:.2f} ms", flush=True
+    sli_window_s: float = SLI_WINDOW_S,
+    on_serving: Callable[[str, float, float], None] = lambda model, ms, beyond: print(
+        f"{model}: serving path p99 {ms + beyond:.2f} ms ({ms:.2f} seen by the SLI windows, {beyond:.2f} beyond)",
+        flush=True,
     ),
 ) -> ProfileSession:
     """Measure every point the session still asks for; ProfilingError when one cannot be measured.
@@ -140,8 +144,10 @@ def run_session(
     Each window is `requests` sequential requests (the first window after a
     short warm-up); windows go on until `stability` holds or its
     `max_windows` are spent (the point is then recorded, marked unstable).
-    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`,
-    also for the models of a finished session that lack it (`on_serving` reports each).
+    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`
+    (split with SLI windows of `sli_window_s`),
+    also for the models of a finished session that lack it or its split (`on_serving` reports each: the part
+    the SLI windows show and what clients see beyond them, ms).
     """
     try:
         fleet = TritonFleet(repository, device_kind="cpu", router=Router("127.0.0.1"))
@@ -167,9 +173,12 @@ def run_session(
             try:
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
-                if point.model not in session.serving_p99_ms and not point.neighbours:
+                if _needs_serving(session, point.model) and not point.neighbours:
                     # the serving path outside the batch, once per model (it does not depend on the share)
-                    on_serving(point.model, _measure_serving(fleet, copies[0], session, requests, serving_rate_rps))
+                    on_serving(
+                        point.model,
+                        *_measure_serving(fleet, copies[0], session, requests, serving_rate_rps, sli_window_s),
+                    )
                 measurement = measure_until_stable(
                     partial(_window, endpoints[copies[0].key], point.model, point.batch, requests), stability
                 )
@@ -190,13 +199,13 @@ def run_session(
             measured += 1
             done, total = session.progress()
             progress(PointDone(done, total, point, measurement, eta_seconds(clock() - started, measured, total - done)))
-        for model in [m for m in session.models if m not in session.serving_p99_ms]:  # a session from before
+        for model in [m for m in session.models if _needs_serving(session, m)]:  # a session from before
             solo = _assignment(MeasurePoint(model, session.shares[0], 1), 0)
             report = fleet.apply([solo])
             if report.errors:
                 raise ProfilingError(f"cannot serve {model}: {'; '.join(map(str, report.errors))}")
             try:
-                on_serving(model, _measure_serving(fleet, solo, session, requests, serving_rate_rps))
+                on_serving(model, *_measure_serving(fleet, solo, session, requests, serving_rate_rps, sli_window_s))
             except LoadError as err:
                 raise ProfilingError(f"{model} serving path: {err}") from None
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
@@ -210,27 +219,44 @@ def run_session(
 SERVING_WINDOWS = 3
 
 
+def _needs_serving(session: ProfileSession, model: str) -> bool:
+    """The model's serving path is not measured yet, or was measured before its split (a file from before)."""
+    return model not in session.serving_p99_ms or model not in session.beyond_sli_p99_ms
+
+
 def _measure_serving(
-    fleet: TritonFleet, assignment: ModelAssignment, session: ProfileSession, requests: int, rate_rps: float
-) -> float:
-    """The model's serving path p99 (ms), also into `session`: through the router's stable endpoint,
-    Triton's own time read from the process behind it; the median of `SERVING_WINDOWS` windows' p99s
-    of 10 x `requests` requests each."""
-    p99s = [
-        serving_p99_ms(
-            serving_overhead_ms(
-                fleet.serving_endpoint(assignment.key).grpc,
-                assignment.model,
-                stats_url=fleet.endpoints()[assignment.key],
-                requests=10 * requests,
-                rate_rps=rate_rps,
-                seed=window,
-            )
+    fleet: TritonFleet,
+    assignment: ModelAssignment,
+    session: ProfileSession,
+    requests: int,
+    rate_rps: float,
+    sli_window_s: float = SLI_WINDOW_S,
+) -> tuple[float, float]:
+    """The model's serving path p99 (ms), split into the part the closed loop's SLI windows show and what
+    clients see beyond it, also into `session`: through the router's stable endpoint, Triton's own time
+    read from the process behind it; `SERVING_WINDOWS` windows of 10 x `requests` requests each.
+
+    Per window, clients see the p99 of all its requests (`ServingSample.p99_ms`); the loop sees the median
+    of its SLI windows' p99s over the same requests (`ServingSample.sli_p99_ms`, windows of `sli_window_s`: the
+    agents' heartbeat interval). Beyond the SLI is the
+    median over windows of the difference (floored at 0); the SLI part is the median client p99 less that,
+    so the two add up to what clients see."""
+    samples = [
+        serving_overhead_ms(
+            fleet.serving_endpoint(assignment.key).grpc,
+            assignment.model,
+            stats_url=fleet.endpoints()[assignment.key],
+            requests=10 * requests,
+            rate_rps=rate_rps,
+            seed=window,
         )
         for window in range(SERVING_WINDOWS)
     ]
-    session.serving_p99_ms[assignment.model] = statistics.median(p99s)
-    return session.serving_p99_ms[assignment.model]
+    client = statistics.median(s.p99_ms() for s in samples)
+    beyond = statistics.median(max(0.0, s.p99_ms() - s.sli_p99_ms(sli_window_s)) for s in samples)
+    session.beyond_sli_p99_ms[assignment.model] = beyond
+    session.serving_p99_ms[assignment.model] = max(0.0, client - beyond)
+    return session.serving_p99_ms[assignment.model], beyond
 
 
 class TritonMeasurer:

@@ -342,13 +342,15 @@ def input_copy_ms(curve: ServiceCurve, size: float) -> float:
 # -- the public entry point ----------------------------------------------------------------------------
 
 
-def end_to_end_p99_ms(batch_p99_ms: Any, serving_p99_ms: float) -> Any:
-    """A request's p99 end to end: the batching queue's p99 (queueing, batch fill, inference) plus the
-    serving path's p99 outside the batch (`ModelProfile.serving_p99_ms`: client, router, Triton's
-    frontend and back). Adding the two p99s bounds the p99 of the sum from above (the tails rarely
-    meet), which is the side a plan should err on. Works on numbers and numpy arrays alike; the
-    planner (`planner.solver`) and the closed loop (`controller.recalibrate`) both use it."""
-    return batch_p99_ms + serving_p99_ms
+def end_to_end_p99_ms(batch_p99_ms: Any, serving_p99_ms: float, beyond_sli_p99_ms: float) -> Any:
+    """A request's p99 end to end, as its clients see it: the batching queue's p99 (queueing, batch fill,
+    inference), plus the serving path's p99 outside the batch as the SLI windows show it
+    (`ModelProfile.serving_p99_ms`: client, router, Triton's frontend and back; the closed loop re-learns
+    it), plus what clients see beyond those windows (`ModelProfile.beyond_sli_p99_ms`; the loop keeps it).
+    Adding p99s bounds the p99 of the sum from above (the tails rarely meet), which is the side a plan
+    should err on. Works on numbers and numpy arrays alike; the planner (`planner.solver`) and the
+    closed loop (`controller.recalibrate`) both use it."""
+    return batch_p99_ms + serving_p99_ms + beyond_sli_p99_ms
 
 
 def latency_distribution(

@@ -198,14 +198,14 @@ def _p99_tables(
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
     modes = DELAY_MODES[arrivals]
-    serving = cache.serving_p99_ms(model)  # the serving path outside the batch
+    outside = cache.outside_batch_ms(model)  # the serving path outside the batch
     if arrivals == "constant":
         p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
-        return modes, end_to_end_p99_ms(p99, serving)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
+        return modes, end_to_end_p99_ms(p99, *outside)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
     occupancy = 1000.0 * batch / throughput
     curves = cache.rated_curves(model, modes, columns, upper) if rate.ndim else cache.p99_curves(model, modes, upper)
     ratio, size = curves.at_utilisation(utilisation)
-    p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, serving)
+    p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, *outside)
     delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
     return modes, p99, utilisation, delays
 
@@ -380,7 +380,7 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
             f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
             f"alone (batch 1, 100%); relax the SLO or use a faster GPU type"
         )
-    serving = cache.serving_p99_ms(workload.model)
+    serving = end_to_end_p99_ms(0.0, *cache.outside_batch_ms(workload.model))
     if floor + serving > budget:
         path = f" plus {serving:.2f} ms of serving path (p99)" if serving > 0 else ""
         return ProblemError(
