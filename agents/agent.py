@@ -48,6 +48,7 @@ Time comes from the injected `clock`; waiting from the injected `sleep`.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -63,6 +64,7 @@ from typing import Any, Protocol
 from controller import limits
 from controller.messages import (
     MAX_BATCH_STATS,
+    MAX_POOLED_WINDOWS,
     AssignmentError,
     BatchStat,
     FailedPrecondition,
@@ -166,10 +168,14 @@ def _batch_stats(stats: Any) -> tuple[BatchStat, ...]:
     )
 
 
-def observation_of(o: Any, latency: Any = None, device: Any = None) -> Observation:
+def observation_of(o: Any, latency: Any = None, device: Any = None, pooled: Any = None) -> Observation:
     """An `agents.triton.ObservedModel` (or anything with its fields) as the controller's Observation,
-    with the window's SLI latency (`agents.latency_metrics.LatencyWindow`) and device reading
-    (`agents.device.DeviceSample`) when the node has them."""
+    with the window's SLI latency (`agents.latency_metrics.LatencyWindow`), the p99 of the last windows
+    pooled (`agents.latency_metrics.PooledLatency`) and device reading (`agents.device.DeviceSample`)
+    when the node has them."""
+    pooled_p99 = _optional(pooled.p99_ms) if pooled is not None and latency is not None else None
+    # the pool holds this window: never fewer requests than it (a figure clipped at MAX_FIGURE stays consistent)
+    window_count = int(_figure(latency.count)) if latency is not None else 0
     return Observation(
         key=o.key,
         model=o.model,
@@ -195,6 +201,9 @@ def observation_of(o: Any, latency: Any = None, device: Any = None) -> Observati
         latency_p95_ms=_optional(latency.p95_ms) if latency is not None else None,
         latency_p99_ms=_optional(latency.p99_ms) if latency is not None else None,
         over_slo_ratio=_optional(latency.over_slo_ratio) if latency is not None else None,
+        pooled_p99_ms=pooled_p99,
+        pooled_count=max(window_count, 1, int(_figure(pooled.count))) if pooled_p99 is not None else 0,
+        pooled_windows=min(MAX_POOLED_WINDOWS, max(1, int(pooled.windows))) if pooled_p99 is not None else 0,
         device_utilization_pct=_optional(getattr(device, "utilization_pct", None)),
         sm_clock_mhz=_optional(getattr(device, "sm_clock_mhz", None)),
         power_w=_optional(getattr(device, "power_w", None)),
@@ -205,14 +214,25 @@ def _error(e: AssignmentError) -> AssignmentError:
     return AssignmentError(e.key, clean_text(e.message, limits.MAX_MESSAGE_CHARS - 3))
 
 
+#: Windows an agent pools into one p99 by default: the closed loop's `recalibration.recent_windows` default.
+SLI_POOLED_WINDOWS = 10
+
+
 class SliReader:
     """The SLI histogram of the serving path (`stoke_request_latency_ms`), read from its sources each
-    window; `window(workload, slo_ms)` gives that workload's latency since the previous `read`."""
+    window; `window(workload, slo_ms)` gives that workload's latency since the previous `read`, and
+    `pooled(workload)` the p99 of its last `pooled_windows` windows' requests pooled
+    (`agents.latency_metrics.pooled_latency`): it keeps their cumulative buckets, per workload
+    (at most `MAX_SLI_WORKLOADS` x (`pooled_windows` + 1) histograms)."""
 
-    def __init__(self, sources: Sequence[Callable[[], str]]) -> None:
+    def __init__(self, sources: Sequence[Callable[[], str]], pooled_windows: int = SLI_POOLED_WINDOWS) -> None:
+        if not 1 <= pooled_windows <= MAX_POOLED_WINDOWS:
+            raise ValueError(f"pooled windows must be from 1 to {MAX_POOLED_WINDOWS}, got {pooled_windows}")
         self.sources = tuple(sources)
+        self.pooled_windows = pooled_windows
         self._before: dict[str, dict[float, float]] = {}
         self._after: dict[str, dict[float, float]] = {}
+        self._history: dict[str, collections.deque[dict[float, float]]] = {}
 
     def read(self) -> None:
         from agents.latency_metrics import parse_sli
@@ -229,6 +249,12 @@ class SliReader:
                 for bound, count in buckets.items():
                     row[bound] = row.get(bound, 0.0) + count
         self._before, self._after = self._after, merged
+        history = {}
+        for workload, buckets in merged.items():  # workloads no longer exported are forgotten
+            kept = self._history.get(workload) or collections.deque(maxlen=self.pooled_windows + 1)
+            kept.append(buckets)
+            history[workload] = kept
+        self._history = history
 
     def window(self, workload: str, slo_ms: float | None) -> Any:
         from agents.latency_metrics import latency_window
@@ -237,6 +263,21 @@ class SliReader:
         if after is None or workload not in self._before:
             return None  # the first read of a workload has no window yet
         return latency_window(self._before.get(workload), after, slo_ms)
+
+    def pooled(self, workload: str) -> Any:
+        """The p99 of `workload`'s last windows pooled (`PooledLatency`), or None (no window yet, a reset)."""
+        from agents.latency_metrics import pooled_latency
+
+        history = self._history.get(workload)
+        if not history:
+            return None
+        snapshots = list(history)
+        # a restarted exporter: pool only the windows since (the counters went down between two reads)
+        for i in range(len(snapshots) - 1, 0, -1):
+            if any(snapshots[i].get(b, 0.0) < v for b, v in snapshots[i - 1].items()):
+                snapshots = snapshots[i:]
+                break
+        return pooled_latency(snapshots)
 
 
 @dataclass
@@ -293,14 +334,16 @@ class Agent:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         sli_sources: Sequence[Callable[[], str]] = (),
+        sli_pooled_windows: int = SLI_POOLED_WINDOWS,
         device: Any = None,
         measurer: PointMeasurer | None = None,
         measure_timeout_s: float = MEASURE_TIMEOUT_S,
     ) -> None:
         """`sli_sources` return the serving path's SLI histogram as Prometheus text (URLs, an in-process
-        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`); `measurer`
-        measures points for verify before serving (None: this node measures nothing, and says so), each within
-        `measure_timeout_s`."""
+        exporter: `agents.latency_metrics`), of which each observation also carries the p99 of the last
+        `sli_pooled_windows` windows pooled (`SliReader`); `device` is an `agents.device` reader (`sample()`);
+        `measurer` measures points for verify before serving (None: this node measures nothing, and says so),
+        each within `measure_timeout_s`."""
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -314,7 +357,7 @@ class Agent:
         self.backoff_jitter = backoff_jitter
         self.rng = rng or random.Random()
         self.clock = clock
-        self.sli = SliReader(sli_sources)
+        self.sli = SliReader(sli_sources, sli_pooled_windows)
         self.device = device
         self.measurer = measurer
         self.measure_timeout_s = measure_timeout_s
@@ -590,7 +633,8 @@ class Agent:
             a = assigned.get(o.key)
             workload = a.workload if a else o.key.rpartition("#")[0]
             latency = self.sli.window(workload, a.slo_ms if a else None) if self.sli.sources else None
-            out.append(observation_of(o, latency, samples.get(a.device if a else 0)))
+            pooled = self.sli.pooled(workload) if latency is not None else None
+            out.append(observation_of(o, latency, samples.get(a.device if a else 0), pooled))
         return tuple(out)
 
     # ------------------------------------------------------------ threads

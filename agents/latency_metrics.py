@@ -254,6 +254,34 @@ def latency_window(before: Buckets | None, after: Buckets, slo_ms: float | None 
     )
 
 
+@dataclass(frozen=True)
+class PooledLatency:
+    """The p99 of the requests of the last `windows` windows pooled, and how many requests that is."""
+
+    p99_ms: float
+    count: int
+    windows: int
+
+
+def pooled_latency(snapshots: Sequence[Buckets]) -> PooledLatency | None:
+    """The p99 of the requests recorded between the first and the last of `snapshots` (cumulative histograms
+    read at window boundaries, oldest first: `len - 1` windows), interpolated like a window's (`latency_window`).
+
+    Why pooled: on a loaded machine slow requests come in bursts; a stall that hits a few windows raises the
+    clients' p99 over all requests without moving the median of the windows' p99s. The pooled p99 is what
+    clients saw over those windows. None: fewer than two snapshots, a counter that went down between them
+    (a restarted exporter: the pool cannot span it), or no request."""
+    if len(snapshots) < 2:
+        return None
+    for before, after in zip(snapshots, snapshots[1:]):
+        if any(after.get(b, 0.0) < v for b, v in before.items()):
+            return None
+    pooled = latency_window(snapshots[0], snapshots[-1])
+    if pooled.p99_ms is None:
+        return None
+    return PooledLatency(pooled.p99_ms, pooled.count, len(snapshots) - 1)
+
+
 def window_p99s_ms(latency_ms: Sequence[float], done_s: Sequence[float], window_s: float) -> list[float]:
     """The p99 of each `window_s` window of requests (by the time each was answered, the time the load generator
     records it in the histogram), as an agent reads it from the SLI histogram (`BASE_BUCKETS_MS`, interpolated

@@ -20,6 +20,7 @@ from typing import Any
 
 from controller.messages import (
     MAX_BATCH_STATS,
+    MAX_POOLED_WINDOWS,
     AssignmentError,
     HeartbeatReport,
     MeasuredPoint,
@@ -257,6 +258,32 @@ def _check_observation(o: Observation, field: str) -> None:
             raise invalid(f"{field}.batch_stats[{j}].batch", f"must be from 1 to {MAX_BATCH}, got {b.batch}")
         _figure(b.executions, f"{field}.batch_stats[{j}].executions")
         _figure(b.compute_ms, f"{field}.batch_stats[{j}].compute_ms")
+    _check_pooled(o, field)
+
+
+def _check_pooled(o: Observation, field: str) -> None:
+    """The pooled p99 (`Observation.pooled_p99_ms`): absent with no count and no windows (an agent that does not
+    pool), or a latency in [0, `MAX_FIGURE`] over 1..`MAX_POOLED_WINDOWS` windows and at least one request, at
+    least as many as the window's own (the pool holds this window)."""
+    if o.pooled_p99_ms is None:
+        if o.pooled_count or o.pooled_windows:
+            raise invalid(
+                f"{field}.pooled_p99_ms",
+                f"is absent but pooled_count is {shown(o.pooled_count)} and pooled_windows {shown(o.pooled_windows)}; "
+                "send the pooled p99 with its count and windows, or none of them",
+            )
+        return
+    _figure(o.pooled_p99_ms, f"{field}.pooled_p99_ms")
+    if not (isinstance(o.pooled_windows, int) and 1 <= o.pooled_windows <= MAX_POOLED_WINDOWS):
+        raise invalid(
+            f"{field}.pooled_windows", f"must be from 1 to {MAX_POOLED_WINDOWS}, got {shown(o.pooled_windows)}"
+        )
+    if not (isinstance(o.pooled_count, int) and max(1, o.latency_count) <= o.pooled_count <= MAX_FIGURE):
+        raise invalid(
+            f"{field}.pooled_count",
+            f"must count the pooled requests, at least the window's {max(1, o.latency_count)} and at most "
+            f"{MAX_FIGURE:g}, got {shown(o.pooled_count)}",
+        )
 
 
 # ---------------------------------------------------------------- the agent checks the controller

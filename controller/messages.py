@@ -176,6 +176,10 @@ class NodeDevice:
 #: Most batch sizes one observation may describe (Triton's batch statistics, one entry per size seen).
 MAX_BATCH_STATS = 256
 
+#: Most windows an agent pools into one p99 (`Observation.pooled_p99_ms`); the controller keeps 32 windows per
+#: replica in memory (`controller.feedback.RECENT_WINDOWS`), so a longer pool could never be checked against them.
+MAX_POOLED_WINDOWS = 32
+
 
 @dataclass(frozen=True)
 class BatchStat:
@@ -222,6 +226,12 @@ class Observation:
     latency_p95_ms: float | None = None
     latency_p99_ms: float | None = None
     over_slo_ratio: float | None = None  # share of the window's requests slower than the SLO
+    #: The p99 of the requests of the last `pooled_windows` windows pooled (this one included; the difference of
+    #: the SLI histogram's cumulative buckets over them): what clients saw over those windows, bursts of slow
+    #: requests included, which the windows' own p99s hide. None: an agent that does not pool, or no request.
+    pooled_p99_ms: float | None = None
+    pooled_count: int = 0  # requests in the pooled windows
+    pooled_windows: int = 0  # windows pooled (at most MAX_POOLED_WINDOWS)
     device_utilization_pct: float | None = None
     sm_clock_mhz: float | None = None
     power_w: float | None = None

@@ -75,6 +75,10 @@ class ObservationRecord:
     device_utilization_pct: float | None = None
     sm_clock_mhz: float | None = None
     power_w: float | None = None
+    #: the p99 of the agent's last `pooled_windows` windows pooled (`Observation.pooled_p99_ms`; None: not sent)
+    pooled_p99_ms: float | None = None
+    pooled_count: int = 0
+    pooled_windows: int = 0
     id: int = field(default=0, compare=False)  # the store's row id (0 until stored)
 
     @property
@@ -188,7 +192,7 @@ MAX_WINDOW_S = 3600.0
 def plausible(o: Observation) -> bool:
     """A window worth storing: finite, non-negative figures over 0 < window_s <= MAX_WINDOW_S."""
     numbers = (o.request_rate_rps, o.mean_batch, o.mean_queue_ms, o.mean_compute_ms, o.compute_infer_ms)
-    optional = (o.latency_p50_ms, o.latency_p95_ms, o.latency_p99_ms, o.over_slo_ratio)
+    optional = (o.latency_p50_ms, o.latency_p95_ms, o.latency_p99_ms, o.over_slo_ratio, o.pooled_p99_ms)
     return (
         0.0 < o.window_s <= MAX_WINDOW_S
         and all(math.isfinite(x) and x >= 0 for x in numbers)
@@ -254,6 +258,9 @@ def _record(
         device_utilization_pct=o.device_utilization_pct,
         sm_clock_mhz=o.sm_clock_mhz,
         power_w=o.power_w,
+        pooled_p99_ms=o.pooled_p99_ms,
+        pooled_count=o.pooled_count if o.pooled_p99_ms is not None else 0,
+        pooled_windows=o.pooled_windows if o.pooled_p99_ms is not None else 0,
     )
 
 

@@ -217,7 +217,7 @@ class BatchStat(_message.Message):
     def __init__(self, batch: _Optional[int] = ..., executions: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
 
 class Observed(_message.Message):
-    __slots__ = ("key", "model", "request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success", "endpoint", "seq", "window_s", "requests", "window_failures", "pending", "batch_stats", "compute_input_ms", "compute_infer_ms", "compute_output_ms", "instances", "latency_count", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "over_slo_ratio", "device_utilization_pct", "sm_clock_mhz", "power_w")
+    __slots__ = ("key", "model", "request_rate_rps", "mean_batch", "mean_queue_ms", "mean_compute_ms", "failures", "success", "endpoint", "seq", "window_s", "requests", "window_failures", "pending", "batch_stats", "compute_input_ms", "compute_infer_ms", "compute_output_ms", "instances", "latency_count", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "over_slo_ratio", "device_utilization_pct", "sm_clock_mhz", "power_w", "pooled_p99_ms", "pooled_count", "pooled_windows")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATE_RPS_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,9 @@ class Observed(_message.Message):
     DEVICE_UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
     SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POOLED_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    POOLED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POOLED_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     key: str
     model: str
     request_rate_rps: float
@@ -272,7 +275,10 @@ class Observed(_message.Message):
     device_utilization_pct: float
     sm_clock_mhz: float
     power_w: float
-    def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ..., seq: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., window_failures: _Optional[int] = ..., pending: _Optional[int] = ..., batch_stats: _Optional[_Iterable[_Union[BatchStat, _Mapping]]] = ..., compute_input_ms: _Optional[float] = ..., compute_infer_ms: _Optional[float] = ..., compute_output_ms: _Optional[float] = ..., instances: _Optional[int] = ..., latency_count: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p95_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., over_slo_ratio: _Optional[float] = ..., device_utilization_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[float] = ..., power_w: _Optional[float] = ...) -> None: ...
+    pooled_p99_ms: float
+    pooled_count: int
+    pooled_windows: int
+    def __init__(self, key: _Optional[str] = ..., model: _Optional[str] = ..., request_rate_rps: _Optional[float] = ..., mean_batch: _Optional[float] = ..., mean_queue_ms: _Optional[float] = ..., mean_compute_ms: _Optional[float] = ..., failures: _Optional[int] = ..., success: _Optional[int] = ..., endpoint: _Optional[str] = ..., seq: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., window_failures: _Optional[int] = ..., pending: _Optional[int] = ..., batch_stats: _Optional[_Iterable[_Union[BatchStat, _Mapping]]] = ..., compute_input_ms: _Optional[float] = ..., compute_infer_ms: _Optional[float] = ..., compute_output_ms: _Optional[float] = ..., instances: _Optional[int] = ..., latency_count: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p95_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., over_slo_ratio: _Optional[float] = ..., device_utilization_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[float] = ..., power_w: _Optional[float] = ..., pooled_p99_ms: _Optional[float] = ..., pooled_count: _Optional[int] = ..., pooled_windows: _Optional[int] = ...) -> None: ...
 
 class ServingEndpoint(_message.Message):
     __slots__ = ("key", "grpc", "http", "metrics", "backend")

@@ -117,6 +117,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(repeatable); the SLO guard and `stoke observations` use them",
     )
     p.add_argument(
+        "--sli-pooled-windows",
+        type=int,
+        default=10,
+        metavar="N",
+        help="with --sli-metrics, also report the p99 of the last N windows' requests pooled (1-32, default "
+        "%(default)s: the controller's recalibration.recent_windows); the closed loop learns the serving path "
+        "from it, since slow requests that come in bursts hide in the median of the windows' p99s",
+    )
+    p.add_argument(
         "--no-measure",
         action="store_true",
         help="refuse the controller's measure requests (verify before serving); by default a CPU node measures "
@@ -213,8 +222,14 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.agent import Agent, local_devices
     from agents.triton import TritonFleet
+    from controller.messages import MAX_POOLED_WINDOWS
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not 1 <= args.sli_pooled_windows <= MAX_POOLED_WINDOWS:
+        raise UserError(
+            f"--sli-pooled-windows must be from 1 to {MAX_POOLED_WINDOWS}, got {args.sli_pooled_windows}; "
+            "pass the controller's recalibration.recent_windows (10 by default)"
+        )
     node_id = agent_node_id(args)
     devices = local_devices(args.device)
     if args.gpu_type:
@@ -277,7 +292,15 @@ def run_agent(args: argparse.Namespace) -> int:
             args.repo, workdir=str(Path(fleet.workdir) / "measure"), progress=logging.getLogger("stoke.agent").info
         )
     agent = Agent(
-        client, fleet, node_id, devices, address=router.host, sli_sources=sli, device=reader, measurer=measurer
+        client,
+        fleet,
+        node_id,
+        devices,
+        address=router.host,
+        sli_sources=sli,
+        sli_pooled_windows=args.sli_pooled_windows,
+        device=reader,
+        measurer=measurer,
     )
     if fleet.reaped:
         agent.note(

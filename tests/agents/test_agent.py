@@ -511,3 +511,83 @@ def test_the_cpu_measurer_stops_without_waiting_for_the_measurement_it_runs(tmp_
     assert not worker.is_alive() and errors == ["its processes were killed"]
     with pytest.raises(Exception, match="stopping"):
         measurer("mlp_small", 0, 50.0, 1, 5)  # stopped for good: nothing more starts
+
+
+def test_each_window_carries_the_p99_of_the_last_windows_pooled_which_shows_a_burst_the_windows_median_hides():
+    import statistics
+
+    from agents.latency_metrics import RequestLatencyExporter, registry_source
+
+    exporter = RequestLatencyExporter([100.0])
+    record = exporter.recorder("a", "mlp_small")
+    clock, client, fleet = Clock(), FakeClient(), FakeFleet()
+    agent = Agent(
+        client,
+        fleet,
+        "n1",
+        (NodeDevice(0, "cpu", "cpu"),),
+        clock=clock,
+        sli_sources=[registry_source(exporter)],
+        sli_pooled_windows=10,
+    )
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()  # opens the first window
+    window_p99s = []
+    for window in range(12):
+        # 30 requests a window around 5 ms; window 7 is hit by a stall: 6 of its requests take 40 ms
+        for i in range(30):
+            record(40.0 if window == 7 and i < 6 else 4.0 + 0.05 * i)
+        agent.fleet_once()
+        o = agent.state.observed[0]
+        window_p99s.append(o.latency_p99_ms)
+        assert o.pooled_windows == min(window + 1, 10) and o.pooled_count == 30 * o.pooled_windows
+    last = agent.state.observed[0]
+    assert statistics.median(window_p99s[-10:]) < 6.0  # the windows' median does not see the stall
+    assert 30.0 < last.pooled_p99_ms <= 40.0  # 6 of the 300 pooled requests: the pooled p99 does
+    for _ in range(6):  # windows 12-17: the pool (the last 10) no longer holds window 7
+        for i in range(30):
+            record(4.0 + 0.05 * i)
+        agent.fleet_once()
+    assert agent.state.observed[0].pooled_p99_ms < 6.0
+
+
+def test_the_pool_restarts_with_a_restarted_exporter_and_is_absent_without_an_sli():
+    from agents.latency_metrics import RequestLatencyExporter
+
+    exporters = [RequestLatencyExporter([100.0])]
+    exporters[0].recorder("a", "mlp_small")  # exported (at zero) from the first read on
+
+    def source():
+        from prometheus_client import generate_latest
+
+        return generate_latest(exporters[0].registry).decode()
+
+    clock, client, fleet = Clock(), FakeClient(), FakeFleet()
+    agent = Agent(client, fleet, "n1", (NodeDevice(0, "cpu", "cpu"),), clock=clock, sli_sources=[source])
+    client.assignments = (A,)
+    agent.heartbeat_once()
+    agent.fleet_once()
+    for _ in range(3):
+        for _ in range(50):
+            exporters[0].observe("a", "mlp_small", 50.0)
+        agent.fleet_once()
+    assert agent.state.observed[0].pooled_windows == 3
+    exporters[0] = RequestLatencyExporter([100.0])  # restarted: its counters start from zero
+    for _ in range(20):
+        exporters[0].observe("a", "mlp_small", 5.0)
+    agent.fleet_once()
+    o = agent.state.observed[0]
+    assert o.pooled_p99_ms is None and o.pooled_count == 0 and o.pooled_windows == 0  # cannot span the restart
+    for _ in range(20):
+        exporters[0].observe("a", "mlp_small", 5.0)
+    agent.fleet_once()
+    o = agent.state.observed[0]
+    assert o.pooled_windows == 1 and o.pooled_count == 20 and o.pooled_p99_ms < 6.0
+    plain, plain_client, *_ = make()  # no SLI source: nothing pooled
+    plain_client.assignments = (A,)
+    plain.heartbeat_once()
+    plain.fleet_once()
+    assert plain.state.observed[0].pooled_p99_ms is None and plain.state.observed[0].pooled_windows == 0
+    with pytest.raises(ValueError, match="pooled windows must be from 1 to 32"):
+        Agent(client, fleet, "n1", (NodeDevice(0, "cpu", "cpu"),), sli_pooled_windows=0)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from controller import limits
 from controller.api import convert
+from controller.api import stoke_pb2 as pb
 from controller.messages import (
     AssignmentError,
     HeartbeatAnswer,
@@ -16,6 +18,7 @@ from controller.messages import (
     MeasuredPoint,
     MeasureRequest,
     ModelAssignment,
+    Observation,
     Replica,
     check_name,
 )
@@ -94,3 +97,44 @@ def test_measure_requests_and_results_travel_through_the_wire_types():
         "n", measured=(MeasuredPoint("m", 1, 12.5, 2, 3.25), MeasuredPoint("m", 1, 12.5, 3, 0.0, "x"))
     )
     assert convert.report_from_pb(convert.report_to_pb(report)) == report
+
+
+def test_the_pooled_p99_travels_and_an_old_agents_report_without_it_reads_absent():
+    running = (ModelAssignment("w", "m", 0, 50.0, 4, 1.0, 20.0, 10.0),)
+    pooled = Observation("w#0", "m", seq=3, window_s=1.0, latency_count=30, latency_p99_ms=5.0)
+    pooled = replace(pooled, pooled_p99_ms=12.5, pooled_count=300, pooled_windows=10)
+    report = HeartbeatReport("n", running=running, observed=(pooled,))
+    assert convert.report_from_pb(convert.report_to_pb(report)) == report
+    limits.check_report(report)
+    old = pb.HeartbeatRequest(node_id="n")  # an agent from before the pool: the fields are never set
+    old.observed.add(key="w#0", model="m", seq=3, window_s=1.0, latency_count=30, latency_p99_ms=5.0)
+    observed = convert.report_from_pb(old).observed[0]
+    assert observed.pooled_p99_ms is None and observed.pooled_count == 0 and observed.pooled_windows == 0
+    limits.check_report(convert.report_from_pb(old))
+
+
+@pytest.mark.parametrize(
+    ("p99", "count", "windows", "field", "words"),
+    [
+        (math.nan, 300, 10, "pooled_p99_ms", "must be a finite number"),
+        (-1.0, 300, 10, "pooled_p99_ms", "must be a finite number"),
+        (math.inf, 300, 10, "pooled_p99_ms", "must be a finite number"),
+        (12.0, 300, 0, "pooled_windows", "must be from 1 to 32"),
+        (12.0, 300, 33, "pooled_windows", "must be from 1 to 32"),
+        (12.0, 0, 10, "pooled_count", "at least the window's 30"),
+        (12.0, 29, 10, "pooled_count", "at least the window's 30"),  # fewer than the window it holds
+        (12.0, 10**18, 10, "pooled_count", "at most"),
+        (None, 300, 10, "pooled_p99_ms", "is absent but pooled_count is 300"),
+        (None, 0, 3, "pooled_p99_ms", "or none of them"),
+    ],
+)
+def test_garbage_in_the_pooled_p99_is_refused_naming_the_field(p99, count, windows, field, words):
+    """The controller's trust boundary: through the wire types, as a heartbeat arrives."""
+    request = pb.HeartbeatRequest(node_id="n")
+    o = request.observed.add(key="w#0", model="m", seq=3, window_s=1.0, latency_count=30, latency_p99_ms=5.0)
+    if p99 is not None:
+        o.pooled_p99_ms = p99
+    o.pooled_count, o.pooled_windows = count, windows
+    with pytest.raises(InvalidArgument) as err:
+        limits.check_report(convert.report_from_pb(request))
+    assert err.value.field == f"observed[0].{field}" and words in str(err.value)
