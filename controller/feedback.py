@@ -68,7 +68,7 @@ from controller.recalibrate import (
     placed_replicas,
     replica_p99_ms,
     serving_estimate,
-    sli_p99_ms,
+    sli_seen_ms,
     with_serving,
 )
 from controller.reconcile.planning import PlanView
@@ -425,9 +425,12 @@ class FeedbackLoop:
         correction = self._service_time(pair, points, fitted, ratios, current, now)
         corrected = active
         if correction is not None:
-            serving_now = active.models[model].serving_p99_ms
+            now_model = active.models[model]  # the serving terms stay the active ones (the fit's beyond may be 0'd)
             corrected = with_serving(
-                _with_model(active, apply_corrections(fitted, {model: correction}), model), model, serving_now
+                _with_model(active, apply_corrections(fitted, {model: correction}), model),
+                model,
+                now_model.serving_p99_ms,
+                beyond_sli_ms=now_model.beyond_sli_p99_ms,
             )
         slo = min((r.placement.slo_ms for r in replicas), default=0.0)
         tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
@@ -437,9 +440,10 @@ class FeedbackLoop:
         if correction is None and not serving.changed:
             self._confirm[pair] = Confirmation()
             return
-        candidate = with_serving(corrected, model, serving.serving_p99_ms)
+        # learnt from pooled p99s, the term holds what clients see beyond the windows: beyond_sli_p99_ms is 0
+        candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
-        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it
+        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
         if lowered_below_sli(moves, sli, tolerance, beyond) is not None:  # never below what clients see
             self._confirm[pair] = Confirmation()
             return
@@ -465,18 +469,43 @@ class FeedbackLoop:
         with self._lock:
             points = list(self._points.get(pair, ()))
             replicas = placed_replicas(self._applied.plan, gpu_type, model) if self._applied else []
-            sli = [
-                SliWindow(w.key, w.node_id, w.p99_ms, w.p50_ms, w.queue_ms, w.compute_ms)
-                for r in replicas
-                for w in _settled(self._windows(r.key))[-cfg.recent_windows :]
-                # only windows that ran the placement they are compared with (not the one before a move)
-                if w.p99_ms is not None
-                and w.requests >= self.config.guard.min_requests
-                and w.gpu_type == gpu_type
-                and abs(w.share_pct - r.placement.share_pct) < 1e-6
-                and w.batch == r.placement.batch
-                and _at_planned_load(w, r.placement.rate_rps)
-            ]
+            sli = []
+            for r in replicas:
+
+                def usable(w: ObservationRecord, r: PlacedReplica = r) -> bool:
+                    # only windows that ran the placement they are compared with (not the one before a move)
+                    return (
+                        w.p99_ms is not None
+                        and w.requests >= self.config.guard.min_requests
+                        and w.gpu_type == gpu_type
+                        and abs(w.share_pct - r.placement.share_pct) < 1e-6
+                        and w.batch == r.placement.batch
+                        and _at_planned_load(w, r.placement.rate_rps)
+                    )
+
+                settled = _settled(self._windows(r.key))
+                since = _usable_since(settled, usable)
+                for w in settled[-cfg.recent_windows :]:
+                    if usable(w) and w.p99_ms is not None:
+                        # a pool is the clients' p99 only over windows the loop would use, at least min_windows
+                        pooled = (
+                            w.pooled_p99_ms is not None
+                            and w.pooled_windows >= cfg.min_windows
+                            and w.seq - w.pooled_windows + 1 >= since.get(w.id, w.seq + 1)
+                        )
+                        sli.append(
+                            SliWindow(
+                                w.key,
+                                w.node_id,
+                                w.p99_ms,
+                                w.p50_ms,
+                                w.queue_ms,
+                                w.compute_ms,
+                                w.pooled_p99_ms if pooled else None,
+                                w.pooled_windows if pooled else 0,
+                                w.pooled_count if pooled else 0,
+                            )
+                        )
             newest = max([points[-1].window if points else 0] + [w.id for r in replicas for w in self._windows(r.key)])
             ratios: dict[str, list[float]] = {}
             for replica in self._replicas.values():
@@ -670,6 +699,24 @@ def _settled(windows: Sequence[ObservationRecord]) -> list[ObservationRecord]:
     return out
 
 
+def _usable_since(windows: Sequence[ObservationRecord], usable: Callable[[ObservationRecord], bool]) -> dict[int, int]:
+    """{usable window's id: the first window number of the run of usable windows it ends}. A run is broken by a
+    stored window the loop does not use, and by a new process (its window numbers restart); a window the node
+    never reported (a heartbeat that came late) does not break it. A window's pooled p99 covers its last
+    `pooled_windows` window numbers, which must lie within its run."""
+    since: dict[int, int] = {}
+    start: int | None = None
+    last_seq: int | None = None
+    for w in windows:
+        if not usable(w) or (last_seq is not None and w.seq <= last_seq):
+            start = None
+        if usable(w):
+            start = w.seq if start is None else start
+            since[w.id] = start
+        last_seq = w.seq
+    return since
+
+
 def _prediction_below(
     active: DeviceProfile,
     replicas: Sequence[PlacedReplica],
@@ -677,15 +724,17 @@ def _prediction_below(
     moves: Sequence[Move],
     tolerance_ms: float,
 ) -> bool:
-    """Do clients see more than the active profile predicts? From the SLI: a replica's recent p99 (the
-    `SERVING_QUANTILE` of its windows' p99s) above its predicted p99 less the part the windows do not show
-    (`beyond_sli_p99_ms`) by more than the tolerance. Without an SLI,
+    """Do clients see more than the active profile predicts? From the SLI: what a replica's clients are seen to
+    see (`sli_seen_ms`: its pooled p99, else the `SERVING_QUANTILE` of its windows' p99s plus the part they do not
+    show, `beyond_sli_p99_ms`) above its predicted p99 by more than the tolerance. Without an SLI,
     a candidate that raises a prediction (the service time is longer than the profile says) is the evidence."""
     if not sli:
         return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
     for r in replicas:
-        seen = sli_p99_ms(sli, r.key)
-        if seen is not None and seen > replica_p99_ms(active, r, beyond_sli=False) + tolerance_ms:
+        if r.placement.model not in active.models:
+            continue
+        seen = sli_seen_ms(sli, r.key, active.model(r.placement.model).beyond_sli_p99_ms)
+        if seen is not None and seen > replica_p99_ms(active, r) + tolerance_ms:
             return True
     return False
 

@@ -25,16 +25,22 @@ Triton's compute figures; the p99 a client sees also holds the queue and the ser
 the batch (client, router, Triton's frontend). Each window's SLI p99 (the `stoke_request_latency_ms`
 histogram the clients' load generator exports, read by the agent once a heartbeat) is compared with the
 replica's predicted p99 without the serving terms: the difference (the residual) is what the serving
-term must cover. The median of the windows' p99s does not show what clients see over all requests (a
-stall that hits a few windows moves their p99, not the windows' median): `ModelProfile.beyond_sli_p99_ms`,
-measured by `stoke profile run`, is kept as it is and added to every prediction on top, so
-recalibrating the serving term does not drop it. The residual's attribution uses Triton's
+term must cover. On a loaded machine slow requests come in bursts: a stall that hits a few windows raises
+the clients' p99 over all requests without moving the median of the windows' p99s. So each window also
+carries, from the agent, the p99 of its last K windows' requests pooled (`SliWindow.pooled_p99_ms`, the
+clients' p99 over those windows), and the term is learnt from it where it is there: it then holds what
+clients see outside the batch, bursts included, and the version's `beyond_sli_p99_ms` is 0 (it would count
+the bursts twice). From an old agent without pools, the median of the windows' p99s is what the term covers,
+and `ModelProfile.beyond_sli_p99_ms`, measured by `stoke profile run`, is kept as it is and added to every
+prediction on top, so recalibrating the serving term does not drop it. `interference.batching.end_to_end_p99_ms`
+composes the p99 either way: batch + serving term + beyond. The residual's attribution uses Triton's
 queue/compute split: the window's SLI p50 less Triton's mean queue + compute is the serving path
 proper, Triton's mean queue time the queueing; the larger of the two names the residual. Both are
 carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason says which it was.
 
-- Never below the SLI: the term is the `SERVING_QUANTILE` (the median) of a node's residuals,
-  so the corrected prediction matches the p99 its windows show, and a lowered term is the largest
+- Never below the SLI: the term is a node's pooled residual (the largest over its replicas), else the
+  `SERVING_QUANTILE` (the median) of its windows' residuals, so the corrected prediction matches the p99 its
+  clients are seen to see (`sli_seen_ms`), and a lowered term is the largest
   over all nodes, so no correction predicts less than any node's SLI shows. A service-time correction
   that lowers a replica's prediction below its SLI while the serving term holds waits
   (`lowered_below_sli`).
@@ -43,7 +49,8 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
   lowering needs all of them. One node (or one flooding agent) cannot move the model alone.
   The service-time correction follows the same rule (`nodes_agree`): each node's median of its
   windows' observed/predicted execution time must lie on the side of the move.
-- Evidence and hysteresis: at least `min_windows` windows with an SLI p99; a move smaller than
+- Evidence and hysteresis: at least `min_windows` windows with an SLI p99, and a pool is read only when it
+  covers at least `min_windows` windows, all of them ones the loop uses (`controller.feedback`); a move smaller than
   `tolerance_ms` is no move. The loop hands over only windows that ran the placement at the load
   it was planned for (`controller.feedback`): an overloaded replica's p99 is a wrong rate, not a
   slow serving path.
@@ -200,11 +207,28 @@ class SliWindow:
     p50_ms: float | None  # the SLI's p50
     queue_ms: float  # Triton's mean queue time per request
     compute_ms: float  # Triton's mean compute time per request
+    #: The p99 of the replica's last `pooled_windows` windows' requests pooled, this one included (the agent's
+    #: `Observation.pooled_p99_ms`): what its clients saw over them. None: an old agent, or a pool that reaches
+    #: back to windows the loop does not use (`controller.feedback` hands over only pools of usable windows).
+    pooled_p99_ms: float | None = None
+    pooled_windows: int = 0
+    pooled_count: int = 0
+
+
+def newest_pools(windows: Sequence[SliWindow], min_windows: int = 1) -> dict[str, SliWindow]:
+    """Per replica, its newest window that carries a pooled p99 over at least `min_windows` windows (`windows`
+    are oldest first); the pool of the newest window covers the replica's recent windows."""
+    out: dict[str, SliWindow] = {}
+    for w in windows:
+        if w.pooled_p99_ms is not None and w.pooled_windows >= min_windows:
+            out[w.key] = w
+    return out
 
 
 @dataclass(frozen=True)
 class ServingEstimate:
-    """The serving term the SLI asks for, or the current one with the reason it stands."""
+    """The serving term the SLI asks for, or the current one with the reason it stands; `beyond_sli_p99_ms` is
+    the term beyond the SLI that goes with it (0 once the term was learnt from pooled p99s: they hold it)."""
 
     serving_p99_ms: float
     changed: bool
@@ -213,6 +237,8 @@ class ServingEstimate:
     agreeing: int
     attribution: str  # "serving path" | "queueing" | "" (no change)
     text: str
+    beyond_sli_p99_ms: float = 0.0
+    pooled: bool = False  # learnt from pooled p99s
 
 
 def serving_estimate(
@@ -224,24 +250,51 @@ def serving_estimate(
     min_windows: int,
     tolerance_ms: float,
 ) -> ServingEstimate:
-    """The serving term of `model` that makes its placed replicas' predicted p99 cover the SLI (module docstring;
-    the term beyond the SLI is kept); `profile` is the candidate (service time already corrected)."""
-    current = profile.model(model).serving_p99_ms
+    """The serving term of `model` that makes its placed replicas' predicted p99 cover the SLI; `profile` is the
+    candidate (service time already corrected).
+
+    From what: a node whose replicas' newest windows carry a pooled p99 over at least `min_windows` windows
+    (`newest_pools`) is read from it, the largest residual over its replicas. On a loaded machine slow requests
+    come in bursts: a stall that hits a few windows raises the clients' p99 over all requests without moving the
+    median of the windows' p99s (the CPU demo's loop lowered the plan to 6.15 ms while clients saw 9-18 ms), while
+    the pooled p99 is the clients' p99 over those windows, bursts included. A node without pools (an old agent)
+    is read as before: the `SERVING_QUANTILE` of its windows' residuals, plus the profile's `beyond_sli_p99_ms`
+    (what clients see beyond them). Composition: a term learnt from pooled p99s holds what clients see outside
+    the batch, bursts included, so the estimate's `beyond_sli_p99_ms` is 0 (adding the profile's on top would
+    count the bursts twice); without pools the term is what the windows show and the profile's
+    `beyond_sli_p99_ms` is kept. `interference.batching.end_to_end_p99_ms` adds both to the batch p99 either way.
+    The safeguards (evidence, one vote per node, a raise by most nodes and a lowering by all, the tolerance, a
+    lowered term the largest over the nodes) work on what clients see outside the batch, the term plus the
+    profile's `beyond_sli_p99_ms`, so the two readings compare."""
+    m = profile.model(model)
+    current, beyond = m.serving_p99_ms, m.beyond_sli_p99_ms
     without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
     batch_p99 = {r.key: replica_p99_ms(without, r) for r in replicas}
     usable = [w for w in windows if w.key in batch_p99 and math.isfinite(batch_p99[w.key]) and w.p99_ms > 0]
     nodes = sorted({w.node_id for w in usable})
 
     def stays(why: str) -> ServingEstimate:
-        return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why)
+        return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why, beyond)
 
     if len(usable) < min_windows:
         return stays(f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}")
-    per_node = {
-        n: quantile([w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n], SERVING_QUANTILE) for n in nodes
-    }
-    up = [n for n, v in per_node.items() if v > current + tolerance_ms]
-    down = [n for n, v in per_node.items() if v < current - tolerance_ms]
+    pools = newest_pools(usable, min_windows)
+    pooled = bool(pools)
+    # what each node says the term should be; with pools, in what clients see outside the batch (term + beyond)
+    offset = beyond if pooled else 0.0
+    per_node: dict[str, float] = {}
+    for n in nodes:
+        node_pools = [w for w in pools.values() if w.node_id == n]
+        if node_pools:
+            per_node[n] = max(w.pooled_p99_ms - batch_p99[w.key] for w in node_pools if w.pooled_p99_ms is not None)
+        else:
+            residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n]
+            per_node[n] = quantile(residuals, SERVING_QUANTILE) + offset
+    current_seen = current + offset
+    up = [n for n, v in per_node.items() if v > current_seen + tolerance_ms]
+    down = [n for n, v in per_node.items() if v < current_seen - tolerance_ms]
+    pool_text = ", ".join(f"{w.key} {w.pooled_windows} windows/{w.pooled_count} requests" for w in pools.values())
+    source = f"pooled p99s ({pool_text})" if pooled else "the median of the windows' p99s"
     if len(up) * 2 > len(nodes):
         new, agreeing = max(0.0, max(per_node[n] for n in up)), len(up)
     elif down and len(down) == len(nodes):
@@ -249,9 +302,9 @@ def serving_estimate(
     else:
         return stays(
             f"serving path {current:.2f} ms holds: residuals {', '.join(f'{n} {v:.2f}' for n, v in per_node.items())} "
-            f"ms (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
+            f"ms from {source} (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
         )
-    if abs(new - current) <= tolerance_ms:
+    if abs(new - current_seen) <= tolerance_ms:
         return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)")
     # attribution: the router's share (SLI p50 less Triton's queue + compute) against the residual
     path = [w.p50_ms - (w.queue_ms + w.compute_ms) for w in usable if w.p50_ms is not None]
@@ -259,24 +312,27 @@ def serving_estimate(
     queue_ms = statistics.median(w.queue_ms for w in usable)
     # Triton's queue/compute split against the router's share: the larger measured part names the residual
     attribution = "queueing" if queue_ms > router_ms else "serving path"
+    was = f"{current:.2f} + {beyond:.2f} beyond the SLI" if pooled else f"{current:.2f}"
     text = (
-        f"serving path {current:.2f} -> {new:.2f} ms p99, attributed to {attribution} (SLI p50 less Triton's "
-        f"queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
+        f"serving path {was} -> {new:.2f} ms p99 from {source}, attributed to {attribution} (SLI p50 less "
+        f"Triton's queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
         f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
     )
-    return ServingEstimate(new, True, len(usable), len(nodes), agreeing, attribution, text)
+    return ServingEstimate(
+        new, True, len(usable), len(nodes), agreeing, attribution, text, 0.0 if pooled else beyond, pooled
+    )
 
 
 def lowered_below_sli(
     moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float, beyond_sli_ms: float = 0.0
 ) -> Move | None:
-    """A replica whose predicted p99 the candidate lowers below what its SLI windows show (their
-    `SERVING_QUANTILE` p99, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
-    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits. The
-    windows are compared with the prediction less `beyond_sli_ms` (the model's part they do not show)."""
+    """A replica whose predicted p99 the candidate lowers below what its clients are seen to see
+    (`sli_seen_ms`, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
+    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits.
+    `beyond_sli_ms` is the candidate's part the windows do not show (a pooled p99 shows it)."""
     for m in moves:
-        seen = sli_p99_ms(windows, m.key)
-        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms - beyond_sli_ms + tolerance_ms:
+        seen = sli_seen_ms(windows, m.key, beyond_sli_ms)
+        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms + tolerance_ms:
             return m
     return None
 
@@ -285,6 +341,17 @@ def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
     """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no window)."""
     seen = [w.p99_ms for w in windows if w.key == key]
     return quantile(seen, SERVING_QUANTILE) if seen else None
+
+
+def sli_seen_ms(windows: Sequence[SliWindow], key: str, beyond_sli_ms: float) -> float | None:
+    """What replica `key`'s clients are seen to see, comparable with its whole predicted p99: its newest pooled
+    p99 (bursts included), else the median of its windows' p99s plus `beyond_sli_ms`, the part of the
+    prediction the windows do not show (None: no window)."""
+    pool = newest_pools([w for w in windows if w.key == key]).get(key)
+    if pool is not None and pool.pooled_p99_ms is not None:
+        return pool.pooled_p99_ms
+    seen = sli_p99_ms(windows, key)
+    return None if seen is None else seen + beyond_sli_ms
 
 
 def with_serving(

@@ -35,7 +35,7 @@ class Node:
     def __init__(self, svc, clock):
         self.svc, self.clock, self.seq = svc, clock, 0
 
-    def beat(self, factor=1.0, rate=None, p99=None, over=None, seconds=1.0, requests=None, p50=None):
+    def beat(self, factor=1.0, rate=None, p99=None, over=None, seconds=1.0, requests=None, p50=None, **pool):
         self.clock.t += seconds
         answer = self.svc.heartbeat(HeartbeatReport("n1"))
         running = answer.assignments
@@ -51,6 +51,7 @@ class Node:
                 latency_p99_ms=p99,
                 latency_p50_ms=p50,
                 over_slo_ratio=over,
+                **pool,
             )
             for a in running
         ]
@@ -159,6 +160,57 @@ def test_the_serving_path_is_learnt_from_the_sli_never_below_it_and_versions_are
     assert 11.0 <= v.meta["serving_p99_ms"] <= 13.0 and v.meta["nodes_agreeing"] == 1
     assert v.meta["serving_attribution"] == "serving path"
     assert "serving path 0.00 ->" in v.meta["reason"] and "hysteresis" in v.meta["reason"]
+
+
+@pytest.mark.parametrize("pooling", [True, False])
+def test_a_burst_the_windows_median_hides_is_learnt_from_the_agents_pooled_p99(tmp_path, pooling):
+    """A loaded machine: most windows show a 4 ms serving path, one window in ten a stall; the clients' p99 over
+    the last 10 windows (the agent's pooled p99) is 15 ms above the batch. Learnt from the pools, the prediction
+    covers it; an old agent (no pool) teaches the median of the windows, as before."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for i in range(40):
+        p = placed(svc)
+        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+        pool = {}
+        if pooling and i >= 1:  # the agent's first window has no pool yet; then up to its 10 last windows
+            windows = min(i, 10)
+            pool = dict(pooled_p99_ms=batch + 15.0, pooled_windows=windows, pooled_count=30 * windows)
+        node.beat(p99=batch + (40.0 if i % 10 == 6 else 4.0), p50=batch + 2.0, over=0.0, **pool)
+    versions = svc.store.profile_versions("accel_sim")
+    p = placed(svc)
+    batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+    if pooling:
+        assert len(versions) == 1 and "from pooled p99s (w#0 " in versions[0].meta["reason"]
+        assert p.beyond_sli_p99_ms == 0.0 and p.predicted_p99_ms >= batch + 15.0 - 1e-6  # covers the clients' p99
+    else:  # as before the pool: the median (4 ms) moves the prediction by less than 10% of the SLO, nothing
+        assert not versions and p.predicted_p99_ms < batch + 15.0 - 8.0  # far below what clients saw
+
+
+def test_a_pool_that_reaches_back_past_a_window_the_loop_does_not_use_is_not_read(tmp_path):
+    """Overloaded windows teach the serving path nothing (their p99 says the rate is wrong); a pool that still
+    holds them is not the clients' p99 at the planned load: the windows' median is read until it is clean."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for _ in range(4):
+        node.beat()
+    for _ in range(3):
+        node.beat(rate=100.0, p99=900.0, p50=500.0, over=0.9)
+    for _ in range(6):  # clean windows, but each pool of 10 still holds the overloaded ones
+        p = placed(svc)
+        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+        node.beat(
+            p99=batch + 4.0, p50=batch + 2.0, over=0.0, pooled_p99_ms=batch + 400.0, pooled_windows=10, pooled_count=300
+        )
+    reasons = [v.meta["reason"] for v in svc.store.profile_versions("accel_sim")]
+    assert all("pooled" not in r for r in reasons), reasons
+    assert placed(svc).serving_p99_ms < 100.0
 
 
 def test_rollback_pins_the_fitted_profile_and_resume_recalibrates_again(tmp_path):

@@ -250,6 +250,78 @@ def test_recalibrating_the_serving_term_keeps_what_clients_see_beyond_the_sli_wi
     assert not held.changed
 
 
+def bursty(replicas, key="a#0", node="n1", pooled=True, windows=10, pooled_windows=10):
+    """A replica's windows on a loaded machine: 4 ms of serving path in most windows' p99, one window stalled
+    (40 ms), and the clients' p99 over all their requests (the pooled p99) 15 ms above the batch."""
+    from controller.recalibrate import SliWindow, replica_p99_ms, with_serving
+
+    batch = replica_p99_ms(
+        with_serving(PROFILE, "accel_sim", 0.0, beyond_sli_ms=0.0), next(r for r in replicas if r.key == key)
+    )
+    out = [SliWindow(key, node, batch + (40.0 if i == 6 else 4.0), batch + 2.0, 0.5, 1.0) for i in range(windows)]
+    if pooled:
+        out[-1] = replace(out[-1], pooled_p99_ms=batch + 15.0, pooled_windows=pooled_windows, pooled_count=300)
+    return batch, out
+
+
+def test_serving_estimate_learns_a_burst_the_windows_median_hides_from_the_pooled_p99():
+    from controller.recalibrate import replica_p99_ms, serving_estimate, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a")), "CPU", "accel_sim")
+    # the profile: 6 ms of serving path as the windows show it, 2.5 ms beyond them (what profile run measured)
+    measured = with_serving(PROFILE, "accel_sim", 6.0, beyond_sli_ms=2.5)
+    batch, windows = bursty(replicas)
+    learnt = serving_estimate(measured, "accel_sim", replicas, windows, min_windows=5, tolerance_ms=1.0)
+    assert learnt.changed and learnt.pooled and "pooled p99s (a#0 10 windows/300 requests)" in learnt.text
+    # the term holds what clients saw over the pooled windows; beyond_sli_p99_ms would count the burst twice
+    assert learnt.serving_p99_ms == pytest.approx(15.0, rel=1e-6) and learnt.beyond_sli_p99_ms == 0.0
+    candidate = with_serving(measured, "accel_sim", learnt.serving_p99_ms, beyond_sli_ms=learnt.beyond_sli_p99_ms)
+    assert replica_p99_ms(candidate, replicas[0]) >= batch + 15.0 - 1e-6  # covers the clients' pooled p99
+    # an old agent's windows (no pool): as before, the median of the windows (4 ms), the profile's 2.5 ms kept
+    _, old = bursty(replicas, pooled=False)
+    before = serving_estimate(measured, "accel_sim", replicas, old, min_windows=5, tolerance_ms=1.0)
+    assert before.changed and not before.pooled and before.serving_p99_ms == pytest.approx(4.0, rel=1e-6)
+    assert before.beyond_sli_p99_ms == 2.5 and "the median of the windows' p99s" in before.text
+    # a pool shorter than the evidence the loop needs is no pool
+    _, short = bursty(replicas, pooled_windows=3)
+    assert not serving_estimate(measured, "accel_sim", replicas, short, min_windows=5, tolerance_ms=1.0).pooled
+
+
+def test_the_pooled_p99_keeps_the_safeguards_votes_tolerance_and_never_below_any_node():
+    from controller.recalibrate import serving_estimate, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a"), placement("b")), "CPU", "accel_sim")
+    # at 10 ms, one node's pool shows 15 (a burst), the other node's windows (an old agent) a median of 4 ms:
+    # a raise needs most nodes (both of two), a lowering all of them
+    ten = with_serving(PROFILE, "accel_sim", 10.0, beyond_sli_ms=0.0)
+    _, a = bursty(replicas, "a#0", "n1")
+    _, b = bursty(replicas, "b#0", "n2", pooled=False)
+    held = serving_estimate(ten, "accel_sim", replicas, a + b, min_windows=5, tolerance_ms=1.0)
+    assert not held.changed and "a raise needs most nodes" in held.text
+    assert "n1 15.00, n2 4.00 ms" in held.text and held.serving_p99_ms == 10.0
+    # what clients see outside the batch is the term plus the part beyond the windows: 12 + 3 = 15, as pooled
+    same = with_serving(PROFILE, "accel_sim", 12.0, beyond_sli_ms=3.0)
+    assert not serving_estimate(same, "accel_sim", replicas, a, min_windows=5, tolerance_ms=1.0).changed
+    # a lowering needs every node, and is the largest of them: below no node's pooled p99
+    high = with_serving(PROFILE, "accel_sim", 30.0, beyond_sli_ms=2.0)
+    _, b_pooled = bursty(replicas, "b#0", "n2")
+    b_pooled[-1] = replace(b_pooled[-1], pooled_p99_ms=b_pooled[-1].pooled_p99_ms - 5.0)  # n2: 10 ms
+    lowered = serving_estimate(high, "accel_sim", replicas, a + b_pooled, min_windows=5, tolerance_ms=1.0)
+    assert lowered.changed and lowered.serving_p99_ms == pytest.approx(15.0, rel=1e-6)
+    assert lowered.beyond_sli_p99_ms == 0.0 and lowered.agreeing == 2
+
+
+def test_a_prediction_lowered_below_the_pooled_p99_is_named_though_the_windows_median_is_low():
+    from controller.recalibrate import SliWindow, lowered_below_sli, sli_seen_ms
+
+    windows = [SliWindow("w#0", "n1", 5.0, None, 0.5, 1.0) for _ in range(10)]
+    windows[-1] = replace(windows[-1], pooled_p99_ms=18.0, pooled_windows=10, pooled_count=300)
+    lower = Move("w#0", 20.0, 10.0, 80.0)
+    assert sli_seen_ms(windows, "w#0", 3.0) == 18.0  # the pool, not the median plus the part beyond
+    assert lowered_below_sli([lower], windows, 1.0, beyond_sli_ms=3.0) == lower
+    assert lowered_below_sli([lower], windows[:-1], 1.0, beyond_sli_ms=3.0) is None  # 5 + 3 <= 10: as before
+
+
 def test_a_service_time_correction_needs_the_nodes_running_the_model_one_vote_each():
     from controller.recalibrate import nodes_agree
 
