@@ -158,6 +158,7 @@ class Stack:
             local_devices("cpu"),
             heartbeat_interval_s=loop.heartbeat_s,
             sli_sources=[registry_source(self.exporter)],
+            sli_pooled_windows=6,  # the pool covers the windows the loop looks at (recent_windows above)
             device=self.device,
             address="127.0.0.1",
         )
