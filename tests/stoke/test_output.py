@@ -318,3 +318,8 @@ def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
         re.M,
     )
     assert "ETA" not in result.stdout and "   12 stoke" in result.stdout  # the figures stay on stdout
+
+
+def test_an_agent_pool_outside_its_bounds_is_refused_before_anything_starts(capsys):
+    code, _, err = run(capsys, "agent", "--repo", "x", "--sli-pooled-windows", "40")
+    assert code == 2 and "--sli-pooled-windows must be from 1 to 32, got 40" in err
