@@ -5,6 +5,7 @@ import json
 import pytest
 from floats import assert_close
 
+from interference.profile import UNMEASURED_ERROR
 from interference.profile_io import bundled_profile, bundled_raw_path, load_profile, profile_to_dict
 from stoke.cli import main
 
@@ -278,6 +279,13 @@ def test_profile_show_reports_the_domain_and_error(capsys):
     code, out, _ = run(capsys, "profile", "show", "--json")
     data = json.loads(out)
     assert data["models"]["ssd"]["batches"] == [1, 16, 32] and 0 < data["models"]["ssd"]["error_floor"] < 0.2
+    # the bound off the measured points: the floor and what they cannot show, as the planner uses it
+    ssd = data["models"]["ssd"]
+    assert ssd["unmeasured_error"] == UNMEASURED_ERROR
+    code, out, _ = run(capsys, "profile", "show")
+    row = next(line.split() for line in out.splitlines() if line.startswith("ssd "))
+    assert "unmeasured" in out and row[6] == f"{ssd['error_floor'] + UNMEASURED_ERROR:.1%}"
+    assert float(bundled_profile().model("ssd").fit_error(8, 30.0)) >= ssd["error_floor"] + UNMEASURED_ERROR - 1e-9
 
 
 def test_profile_show_reports_the_measured_serving_path(capsys):
