@@ -57,11 +57,12 @@ schema: $(BIN)/.installed
 # The bundled CPU profile that `stoke up` plans with, measured on this machine: `stoke profile run` on Triton 2.51
 # on CPU (every batch x whole-core share, a co-location point per model, and each model's serving path through
 # the agent's router), then `stoke profile fit` (which refuses a fit that fails its checks). profile run resumes
-# the measurements file: delete it to measure everything afresh, or drop its "serving_p99_ms" to measure only
-# the serving path again.
+# the measurements file: delete it to measure everything afresh, or drop its "serving_p99_ms" (or
+# "beyond_sli_p99_ms") to measure only the serving path again. The profile drives `stoke up`, whose agent
+# reads the SLI every second: the serving path is split with 1 s windows.
 CPU_MEASUREMENTS := interference/data/cpu-2core-measurements.json
 cpu-profile: $(BIN)/.installed
-	$(BIN)/stoke profile run -o $(CPU_MEASUREMENTS)
+	$(BIN)/stoke profile run --sli-window 1 -o $(CPU_MEASUREMENTS)
 	$(BIN)/stoke profile fit $(CPU_MEASUREMENTS) -o interference/data/cpu-2core-profile.json
 
 clean:

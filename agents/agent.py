@@ -27,6 +27,17 @@ heartbeat and the controller never mistakes a busy node for a lost one:
   `retry_apply_s`, restarts crashed Triton processes (`check_health`) and
   scrapes the figures (`observe`), then publishes a snapshot.
 
+- verify before serving: an answer may carry `measure` requests (points the controller wants measured
+  before a new assignment serves). They are checked (`limits.measure_request_problems`; a refused list
+  measures nothing), and the *measure* thread (`measure_once`) measures each (request, batch) once with
+  the injected `measurer` (the device backend: real Triton on CPU, the profiler's path; the simulated
+  truth device in tests); results go out in every heartbeat while the controller still asks for them,
+  and are dropped once it stops (it has recorded them). Once nothing is left to measure the measurer is
+  closed (a Triton measurer stops its processes, and starts them again when asked). An agent without a
+  measurer, a point on a device this node does not have, and a measurement past `measure_timeout_s`
+  (then aborted) are answered with that point's error, so the controller serves the plan without
+  waiting. `stop()` stops the measurer beside the fleet, never waiting for a measurement in flight.
+
 The fleet is any object with `refusals` (why it will not run assignments: asked
 before every apply, e.g. a device they over-commit), `apply`, `observe`, `check_health`,
 `running`, `close`, and optionally `serving_endpoints` (where clients reach each
@@ -58,6 +69,8 @@ from controller.messages import (
     HeartbeatAnswer,
     HeartbeatReport,
     InvalidArgument,
+    MeasuredPoint,
+    MeasureRequest,
     ModelAssignment,
     NodeDevice,
     Observation,
@@ -77,6 +90,25 @@ class Fleet(Protocol):
     def check_health(self) -> list[str]: ...
     def running(self) -> list[ModelAssignment]: ...
     def close(self) -> None: ...
+
+
+class PointMeasurer(Protocol):
+    """Measures one point for verify before serving: the solo active time (ms) of `model` at `batch`
+    on `device` at `share_pct`, over windows of `requests` requests; raises when it cannot. Optional
+    methods the agent calls where they exist: `close()` (nothing left to measure: release what it holds),
+    `abort()` (a measurement ran past its deadline: end it without waiting for it) and `stop()` (the
+    agent stops: end everything, never wait for a measurement in flight)."""
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float: ...
+
+
+#: (model, device, share %, batch): one point a measure request names.
+PointKey = tuple[str, int, float, int]
+
+
+def point_keys(requests: Sequence[MeasureRequest]) -> list[PointKey]:
+    """The points `requests` ask for, in order."""
+    return [(m.model, m.device, round(float(m.share_pct), 6), int(b)) for m in requests for b in m.batches]
 
 
 class Client(Protocol):
@@ -229,7 +261,15 @@ class AgentState:
     refused_revision: int = 0
     #: why this node's serving endpoints cannot serve (the router's own probe); non-empty: no heartbeat
     serving_problems: tuple[str, ...] = ()
+    #: verify before serving: what the controller asks to measure (checked), and the results so far
+    measure_wanted: tuple[MeasureRequest, ...] = ()
+    measured: dict[PointKey, MeasuredPoint] = field(default_factory=dict)
+    measure_refused: tuple[str, ...] = ()  # why the last measure requests were refused
 
+
+#: Most time one point's measurement may take (s); past it the point is reported failed (its error) and the
+#: measurer aborted. A CPU point takes seconds (a Triton start and a few stable windows).
+MEASURE_TIMEOUT_S = 60.0
 
 #: The agent's shutdown bound (s): loops 2 s + the fleet's `SHUTDOWN_S` (20 s) + 3 s, documented as <= 30 s.
 SHUTDOWN_S = 30.0
@@ -254,9 +294,13 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         sli_sources: Sequence[Callable[[], str]] = (),
         device: Any = None,
+        measurer: PointMeasurer | None = None,
+        measure_timeout_s: float = MEASURE_TIMEOUT_S,
     ) -> None:
         """`sli_sources` return the serving path's SLI histogram as Prometheus text (URLs, an in-process
-        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`)."""
+        exporter: `agents.latency_metrics`); `device` is an `agents.device` reader (`sample()`); `measurer`
+        measures points for verify before serving (None: this node measures nothing, and says so), each within
+        `measure_timeout_s`."""
         self.client = client
         self.fleet = fleet
         self.node_id = node_id
@@ -272,12 +316,15 @@ class Agent:
         self.clock = clock
         self.sli = SliReader(sli_sources)
         self.device = device
+        self.measurer = measurer
+        self.measure_timeout_s = measure_timeout_s
         self.state = AgentState()
         #: this agent process, for the controller's replay check; heartbeats are numbered from 1 within it
         self.incarnation = secrets.token_hex(16)
         self._sequence = 0
         self._lock = threading.Lock()
         self._wake_fleet = threading.Event()
+        self._wake_measure = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -337,6 +384,7 @@ class Agent:
                     endpoints=s.endpoints[: limits.MAX_ASSIGNMENTS],
                     sequence=self._next_sequence(),
                     incarnation=self.incarnation,
+                    measured=tuple(s.measured.values())[: limits.MAX_MEASURED],
                 )
             answer = self.client.heartbeat(report)
         except Exception as err:  # noqa: BLE001 - any client failure: back off, keep serving
@@ -371,6 +419,7 @@ class Agent:
             self.interval_s = answer.heartbeat_interval_s
         if answer.hold:  # the controller re-plans with this node back: keep what runs
             return self._next_beat()
+        self._take_measure_requests(answer.measure)
         refused = limits.assignment_problems(answer.assignments)
         with self._lock:
             if refused:
@@ -387,6 +436,87 @@ class Agent:
                     s.desired, s.desired_revision = tuple(answer.assignments), answer.revision
                     self._wake_fleet.set()
         return self._next_beat()
+
+    def _take_measure_requests(self, requests: Sequence[MeasureRequest]) -> None:
+        """Keep what the controller asks to measure now (checked: a refused list measures nothing) and the
+        results it still asks for; results it no longer asks for were recorded, and are dropped."""
+        problems = tuple(limits.measure_request_problems(requests))
+        with self._lock:
+            again = problems == self.state.measure_refused
+            self.state.measure_refused = problems
+            if problems:
+                self.state.measure_wanted, self.state.measured = (), {}
+        if problems:
+            if not again:  # said once per refusal, not every heartbeat
+                log.error("refused the controller's measure requests, nothing measured: %s", "; ".join(problems[:3]))
+                self._event(f"measure requests refused: {problems[0]}")
+            return
+        keys = set(point_keys(requests))
+        with self._lock:
+            s = self.state
+            s.measure_wanted = tuple(requests)
+            s.measured = {k: v for k, v in s.measured.items() if k in keys}
+            todo = len(keys) > len(s.measured)
+        if todo:
+            self._wake_measure.set()
+
+    def measure_once(self) -> bool:
+        """Measure the next point asked for and not measured yet; False when there is none."""
+        with self._lock:
+            s = self.state
+            todo = [(k, m) for m in s.measure_wanted for k in point_keys([m]) if k not in s.measured]
+        if not todo:
+            return False
+        (model, device, share, batch), request = todo[0]
+        active, error = self._measure_point(model, device, share, batch, request.requests)
+        point = MeasuredPoint(model, device, share, batch, active, clean_text(error, limits.MAX_MESSAGE_CHARS - 3))
+        with self._lock:
+            if (model, device, share, batch) in set(point_keys(s.measure_wanted)):  # still asked for
+                s.measured[(model, device, share, batch)] = point
+        self._event(
+            f"measured {model} batch {batch} at {share:g}% on device {device}: "
+            + (f"{active:.3f} ms" if not error else f"failed ({error})")
+        )
+        return True
+
+    def _measure_point(self, model: str, device: int, share: float, batch: int, requests: int) -> tuple[float, str]:
+        """(solo active ms, "") or (0, why not): on one of this node's own devices, within `measure_timeout_s`
+        (a measurement past it is aborted: the measurer's `abort()`, where it has one, stops its processes)."""
+        measurer = self.measurer
+        if measurer is None:
+            return 0.0, (
+                "this node does not measure (its agent runs with --no-measure, or on a GPU node, where measuring "
+                "through NVML/MPS is not built yet)"
+            )
+        own = sorted(d.index for d in self.devices)
+        if device not in own:
+            return 0.0, f"device {device} is not one of this node's (devices {', '.join(map(str, own))})"
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["ms"] = float(measurer(model, device, share, batch, requests))
+            except Exception as err:  # noqa: BLE001 - any device failure is this point's error, reported
+                out["error"] = f"{type(err).__name__}: {err}"
+
+        worker = threading.Thread(target=run, name="agent-measure-point", daemon=True)
+        worker.start()
+        end = time.monotonic() + self.measure_timeout_s
+        while worker.is_alive() and not self._stop.is_set() and time.monotonic() < end:
+            worker.join(0.1)
+        if worker.is_alive():
+            abort = getattr(measurer, "abort", None)
+            if abort is not None:
+                abort()
+            if self._stop.is_set():
+                return 0.0, "the agent stopped during the measurement"
+            return 0.0, f"not measured within {self.measure_timeout_s:g} s (stopped)"
+        if "error" in out:
+            return 0.0, str(out["error"])
+        active = float(out["ms"])
+        if not (math.isfinite(active) and 0 < active <= limits.MAX_ACTIVE_MS):
+            return 0.0, f"the measurement gave {active!r} ms"
+        return active, ""
 
     # ------------------------------------------------------------ fleet side
 
@@ -483,8 +613,34 @@ class Agent:
             self._wake_fleet.wait(self.interval_s)
             self._wake_fleet.clear()
 
+    def measure_pending(self) -> int:
+        """Measure every point asked for and not measured yet (until stopped), then release the measurer: one
+        holding processes lets them go until asked again. Returns how many points were measured."""
+        count = 0
+        while not self._stop.is_set() and self.measure_once():
+            count += 1
+        if count:
+            close = getattr(self.measurer, "close", None)
+            if close is not None:
+                close()
+        return count
+
+    def _measure_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.measure_pending()
+            except Exception:  # the same: logged, the loop goes on
+                log.exception("measure step failed")
+            self._wake_measure.wait(self.interval_s)
+            self._wake_measure.clear()
+
     def start(self) -> None:
-        for target, name in ((self._control_loop, "agent-control"), (self._fleet_loop, "agent-fleet")):
+        loops = (
+            (self._control_loop, "agent-control"),
+            (self._fleet_loop, "agent-fleet"),
+            (self._measure_loop, "agent-measure"),
+        )
+        for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -492,13 +648,22 @@ class Agent:
     def stop(self, close_fleet: bool = True) -> None:
         """Stop within `SHUTDOWN_S` whatever runs: the loops get a moment to finish their step, then the fleet
         closes with its own deadline (killing a Triton still starting or loading a model, which also ends a
-        fleet step blocked on it), then the loops get another moment."""
+        fleet step blocked on it), and the measurer stops beside it (`stop()`: a measurement in flight is not
+        waited for), then the loops get another moment."""
         self._stop.set()
         self._wake_fleet.set()
+        self._wake_measure.set()
         for t in self._threads:
             t.join(timeout=2.0)
+        stopper = None
+        stop_measurer = getattr(self.measurer, "stop", None) if close_fleet else None
+        if stop_measurer is not None:  # beside the fleet's close, not after it: both have the fleet's deadline
+            stopper = threading.Thread(target=stop_measurer, name="agent-measurer-stop", daemon=True)
+            stopper.start()
         if close_fleet:
             self.fleet.close()
+        if stopper is not None:
+            stopper.join(timeout=1.0)
         for t in self._threads:
             t.join(timeout=3.0)
             if t.is_alive():

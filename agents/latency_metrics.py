@@ -22,7 +22,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,3 +252,26 @@ def latency_window(before: Buckets | None, after: Buckets, slo_ms: float | None 
     return LatencyWindow(
         int(total), _quantile(deltas, total, 0.5), _quantile(deltas, total, 0.95), _quantile(deltas, total, 0.99), over
     )
+
+
+def window_p99s_ms(latency_ms: Sequence[float], done_s: Sequence[float], window_s: float) -> list[float]:
+    """The p99 of each `window_s` window of requests (by the time each was answered, the time the load generator
+    records it in the histogram), as an agent reads it from the SLI histogram (`BASE_BUCKETS_MS`, interpolated
+    inside the bucket: `latency_window`); windows without a request are left out. What the closed loop sees of
+    these requests: it takes the median of such windows' p99s (`controller.recalibrate.SERVING_QUANTILE`)."""
+    if len(latency_ms) != len(done_s) or not window_s > 0:
+        raise ValueError("one answer time per latency, and a window of > 0 s")
+    if not len(latency_ms):
+        return []
+    start = min(done_s)
+    windows: dict[int, list[float]] = {}
+    for ms, at in zip(latency_ms, done_s, strict=True):
+        windows.setdefault(int((at - start) // window_s), []).append(ms)
+    bounds = [float(b) for b in BASE_BUCKETS_MS] + [math.inf]
+    out = []
+    for _, values in sorted(windows.items()):
+        counts = np.searchsorted(np.sort(values), bounds, side="right")  # cumulative: requests <= each bound
+        p99 = latency_window(None, dict(zip(bounds, counts.astype(float), strict=True))).p99_ms
+        if p99 is not None:
+            out.append(p99)
+    return out

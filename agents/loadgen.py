@@ -342,12 +342,43 @@ def _served_ns(client: grpcclient.InferenceServerClient, model: str) -> tuple[in
     return int(success.get("count", 0)), int(success.get("ns", 0))
 
 
-#: The quantile `serving_p99_ms` reports.
+#: The quantile of the serving path `profile run` records.
 SERVING_QUANTILE = 99.0
 
 
 #: The rate (req/s) `serving_overhead_ms` sends at by default: the CPU demo's workloads run at 16-48 req/s.
 SERVING_RATE_RPS = 20.0
+
+#: The SLI window (s) the serving path's split is measured with: the controller's default heartbeat interval
+#: (`controller.config.ControllerConfig.heartbeat_interval_s`), the window of each SLI p99 the closed loop reads.
+#: At `SERVING_RATE_RPS` a window holds 40 requests, about as many as the tight CPU demo case's (48 req/s, 1 s).
+SLI_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class ServingSample:
+    """One window of the serving-path measurement: each answered request's latency as the client saw it (ms,
+    from its scheduled send), when it was answered (s, the client's clock), and Triton's own mean request time
+    over the same requests (queue + compute, ms)."""
+
+    latency_ms: tuple[float, ...]
+    done_s: tuple[float, ...]
+    inside_ms: float
+
+    def p99_ms(self) -> float:
+        """The serving path outside the batch as clients see it: the p99 of all requests less Triton's time
+        (0 when there are none)."""
+        if not self.latency_ms:
+            return 0.0
+        return max(0.0, float(np.percentile(self.latency_ms, SERVING_QUANTILE)) - self.inside_ms)
+
+    def sli_p99_ms(self, window_s: float = SLI_WINDOW_S) -> float:
+        """The same as the closed loop sees it: the median of the `window_s` windows' p99s read from the SLI
+        histogram (`agents.latency_metrics.window_p99s_ms`), less Triton's time (0 when there are none)."""
+        from agents.latency_metrics import window_p99s_ms
+
+        p99s = window_p99s_ms(self.latency_ms, self.done_s, window_s)
+        return max(0.0, float(np.median(p99s)) - self.inside_ms) if p99s else 0.0
 
 
 def serving_overhead_ms(
@@ -359,26 +390,27 @@ def serving_overhead_ms(
     rate_rps: float = SERVING_RATE_RPS,
     warmup: int = 5,
     seed: int = 0,
-) -> list[float]:
-    """The serving path outside the batch, one sample per request (ms).
+    clock: Callable[[], float] = time.perf_counter,
+) -> ServingSample:
+    """The serving path outside the batch, measured over one window of `requests` requests.
 
     Sent the way clients send: open-loop batch-1 requests on a Poisson schedule at `rate_rps`
     (`LoadGenerator`, gRPC, each latency from its scheduled time) to `url`, the endpoint clients use
-    (the agent's router). From each latency it takes Triton's own mean request time over the same
-    requests (queue + compute, its statistics, read at `stats_url`: the Triton process itself; default
-    `url`). What remains is the client library and its threads, the sender's lateness, the router, the
-    loopback and Triton's frontend, both ways. Back-to-back requests from an idle client see a fraction
-    of this (0.3 ms against 5-8 ms p99 on the 2-core machine): a client that sleeps between requests
-    pays for waking up. LoadError when a request fails."""
+    (the agent's router). Triton's own mean request time over the same requests (queue + compute, its
+    statistics, read at `stats_url`: the Triton process itself; default `url`) is what the batching
+    model predicts; the rest of each latency is the client library and its threads, the sender's
+    lateness, the router, the loopback and Triton's frontend, both ways. Back-to-back requests from an
+    idle client see a fraction of this (0.3 ms against 5-8 ms p99 on the 2-core machine): a client that
+    sleeps between requests pays for waking up. LoadError when a request fails."""
     if requests < 1 or not 0 < rate_rps <= 10_000:
         raise ValueError(f"requests must be >= 1 and rate_rps in (0, 10000], got {requests}, {rate_rps}")
     stats = grpcclient.InferenceServerClient(stats_url or url)
-    samples: list[float] = []
+    samples: list[tuple[float, float]] = []
     failed = [0]
 
     def record(ms: float, ok: bool) -> None:
         if ok:
-            samples.append(ms)
+            samples.append((ms, clock()))  # answered now: when the SLI histogram would count it
         else:
             failed[0] += 1
 
@@ -397,12 +429,7 @@ def serving_overhead_ms(
         raise LoadError(f"{url} model {model!r}: {failed[0]} of {failed[0] + len(samples)} request(s) failed")
     served = count_after - count_before
     inside_ms = (ns_after - ns_before) / served / 1e6 if served > 0 else 0.0
-    return [max(0.0, s - inside_ms) for s in samples]
-
-
-def serving_p99_ms(samples: Sequence[float]) -> float:
-    """The p99 of `serving_overhead_ms` samples (0 when there are none)."""
-    return float(np.percentile(samples, SERVING_QUANTILE)) if len(samples) else 0.0
+    return ServingSample(tuple(ms for ms, _ in samples), tuple(at for _, at in samples), inside_ms)
 
 
 def keep_busy(url: str, model: str, batch: int, stop: threading.Event) -> None:

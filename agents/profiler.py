@@ -13,8 +13,10 @@ with an ETA.
 
 The serving path outside the batch is measured once per model, the way
 clients reach a replica: through the agent's router (its stable endpoint),
-open-loop at a steady rate (`agents.loadgen.serving_overhead_ms`). A
-measurements file from before this (no serving term) gets it on resume.
+open-loop at a steady rate (`agents.loadgen.serving_overhead_ms`), split into
+the part the closed loop's SLI windows show and what clients see beyond them.
+A measurements file from before this (no serving term, or no split) gets it
+on resume.
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from pathlib import Path
 
 from agents.loadgen import (
     SERVING_RATE_RPS,
+    SLI_WINDOW_S,
     LoadError,
     keep_busy,
     sequential_latency_ms,
     serving_overhead_ms,
-    serving_p99_ms,
     tensor_bytes,
 )
 from agents.router import Router
 from agents.triton import TritonError, TritonFleet
+from agents.triton.fleet import SHUTDOWN_S
+from agents.triton.ledger import reap_orphans
 from controller.messages import ModelAssignment
 from foundation.errors import StokeError
 from foundation.files import atomic_write_text
@@ -129,8 +133,10 @@ def run_session(
     progress: Callable[[PointDone], None] = lambda event: print(event.line(), flush=True),
     clock: Callable[[], float] = time.monotonic,
     serving_rate_rps: float = SERVING_RATE_RPS,
-    on_serving: Callable[[str, float], None] = lambda model, ms: print(
-        f"{model}: serving path p99 {ms:.2f} ms", flush=True
+    sli_window_s: float = SLI_WINDOW_S,
+    on_serving: Callable[[str, float, float], None] = lambda model, ms, beyond: print(
+        f"{model}: serving path p99 {ms + beyond:.2f} ms ({ms:.2f} seen by the SLI windows, {beyond:.2f} beyond)",
+        flush=True,
     ),
 ) -> ProfileSession:
     """Measure every point the session still asks for; ProfilingError when one cannot be measured.
@@ -138,8 +144,10 @@ def run_session(
     Each window is `requests` sequential requests (the first window after a
     short warm-up); windows go on until `stability` holds or its
     `max_windows` are spent (the point is then recorded, marked unstable).
-    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`,
-    also for the models of a finished session that lack it (`on_serving` reports each).
+    The serving path of each model is measured in 3 windows of 10 x `requests` requests at `serving_rate_rps`
+    (split with SLI windows of `sli_window_s`),
+    also for the models of a finished session that lack it or its split (`on_serving` reports each: the part
+    the SLI windows show and what clients see beyond them, ms).
     """
     try:
         fleet = TritonFleet(repository, device_kind="cpu", router=Router("127.0.0.1"))
@@ -165,9 +173,12 @@ def run_session(
             try:
                 if point.model not in session.model_bytes:
                     session.model_bytes[point.model] = tensor_bytes(endpoints[copies[0].key], point.model)
-                if point.model not in session.serving_p99_ms and not point.neighbours:
+                if _needs_serving(session, point.model) and not point.neighbours:
                     # the serving path outside the batch, once per model (it does not depend on the share)
-                    on_serving(point.model, _measure_serving(fleet, copies[0], session, requests, serving_rate_rps))
+                    on_serving(
+                        point.model,
+                        *_measure_serving(fleet, copies[0], session, requests, serving_rate_rps, sli_window_s),
+                    )
                 measurement = measure_until_stable(
                     partial(_window, endpoints[copies[0].key], point.model, point.batch, requests), stability
                 )
@@ -188,13 +199,13 @@ def run_session(
             measured += 1
             done, total = session.progress()
             progress(PointDone(done, total, point, measurement, eta_seconds(clock() - started, measured, total - done)))
-        for model in [m for m in session.models if m not in session.serving_p99_ms]:  # a session from before
+        for model in [m for m in session.models if _needs_serving(session, m)]:  # a session from before
             solo = _assignment(MeasurePoint(model, session.shares[0], 1), 0)
             report = fleet.apply([solo])
             if report.errors:
                 raise ProfilingError(f"cannot serve {model}: {'; '.join(map(str, report.errors))}")
             try:
-                on_serving(model, _measure_serving(fleet, solo, session, requests, serving_rate_rps))
+                on_serving(model, *_measure_serving(fleet, solo, session, requests, serving_rate_rps, sli_window_s))
             except LoadError as err:
                 raise ProfilingError(f"{model} serving path: {err}") from None
             atomic_write_text(checkpoint, json.dumps(session.to_dict(), indent=1) + "\n")
@@ -208,27 +219,44 @@ def run_session(
 SERVING_WINDOWS = 3
 
 
+def _needs_serving(session: ProfileSession, model: str) -> bool:
+    """The model's serving path is not measured yet, or was measured before its split (a file from before)."""
+    return model not in session.serving_p99_ms or model not in session.beyond_sli_p99_ms
+
+
 def _measure_serving(
-    fleet: TritonFleet, assignment: ModelAssignment, session: ProfileSession, requests: int, rate_rps: float
-) -> float:
-    """The model's serving path p99 (ms), also into `session`: through the router's stable endpoint,
-    Triton's own time read from the process behind it; the median of `SERVING_WINDOWS` windows' p99s
-    of 10 x `requests` requests each."""
-    p99s = [
-        serving_p99_ms(
-            serving_overhead_ms(
-                fleet.serving_endpoint(assignment.key).grpc,
-                assignment.model,
-                stats_url=fleet.endpoints()[assignment.key],
-                requests=10 * requests,
-                rate_rps=rate_rps,
-                seed=window,
-            )
+    fleet: TritonFleet,
+    assignment: ModelAssignment,
+    session: ProfileSession,
+    requests: int,
+    rate_rps: float,
+    sli_window_s: float = SLI_WINDOW_S,
+) -> tuple[float, float]:
+    """The model's serving path p99 (ms), split into the part the closed loop's SLI windows show and what
+    clients see beyond it, also into `session`: through the router's stable endpoint, Triton's own time
+    read from the process behind it; `SERVING_WINDOWS` windows of 10 x `requests` requests each.
+
+    Per window, clients see the p99 of all its requests (`ServingSample.p99_ms`); the loop sees the median
+    of its SLI windows' p99s over the same requests (`ServingSample.sli_p99_ms`, windows of `sli_window_s`: the
+    agents' heartbeat interval). Beyond the SLI is the
+    median over windows of the difference (floored at 0); the SLI part is the median client p99 less that,
+    so the two add up to what clients see."""
+    samples = [
+        serving_overhead_ms(
+            fleet.serving_endpoint(assignment.key).grpc,
+            assignment.model,
+            stats_url=fleet.endpoints()[assignment.key],
+            requests=10 * requests,
+            rate_rps=rate_rps,
+            seed=window,
         )
         for window in range(SERVING_WINDOWS)
     ]
-    session.serving_p99_ms[assignment.model] = statistics.median(p99s)
-    return session.serving_p99_ms[assignment.model]
+    client = statistics.median(s.p99_ms() for s in samples)
+    beyond = statistics.median(max(0.0, s.p99_ms() - s.sli_p99_ms(sli_window_s)) for s in samples)
+    session.beyond_sli_p99_ms[assignment.model] = beyond
+    session.serving_p99_ms[assignment.model] = max(0.0, client - beyond)
+    return session.serving_p99_ms[assignment.model], beyond
 
 
 class TritonMeasurer:
@@ -247,12 +275,16 @@ class TritonMeasurer:
         requests: int = 20,
         stability: Stability = DEFAULT_STABILITY,
         progress: Callable[[str], None] = lambda line: print(line, flush=True),
+        workdir: str | None = None,
     ):
+        """`workdir`: the fleet's working directory (None: a temporary one, removed by `close()`); a fixed one
+        lets the next fleet there reap processes a killed owner left running."""
         try:
-            self.fleet = TritonFleet(repository, device_kind="cpu")
+            self.fleet = TritonFleet(repository, device_kind="cpu", workdir=workdir)
         except TritonError as err:
             raise ProfilingError(str(err)) from None
         self.requests, self.stability, self.progress = requests, stability, progress
+        self.closed = False
 
     def __call__(self, gpu_type: str, model: str, batch: int, share_pct: float) -> float:
         point = MeasurePoint(model, share_pct, batch)
@@ -271,5 +303,70 @@ class TritonMeasurer:
         )
         return measurement.latency_ms
 
+    def close(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """Stop the processes within `deadline_s`, a measurement in flight too (it then fails)."""
+        self.closed = True
+        self.fleet.close(deadline_s)
+
+
+class AgentMeasurer:
+    """Verify before serving on a CPU node: the agent's `agents.agent.PointMeasurer` over `TritonMeasurer`.
+
+    The controller asks a node to measure a point before a new assignment serves there; this serves the
+    model alone at that share in real Triton processes of its own (apart from the serving fleet, started
+    on the first request, so an agent that is never asked starts nothing) and measures it like
+    `stoke profile verify --device cpu`. The measurement runs beside what the node serves, on the same
+    cores (its processes are not pinned apart from the serving replicas'): on a busy node it reads high,
+    which errs on the safe side. Its processes live in `workdir` (the agent's own, `measure/` under it), so
+    an agent killed mid-measurement has them reaped by the next one there. `close()` stops its processes
+    (the agent closes it once nothing is left to measure; the next request starts them again); `abort()`
+    and `stop()` do so without waiting for a measurement in flight (it fails), `stop()` for good.
+    """
+
+    def __init__(
+        self, repository: str, *, workdir: str | None = None, progress: Callable[[str], None] = lambda line: None
+    ) -> None:
+        self.repository = repository
+        self.workdir = workdir
+        self.progress = progress
+        self._measurer: TritonMeasurer | None = None
+        self._lock = threading.Lock()  # one measurement at a time
+        self._stopped = threading.Event()
+        #: pids of measuring processes a killed agent left running in `workdir`, stopped now
+        self.reaped = reap_orphans(workdir) if workdir is not None else []
+
+    def __call__(self, model: str, device: int, share_pct: float, batch: int, requests: int) -> float:
+        with self._lock:
+            if self._stopped.is_set():
+                raise ProfilingError("the agent is stopping: nothing more is measured")
+            measurer = self._measurer
+            if measurer is None or measurer.closed:  # never started, or aborted
+                measurer = self._measurer = self._start(requests)
+            measurer.requests = requests
+            return measurer("this node", model, batch, share_pct)
+
+    def _start(self, requests: int) -> TritonMeasurer:
+        measurer = TritonMeasurer(self.repository, requests=requests, progress=self.progress, workdir=self.workdir)
+        if self._stopped.is_set():  # stopped while it started: `stop` may not have seen it
+            measurer.close()
+            raise ProfilingError("the agent is stopping: nothing more is measured")
+        return measurer
+
     def close(self) -> None:
-        self.fleet.close()
+        """Release the processes (nothing is measured meanwhile: waits for a measurement in flight)."""
+        with self._lock:
+            measurer, self._measurer = self._measurer, None
+        if measurer is not None and not measurer.closed:
+            measurer.close()
+
+    def abort(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """End a measurement in flight without waiting for it (the lock it holds is not taken): its processes
+        stop and it fails; the next call starts new ones."""
+        measurer = self._measurer  # read without the lock, which a measurement in flight holds
+        if measurer is not None and not measurer.closed:
+            measurer.close(deadline_s)
+
+    def stop(self, deadline_s: float = SHUTDOWN_S) -> None:
+        """The agent stops: `abort`, and measure nothing more."""
+        self._stopped.set()
+        self.abort(deadline_s)

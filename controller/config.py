@@ -144,6 +144,43 @@ class GuardConfig:
 
 
 @dataclass(frozen=True)
+class VerificationConfig:
+    """Verify before serving: a new assignment's (model, batch, share) points are measured by its node
+    before it serves, and the workloads re-planned on the measurements (`controller.verification`)."""
+
+    enabled: bool = check.setting(
+        False,
+        doc="before a new or changed assignment serves at a point the profile has not measured, its node measures "
+        "it and the plan is re-planned on the measurement (the applied plan keeps serving meanwhile)",
+    )
+    max_points: int = check.setting(
+        64, check.whole_at_least(1), "most points (batch sizes at a share) asked for in one round"
+    )
+    rounds: int = check.setting(
+        4, check.whole_at_least(1), "re-plans on measured points before the plan serves as it stands"
+    )
+    timeout_s: float = check.setting(
+        120.0,
+        check.POSITIVE_SECONDS,
+        "a point not measured within this (node gone, device failing) is given up and reported; the plan serves "
+        "without it",
+    )
+    requests: int = check.setting(20, check.whole_at_least(1), "requests per measurement window")
+
+    def __post_init__(self) -> None:
+        if self.requests > 1_000:  # limits.MAX_MEASURE_WINDOW_REQUESTS: what an agent runs
+            raise ConfigError(
+                f"verification.requests must be at most 1000, got {self.requests}", "verification.requests"
+            )
+        if self.max_points > 4096:
+            raise ConfigError(
+                f"verification.max_points must be at most 4096, got {self.max_points}", "verification.max_points"
+            )
+        if self.rounds > 100:
+            raise ConfigError(f"verification.rounds must be at most 100, got {self.rounds}", "verification.rounds")
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     """How the control-plane service plans and watches the nodes."""
 
@@ -179,6 +216,7 @@ class ServiceConfig:
     recalibration: RecalibrationConfig = check.setting(RecalibrationConfig(), doc="online recalibration")
     demand: DemandConfig = check.setting(DemandConfig(), doc="demand tracking (rate_rps: auto)")
     guard: GuardConfig = check.setting(GuardConfig(), doc="the SLO guard")
+    verification: VerificationConfig = check.setting(VerificationConfig(), doc="verify before serving (off by default)")
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:

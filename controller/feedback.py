@@ -439,7 +439,8 @@ class FeedbackLoop:
             return
         candidate = with_serving(corrected, model, serving.serving_p99_ms)
         moves = p99_moves(active, candidate, replicas)
-        if lowered_below_sli(moves, sli, tolerance) is not None:  # never below what clients see
+        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it
+        if lowered_below_sli(moves, sli, tolerance, beyond) is not None:  # never below what clients see
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
@@ -677,13 +678,14 @@ def _prediction_below(
     tolerance_ms: float,
 ) -> bool:
     """Do clients see more than the active profile predicts? From the SLI: a replica's recent p99 (the
-    `SERVING_QUANTILE` of its windows' p99s) above its predicted p99 by more than the tolerance. Without an SLI,
+    `SERVING_QUANTILE` of its windows' p99s) above its predicted p99 less the part the windows do not show
+    (`beyond_sli_p99_ms`) by more than the tolerance. Without an SLI,
     a candidate that raises a prediction (the service time is longer than the profile says) is the evidence."""
     if not sli:
         return any(m.after_ms > m.before_ms + tolerance_ms for m in moves)
     for r in replicas:
         seen = sli_p99_ms(sli, r.key)
-        if seen is not None and seen > replica_p99_ms(active, r) + tolerance_ms:
+        if seen is not None and seen > replica_p99_ms(active, r, beyond_sli=False) + tolerance_ms:
             return True
     return False
 

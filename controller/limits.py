@@ -22,6 +22,8 @@ from controller.messages import (
     MAX_BATCH_STATS,
     AssignmentError,
     HeartbeatReport,
+    MeasuredPoint,
+    MeasureRequest,
     ModelAssignment,
     NodeDevice,
     Observation,
@@ -62,6 +64,14 @@ MAX_BATCH = 4096
 MAX_QUEUE_DELAY_MS = MAX_SLO_MS
 #: Largest profile a user may upload (bytes of JSON).
 MAX_PROFILE_BYTES = 4 * 1024 * 1024
+#: Verify before serving: most measure requests one heartbeat answer may carry, most batch sizes one request
+#: may name, most requests per measurement window, and the largest solo active time a node may report (ms).
+MAX_MEASURE_REQUESTS = 32
+MAX_MEASURE_BATCHES = 256
+MAX_MEASURE_WINDOW_REQUESTS = 1_000
+#: Most measured points one heartbeat may carry (every batch of every request).
+MAX_MEASURED = MAX_MEASURE_REQUESTS * MAX_MEASURE_BATCHES
+MAX_ACTIVE_MS = 1e6
 #: The key an agent reports a refused assignment under when the assignment's own key is not safe to echo.
 REFUSED_KEY = "refused#0"
 
@@ -145,6 +155,9 @@ def check_report(r: HeartbeatReport) -> None:
     _count(r.errors, "errors", MAX_ASSIGNMENTS)
     _count(r.events, "events", MAX_EVENTS)
     _count(r.endpoints, "endpoints", MAX_ASSIGNMENTS)
+    _count(r.measured, "measured", MAX_MEASURED)
+    for i, m in enumerate(r.measured):
+        check_measured_point(m, f"measured[{i}]")
     for i, a in enumerate(r.running):
         check_assignment(a, f"running[{i}]")
     for i, o in enumerate(r.observed):
@@ -167,6 +180,32 @@ def check_report(r: HeartbeatReport) -> None:
         raise invalid("incarnation", f"must be up to 64 lowercase hex digits, got {shown(r.incarnation, 80)}")
     if bool(r.sequence) != bool(r.incarnation):
         raise invalid("sequence", "a numbered heartbeat needs both sequence and incarnation (or neither)")
+
+
+def _share(value: float, field: str) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 100):
+        raise invalid(field, f"must be more than 0 and at most 100, got {shown(value)}")
+
+
+def check_measured_point(m: MeasuredPoint, field: str) -> None:
+    """One measured point a node reports: a valid model name, device, share and batch, and either a solo
+    active time in (0, `MAX_ACTIVE_MS`] ms or an error (then `active_ms` is 0)."""
+    _name(m.model, f"{field}.model")
+    if not 0 <= m.device < MAX_DEVICES:
+        raise invalid(f"{field}.device", f"must be from 0 to {MAX_DEVICES - 1}, got {m.device}")
+    _share(m.share_pct, f"{field}.share_pct")
+    if not 1 <= m.batch <= MAX_BATCH:
+        raise invalid(f"{field}.batch", f"must be from 1 to {MAX_BATCH}, got {m.batch}")
+    _text(m.error, f"{field}.error", MAX_MESSAGE_CHARS)
+    if m.error:
+        if m.active_ms != 0:
+            raise invalid(f"{field}.active_ms", f"must be 0 with an error, got {shown(m.active_ms)}")
+    elif not (isinstance(m.active_ms, (int, float)) and math.isfinite(m.active_ms) and 0 < m.active_ms):
+        raise invalid(
+            f"{field}.active_ms", f"must be a finite time above 0 ms (or give an error), got {shown(m.active_ms)}"
+        )
+    elif m.active_ms > MAX_ACTIVE_MS:
+        raise invalid(f"{field}.active_ms", f"must be at most {MAX_ACTIVE_MS:g} ms, got {m.active_ms:g}")
 
 
 def _key(key: str, field: str) -> None:
@@ -242,6 +281,46 @@ def assignment_problems(assignments: Sequence[ModelAssignment]) -> list[Assignme
         if a.key in seen:
             problems.append(AssignmentError(a.key, "refused: the assignment key appears twice"))
         seen.add(a.key)
+    return problems
+
+
+def check_measure_request(m: MeasureRequest, field: str) -> None:
+    """One measure request (the agent's check of what a controller asks it to run): a valid model name, a
+    device and share like an assignment's, 1..`MAX_MEASURE_BATCHES` unique batch sizes in 1..`MAX_BATCH`, and
+    1..`MAX_MEASURE_WINDOW_REQUESTS` requests per window."""
+    _name(m.model, f"{field}.model")
+    if not 0 <= m.device < MAX_DEVICES:
+        raise invalid(f"{field}.device", f"must be from 0 to {MAX_DEVICES - 1}, got {m.device}")
+    _share(m.share_pct, f"{field}.share_pct")
+    if not 1 <= len(m.batches) <= MAX_MEASURE_BATCHES:
+        raise invalid(f"{field}.batches", f"must name 1 to {MAX_MEASURE_BATCHES} batch sizes, got {len(m.batches)}")
+    bad = [b for b in m.batches if not (isinstance(b, int) and 1 <= b <= MAX_BATCH)]
+    if bad:
+        raise invalid(f"{field}.batches", f"batch sizes must be from 1 to {MAX_BATCH}, got {shown(bad[0])}")
+    if len(set(m.batches)) != len(m.batches):
+        raise invalid(f"{field}.batches", "each batch size at most once")
+    if not 1 <= m.requests <= MAX_MEASURE_WINDOW_REQUESTS:
+        raise invalid(f"{field}.requests", f"must be from 1 to {MAX_MEASURE_WINDOW_REQUESTS}, got {m.requests}")
+
+
+def measure_request_problems(requests: Sequence[MeasureRequest]) -> list[str]:
+    """Why measure requests sent by a controller cannot be run (empty when all are fine): at most
+    `MAX_MEASURE_REQUESTS`, each as `check_measure_request`, no (model, device, share) twice. The agent
+    refuses the whole list then and measures nothing of it."""
+    if len(requests) > MAX_MEASURE_REQUESTS:
+        return [f"measure: {len(requests)} requests, more than the {MAX_MEASURE_REQUESTS} allowed"]
+    problems: list[str] = []
+    seen: set[tuple[str, int, float]] = set()
+    for i, m in enumerate(requests):
+        try:
+            check_measure_request(m, f"measure[{i}]")
+        except ValueError as err:
+            problems.append(f"refused: {err}")
+            continue
+        point = (m.model, m.device, round(m.share_pct, 6))
+        if point in seen:
+            problems.append(f"refused: measure[{i}]: {m.model} on device {m.device} at {m.share_pct:g}% appears twice")
+        seen.add(point)
     return problems
 
 

@@ -10,6 +10,8 @@ import contract holds it). It depends on nothing heavy: dataclasses and
 - `ModelAssignment`: what a node is asked to run (the plan, cut per node);
 - `NodeDevice`, `Observation`, `AssignmentError`, `ServingEndpoint`,
   `HeartbeatReport`, `HeartbeatAnswer`: registration and the heartbeat;
+- `MeasureRequest`, `MeasuredPoint`: verify before serving (the controller asks a node
+  to measure a point in the heartbeat answer; the node reports it in a later heartbeat);
 - the errors the API answers with (`InvalidArgument`, `NotFound`,
   `FailedPrecondition`) and the ones a client meets on the way
   (`Unavailable`, `Unauthenticated`, `PermissionDenied`), all under `ApiError`.
@@ -257,6 +259,33 @@ class ServingEndpoint:
 
 
 @dataclass(frozen=True)
+class MeasureRequest:
+    """Verify before serving: measure `model` alone on `device` at `share_pct`, at each of `batches`
+    (its solo active time per batch, the way `stoke profile verify` measures), over `requests` requests
+    per measurement window. The controller keeps asking in every heartbeat answer until the results are
+    in (level-based: a repeated answer measures nothing twice)."""
+
+    model: str
+    device: int
+    share_pct: float
+    batches: tuple[int, ...]
+    requests: int = 20
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One measured point of a `MeasureRequest`: the solo active time (ms) of `model` at `batch` on
+    `device` at `share_pct`, or why it could not be measured (`error`, `active_ms` 0)."""
+
+    model: str
+    device: int
+    share_pct: float
+    batch: int
+    active_ms: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class HeartbeatReport:
     node_id: str
     running: tuple[ModelAssignment, ...] = ()
@@ -272,6 +301,8 @@ class HeartbeatReport:
     #: numbered one).
     sequence: int = 0
     incarnation: str = ""
+    #: results of the `MeasureRequest`s the controller asked for (sent until it stops asking)
+    measured: tuple[MeasuredPoint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,3 +314,5 @@ class HeartbeatAnswer:
     #: True: keep running what runs and ignore `assignments` (the controller is re-planning with this node
     #: back); never read as "stop everything"
     hold: bool = False
+    #: points to measure before a new assignment serves (verify before serving; usually empty)
+    measure: tuple[MeasureRequest, ...] = ()

@@ -22,6 +22,9 @@ The closed loop (`controller.feedback`):
   stoke_replans_total{cause} (plan revisions by what woke the loop: recalibration,
   demand, guard, other), stoke_recalibrations_total, stoke_demand_changes_total{direction},
   stoke_observations_stored (windows in the database).
+Verify before serving (`controller.verification`): stoke_verification_holding (1 while a new plan is
+  held for measurements), stoke_verification_points_wanted (points asked of the nodes now),
+  stoke_verification_points_measured_total, stoke_verification_points_given_up_total.
 The store (`controller.store.Store.health`): stoke_store_healthy (0 while writes fail),
   stoke_store_degraded{reason} (1 for the cause: disk_full, read_only, corrupt, io, gone,
   observations_paused), stoke_store_write_failures_total, stoke_store_free_bytes,
@@ -141,6 +144,23 @@ def _profile_and_counter_families(service: ControlService) -> Iterator[GaugeMetr
     )
     yield GaugeMetricFamily(
         "stoke_observations_stored", "Observation windows in the database", value=service.store.observation_count()
+    )
+    verifier = service.verifier
+    yield GaugeMetricFamily(
+        "stoke_verification_holding",
+        "1 while verify before serving holds a new plan for measurements",
+        value=1 if verifier.holding() else 0,
+    )
+    yield GaugeMetricFamily(
+        "stoke_verification_points_wanted", "Points asked of the nodes to measure now", value=verifier.wanted()
+    )
+    yield CounterMetricFamily(
+        "stoke_verification_points_measured", "Points measured and stored", value=verifier.counters["measured"]
+    )
+    yield CounterMetricFamily(
+        "stoke_verification_points_given_up",
+        "Points given up (an error, a timeout, a refused result)",
+        value=verifier.counters["given_up"],
     )
 
 

@@ -1,9 +1,10 @@
 """The profile book: the stored profiles, fitted and active, cached, and what readers need of it.
 
 `Profiles` is what the closed loop and the reconcile loop read (`snapshot`, `fitted`, `reload`);
-`ProfileBook` implements it over the store. A recalibrated version (`controller.feedback`) or a
-rollback makes the store's active version change; `reload` reads it and counts a change, so the
-next reconcile pass re-plans.
+`ProfileBook` implements it over the store. With verification on, the active profiles carry the
+points verify before serving measured (`Store.measured_points`, `ModelProfile.with_measured`). A recalibrated version
+(`controller.feedback`) or a rollback makes the store's active version change; `reload` reads it and
+counts a change, so the next reconcile pass re-plans.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ class ProfileBook:
     """The stored profiles, cached: the fitted ones and the active ones (a recalibrated version where
     one is active), with a version that counts every change."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, measured_points: bool = False) -> None:
+        """`measured_points`: join the points verify before serving measured (`verification.enabled`); with it
+        off they stay stored but count nowhere, so turning verification off goes back to the plain profiles."""
         self.store = store
+        self.measured_points = measured_points
         self._lock = threading.Lock()
         self._version = 0
         self._fitted, self._profiles = self._load()
@@ -37,14 +41,23 @@ class ProfileBook:
     def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile]]:
         fitted, active = {}, {}
         overrides = self.store.active_model_dicts()
+        measured = self.store.measured_points() if self.measured_points else {}
         for gpu_type, data in self.store.profile_dicts().items():
             if not data["models"]:
                 continue
             where = f"stored profile {gpu_type}"
             fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
             models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
-            active[gpu_type] = profile_from_dict(
+            profile = profile_from_dict(
                 {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
+            )
+            # points verify before serving measured override the fit (and a recalibrated version) there
+            active[gpu_type] = DeviceProfile(
+                profile.gpu,
+                {
+                    name: m.with_measured(measured[(gpu_type, name)]) if (gpu_type, name) in measured else m
+                    for name, m in profile.models.items()
+                },
             )
         return fitted, active
 

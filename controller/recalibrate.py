@@ -22,10 +22,14 @@ candidate is published when its factor moved by more than the threshold.
 
 What the user experiences (`serving_estimate`). The estimator above corrects the service time from
 Triton's compute figures; the p99 a client sees also holds the queue and the serving path outside
-the batch (client, router, Triton's frontend). Each window's SLI p99 (the router's histogram) is
-compared with the replica's predicted p99 without the serving term: the difference (the residual)
-is what the serving term must cover. Its attribution uses Triton's queue/compute split and the
-router's measurement: the window's SLI p50 less Triton's mean queue + compute is the serving path
+the batch (client, router, Triton's frontend). Each window's SLI p99 (the `stoke_request_latency_ms`
+histogram the clients' load generator exports, read by the agent once a heartbeat) is compared with the
+replica's predicted p99 without the serving terms: the difference (the residual) is what the serving
+term must cover. The median of the windows' p99s does not show what clients see over all requests (a
+stall that hits a few windows moves their p99, not the windows' median): `ModelProfile.beyond_sli_p99_ms`,
+measured by `stoke profile run`, is kept as it is and added to every prediction on top, so
+recalibrating the serving term does not drop it. The residual's attribution uses Triton's
+queue/compute split: the window's SLI p50 less Triton's mean queue + compute is the serving path
 proper, Triton's mean queue time the queueing; the larger of the two names the residual. Both are
 carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason says which it was.
 
@@ -105,15 +109,17 @@ def placed_replicas(plan: Plan, gpu_type: str, model: str) -> list[PlacedReplica
     ]
 
 
-def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica) -> float:
+def replica_p99_ms(profile: DeviceProfile, r: PlacedReplica, *, beyond_sli: bool = True) -> float:
     """The p99 of one replica end to end at its placement, with `profile` (NaN: a model it lacks): the
-    batching model's p99 plus the model's serving path (`interference.batching.end_to_end_p99_ms`)."""
+    batching model's p99 plus the model's serving path, the part the SLI windows show and what clients see beyond
+    them (`interference.batching.end_to_end_p99_ms`). `beyond_sli=False`: what the SLI windows should show."""
     if any(p.model not in profile.models for p in r.placements):
         return math.nan
     p = r.placement
     curve = service_curve(profile, r.placements, r.index)
     batch_p99 = latency_distribution(p.rate_rps, p.batch, p.queue_delay_ms, p.arrivals, curve).p99_ms
-    return float(end_to_end_p99_ms(batch_p99, profile.model(p.model).serving_p99_ms))
+    m = profile.model(p.model)
+    return float(end_to_end_p99_ms(batch_p99, m.serving_p99_ms, m.beyond_sli_p99_ms if beyond_sli else 0.0))
 
 
 def p99_moves(active: DeviceProfile, candidate: DeviceProfile, replicas: Sequence[PlacedReplica]) -> list[Move]:
@@ -190,7 +196,7 @@ class SliWindow:
 
     key: str  # the replica
     node_id: str
-    p99_ms: float  # the SLI's p99 (the router's histogram)
+    p99_ms: float  # the SLI's p99 (the serving path's histogram, one heartbeat's window)
     p50_ms: float | None  # the SLI's p50
     queue_ms: float  # Triton's mean queue time per request
     compute_ms: float  # Triton's mean compute time per request
@@ -218,10 +224,10 @@ def serving_estimate(
     min_windows: int,
     tolerance_ms: float,
 ) -> ServingEstimate:
-    """The serving term of `model` that makes the predicted p99 of its placed replicas cover the SLI
-    (see the module docstring); `profile` is the candidate (service time already corrected)."""
+    """The serving term of `model` that makes its placed replicas' predicted p99 cover the SLI (module docstring;
+    the term beyond the SLI is kept); `profile` is the candidate (service time already corrected)."""
     current = profile.model(model).serving_p99_ms
-    without = with_serving(profile, model, 0.0)
+    without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
     batch_p99 = {r.key: replica_p99_ms(without, r) for r in replicas}
     usable = [w for w in windows if w.key in batch_p99 and math.isfinite(batch_p99[w.key]) and w.p99_ms > 0]
     nodes = sorted({w.node_id for w in usable})
@@ -261,13 +267,16 @@ def serving_estimate(
     return ServingEstimate(new, True, len(usable), len(nodes), agreeing, attribution, text)
 
 
-def lowered_below_sli(moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float) -> Move | None:
+def lowered_below_sli(
+    moves: Sequence[Move], windows: Sequence[SliWindow], tolerance_ms: float, beyond_sli_ms: float = 0.0
+) -> Move | None:
     """A replica whose predicted p99 the candidate lowers below what its SLI windows show (their
     `SERVING_QUANTILE` p99, beyond `tolerance_ms`), or None. A service-time correction lowers the prediction
-    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits."""
+    while the serving term holds (too few SLI windows, nodes that disagree): such a candidate waits. The
+    windows are compared with the prediction less `beyond_sli_ms` (the model's part they do not show)."""
     for m in moves:
         seen = sli_p99_ms(windows, m.key)
-        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms + tolerance_ms:
+        if m.after_ms < m.before_ms and seen is not None and seen > m.after_ms - beyond_sli_ms + tolerance_ms:
             return m
     return None
 
@@ -278,10 +287,14 @@ def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
     return quantile(seen, SERVING_QUANTILE) if seen else None
 
 
-def with_serving(profile: DeviceProfile, model: str, serving_ms: float) -> DeviceProfile:
-    """`profile` with `model`'s serving term replaced."""
+def with_serving(
+    profile: DeviceProfile, model: str, serving_ms: float, *, beyond_sli_ms: float | None = None
+) -> DeviceProfile:
+    """`profile` with `model`'s serving term replaced (and the term beyond the SLI, when given)."""
+    m = profile.model(model)
+    beyond = m.beyond_sli_p99_ms if beyond_sli_ms is None else beyond_sli_ms
     return DeviceProfile(
-        profile.gpu, {**profile.models, model: replace(profile.model(model), serving_p99_ms=serving_ms)}
+        profile.gpu, {**profile.models, model: replace(m, serving_p99_ms=serving_ms, beyond_sli_p99_ms=beyond)}
     )
 
 

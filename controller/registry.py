@@ -306,6 +306,16 @@ class NodeRegistry:
             node = self._nodes.get(node_id)
             return {e.key: e for e in (node.errors if node else ())}
 
+    def failed_keys(self, node_id: str) -> set[str]:
+        """The assignment keys the node reports failed and does not run (a failed start; a failed reload keeps
+        the old config serving, so it is not among them)."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None:
+                return set()
+            running = {a.key for a in node.running}
+            return {e.key for e in node.errors if e.key not in running}
+
     def check_nodes(self) -> list[str]:
         """Mark nodes lost that were silent for the timeout while this controller ran; returns their ids.
 

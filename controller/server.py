@@ -201,6 +201,8 @@ class ControllerServer:
                         )
                         or "no node change",
                     )
+                elif outcome is not None and outcome.held:
+                    log.info("new plan held: verify before serving measures its points first")
             except Exception as err:  # noqa: BLE001 - recorded as last_error and a metric; the loop goes on
                 log.warning("reconcile failed: %s", err)
             self.service.wait_for_change(tick)

@@ -53,6 +53,7 @@ from controller.reconcile.planning import PlanView
 from controller.registry import NodeRegistry, NodeView, stamp
 from controller.status import ClusterStatus, cluster_status
 from controller.store import ProfileRow, ProfileVersionRow, Store
+from controller.verification import VerifyBeforeServing
 from foundation import validate as check
 from interference.latency import predict_gpu
 from interference.profile import DeviceProfile
@@ -130,7 +131,7 @@ class ControlService:
         self.config = config or ServiceConfig()
         self.clock = clock
         self._changed = threading.Event()
-        self.profiles = ProfileBook(store)
+        self.profiles = ProfileBook(store, measured_points=self.config.verification.enabled)
         self.nodes = NodeRegistry(self.config, clock, self.wake, tick)
         self.agent_key = store.agent_key()
         self._generations = store.token_generations()
@@ -143,8 +144,16 @@ class ControlService:
             wake=self.wake,
             gpu_types_of=self.nodes.gpu_types_of,
         )
+        self.verifier = VerifyBeforeServing(self.config.verification)
         self.reconciler = Reconciler(
-            store, self.nodes, self.profiles, self.config, clock=clock, solver=solver, observer=observer
+            store,
+            self.nodes,
+            self.profiles,
+            self.config,
+            clock=clock,
+            solver=solver,
+            observer=observer,
+            verifier=self.verifier,
         )
         applied = self.reconciler.applied
         if applied is not None:  # nodes of the applied plan: wait for them before re-planning
@@ -371,11 +380,41 @@ class ControlService:
             self.feedback.observe(report)  # the closed loop: store the windows; its next tick decides
         except Exception:  # a failing loop step must not cost the node its heartbeat (logged with its traceback)
             log.exception("recording the observations of %s failed", report.node_id)
+        if report.measured:
+            try:
+                self._take_measured(report)
+            except Exception:  # the store failing must not cost the node its heartbeat; it reports them again
+                log.exception("recording the points %s measured failed", report.node_id)
         if self.nodes.awaiting_plan(report.node_id, planned_at):
             # back after being lost: its part of the plan was cut while it was away; keep what runs
             self.wake()
             return HeartbeatAnswer(registered=True, revision=revision, hold=True, heartbeat_interval_s=interval)
-        return HeartbeatAnswer(registered=True, revision=revision, assignments=assigned, heartbeat_interval_s=interval)
+        return HeartbeatAnswer(
+            registered=True,
+            revision=revision,
+            assignments=assigned,
+            heartbeat_interval_s=interval,
+            measure=self.verifier.requests_for(report.node_id),
+        )
+
+    def _take_measured(self, report: HeartbeatReport) -> None:
+        """Verify before serving: the points this node measured join the profiles (stored first, so a restart
+        loses none), and the next pass re-plans on them; what was given up is an event."""
+        profiles, _ = self.profiles.snapshot()
+        now = self.clock()
+        accepted = self.verifier.take(report.node_id, report.measured, profiles, now)
+        if accepted:
+            # either raising before `recorded` leaves them asked: the node reports them again, none is lost
+            self.store.add_measured_points(accepted, now)
+            self.profiles.reload()
+            self.verifier.recorded(accepted)  # bumps its version: the next pass re-plans on them
+            models = sorted({f"{model} on {gpu_type}" for gpu_type, model, *_ in accepted})
+            self.store.add_event(
+                "verify", "", f"{report.node_id} measured {len(accepted)} point(s) of {', '.join(models)}", now
+            )
+        given_up = self.reconciler.record_verification_events()
+        if accepted or given_up:
+            self.wake()
 
     def errors_of(self, node_id: str) -> dict[str, AssignmentError]:
         """{assignment key: error} the node reported for its last apply."""
@@ -462,8 +501,9 @@ class ControlService:
             self.store.workloads(),
             self.list_nodes(),
             self.reconciler.last_error,
-            self.nodes.alerts() + self.feedback.output.alerts,
+            self.nodes.alerts() + self.feedback.output.alerts + self.verifier.alerts(self.clock()),
             feedback=self.feedback.workload_feedback(),
             loop_events=events,
             unconfirmed_after_s=UNCONFIRMED_INTERVALS * self.config.heartbeat_interval_s,
+            verifying=self.verifier.holding(),
         )

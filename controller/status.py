@@ -97,14 +97,18 @@ def cluster_status(
     feedback: Mapping[str, WorkloadFeedback] | None = None,
     loop_events: Sequence[str] = (),
     unconfirmed_after_s: float = math.inf,
+    verifying: Mapping[str, str] | None = None,
 ) -> ClusterStatus:
+    """`verifying`: {workload: why} of those a plan held by verify before serving would change: a pending one
+    reads that reason, and one that serves keeps its state with it as the reason."""
     by_id = {n.node_id: n for n in nodes}
     replicas = planned_replicas(applied, by_id) if applied else {}
     pending = dict(applied.pending) if applied else {}
     p99 = _planned_p99(applied) if applied else {}
+    held = verifying or {}
     out = tuple(
         replace(
-            workload_status(w, replicas.get(w.name, ()), pending, by_id, unconfirmed_after_s),
+            _verifying(workload_status(w, replicas.get(w.name, ()), pending, by_id, unconfirmed_after_s), held),
             feedback=(fb := (feedback or {}).get(w.name, WorkloadFeedback())),
             predicted_p99_ms=p99.get(w.name),
             slo_attainment=fb.within_slo,  # from the SLI histogram: the share of requests within the SLO
@@ -124,6 +128,13 @@ def cluster_status(
         alerts=tuple(alerts),
         loop_events=tuple(loop_events),
     )
+
+
+def _verifying(status: WorkloadStatus, held: Mapping[str, str]) -> WorkloadStatus:
+    why = held.get(status.workload.name)
+    if why is None:
+        return status
+    return replace(status, reason=why if status.state in ("pending", "serving") else f"{status.reason}; {why}")
 
 
 def _planned_p99(applied: PlanView) -> dict[str, float]:

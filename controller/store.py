@@ -16,8 +16,12 @@ Tables
 - ``profile_versions`` and ``profile_state``: recalibrated versions of each
   (GPU type, model) beside the fitted one (version 0), which version is
   active and whether a rollback pinned it;
+- ``measured_points``: the solo active time verify before serving measured
+  at a (GPU type, model, batch, share) point, by which node and when
+  (`controller.verification`); the newest per point stands, a new fit of the
+  model drops them, and a later recalibrated version supersedes them;
 - ``loop_events``: what the closed loop did (recalibrations, demand
-  decisions, SLO guard moves), the newest `KEEP_EVENTS`.
+  decisions, SLO guard moves, verification notes), the newest `KEEP_EVENTS`.
 
 Actual state (nodes, what runs) is not stored: it is rebuilt from the agents'
 reports after a restart. Every multi-row change runs in one transaction, so a
@@ -104,6 +108,10 @@ CREATE TABLE IF NOT EXISTS profile_versions (
 CREATE TABLE IF NOT EXISTS profile_state (
     gpu_type TEXT NOT NULL, model TEXT NOT NULL, active INTEGER NOT NULL, pinned INTEGER NOT NULL,
     PRIMARY KEY (gpu_type, model));
+CREATE TABLE IF NOT EXISTS measured_points (
+    gpu_type TEXT NOT NULL, model TEXT NOT NULL, batch INTEGER NOT NULL, share_pct REAL NOT NULL,
+    active_ms REAL NOT NULL, node_id TEXT NOT NULL, measured_unix REAL NOT NULL,
+    PRIMARY KEY (gpu_type, model, batch, share_pct));
 CREATE TABLE IF NOT EXISTS loop_events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, unix REAL NOT NULL, kind TEXT NOT NULL, workload TEXT NOT NULL,
     text TEXT NOT NULL);
@@ -581,8 +589,10 @@ class Store:
                 ).fetchone()
                 db.execute("INSERT OR REPLACE INTO model_profiles VALUES (?, ?, ?, ?)", (gpu_type, model, text, now))
                 if before is not None and before[0] != text:
-                    # a new fit is the new truth: its coefficients are active, recalibration starts over
+                    # a new fit is the new truth: its coefficients are active, recalibration starts over, and
+                    # verification measures its chosen points again
                     db.execute("DELETE FROM profile_state WHERE gpu_type=? AND model=?", (gpu_type, model))
+                    db.execute("DELETE FROM measured_points WHERE gpu_type=? AND model=?", (gpu_type, model))
 
     def profile_dicts(self) -> dict[str, dict[str, Any]]:
         """{gpu_type: {"gpu": {...}, "models": {model: {...}}}}: the stored fitted profiles."""
@@ -680,6 +690,36 @@ class Store:
                 "ON s.gpu_type=v.gpu_type AND s.model=v.model AND s.active=v.version"
             ).fetchall()
         return {(r[0], r[1]): json.loads(r[2]) for r in rows}
+
+    # ------------------------------------------------------------ verify before serving
+
+    def add_measured_points(self, points: Sequence[tuple[str, str, int, float, float, str]], now: float) -> None:
+        """Store measured points (gpu_type, model, batch, share %, solo active ms, node id) in one transaction;
+        the newest measurement of a point stands (one superseded by a recalibration is measured again)."""
+        with self._use("write") as db, self._transaction(db):
+            db.executemany(
+                "INSERT OR REPLACE INTO measured_points VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (gpu_type, model, int(batch), round(float(share), 6), float(active), node, now)
+                    for gpu_type, model, batch, share, active, node in points
+                ],
+            )
+
+    def measured_points(self) -> dict[tuple[str, str], dict[tuple[int, float], float]]:
+        """{(gpu_type, model): {(batch, share %): solo active ms}} of the stored measured points that count: a
+        point measured before the active recalibrated version of its model was made is superseded by it (the
+        closed loop saw the model change since; verification measures the point again when it is wanted)."""
+        with self._use("read") as db:
+            rows = db.execute(
+                "SELECT m.gpu_type, m.model, m.batch, m.share_pct, m.active_ms FROM measured_points m "
+                "LEFT JOIN profile_state s ON s.gpu_type=m.gpu_type AND s.model=m.model "
+                "LEFT JOIN profile_versions v ON v.gpu_type=s.gpu_type AND v.model=s.model AND v.version=s.active "
+                "WHERE v.created_unix IS NULL OR m.measured_unix > v.created_unix"
+            ).fetchall()
+        out: dict[tuple[str, str], dict[tuple[int, float], float]] = {}
+        for gpu_type, model, batch, share, active in rows:
+            out.setdefault((gpu_type, model), {})[(int(batch), float(share))] = float(active)
+        return out
 
     # ------------------------------------------------------------ observations
 

@@ -27,6 +27,7 @@ from foundation.errors import InputError
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
 from interference.profile import (
+    DEFAULT_BEYOND_SLI_P99_MS,
     DEFAULT_FIT_ERROR,
     DEFAULT_SERVING_P99_MS,
     DOMAIN_MAX_BATCH,
@@ -548,6 +549,7 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             bytes_in=bytes_in,
             bytes_out=bytes_out,
             serving_p99_ms=session.serving_p99_ms.get(model, DEFAULT_SERVING_P99_MS),
+            beyond_sli_p99_ms=session.beyond_sli_p99_ms.get(model, DEFAULT_BEYOND_SLI_P99_MS),
             domain=fit_domain(k_act, batch, share, latency),
             weights_mib=weights_mib,
             activation_mib=activation_mib,

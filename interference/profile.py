@@ -25,6 +25,11 @@ PROFILE_FORMAT_VERSION = 1
 #: such a profile always made. The closed loop raises it from the SLI the agents measure
 #: (`controller.feedback`), so the client p99 is what stoke predicts after its first minutes.
 DEFAULT_SERVING_P99_MS = 0.0
+#: The part of the clients' p99 the closed loop's SLI windows do not show (ms), of a model whose profile did not
+#: measure it (profiles and measurement files written before `stoke profile run` measured it): 0, the
+#: prediction such a profile always made (its `serving_p99_ms` then holds the whole serving path, as measured).
+#: The loop cannot learn this part (its windows do not show it), so it keeps whatever the profile says.
+DEFAULT_BEYOND_SLI_P99_MS = 0.0
 #: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
 #: and every share step, not only at the profiled points (`interference.fit` checks it). Here, beside the
 #: types, so the CLI can name it without importing the fit (scikit-learn, scipy).
@@ -183,8 +188,12 @@ class ModelProfile:
         power above idle p = power_slope*a + power_intercept  (W).
     serving_p99_ms is the request's way outside the batch, over the workload's protocol (client,
     router, Triton's frontend and back): the p99 of the client latency less Triton's own request
-    time, measured by `stoke profile run` (`agents.loadgen.serving_overhead_ms`). The p99 of a
-    request adds it to the batching queue's p99 (`interference.batching.end_to_end_p99_ms`).
+    time as the closed loop's SLI windows show it, measured by `stoke profile run`
+    (`agents.loadgen.serving_overhead_ms`); the loop re-learns it from the SLI. beyond_sli_p99_ms is
+    what clients see on top of that: their p99 over all requests less the median of the SLI windows'
+    p99s over the same requests (a stall that hits a few windows moves the first, not the second); the
+    loop keeps it. The p99 of a request adds both to the batching queue's p99
+    (`interference.batching.end_to_end_p99_ms`).
     """
 
     name: str
@@ -199,6 +208,7 @@ class ModelProfile:
     bytes_in: int  # d_in per request
     bytes_out: int  # d_out per request
     serving_p99_ms: float = DEFAULT_SERVING_P99_MS  # the serving path outside the batch, p99 (ms)
+    beyond_sli_p99_ms: float = DEFAULT_BEYOND_SLI_P99_MS  # what clients see beyond the SLI windows, p99 (ms)
     #: Device memory of one instance: weights, and activations per request of a batch (MiB); 0 = not
     #: recorded. A replica takes context + weights + batch x activations (`replica_memory_mib`).
     weights_mib: float = 0.0

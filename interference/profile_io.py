@@ -109,7 +109,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
                 value, f"{where} field {f.name!r}", error=ProfileFileError, fix="measure it with `stoke profile run`"
             )
             if values[f.name] > MAX_SERVING_P99_MS:
-                raise ProfileFileError(f"{where} field {f.name!r} must be at most {MAX_SERVING_P99_MS:g} ms")
+                raise ProfileFileError(
+                    f"{where} field {f.name!r} must be at most {MAX_SERVING_P99_MS:g} ms, got {values[f.name]:g}; "
+                    "measure it again with `stoke profile run`"
+                )
         elif f.name in _POSITIVE:
             check.positive(value, f"{where} field {f.name!r}", error=ProfileFileError, fix="refit the profile")
         else:
@@ -170,7 +173,7 @@ def _measured(data: Any, where: str) -> tuple[tuple[int, float, float], ...]:
 #: Fields that divide or scale time: zero or negative values cannot be meant.
 _POSITIVE = {"max_freq_mhz", "power_cap_w", "pcie_bytes_per_ms", "share_step_pct", "kernels"}
 #: Times that may be zero but not negative (ms; at most `MAX_SERVING_P99_MS`).
-_NON_NEGATIVE = {"serving_p99_ms"}
+_NON_NEGATIVE = {"serving_p99_ms", "beyond_sli_p99_ms"}
 MAX_SERVING_P99_MS = 60000.0
 
 

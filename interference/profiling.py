@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from foundation.errors import InputError
+from foundation.names import shown
+from interference.profile_io import MAX_SERVING_P99_MS
 
 MEASUREMENTS_FORMAT = "stoke-measurements"
 MEASUREMENTS_VERSION = 1
@@ -128,6 +130,9 @@ class ProfileSession:
     spreads: dict[str, float] = field(default_factory=dict)  # point key -> spread of its windows (%)
     #: model -> the serving path outside the batch, p99 (ms; `agents.loadgen.serving_overhead_ms`)
     serving_p99_ms: dict[str, float] = field(default_factory=dict)
+    #: model -> what clients see beyond the SLI windows, p99 (ms; measured with `serving_p99_ms`, which then
+    #: holds the part the windows show; a file without it: `DEFAULT_BEYOND_SLI_P99_MS`, measured on resume)
+    beyond_sli_p99_ms: dict[str, float] = field(default_factory=dict)
     #: point key -> resident memory of the serving process after the point (MiB; RSS on CPU)
     memory_mib: dict[str, float] = field(default_factory=dict)
     retries: dict[str, int] = field(default_factory=dict)  # point key -> times re-measured for monotonicity
@@ -260,6 +265,7 @@ class ProfileSession:
             "colocation_batch": self.colocation_batch,
             "model_bytes": {m: list(b) for m, b in sorted(self.model_bytes.items())},
             "serving_p99_ms": {m: round(v, 6) for m, v in sorted(self.serving_p99_ms.items())},
+            "beyond_sli_p99_ms": {m: round(v, 6) for m, v in sorted(self.beyond_sli_p99_ms.items())},
             "points": [
                 dict(
                     asdict(p),
@@ -306,6 +312,7 @@ class ProfileSession:
                 serving_p99_ms={
                     str(m): max(0.0, float(v)) for m, v in data.get("serving_p99_ms", {}).items() if math.isfinite(v)
                 },
+                beyond_sli_p99_ms=_beyond_sli(data.get("beyond_sli_p99_ms", {}), models, source),
             )
             for p in data.get("points", []):
                 if p.get("latency_ms") is not None:
@@ -322,3 +329,21 @@ class ProfileSession:
         except (KeyError, TypeError, IndexError, ValueError) as err:
             raise InputError(f"{source}: malformed measurements ({err}); re-run `stoke profile run`") from None
         return session
+
+
+def _beyond_sli(data: Any, models: Sequence[str], source: str) -> dict[str, float]:
+    """The field 'beyond_sli_p99_ms' of a measurements file: {model: ms in [0, MAX_SERVING_P99_MS]}."""
+    fix = "delete the field to measure it again with `stoke profile run`"
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: field 'beyond_sli_p99_ms' must be an object of model -> ms; {fix}")
+    out = {}
+    for model, ms in data.items():
+        if model not in models:
+            raise InputError(f"{source}: field 'beyond_sli_p99_ms' names {shown(model)}, not one of the models; {fix}")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= MAX_SERVING_P99_MS:
+            raise InputError(
+                f"{source}: field 'beyond_sli_p99_ms' of {shown(model)} must be a time in [0, {MAX_SERVING_P99_MS:g}] "
+                f"ms, got {shown(ms)}; {fix}"
+            )
+        out[model] = float(ms)
+    return out

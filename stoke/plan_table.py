@@ -22,7 +22,7 @@ class PlanColumns:
     where: str  # where a placement runs: the plan's GPU index, or the node/device it is bound to
     delay: str  # Triton's max queue delay
     infer: str  # one batch's predicted inference
-    predictions: bool  # serving_ms, p99_ms, p99_upper, p99/slo, binding, slo (a local plan only)
+    predictions: bool  # serving_ms, beyond_sli_ms, p99_ms, p99_upper, p99/slo, binding, slo (a local plan only)
 
 
 LOCAL = PlanColumns(where="gpu", delay="delay_ms", infer="infer_ms", predictions=True)
@@ -42,7 +42,7 @@ def plan_table(rows: Iterable[tuple[Any, str, str, Any]], columns: PlanColumns, 
     headers = [columns.where, "type", "workload", "replica", "model", "slo_ms", "rate_rps", "share_%", "batch"]
     headers += [columns.delay, columns.infer]
     if columns.predictions:
-        headers += ["serving_ms", "p99_ms", "p99_upper", "p99/slo", "binding", "slo"]
+        headers += ["serving_ms", "beyond_sli_ms", "p99_ms", "p99_upper", "p99/slo", "binding", "slo"]
     if wide:
         headers += ["thru_rps", "util"] + (["arrivals"] if columns.predictions else [])
     cells = []
@@ -50,7 +50,13 @@ def plan_table(rows: Iterable[tuple[Any, str, str, Any]], columns: PlanColumns, 
         row = [where, gpu_type, workload, f"{p.replica + 1}/{p.replicas}" if p.replicas > 1 else "", p.model]
         row += [p.slo_ms, p.rate_rps, p.share_pct, p.batch, p.queue_delay_ms, p.predicted_latency_ms]
         if columns.predictions:
-            row += [p.serving_p99_ms, p99_cell(p.predicted_p99_ms), p99_cell(p.p99_upper_ms), p99_cell(p.p99_slo_ratio)]
+            row += [
+                p.serving_p99_ms,
+                p.beyond_sli_p99_ms,
+                p99_cell(p.predicted_p99_ms),
+                p99_cell(p.p99_upper_ms),
+                p99_cell(p.p99_slo_ratio),
+            ]
             row += [p.binding, "ok" if p.meets_slo else "MISS"]
         if wide:
             throughput = p.predicted_throughput_rps

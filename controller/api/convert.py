@@ -21,6 +21,8 @@ from controller.messages import (
     BatchStat,
     HeartbeatAnswer,
     HeartbeatReport,
+    MeasuredPoint,
+    MeasureRequest,
     ModelAssignment,
     NodeDevice,
     Observation,
@@ -146,6 +148,7 @@ def report_to_pb(r: HeartbeatReport) -> pb.HeartbeatRequest:
         observed=[observation_to_pb(o) for o in r.observed],
         errors=[to_pb(pb.AssignmentError, e) for e in r.errors],
         endpoints=[endpoint_to_pb(e) for e in r.endpoints],
+        measured=[to_pb(pb.MeasuredPoint, m) for m in r.measured],
     )
 
 
@@ -157,12 +160,23 @@ def report_from_pb(m: pb.HeartbeatRequest) -> HeartbeatReport:
         observed=tuple(observation_from_pb(o) for o in m.observed),
         errors=tuple(from_pb(AssignmentError, e) for e in m.errors),
         endpoints=tuple(endpoint_from_pb(e) for e in m.endpoints),
+        measured=tuple(from_pb(MeasuredPoint, p) for p in m.measured),
     )
 
 
 def answer_to_pb(a: HeartbeatAnswer) -> pb.HeartbeatResponse:
-    return to_pb(pb.HeartbeatResponse, a, assignments=[assignment_to_pb(x) for x in a.assignments])
+    return to_pb(
+        pb.HeartbeatResponse,
+        a,
+        assignments=[assignment_to_pb(x) for x in a.assignments],
+        measure=[to_pb(pb.MeasureRequest, x) for x in a.measure],
+    )
 
 
 def answer_from_pb(m: pb.HeartbeatResponse) -> HeartbeatAnswer:
-    return from_pb(HeartbeatAnswer, m, assignments=tuple(assignment_from_pb(x) for x in m.assignments))
+    return from_pb(
+        HeartbeatAnswer,
+        m,
+        assignments=tuple(assignment_from_pb(x) for x in m.assignments),
+        measure=tuple(from_pb(MeasureRequest, x) for x in m.measure),
+    )

@@ -348,8 +348,38 @@ class AssignmentError(_message.Message):
     message: str
     def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class MeasureRequest(_message.Message):
+    __slots__ = ("model", "device", "share_pct", "batches", "requests")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: int
+    share_pct: float
+    batches: _containers.RepeatedScalarFieldContainer[int]
+    requests: int
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batches: _Optional[_Iterable[int]] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class MeasuredPoint(_message.Message):
+    __slots__ = ("model", "device", "share_pct", "batch", "active_ms", "error")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PCT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: int
+    share_pct: float
+    batch: int
+    active_ms: float
+    error: str
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[int] = ..., share_pct: _Optional[float] = ..., batch: _Optional[int] = ..., active_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors", "endpoints", "sequence", "incarnation")
+    __slots__ = ("node_id", "running", "observed", "events", "applied_revision", "errors_revision", "errors", "endpoints", "sequence", "incarnation", "measured")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +390,7 @@ class HeartbeatRequest(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     running: _containers.RepeatedCompositeFieldContainer[Assignment]
     observed: _containers.RepeatedCompositeFieldContainer[Observed]
@@ -370,21 +401,24 @@ class HeartbeatRequest(_message.Message):
     endpoints: _containers.RepeatedCompositeFieldContainer[ServingEndpoint]
     sequence: int
     incarnation: str
-    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ..., sequence: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    measured: _containers.RepeatedCompositeFieldContainer[MeasuredPoint]
+    def __init__(self, node_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., observed: _Optional[_Iterable[_Union[Observed, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., applied_revision: _Optional[int] = ..., errors_revision: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[AssignmentError, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[ServingEndpoint, _Mapping]]] = ..., sequence: _Optional[int] = ..., incarnation: _Optional[str] = ..., measured: _Optional[_Iterable[_Union[MeasuredPoint, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s", "hold")
+    __slots__ = ("registered", "revision", "assignments", "heartbeat_interval_s", "hold", "measure")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_FIELD_NUMBER: _ClassVar[int]
     registered: bool
     revision: int
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     heartbeat_interval_s: float
     hold: bool
-    def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ..., hold: _Optional[bool] = ...) -> None: ...
+    measure: _containers.RepeatedCompositeFieldContainer[MeasureRequest]
+    def __init__(self, registered: _Optional[bool] = ..., revision: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ..., hold: _Optional[bool] = ..., measure: _Optional[_Iterable[_Union[MeasureRequest, _Mapping]]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("replica", "node_id", "device", "share_pct", "batch", "predicted_latency_ms", "serving", "observed", "observed_latency_ms", "observed_rate_rps", "endpoint", "http_endpoint", "metrics_endpoint", "backend")

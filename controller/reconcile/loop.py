@@ -12,7 +12,10 @@ One pass (`Reconciler.reconcile`):
 - diff: the new plan cut per node against the applied cut (`diff.diff_assignments`);
   the same placements, bindings and pending workloads change nothing;
 - act: store the new revision (desired state, in SQLite); each node receives
-  its assignments with its next heartbeat (agents poll).
+  its assignments with its next heartbeat (agents poll). With verify before
+  serving on (`controller.verification`), a plan whose new assignments run at
+  points the profile has not measured is held instead (the applied plan keeps
+  serving) until their nodes measured them and a pass re-planned on them.
 
 A failed solve is recorded as `last_error` and raised; the next pass solves
 again only when an input changes. Each pass reports its duration to the
@@ -47,6 +50,7 @@ from controller.reconcile.planning import Observed, PlanView, plan_observed
 from controller.reconcile.slots import node_assignments
 from controller.registry import NodeRegistry
 from controller.store import Store, StoredPlan
+from controller.verification import VerifyBeforeServing
 from foundation.errors import StokeError
 from planner.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
 
@@ -75,6 +79,8 @@ class ApplyOutcome:
     plan: PlanView
     changed: bool
     changes: tuple[NodeChange, ...]
+    #: verify before serving holds the plan solved (`plan` is the applied one, or the held one at revision 0)
+    held: bool = False
 
 
 def view_of(stored: StoredPlan) -> PlanView:
@@ -93,8 +99,10 @@ class Reconciler:
         clock: Callable[[], float],
         solver: Solver,
         observer: Observer | None = None,
+        verifier: VerifyBeforeServing | None = None,
     ) -> None:
         self.store = store
+        self.verifier = verifier
         #: the SLO guard's share floors, (workload, %) sorted: the closed loop's output (`controller.feedback`)
         self.floors: tuple[tuple[str, float], ...] = ()
         #: (workload, why) floors the last solve could not apply (the loop reports them, counts no move)
@@ -157,6 +165,7 @@ class Reconciler:
             applied=self.applied,
             rejected=rejected,
             floors=self.floors,
+            verification=self.verifier.version if self.verifier is not None else 0,
         )
 
     def solve(self, observed: Observed | None = None) -> PlanView:
@@ -185,6 +194,8 @@ class Reconciler:
             fingerprint = None
             try:
                 self.registry.check_nodes()
+                if self.verifier is not None:
+                    self.verifier.expire(self.clock())  # a point given up changes the inputs: the plan may serve
                 observed_at = self.registry.returns  # read before the slots: a return after it waits a pass
                 observed = self.observe()
                 fingerprint = observed.fingerprint()
@@ -193,7 +204,7 @@ class Reconciler:
                     if not self.last_error:  # the applied plan was solved from these same inputs
                         self.planned_at = observed_at
                     return None
-                outcome = self._act(self.solve(observed))
+                outcome = self._act(self.solve(observed), observed)
                 # what was just solved, with the revision it produced (a change meanwhile triggers another pass)
                 self._last_inputs = fingerprint[:3] + (outcome.plan.revision,) + fingerprint[4:]
                 self.planned_at = observed_at
@@ -212,8 +223,25 @@ class Reconciler:
                 if not skipped:  # passes with nothing to do are not timed
                     self.observer.reconciled(time.perf_counter() - started, error)
 
-    def _act(self, view: PlanView) -> ApplyOutcome:
+    def record_verification_events(self) -> int:
+        """Verify before serving's notes (points given up, rounds spent, a failover not held) as events and log
+        lines; returns how many."""
+        events = self.verifier.drain_events() if self.verifier is not None else []
+        for text in events:
+            log.warning("%s", text)
+            self.store.add_event("verify", "", text[:1000], self.clock())
+        return len(events)
+
+    def _act(self, view: PlanView, observed: Observed) -> ApplyOutcome:
         applied = self.applied
+        if self.verifier is not None:
+            # a failover is never held: the (node, device) slots that serve, and what the nodes report failed
+            healthy = {(slot.node_id, slot.device) for slot in observed.slots}
+            failed = {node: self.registry.failed_keys(node) for node in self._cut}
+            held = self.verifier.gate(view, self._cut, observed.profiles, self.clock(), healthy, failed)
+            self.record_verification_events()
+            if held:
+                return ApplyOutcome(plan=applied or view, changed=False, changes=(), held=True)
         if applied is None and not view.plan.gpus and not view.pending:
             return ApplyOutcome(plan=view, changed=False, changes=())  # nothing to run, nothing to record
         if applied is not None and applied.signature() == view.signature():

@@ -86,11 +86,20 @@ class Observed:
     applied: PlanView | None
     rejected: tuple[tuple[str, str], ...] = ()  # stored workload rows that fail the checks: (name, why)
     floors: tuple[tuple[str, float], ...] = ()  # (workload, share floor) the SLO guard holds, sorted
+    verification: int = 0  # verify before serving's version: a point given up may let a held plan serve
 
     def fingerprint(self) -> tuple[Any, ...]:
         """Equal fingerprints, equal plans: a pass whose inputs did not change has nothing to do."""
         applied = self.applied.revision if self.applied else 0
-        return (self.workloads, self.profiles_version, self.slots, applied, self.rejected, self.floors)
+        return (
+            self.workloads,
+            self.profiles_version,
+            self.slots,
+            applied,
+            self.rejected,
+            self.floors,
+            self.verification,
+        )
 
 
 def plan_observed(observed: Observed, config: ServiceConfig, run_solver: RunSolver, now: float) -> PlanView:

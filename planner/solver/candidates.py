@@ -88,7 +88,7 @@ class P99Target:
         """The request's p99 end to end: the batching queue's, plus the serving path (`end_to_end_p99_ms`).
         `upper`: on the upper service curve (`PointCache.upper_lines`; `prediction` raised by the caller)."""
         return float(
-            end_to_end_p99_ms(self._batch_p99_ms(cache, prediction, share, upper), cache.serving_p99_ms(self.model))
+            end_to_end_p99_ms(self._batch_p99_ms(cache, prediction, share, upper), *cache.outside_batch_ms(self.model))
         )
 
     def _batch_p99_ms(self, cache: PointCache, prediction: Prediction, share: float, upper: bool) -> float:
@@ -136,10 +136,12 @@ class Item:
     replicas: int = 1
     #: The operator allowed shares and batches outside the profile's measured domain (`StokeOptions`).
     extrapolate: bool = True
+    #: (workload name, replica number): stored, not a property, as a re-plan at 10,000 workloads reads it
+    #: some 24,000 times
+    key: tuple[str, int] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.workload.name, self.replica)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.workload.name, self.replica))
 
 
 class PointCache:
@@ -159,9 +161,11 @@ class PointCache:
         self._upper_packed: dict[tuple[str, str], NDArray[Any]] = {}
         self.shares = share_steps(self.profile.gpu)
 
-    def serving_p99_ms(self, model: str) -> float:
-        """The model's serving path outside the batch, p99 (ms; `ModelProfile.serving_p99_ms`)."""
-        return self.profile.model(model).serving_p99_ms
+    def outside_batch_ms(self, model: str) -> tuple[float, float]:
+        """What `end_to_end_p99_ms` adds to the model's batch p99 (ms): its serving path as the SLI windows show
+        it, and what clients see beyond them (`ModelProfile.serving_p99_ms`, `beyond_sli_p99_ms`)."""
+        m = self.profile.model(model)
+        return m.serving_p99_ms, m.beyond_sli_p99_ms
 
     def error_table(self, model: str) -> NDArray[Any]:
         """The profile's relative error bound of L and O, shape (MAX_BATCH, shares) (`ModelProfile.fit_error`)."""
@@ -499,7 +503,8 @@ def to_placement(cache: PointCache, item: Item, share: float, prediction: Predic
         predicted_latency_ms=prediction.latency_ms,
         predicted_throughput_rps=prediction.throughput_rps,
         predicted_p99_ms=replica_p99_ms(cache, item, share, prediction),
-        serving_p99_ms=cache.serving_p99_ms(item.workload.model),
+        serving_p99_ms=cache.outside_batch_ms(item.workload.model)[0],
+        beyond_sli_p99_ms=cache.outside_batch_ms(item.workload.model)[1],
         p99_upper_ms=replica_p99_upper_ms(cache, item, share, prediction),
         memory_mib=replica_memory_mib(cache, item),
         binding=binding_constraint(cache, item, share),

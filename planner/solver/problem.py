@@ -157,6 +157,9 @@ class Placement:
     #: The serving path outside the batch, p99 (ms), included in `predicted_p99_ms`
     #: (`interference.batching.end_to_end_p99_ms`); 0 in plans written before it was modelled.
     serving_p99_ms: float = 0.0
+    #: What clients see beyond the SLI windows, p99 (ms; `ModelProfile.beyond_sli_p99_ms`), also included in
+    #: `predicted_p99_ms`; 0 in plans written before it was measured.
+    beyond_sli_p99_ms: float = 0.0
     #: p99 with L and O raised to the profile's error bound at this point (share, batch); NaN in plans
     #: written before profiles recorded their error.
     p99_upper_ms: float = math.nan
@@ -275,6 +278,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                         "memory_mib": round(p.memory_mib, 3),
                         "p99_slo_ratio": _finite_or_none(_rounded(p.predicted_p99_ms) / p.slo_ms),
                         "serving_p99_ms": round(p.serving_p99_ms, 6),
+                        "beyond_sli_p99_ms": round(p.beyond_sli_p99_ms, 6),
                         "binding": p.binding,
                         "predicted_throughput_rps": round(p.predicted_throughput_rps, 6),
                         "replica": p.replica,
@@ -335,6 +339,7 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                     arrivals=str(w.get("arrivals", "poisson")),
                     binding=str(w.get("binding", "")),
                     serving_p99_ms=max(0.0, num(w, "serving_p99_ms", where, 0.0)),
+                    beyond_sli_p99_ms=max(0.0, num(w, "beyond_sli_p99_ms", where, 0.0)),
                     memory_mib=num(w, "memory_mib", where, 0.0),
                     # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
                     predicted_p99_ms=(

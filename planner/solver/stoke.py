@@ -198,14 +198,14 @@ def _p99_tables(
     rate = np.asarray(rate, dtype=float)
     utilisation = rate / throughput
     modes = DELAY_MODES[arrivals]
-    serving = cache.serving_p99_ms(model)  # the serving path outside the batch
+    outside = cache.outside_batch_ms(model)  # the serving path outside the batch
     if arrivals == "constant":
         p99 = np.where(utilisation <= 1.0 + EPS, latency + 1000.0 * (batch - 1.0) / rate, np.inf)
-        return modes, end_to_end_p99_ms(p99, serving)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
+        return modes, end_to_end_p99_ms(p99, *outside)[None], utilisation, np.asarray(paced_delay_ms(batch, rate))[None]
     occupancy = 1000.0 * batch / throughput
     curves = cache.rated_curves(model, modes, columns, upper) if rate.ndim else cache.p99_curves(model, modes, upper)
     ratio, size = curves.at_utilisation(utilisation)
-    p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, serving)
+    p99 = end_to_end_p99_ms(ratio * occupancy + (latency - occupancy) * size / batch, *outside)
     delays = np.stack([np.zeros_like(batch * rate) if mode == "zero" else fill_time_ms(batch, rate) for mode in modes])
     return modes, p99, utilisation, delays
 
@@ -380,7 +380,7 @@ def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> P
             f"{where}: model {workload.model!r} needs at least {floor:.2f} ms per inference even "
             f"alone (batch 1, 100%); relax the SLO or use a faster GPU type"
         )
-    serving = cache.serving_p99_ms(workload.model)
+    serving = end_to_end_p99_ms(0.0, *cache.outside_batch_ms(workload.model))
     if floor + serving > budget:
         path = f" plus {serving:.2f} ms of serving path (p99)" if serving > 0 else ""
         return ProblemError(
@@ -698,8 +698,8 @@ def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
     return best
 
 
-#: A GPU of a current plan as an earlier solve seeded it: the GPU, the replicas it took (each its own number),
-#: what it kept of them with their shares, and the replicas' keys (`SolveMemo.reseeded`).
+#: A GPU of a current plan as an earlier solve seeded it: the GPU, the replicas it took (one per placement, in
+#: order), what it kept of them with their shares, and the replicas' keys (`SolveMemo.reseeded`).
 Reseeded = tuple[GpuPlan, tuple[Item, ...], tuple[tuple[Item, ...], tuple[float, ...]], tuple[tuple[str, int], ...]]
 
 
@@ -712,68 +712,79 @@ def _seed_from(
     """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold.
 
     Returns the ids of the GPUs that hold exactly what they held (nothing for the search to do
-    there). With a `memo`, a GPU whose replicas are the same as in an earlier solve takes that
-    solve's shares instead of checking its co-location again (the same check, the same answer)."""
+    there). With a `memo`, a GPU whose placements would take the same replicas as in an earlier
+    solve takes that solve's shares instead of checking its co-location again (the same check, the
+    same answer)."""
     untouched: set[int] = set()
     # A placement takes the pending replica of its workload with its rate and batch (replica numbers
-    # follow GPU order, so they need not match), else the one with its number.
+    # follow GPU order, so they need not match), else the one with its number. A replica is free
+    # while it is pending and no placement took it.
     by_name: dict[str, list[tuple[str, int]]] = {}
     for replica in pending:
         by_name.setdefault(replica[0], []).append(replica)
+    taken: set[tuple[str, int]] = set()
 
-    by_own = [True]  # whether every placement of the GPU at hand took its own number, its rate and batch
+    def pick(p: Placement, also: tuple[tuple[str, int], ...] = ()) -> tuple[str, int] | None:
+        """The key of the free replica `p` takes (`also`: keys taken on the GPU at hand, not yet in `taken`)."""
+        own = (p.name, p.replica)
+        found = pending.get(own)
+        own_free = found is not None and own not in taken and own not in also
+        if found is not None and own_free and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+            return own  # the usual case: its own number
+        for k in by_name.get(p.name, ()):
+            if k not in taken and k not in also:
+                item = pending[k][0]
+                if item.batch == p.batch and abs(item.rate_rps - p.rate_rps) <= 1e-6:
+                    return k
+        return own if own_free else None
 
     def match(p: Placement, gpu_type: str) -> Item | None:
-        keys = by_name.get(p.name, [])
-        own = (p.name, p.replica)
-        found = pending.get(own) if own in keys else None
-        if found is not None and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
-            same: tuple[str, int] | None = own  # the usual case: its own number
-        else:
-            by_own[0] = False
-            same = next(
-                (
-                    k
-                    for k in keys
-                    if pending[k][0].batch == p.batch and abs(pending[k][0].rate_rps - p.rate_rps) <= 1e-6
-                ),
-                own if own in keys else None,
-            )
+        same = pick(p)
         if same is None or pending[same][1] != gpu_type:
             return None
-        keys.remove(same)
+        taken.add(same)
         return pending[same][0]
 
     def unchanged(entry: Reseeded) -> bool:
         """Whether `match` would take each of this GPU's replicas again, as it did in an earlier solve
-        (the same placements, each its own number, rate and batch: the same replica objects still
-        pending, none taken yet); then takes them."""
+        (the same keys, still free with the same replica objects); then takes them."""
         gpu, items, keys = entry[0], entry[1], entry[3]
-        for item, key in zip(items, keys):
+        for k, (p, item, key) in enumerate(zip(gpu.placements, items, keys)):
             found = pending.get(key)
-            if found is None or found[0] is not item or found[1] != gpu.gpu_type or key not in by_name[key[0]]:
+            if found is None or found[0] is not item or found[1] != gpu.gpu_type or key in taken:
                 return False
-        for key in keys:
-            by_name[key[0]].remove(key)
+            # its own number (the usual case) is what `pick` takes for the same placement and replica
+            if key[1] != p.replica and pick(p, keys[:k]) != key:
+                return False
+        taken.update(keys)
         return True
 
+    reseeded = memo.reseeded if memo is not None else {}
+    unlimited = {t for t, limit in packing.limits.items() if limit is None}
     for gpu in current.gpus:
-        if gpu.gpu_type not in packing.caches or not packing.can_open(gpu.gpu_type):
+        gpu_type = gpu.gpu_type
+        if gpu_type not in unlimited and (gpu_type not in packing.caches or not packing.can_open(gpu_type)):
             continue
-        # With a memo, a GPU of the plan an earlier solve was given (the same object: the controller hands
-        # back the plan it was answered) whose replicas are all still as they were is taken as it was:
-        # at 10,000 workloads nearly every GPU, and half of a re-plan's time went into matching them.
-        entry = memo.reseeded.get(id(gpu)) if memo is not None else None
-        if entry is not None and entry[0] is gpu and unchanged(entry):
+        # With a memo, a GPU whose placements an earlier solve was given (the same objects: the controller
+        # hands back the plan it was answered, its GPUs keyed by their slots) and whose replicas are all still
+        # as they were is taken as it was: at 10,000 workloads nearly every GPU, and half of a re-plan's time
+        # went into matching them.
+        entry = reseeded.get(id(gpu.placements))
+        if (
+            entry is not None
+            and entry[0].placements is gpu.placements
+            and entry[0].gpu_type == gpu_type
+            and unchanged(entry)
+        ):
             seeded = entry[2]
             for key in entry[3] if seeded[0] is entry[1] else (item.key for item in seeded[0]):
                 del pending[key]
         else:
-            seeded = _seed_gpu(packing, gpu, match, by_own, memo)
+            seeded = _seed_gpu(packing, gpu, match, memo)
             for item in seeded[0]:
                 del pending[item.key]
         if seeded[0]:
-            b = packing.open_bin(gpu.gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
+            b = packing.open_bin(gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
             if len(seeded[0]) == len(gpu.placements):
                 untouched.add(b.id)
     return untouched
@@ -783,11 +794,9 @@ def _seed_gpu(
     packing: Packing,
     gpu: GpuPlan,
     match: Callable[[Placement, str], Item | None],
-    by_own: list[bool],
     memo: SolveMemo | None,
 ) -> tuple[tuple[Item, ...], tuple[float, ...]]:
     """The replicas (matched by `match`) a GPU of the current plan keeps, with their shares."""
-    by_own[0] = True
     candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
     # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
     # entry holds them, so their ids stay theirs
@@ -811,9 +820,9 @@ def _seed_gpu(
         if memo is not None:
             memo.seeded[key] = seeded
             memo.held.append(candidates)
-    if memo is not None and by_own[0] and len(candidates) == len(gpu.placements):
-        # holds the GPU: its id stays its own
-        memo.reseeded[id(gpu)] = (gpu, candidates, seeded, tuple(item.key for item in candidates))
+    if memo is not None and len(candidates) == len(gpu.placements):
+        # every placement took a replica: the next solve takes them again while `match` would (`unchanged`)
+        memo.reseeded[id(gpu.placements)] = (gpu, candidates, seeded, tuple(item.key for item in candidates))
     return seeded
 
 
@@ -844,8 +853,8 @@ class SolveMemo:
         #: sends plans elsewhere, the controller's solver worker, recognises it by identity)
         self.gpus: dict[tuple[int, str | None, float], GpuPlan] = {}
         self.renumbered: dict[tuple[int, int, int], Item] = {}
-        #: per GPU of a current plan (by identity, the GPU held): the replicas it was seeded with and their shares,
-        #: when each took its own number (`_seed_from` takes them again while they are all still pending)
+        #: per GPU of a current plan (by the identity of its placements, held with the GPU): the replicas it was
+        #: seeded with and their shares (`_seed_from` takes them again while `match` would)
         self.reseeded: dict[int, Reseeded] = {}
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
@@ -981,25 +990,31 @@ def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
 
     With a memo, a replica renumbered the same way as in an earlier solve is that solve's object
     (so the memo's identity keys find it again)."""
-    names = [i.workload.name for b in bins for i in b.items]  # in GPU order, once (11,000 at 10,000 workloads)
-    counts = Counter(names)
+    counts = Counter([i.workload.name for b in bins for i in b.items])  # 11,000 at 10,000 workloads
+    several = {name for name, n in counts.items() if n > 1}  # most workloads have one replica: number 0 of 1
+    renumbered = memo.renumbered if memo is not None else None
     seen: dict[str, int] = {}
-    at = 0
     for b in bins:
-        for k, i in enumerate(b.items):
-            name = names[at]
-            at += 1
-            n = seen.get(name, 0)
-            seen[name] = n + 1
-            if i.replica != n or i.replicas != counts[name]:
-                key = (id(i), n, counts[name])
-                renumbered = memo.renumbered.get(key) if memo is not None else None
-                if renumbered is None:
-                    renumbered = replace(i, replica=n, replicas=counts[name])
+        items = b.items
+        for k, i in enumerate(items):
+            name = i.workload.name
+            if name in several:
+                n = seen.get(name, 0)
+                seen[name] = n + 1
+                count = counts[name]
+            elif i.replica == 0 and i.replicas == 1:
+                continue
+            else:
+                n, count = 0, 1
+            if i.replica != n or i.replicas != count:
+                key = (id(i), n, count)
+                found = renumbered.get(key) if renumbered is not None else None
+                if found is None:
+                    found = replace(i, replica=n, replicas=count)
                     if memo is not None:
-                        memo.renumbered[key] = renumbered
+                        memo.renumbered[key] = found
                         memo.held.append((i,))
-                b.items[k] = renumbered
+                items[k] = found
     return bins
 
 
@@ -1012,9 +1027,11 @@ def _to_plan(
 ) -> Plan:
     prices = {g.name: g.price_per_hour for g in problem.inventory}
     gpus = []
+    known_placements = memo.placements if memo is not None else {}
+    known_gpus = memo.gpus if memo is not None else {}
     for b in bins:
         key = (b.gpu_type, tuple(map(id, b.items)), tuple(b.shares))  # by identity, as in `_seed_from`
-        placements = memo.placements.get(key) if memo is not None else None
+        placements = known_placements.get(key)
         if placements is None:
             predictions = caches[b.gpu_type].predict(b.items, b.shares)
             order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
@@ -1022,7 +1039,7 @@ def _to_plan(
             if memo is not None:
                 memo.placements[key] = placements
                 memo.held.append(tuple(b.items))
-        gpu = memo.gpus.get((id(placements), b.key, prices[b.gpu_type])) if memo is not None else None
+        gpu = known_gpus.get((id(placements), b.key, prices[b.gpu_type]))
         if gpu is None:
             gpu = GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements)
             if memo is not None:  # its placements are held (by `placements`), so their id stays theirs

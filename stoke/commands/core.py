@@ -233,10 +233,11 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "measured in windows of --requests requests until the last 3 window medians lie within "
         "--stability-percentage of their mean (perf_analyzer's rule), at most --max-windows. Progress "
         "(with an ETA) is checkpointed to OUTPUT after every point; run again with the same OUTPUT to "
-        "resume. Once per model it also measures the serving path outside the batch (its p99 becomes the "
-        "profile's serving_p99_ms, the median of 3 windows' p99s): windows of 10 x --requests batch-1 requests "
-        "through the agent's router over gRPC, "
-        "open-loop at --serving-rate, less Triton's own time; a measurements file without it gets it on resume.",
+        "resume. Once per model it also measures the serving path outside the batch: 3 windows of 10 x --requests "
+        "batch-1 requests through the agent's router over gRPC, open-loop at --serving-rate, less Triton's own "
+        "time. Their median p99 is split into what the closed loop's SLI windows (--sli-window) show, the profile's "
+        "serving_p99_ms (the loop re-learns it), and what clients see beyond them, beyond_sli_p99_ms (the loop "
+        "keeps it); a measurements file without them gets them on resume.",
     )
     add_repo_option(r, "model repository (default %(default)s)")
     r.add_argument(
@@ -267,6 +268,14 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         metavar="RPS",
         help="Poisson rate of the serving-path measurement, req/s (default %(default)g)",
     )
+    r.add_argument(
+        "--sli-window",
+        type=float,
+        default=2.0,  # agents.loadgen.SLI_WINDOW_S: the controller's default heartbeat_interval_s
+        metavar="S",
+        help="the SLI window the serving path is split with: the heartbeat interval of the agents that will "
+        "serve the profile (default %(default)g, the controller's default; `stoke up` uses 1)",
+    )
     r.add_argument("--device-name", default=None, help="device type name (default cpu-<N>core)")
     add_output_file_option(
         r, metavar="MEASUREMENTS.json", required=True, help="the measurements to write (and resume from)"
@@ -279,8 +288,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "in), and the fit's leave-one-out error there (each measured point left out, the model refitted "
         "without it, and the point predicted): its 90% quantile and worst, the error floor, and the error "
         "grid. A profile saved before profiles recorded this shows the conservative default. serving_p99_ms is "
-        "the measured serving path outside the batch (client, router, Triton's frontend), added to every p99 "
-        "the planner predicts for the model.",
+        "the measured serving path outside the batch (client, router, Triton's frontend) as the closed loop's "
+        "SLI windows show it, beyond_sli_p99_ms what clients see beyond those windows (0 in profiles measured "
+        "before it); both are added to every p99 the planner predicts for the model.",
     )
     sh.add_argument(
         "profile", nargs="?", metavar="PROFILE.json", help="fitted profile (default: the bundled V100 profile)"
@@ -462,8 +472,9 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
         "p99_ms: predicted 99th-percentile request latency end to end (queueing + batch fill + co-located "
         "inference + the serving path); p99_upper: the same with L and O raised to the profile's error bound "
         "there and partial batches on a line at or above every raised O(k); serving_ms: the serving path's p99 "
-        "outside the batch (client, router, Triton's frontend), from the profile; infer_ms: one batch's "
-        "inference time; delay_ms: Triton's max queue delay."
+        "outside the batch (client, router, Triton's frontend) as the closed loop's SLI windows show it, and "
+        "beyond_sli_ms: what clients see beyond those windows, both from the profile and both in p99_ms; "
+        "infer_ms: one batch's inference time; delay_ms: Triton's max queue delay."
     )
     return "\n".join(lines)
 
@@ -704,6 +715,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     if not 0 < args.serving_rate <= 1000:
         raise UserError(f"--serving-rate must be a rate in (0, 1000] req/s, got {args.serving_rate:g}")
+    if not 0.1 <= args.sli_window <= 3600:
+        raise UserError(
+            f"--sli-window must be a heartbeat interval in [0.1, 3600] s, got {args.sli_window:g}; "
+            "pass the agents' heartbeat interval (the controller's heartbeat_interval_s)"
+        )
     try:
         stability = Stability(tolerance_pct=args.stability_percentage, max_windows=args.max_windows)
     except ValueError as err:
@@ -726,8 +742,10 @@ def run_profile_run(args: argparse.Namespace) -> int:
                 stability=stability,
                 progress=progress,
                 serving_rate_rps=args.serving_rate,
-                on_serving=lambda model, ms: print(
-                    f"{model}: serving path p99 {ms:.2f} ms (through the router at {args.serving_rate:g} req/s)",
+                sli_window_s=args.sli_window,
+                on_serving=lambda model, ms, beyond: print(
+                    f"{model}: serving path p99 {ms + beyond:.2f} ms (through the router at {args.serving_rate:g} "
+                    f"req/s; {ms:.2f} ms seen by the SLI's {args.sli_window:g} s windows, {beyond:.2f} ms beyond them)",
                     flush=True,
                 ),
             )
@@ -790,7 +808,11 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
     for name, m in sorted(profile.models.items()):
         d = m.domain
         # unmeasured_error: added to the bound at every point the fit did not measure
-        models[name] = {"serving_p99_ms": m.serving_p99_ms, "unmeasured_error": UNMEASURED_ERROR} | (
+        models[name] = {
+            "serving_p99_ms": m.serving_p99_ms,
+            "beyond_sli_p99_ms": m.beyond_sli_p99_ms,
+            "unmeasured_error": UNMEASURED_ERROR,
+        } | (
             {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
             if d is None
             else {
@@ -813,6 +835,9 @@ def run_profile_show(args: argparse.Namespace) -> int:
     def serving(m: Any) -> str:  # the serving path outside the batch, added to every p99 the planner predicts
         return f"{m.serving_p99_ms:.2f}" if m.serving_p99_ms > 0 else "0 (not measured)"
 
+    def beyond(m: Any) -> str:  # what clients see beyond the SLI windows, added too (0: measured before it)
+        return f"{m.beyond_sli_p99_ms:.2f}"
+
     profile = _load_profile_arg(args.profile) or bundled_profile()
     if args.json:
         emit(args, profile_domain_dict(profile))
@@ -823,7 +848,7 @@ def run_profile_show(args: argparse.Namespace) -> int:
         if d is None:
             default = f"{DEFAULT_FIT_ERROR:.1%} (default)"
             everywhere = f"{DEFAULT_FIT_ERROR + UNMEASURED_ERROR:.1%}"
-            rows.append([name, "not recorded", "not recorded", default, "-", "-", everywhere, serving(m)])
+            rows.append([name, "not recorded", "not recorded", default, "-", "-", everywhere, serving(m), beyond(m)])
             continue
         rows.append(
             [
@@ -835,10 +860,12 @@ def run_profile_show(args: argparse.Namespace) -> int:
                 f"{d.floor:.1%}",
                 f"{d.floor + UNMEASURED_ERROR:.1%}",
                 serving(m),
+                beyond(m),
             ]
         )
     print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
-    columns = ["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "unmeasured", "serving_p99_ms"]
+    columns = ["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "unmeasured"]
+    columns += ["serving_p99_ms", "beyond_sli_ms"]
     print(render_table(columns, rows))
     if getattr(args, "output_format", "table") == "wide":
         print()

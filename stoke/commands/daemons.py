@@ -116,6 +116,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from this /metrics URL each window and report each replica's p50/p95/p99 and share over its SLO "
         "(repeatable); the SLO guard and `stoke observations` use them",
     )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="refuse the controller's measure requests (verify before serving); by default a CPU node measures "
+        "a requested point in Triton processes of its own at that share; a GPU node cannot yet and says so",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     p.set_defaults(run=run_agent)
 
@@ -262,7 +268,17 @@ def run_agent(args: argparse.Namespace) -> int:
         logging.getLogger("stoke.agent").warning("no device readings in the observations: %s", err)
         reader = None
     sli = [url_source(url) for url in args.sli_metrics]
-    agent = Agent(client, fleet, node_id, devices, address=router.host, sli_sources=sli, device=reader)
+    measurer = None
+    if kind == "cpu" and not args.no_measure:  # measuring through NVML/MPS on a GPU is not built yet
+        from agents.profiler import AgentMeasurer
+
+        # under the agent's own workdir: a killed agent's measuring processes are reaped by the next one
+        measurer = AgentMeasurer(
+            args.repo, workdir=str(Path(fleet.workdir) / "measure"), progress=logging.getLogger("stoke.agent").info
+        )
+    agent = Agent(
+        client, fleet, node_id, devices, address=router.host, sli_sources=sli, device=reader, measurer=measurer
+    )
     if fleet.reaped:
         agent.note(
             f"reaped {len(fleet.reaped)} Triton process(es) a previous agent left running in {fleet.workdir} "
@@ -277,7 +293,7 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     stop = until_signal()
     stop.wait()
-    agent.stop()
+    agent.stop()  # stops the measurer too, beside the fleet (within the agent's shutdown bound)
     client.close()
     if reader is not None:
         reader.close()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from dataclasses import dataclass, replace
 
 import pytest
 
 from agents.agent import Agent
 from controller import limits
-from controller.messages import AssignmentError, HeartbeatAnswer, ModelAssignment, NodeDevice
+from controller.messages import AssignmentError, HeartbeatAnswer, MeasureRequest, ModelAssignment, NodeDevice
 
 
 @dataclass
@@ -81,6 +82,7 @@ class FakeClient:
         self.revision = 1
         self.reports = []
         self.registrations = 0
+        self.measure: tuple = ()  # measure requests (verify before serving) in every answer
 
     def register(self, node_id, devices, address=""):
         if not self.up:
@@ -95,7 +97,7 @@ class FakeClient:
         self.reports.append(report)
         if not self.known:
             return HeartbeatAnswer(registered=False)
-        return HeartbeatAnswer(True, self.revision, self.assignments, 0.5)
+        return HeartbeatAnswer(True, self.revision, self.assignments, 0.5, measure=self.measure)
 
 
 class Clock:
@@ -337,3 +339,175 @@ def test_a_node_whose_endpoints_cannot_serve_stops_heartbeating_until_they_can()
     agent.heartbeat_once()
     assert len(client.reports) == sent + 1
     assert any("endpoints cannot serve" in e for e in client.reports[-1].events)
+
+
+# ---------------------------------------------------------------- verify before serving: measure requests
+
+
+class Measurer:
+    """A simulated device: 2 ms per batch item, or failing; counts its measurements and releases."""
+
+    def __init__(self, fail: str = ""):
+        self.calls: list[tuple] = []
+        self.fail = fail
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+    def __call__(self, model, device, share_pct, batch, requests):
+        self.calls.append((model, device, share_pct, batch, requests))
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return 2.0 * batch
+
+
+def make_measuring(measurer):
+    agent, client, fleet, clock = make()
+    agent.measurer = measurer
+    return agent, client, fleet, clock
+
+
+def test_measure_requests_are_measured_once_reported_until_recorded_then_dropped():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1, 2), 7),)
+    agent.heartbeat_once()
+    assert agent.measure_pending() == 2 and measurer.closed == 1  # released once nothing is left to measure
+    assert agent.measure_pending() == 0 and measurer.closed == 1
+    assert measurer.calls == [("mlp_small", 0, 30.0, 1, 7), ("mlp_small", 0, 30.0, 2, 7)]
+    for _ in range(3):  # the controller asks again until it has them: measured once, reported each time
+        agent.heartbeat_once()
+        assert not agent.measure_once()
+        assert [(p.batch, p.active_ms, p.error) for p in client.reports[-1].measured] == [(1, 2.0, ""), (2, 4.0, "")]
+    assert len(measurer.calls) == 2
+    client.measure = ()  # recorded: no longer asked for, so no longer reported
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert client.reports[-1].measured == ()
+
+
+def test_a_failing_or_missing_measurer_reports_the_error_for_the_point():
+    for measurer, words in ((Measurer(fail="device lost"), "device lost"), (None, "does not measure")):
+        agent, client, _, _ = make_measuring(measurer)
+        client.measure = (MeasureRequest("mlp_small", 0, 30.0, (3,), 7),)
+        agent.heartbeat_once()
+        assert agent.measure_once() and not agent.measure_once()
+        agent.heartbeat_once()
+        (point,) = client.reports[-1].measured
+        assert point.batch == 3 and point.active_ms == 0.0 and words in point.error
+
+
+def test_garbage_measure_requests_are_refused_and_nothing_is_measured():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("../../etc/passwd", 0, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    agent.heartbeat_once()
+    assert not agent.measure_once() and measurer.calls == []
+    events = [e for r in client.reports for e in r.events if "measure requests refused" in e]
+    assert len(events) == 1 and "measure[0].model" in events[0]  # said once, naming the field
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 10**9),)
+    agent.heartbeat_once()
+    assert not agent.measure_once() and measurer.calls == []
+
+
+def test_a_point_on_a_device_the_node_does_not_have_is_an_error_and_nothing_is_measured():
+    measurer = Measurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 3, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    assert agent.measure_once()
+    agent.heartbeat_once()
+    (point,) = client.reports[-1].measured
+    assert measurer.calls == [] and point.active_ms == 0.0 and "device 3 is not one of this node's" in point.error
+
+
+class HungMeasurer:
+    """A measurement that never ends on its own: `abort()` or `stop()` ends it (as killing its processes does)."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.ended = threading.Event()
+        self.aborted = 0
+        self.stopped = 0
+
+    def __call__(self, model, device, share_pct, batch, requests):
+        self.started.set()
+        assert self.ended.wait(30)
+        raise RuntimeError("its processes were killed")
+
+    def abort(self):
+        self.aborted += 1
+        self.ended.set()
+
+    def stop(self):
+        self.stopped += 1
+        self.ended.set()
+
+
+def test_a_measurement_past_its_deadline_is_that_points_error_and_is_aborted():
+    measurer = HungMeasurer()
+    agent, client, _, _ = make_measuring(measurer)
+    agent.measure_timeout_s = 0.3
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 7),)
+    agent.heartbeat_once()
+    assert agent.measure_once()
+    agent.heartbeat_once()
+    (point,) = client.reports[-1].measured
+    assert "not measured within 0.3 s" in point.error and measurer.aborted == 1
+
+
+def test_stopping_the_agent_stops_a_measurement_in_flight_without_waiting_for_it():
+    measurer = HungMeasurer()
+    agent, client, _, _ = make_measuring(measurer)
+    client.measure = (MeasureRequest("mlp_small", 0, 30.0, (1,), 7),)
+    agent.start()
+    try:
+        assert measurer.started.wait(10)
+    finally:
+        agent.stop()
+    assert measurer.stopped == 1 and measurer.ended.is_set()
+    for t in [t for t in threading.enumerate() if t.name == "agent-measure-point"]:
+        t.join(timeout=10)  # ended by the stop, not left hanging
+        assert not t.is_alive()
+
+
+def test_the_cpu_measurer_stops_without_waiting_for_the_measurement_it_runs(tmp_path):
+    """`AgentMeasurer.stop` must not wait on the lock a measurement in flight holds (the agent's 30 s bound)."""
+    from agents.profiler import AgentMeasurer
+
+    class Running:  # stands in for its Triton processes: a measurement ends once they are closed
+        closed = False
+        requests = 0
+
+        def __init__(self):
+            self.started, self.killed = threading.Event(), threading.Event()
+
+        def __call__(self, gpu_type, model, batch, share_pct):
+            self.started.set()
+            assert self.killed.wait(30)
+            raise RuntimeError("its processes were killed")
+
+        def close(self, deadline_s=20.0):
+            self.closed = True
+            self.killed.set()
+
+    measurer = AgentMeasurer("unused", workdir=str(tmp_path / "measure"))
+    running = measurer._measurer = Running()
+    errors = []
+
+    def measure():
+        try:
+            measurer("mlp_small", 0, 50.0, 1, 5)
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    worker = threading.Thread(target=measure)
+    worker.start()
+    assert running.started.wait(10)
+    measurer.stop()  # returns with the lock still held by the measurement: it kills, never waits
+    worker.join(timeout=10)
+    assert not worker.is_alive() and errors == ["its processes were killed"]
+    with pytest.raises(Exception, match="stopping"):
+        measurer("mlp_small", 0, 50.0, 1, 5)  # stopped for good: nothing more starts

@@ -3,6 +3,8 @@
 import re
 import urllib.request
 
+import pytest
+
 from agents.latency_metrics import RequestLatencyExporter
 from deploy.alerts import le_matcher
 
@@ -63,3 +65,35 @@ def test_a_window_p99_reads_close_to_its_slowest_requests():
     w = latency_window(None, parse_sli(generate_latest(exporter.registry).decode())["w"], slo_ms=10.0)
     assert w.count == 48 and w.over_slo_ratio == 1 / 48
     assert 10.0 <= w.p99_ms <= 12.0
+
+
+def test_profile_run_reads_the_windows_p99s_as_the_agent_does_and_a_stall_shows_beyond_them():
+    """`profile run` splits the serving path into what the loop's SLI windows show (the median of their p99s)
+    and what clients see beyond (their p99 over all requests): it must read each window as the agent does."""
+    import random
+
+    from prometheus_client import generate_latest
+
+    from agents.latency_metrics import latency_window, parse_sli, window_p99s_ms
+    from agents.loadgen import ServingSample
+
+    rng = random.Random(7)
+    windows = [[rng.uniform(2.0, 6.0) for _ in range(40)] for _ in range(10)]
+    windows[3][:8] = [30.0] * 8  # a stall of the machine: 8 requests of one window wait 30 ms
+    exporter = RequestLatencyExporter()
+    record, agent, before = exporter.recorder("w", "m"), [], None
+    for values in windows:
+        for ms in values:
+            record(ms)
+        after = parse_sli(generate_latest(exporter.registry).decode())["w"]
+        agent.append(latency_window(before, after).p99_ms)
+        before = after
+    latency = [ms for values in windows for ms in values]
+    done = [2.0 * w + 1.9 * i / len(values) for w, values in enumerate(windows) for i, _ in enumerate(values)]
+    assert window_p99s_ms(latency, done, 2.0) == pytest.approx(agent, rel=1e-9)
+    sample = ServingSample(tuple(latency), tuple(done), inside_ms=1.0)
+    assert sample.p99_ms() == pytest.approx(29.0, rel=1e-9)  # clients: the stall (4 of 400 requests) less Triton's
+    assert 4.0 <= sample.sli_p99_ms(2.0) <= 6.0  # the loop's windows: the median is not in the stall
+    assert window_p99s_ms([], [], 2.0) == [] and ServingSample((), (), 0.0).sli_p99_ms() == 0.0
+    with pytest.raises(ValueError):
+        window_p99s_ms([1.0], [], 2.0)

@@ -26,6 +26,8 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
         "1,8",
         "--requests",
         "3",
+        "--sli-window",
+        "1",
         "-o",
         str(out),
     ]
@@ -47,6 +49,9 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     # (client less Triton's own time)
     assert set(session.serving_p99_ms) == {"mlp_small"} and 0 < session.serving_p99_ms["mlp_small"] < 1000
     assert text.count("mlp_small: serving path p99 ") == 1 and "through the router at 20 req/s" in text
+    # split into what the loop's SLI windows show and what clients see beyond them, in the same windows
+    assert set(session.beyond_sli_p99_ms) == {"mlp_small"} and 0 <= session.beyond_sli_p99_ms["mlp_small"] < 1000
+    assert "ms seen by the SLI's 1 s windows, " in text and " ms beyond them)" in text
     # every solo point recorded the serving process's resident memory; the fit turns it into a line
     solo = [p.key for p in session.points() if p.neighbours == 0]
     assert set(session.memory_mib) == set(solo) and all(10 < v < 65536 for v in session.memory_mib.values())
@@ -56,16 +61,18 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     assert "[" not in capsys.readouterr().out.split("resuming")[1].split("measurements written")[0]
     # a measurements file from before the serving term gets it on resume, and nothing else is measured again
     data = json.loads(out.read_text())
-    data.pop("serving_p99_ms")
+    data.pop("beyond_sli_p99_ms")  # from before the split: measured again, both terms
     out.write_text(json.dumps(data))
     assert main([*argv, "--serving-rate", "40"]) == 0
     resumed = capsys.readouterr().out
     assert "through the router at 40 req/s" in resumed and "[" not in resumed.split("resuming")[1]
     again = ProfileSession.from_dict(json.loads(out.read_text()))
     assert again.results == session.results and 0 < again.serving_p99_ms["mlp_small"] < 1000
+    assert "mlp_small" in again.beyond_sli_p99_ms
     profile = fit_measured_profile(session)
     assert set(profile.models) == {"mlp_small"}
     assert profile.models["mlp_small"].serving_p99_ms == session.serving_p99_ms["mlp_small"]
+    assert profile.models["mlp_small"].beyond_sli_p99_ms == session.beyond_sli_p99_ms["mlp_small"]
     # real measurements on a shared machine may or may not fit well: the report is printed either way
     assert main(["profile", "fit", str(out), "-o", str(tmp_path / "p.json"), "--force"]) == 0
     assert "MAPE_%" in capsys.readouterr().out and (tmp_path / "p.json").exists()
@@ -77,6 +84,10 @@ def test_profile_run_names_a_missing_model(tmp_path, capsys):
     argv = ["profile", "run", "--repo", REPO, "--models", "mlp_small", "-o", str(tmp_path / "m.json")]
     assert main([*argv, "--serving-rate", "0"]) == 2
     assert "--serving-rate must be a rate in (0, 1000] req/s, got 0" in capsys.readouterr().err
+    assert main([*argv, "--sli-window", "0"]) == 2
+    assert "--sli-window must be a heartbeat interval in [0.1, 3600] s, got 0; pass the agents'" in (
+        capsys.readouterr().err
+    )
     assert not (tmp_path / "m.json").exists()
 
 
@@ -97,3 +108,21 @@ def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):
     assert "measured mlp_small batch" in out and "round 1: measured 1 point(s)" in out and "holds on measured" in out
     measured = json.loads((tmp_path / "verified.json").read_text())["models"]["mlp_small"]["measured"]
     assert len(measured) == 1 and measured[0][2] > 0
+
+
+def test_the_agents_measurer_measures_a_requested_point_on_real_triton(tmp_path):
+    """Verify before serving on a CPU node: the agent's measurer serves the point alone and times it, its
+    processes recorded under the agent's workdir (a killed agent's are reaped by the next one there)."""
+    from agents.profiler import AgentMeasurer
+    from agents.triton import LEDGER
+
+    lines: list[str] = []
+    measurer = AgentMeasurer(REPO, workdir=str(tmp_path / "measure"), progress=lines.append)
+    try:
+        first = measurer("mlp_small", 0, 50.0, 2, 3)
+        assert list((tmp_path / "measure" / LEDGER).glob("*.json"))  # its running process, on record there
+        again = measurer("mlp_small", 0, 50.0, 1, 3)  # the same Triton process, another batch size
+    finally:
+        measurer.close()
+    assert 0 < first < 1000 and 0 < again < 1000
+    assert len(lines) == 2 and "measured mlp_small batch 2 share 50%" in lines[0]

@@ -190,7 +190,9 @@ def test_confirmation_needs_agreeing_consecutive_estimates_and_resets_on_a_miss(
 def sli(key, node, residual, replicas, profile=PROFILE, n=6):
     from controller.recalibrate import SliWindow, replica_p99_ms, with_serving
 
-    base = replica_p99_ms(with_serving(profile, "accel_sim", 0.0), next(r for r in replicas if r.key == key))
+    base = replica_p99_ms(
+        with_serving(profile, "accel_sim", 0.0, beyond_sli_ms=0.0), next(r for r in replicas if r.key == key)
+    )
     return [SliWindow(key, node, base + residual, base + residual / 2, 0.5, 1.0) for _ in range(n)]
 
 
@@ -225,6 +227,29 @@ def test_serving_estimate_lowers_only_when_every_node_shows_it_and_never_below_a
     )
 
 
+def test_recalibrating_the_serving_term_keeps_what_clients_see_beyond_the_sli_windows():
+    from controller.recalibrate import SliWindow, replica_p99_ms, serving_estimate, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a")), "CPU", "accel_sim")
+    # the profile: 6 ms of serving path as the SLI windows show it, and 2.5 ms more that clients see beyond them
+    measured = with_serving(PROFILE, "accel_sim", 6.0, beyond_sli_ms=2.5)
+    batch = replica_p99_ms(with_serving(PROFILE, "accel_sim", 0.0, beyond_sli_ms=0.0), replicas[0])
+    assert replica_p99_ms(measured, replicas[0]) == pytest.approx(batch + 8.5, rel=1e-9)
+    # what the SLI windows should show of it (the loop's "clients see more than predicted" compares with this)
+    assert replica_p99_ms(measured, replicas[0], beyond_sli=False) == pytest.approx(batch + 6.0, rel=1e-9)
+    # the SLI windows show a 4 ms serving path; the clients' p99 over all requests is 2.5 ms above that
+    windows = [SliWindow("a#0", "n1", batch + 4.0, batch + 2.0, 0.5, 1.0) for _ in range(6)]
+    client_p99 = batch + 4.0 + 2.5
+    lowered = serving_estimate(measured, "accel_sim", replicas, windows, min_windows=5, tolerance_ms=1.0)
+    assert lowered.changed and lowered.serving_p99_ms == pytest.approx(4.0, rel=1e-6)  # learnt from the SLI alone
+    candidate = with_serving(measured, "accel_sim", lowered.serving_p99_ms)
+    assert candidate.model("accel_sim").beyond_sli_p99_ms == 2.5  # kept
+    assert replica_p99_ms(candidate, replicas[0]) == pytest.approx(client_p99, rel=1e-6)  # still what clients see
+    # windows that show exactly the prediction less the part beyond them move nothing
+    held = serving_estimate(candidate, "accel_sim", replicas, windows, min_windows=5, tolerance_ms=1.0)
+    assert not held.changed
+
+
 def test_a_service_time_correction_needs_the_nodes_running_the_model_one_vote_each():
     from controller.recalibrate import nodes_agree
 
@@ -247,6 +272,9 @@ def test_a_candidate_that_lowers_a_prediction_below_the_sli_is_named():
     assert lowered_below_sli([lower], seen(10.5), 1.0) is None  # within the tolerance
     assert lowered_below_sli([lower], [], 1.0) is None  # no SLI: nothing to stay above
     assert lowered_below_sli([Move("w#0", 10.0, 12.0, 80.0)], seen(20.0), 1.0) is None  # a raise is not held here
+    # the windows do not show the model's part beyond them: 10 ms predicted with 3 ms of it is 7 ms in the windows
+    assert lowered_below_sli([lower], seen(10.5), 1.0, beyond_sli_ms=3.0) == lower
+    assert lowered_below_sli([lower], seen(7.5), 1.0, beyond_sli_ms=3.0) is None
 
 
 def test_an_applied_floor_a_later_solve_refuses_is_dropped_and_said():

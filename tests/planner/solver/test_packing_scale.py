@@ -185,3 +185,52 @@ def test_a_memo_kept_across_solves_starts_a_types_replica_entries_afresh_past_it
     replicas._items.update({(("gone",), 0.1 * k): None for k in range(8 * len(problem.workloads) + 1001)})
     assert solve(problem, "stoke", memo=memo) == plan  # the next solve starts the type's entries afresh
     assert len(memo.replicas["V100"]._items) <= 8 * len(problem.workloads) + 1000
+
+
+def test_a_memo_takes_again_every_gpu_of_a_plan_given_back_rekeyed(monkeypatch):
+    """The controller hands back the plan it was answered with each GPU keyed by its slot (new GPU objects,
+    the same placements). Every GPU whose replicas are unchanged is then taken as it was, including those
+    whose placements took a replica by its rate, not its number (a workload's replicas numbered in GPU
+    order), and the answer is the one without the memo."""
+    from dataclasses import replace
+
+    import planner.solver.stoke as stoke
+    from planner.solver.stoke import SolveMemo
+
+    # packed in chunks, as a fleet is: a workload's replicas then land in another order than they were made
+    monkeypatch.setattr(stoke, "CHUNK_REPLICAS", 15)
+    workloads = list(fleet_workloads(60, seed=1))
+    memo = SolveMemo()
+    plan = solve(Problem(tuple(workloads), (V100,)), "stoke", memo=memo)
+    rng = random.Random(7)
+    for step in range(6):
+        k = rng.randrange(len(workloads))
+        workloads[k] = replace(workloads[k], rate_rps=round(workloads[k].rate_rps * (2.5, 0.4)[step % 2], 1))
+        problem = Problem(tuple(workloads), (V100,))
+        given = replace(plan, gpus=tuple(replace(g, key=f"slot{n}") for n, g in enumerate(plan.gpus)))
+        plan = solve(problem, "stoke", current=given, memo=memo)
+        assert plan == solve(problem, "stoke", current=given)
+    # some GPU holds a replica whose number is not the one its placement carries: the case this is about
+    by_number = [
+        entry
+        for entry in memo.reseeded.values()
+        if any(p.replica != key[1] for p, key in zip(entry[0].placements, entry[3]))
+    ]
+    assert by_number, (
+        "no GPU recorded as taken by rate: the memo skips them, or the mix has none (then pick another seed)"
+    )
+    # the same inputs: the GPUs the last change made are seeded afresh once, then taken as they are
+    plan = solve(
+        problem,
+        "stoke",
+        current=replace(plan, gpus=tuple(replace(g, key=f"x{n}") for n, g in enumerate(plan.gpus))),
+        memo=memo,
+    )
+    seeded_afresh = []
+    real_seed_gpu = stoke._seed_gpu
+    monkeypatch.setattr(stoke, "_seed_gpu", lambda *a: seeded_afresh.append(a[1]) or real_seed_gpu(*a))
+    given = replace(plan, gpus=tuple(replace(g, key=f"again{n}") for n, g in enumerate(plan.gpus)))
+    again = solve(problem, "stoke", current=given, memo=memo)
+    assert seeded_afresh == []  # nothing changed: every GPU taken as it was
+    monkeypatch.setattr(stoke, "_seed_gpu", real_seed_gpu)
+    assert again == solve(problem, "stoke", current=given)

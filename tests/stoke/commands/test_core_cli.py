@@ -293,10 +293,13 @@ def test_profile_show_reports_the_measured_serving_path(capsys):
     code, out, _ = run(capsys, "profile", "show", cpu_profile, "--json")
     data = json.loads(out)
     assert code == 0 and all(m["serving_p99_ms"] > 0 for m in data["models"].values())
+    assert all(m["beyond_sli_p99_ms"] >= 0 for m in data["models"].values())
     code, out, _ = run(capsys, "profile", "show", cpu_profile)
-    assert "serving_p99_ms" in out and "not measured" not in out
+    assert "serving_p99_ms" in out and "beyond_sli_ms" in out and "not measured" not in out
     code, out, _ = run(capsys, "profile", "show")  # the bundled V100 figures carry no serving path
     assert "0 (not measured)" in out
+    code, out, _ = run(capsys, "profile", "show", "--json")  # nor anything beyond the SLI: the default
+    assert all(m["beyond_sli_p99_ms"] == 0.0 for m in json.loads(out)["models"].values())
 
 
 def test_profile_verify_measures_the_plans_points_and_replans(capsys, tmp_path):
