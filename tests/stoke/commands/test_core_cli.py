@@ -318,3 +318,26 @@ def test_plan_explain_says_which_bound_binds_and_the_domain(capsys):
     name = json.loads(out)["gpus"][0]["workloads"][0]["name"]
     code, out, _ = run(capsys, "plan", "--explain", name)
     assert code == 0 and "error bound" in out and "domain: measured shares 10-100%" in out and "binding:" in out
+
+
+def test_plan_explain_says_whether_the_chosen_point_was_measured(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    (tmp_path / "plan.json").write_text(out)
+    name = json.loads(out)["gpus"][0]["workloads"][0]["name"]
+    code, out, _ = run(capsys, "plan", "--explain", name)
+    assert code == 0 and f"+{UNMEASURED_ERROR:.0%} at a point it did not measure" in out
+    assert "(not measured: " in out  # the bundled example's points are between the fit's
+    # verified: the chosen points were measured, the bound there is the measurement's own
+    code, _, _ = run(
+        capsys,
+        "profile",
+        "verify",
+        str(tmp_path / "plan.json"),
+        "--plan-out",
+        str(tmp_path / "v.json"),
+        "--profile-out",
+        str(tmp_path / "measured.json"),
+    )
+    assert code == 0
+    code, out, _ = run(capsys, "plan", "--profile", str(tmp_path / "measured.json"), "--explain", name)
+    assert code == 0 and "(measured by verification)" in out
