@@ -66,9 +66,9 @@ class GpuProfile:
 #: Relative error assumed where a profile does not record its own: profiles saved before they recorded
 #: their domain and error (they load with no `domain`), and fits with too few points for leave-one-out
 #: (5 coefficients need at least 7 points). About twice the worst interior leave-one-out error of the
-#: bundled V100 fit. Neither says which points it measured, so `UNMEASURED_ERROR` comes on top wherever
-#: nothing was measured (everywhere, for a profile with no domain): an old profile still plans more
-#: cautiously than a refitted one.
+#: bundled V100 fit. A fit with too few points adds `UNMEASURED_ERROR` off its measured points like any
+#: other. A profile with no domain keeps this default everywhere, as it always planned: less than a
+#: refitted profile's bound off its measured points (10% more), so refit it for an honest bound.
 DEFAULT_FIT_ERROR = 0.10
 #: Outside the measured domain (only where the operator allows it) the error bound grows by this much
 #: per halving of the share below the smallest measured share, or doubling of the batch above the
@@ -214,8 +214,7 @@ class ModelProfile:
     weights_mib: float = 0.0
     activation_mib: float = 0.0
     #: Measured batches and shares and the fit's out-of-sample error there; None for a profile saved
-    #: before profiles recorded them: then every point counts as inside the domain, at
-    #: `DEFAULT_FIT_ERROR` + `UNMEASURED_ERROR` (nothing is known to be measured).
+    #: before profiles recorded them: then every point counts as measured, at `DEFAULT_FIT_ERROR`.
     domain: FitDomain | None = None
     #: Points measured after the fit (verification): (batch, share %, solo active ms). There the
     #: measurement replaces the fitted active time, at `MEASURED_ERROR`; elsewhere the fit is raised
@@ -267,9 +266,8 @@ class ModelProfile:
 
     def fit_error(self, batch: object, share_pct: object) -> NDArray[Any]:
         """Relative error bound of L and O at (batch, share) (arrays broadcast); see `FitDomain`."""
-        if self.domain is None:  # it does not say where it measured: nothing is known to be measured
-            shape = np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape
-            error = np.full(shape, DEFAULT_FIT_ERROR + UNMEASURED_ERROR)
+        if self.domain is None:
+            error = np.full(np.broadcast(np.asarray(batch), np.asarray(share_pct)).shape, DEFAULT_FIT_ERROR)
         else:
             error = np.asarray(self.domain.error_at(batch, share_pct), dtype=float)
         if self.measured:

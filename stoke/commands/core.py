@@ -847,8 +847,7 @@ def run_profile_show(args: argparse.Namespace) -> int:
         d = m.domain
         if d is None:
             default = f"{DEFAULT_FIT_ERROR:.1%} (default)"
-            everywhere = f"{DEFAULT_FIT_ERROR + UNMEASURED_ERROR:.1%}"
-            rows.append([name, "not recorded", "not recorded", default, "-", "-", everywhere, serving(m), beyond(m)])
+            rows.append([name, "not recorded", "not recorded", default, "-", "-", default, serving(m), beyond(m)])
             continue
         rows.append(
             [
@@ -887,9 +886,9 @@ def run_profile_show(args: argparse.Namespace) -> int:
     )
     if any(m.domain is None for m in profile.models.values()):
         print(
-            f"note: models without a recorded domain were fitted before stoke recorded it: the planner uses "
-            f"every point at a {DEFAULT_FIT_ERROR + UNMEASURED_ERROR:.0%} error ({DEFAULT_FIT_ERROR:.0%} default "
-            f"+ {UNMEASURED_ERROR:.0%} unmeasured); refit with `stoke profile fit`"
+            f"note: models without a recorded domain were fitted before stoke recorded it: the planner treats "
+            f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error, less than a refit's bound off its "
+            f"measured points; refit with `stoke profile fit`"
         )
     return 0
 
