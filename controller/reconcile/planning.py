@@ -8,8 +8,10 @@
    stored row that fails today's checks (`Observed.rejected`);
 2. `solve_with_fallback`: the solver runs on the inventory of the ready
    devices, asked to keep the applied placements on the healthy slots
-   (`current=`). Not enough devices: plan as if there were (the GPUs beyond
-   the ready devices stay unbound and their workloads pending); a workload
+   (`current=`). Not enough devices: a workload that serves and would be left
+   without a device keeps serving best effort (`_squeezed`), else plan as if
+   there were (the GPUs beyond the ready devices stay unbound and their
+   workloads pending); a workload
    infeasible on its own, or one the solver cannot plan within its budget
    (`BudgetExceeded`), is pending with the reason and the rest is planned
    (except one that serves: it keeps serving best effort, see `_best_effort`);
@@ -244,20 +246,31 @@ def solve_with_fallback(
         return run_solver(Problem(tuple(ws), types), _current(kept, ws))
 
     unbounded = tuple(replace(g, max_count=None) for g in inventory)
-    failure: ProblemError | None = None
     try:
         return run(workloads, inventory), workloads, []
-    except BudgetExceeded as err:
-        failure = err
+    except BudgetExceeded as over:
+        return _narrowed(workloads, kept, over, lambda ws: run(ws, unbounded))
     except ProblemError:
-        try:
-            return run(workloads, unbounded), workloads, []
-        except ProblemError as together:
-            failure = together
+        pass
+    try:
+        plan = run(workloads, unbounded)
+    except ProblemError as together:
+        return _narrowed(workloads, kept, together, lambda ws: run(ws, unbounded))
+    # not enough devices: those that serve keep theirs first (`_squeezed`), else plan as if there were
+    types = {True: inventory, False: unbounded}
+    solve = lambda ws, bounded, current: run_solver(Problem(tuple(ws), types[bounded]), current)  # noqa: E731
+    return _squeezed(workloads, kept, plan, solve) or (plan, workloads, [])
+
+
+def _narrowed(
+    workloads: list[Workload], kept: Plan | None, failure: ProblemError, run: Callable[[Sequence[Workload]], Plan]
+) -> tuple[Plan | None, list[Workload], Pending]:
+    """`solve_with_fallback` after a failure together (`run`: without the device limit): each workload alone,
+    then the feasible ones together, or the longest leading run of them within the budget."""
     feasible, infeasible, over_budget = [], [], set()
     for w in workloads:
         try:
-            run([w], unbounded)
+            run([w])
             feasible.append(w)
         except ProblemError as err:
             infeasible.append((w.name, str(err)))
@@ -265,16 +278,14 @@ def solve_with_fallback(
                 over_budget.add(w.name)
     if not infeasible and not isinstance(failure, BudgetExceeded):
         raise failure  # feasible one by one, not together
-    infeasible, relaxed = _best_effort(
-        workloads, infeasible, kept, lambda w: run([w], unbounded), frozenset(over_budget)
-    )
+    infeasible, relaxed = _best_effort(workloads, infeasible, kept, lambda w: run([w]), frozenset(over_budget))
     feasible += relaxed
     if not feasible:
         return None, [], infeasible
     try:
-        return _real_slos(run(feasible, unbounded), workloads), feasible, infeasible
+        return _real_slos(run(feasible), workloads), feasible, infeasible
     except BudgetExceeded as over:
-        plan, count = _longest_plannable(feasible, lambda ws: run(ws, unbounded))
+        plan, count = _longest_plannable(feasible, run)
         reason = f"not planned together with the {count} workload(s) before it: {over}"
         return _real_slos(plan, workloads), feasible[:count], infeasible + [(w.name, reason) for w in feasible[count:]]
 
@@ -318,6 +329,63 @@ def _best_effort(
             )
         )
     return pending, relaxed
+
+
+#: At most this many serving workloads are stretched together to fit the ready devices (`_squeezed`): a
+#: larger shortfall (a node lost) is not one a stretch makes up, and each try is a solve of the whole fleet.
+MAX_SQUEEZED = 16
+
+
+def _squeezed(
+    workloads: Sequence[Workload],
+    kept: Plan | None,
+    unbounded: Plan,
+    solve: Callable[[Sequence[Workload], bool, Plan | None], Plan],
+) -> tuple[Plan | None, list[Workload], Pending] | None:
+    """Not enough devices, and a plan without their limit (`unbounded`) would put workloads that serve on
+    a GPU the applied plan does not have: those would lose their device (every request of theirs would
+    fail), possibly to a new workload. Instead the workloads that serve are planned first, on the ready
+    devices (`solve(ws, bounded=True, current)`), those left out stretched by the least of
+    `BEST_EFFORT_SLO_FACTORS` that fits when they do not fit as they are (as `_best_effort` does for one
+    whose SLO cannot be met at all); then the others are added around them without the device limit,
+    so a new workload that does not fit waits for a device (unbound, pending) and takes none from them.
+    None (the plan without the limit, as before) when no serving workload would be left out, when more
+    than `MAX_SQUEEZED` would, or when no stretch fits."""
+    if kept is None:
+        return None
+    serving = {p.name for g in kept.gpus for p in g.placements}
+    kept_keys = {g.key for g in kept.gpus if g.key}
+    left_out = {p.name for g in unbounded.gpus if g.key not in kept_keys for p in g.placements if p.name in serving}
+    if not left_out or len(left_out) > MAX_SQUEEZED:
+        return None
+    current = _current(kept, [w for w in workloads if w.name in serving])
+    for factor in (1.0, *BEST_EFFORT_SLO_FACTORS):
+        stretched = [
+            replace(w, slo_ms=round(w.slo_ms * factor, 3)) if w.name in left_out and factor > 1.0 else w
+            for w in workloads
+        ]
+        try:
+            first = solve([w for w in stretched if w.name in serving], True, current)
+        except BudgetExceeded:  # a stretch will not make it faster
+            return None
+        except ProblemError:
+            continue
+        try:
+            plan = solve(stretched, False, first) if len(serving) < len(workloads) else first
+        except ProblemError:  # the others cannot be added (over the budget): plan as before
+            return None
+        pending = [
+            (
+                w.name,
+                f"the ready devices cannot hold it at its {w.slo_ms:g} ms SLO together with the others; it keeps "
+                f"serving, planned best effort for {round(w.slo_ms * factor, 3):g} ms: add devices, lower its rate "
+                "or loosen its SLO",
+            )
+            for w in workloads
+            if w.name in left_out and factor > 1.0
+        ]
+        return _real_slos(plan, workloads), stretched, pending
+    return None
 
 
 def _least_stretch(w: Workload, solves: Callable[[Workload], Plan]) -> Workload | None:

@@ -424,3 +424,31 @@ def test_a_serving_workload_whose_slo_can_no_longer_be_promised_keeps_serving_be
     svc.reconcile()
     states = {s.workload.name: s for s in svc.status().workloads}
     assert states["a"].state == "pending" and "keeps serving" not in states["a"].reason and not where(svc)
+
+
+def test_a_serving_workload_the_ready_devices_can_no_longer_hold_keeps_serving_best_effort(tmp_path):
+    """The serving path grows (2 -> 5.5 ms) so that two workloads sharing the only device need more than it
+    has: the one a plan without the device limit would move to a device there is none of keeps serving,
+    stretched, instead of going pending (every request of it would fail). A new workload is not squeezed in."""
+    svc, _ = make(tmp_path)
+    svc.upload_profile(_with_serving_path(2.0))
+    svc.register("node-a", CPU)
+    svc.apply_workloads([wl("a", slo=8.0, rate=800.0), wl("b", slo=8.0, rate=800.0)])
+    svc.reconcile()
+    assert set(where(svc)) == {"a#0", "b#0"}
+    svc.upload_profile(_with_serving_path(5.5))
+    outcome = svc.reconcile()
+    assert set(where(svc)) == {"a#0", "b#0"}  # neither lost its device
+    [(name, reason)] = outcome.plan.pending
+    assert "keeps serving" in reason and "8 ms SLO" in reason and "ready devices cannot hold it" in reason, reason
+    assigned = svc.heartbeat(HeartbeatReport(node_id="node-a")).assignments
+    assert {a.slo_ms for a in assigned} == {8.0}  # judged by its own SLO
+    svc.heartbeat(HeartbeatReport(node_id="node-a", running=tuple(assigned)))
+    states = {s.workload.name: s for s in svc.status().workloads}
+    assert states[name].state == "degraded" and "best effort" in states[name].reason
+    assert svc.reconcile() is None  # level-based
+    # a new workload that does not fit waits for a device; it takes none from those that serve
+    svc.apply_workloads([wl("a", slo=8.0, rate=800.0), wl("b", slo=8.0, rate=800.0), wl("c", slo=8.0, rate=800.0)])
+    outcome = svc.reconcile()
+    assert set(where(svc)) == {"a#0", "b#0"}
+    assert "no free" in dict(outcome.plan.pending)["c"]
