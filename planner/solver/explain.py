@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from interference.profile import UNMEASURED_ERROR, ModelProfile
 from planner.solver.candidates import EPS, PointCache
 from planner.solver.problem import Placement, Plan, Problem, ProblemError
 from planner.solver.stoke import (
@@ -77,7 +78,8 @@ def explain(
         if options.error_bound:
             summary.append(
                 "error bound: the budget and the cap are checked with L(k) and O(k) raised to the profile's "
-                "out-of-sample error at each candidate (`stoke profile show`), partial batches 1..B on a line at "
+                f"out-of-sample error at each candidate (`stoke profile show`; +{UNMEASURED_ERROR:.0%} at a point it "
+                "did not measure), partial batches 1..B on a line at "
                 "or above every raised O(k); the plan shows the central p99 beside p99_upper, the binding one"
             )
         else:
@@ -100,7 +102,8 @@ def explain(
             cache = PointCache(types[plan.gpus[placed[0][0]].gpu_type])
             summary.append(
                 f"replica {p.replica + 1}: share {p.share_pct:g}%, batch {p.batch}: error bound "
-                f"{cache.fit_error(workload.model, p.batch, p.share_pct):.1%}; central p99 "
+                f"{cache.fit_error(workload.model, p.batch, p.share_pct):.1%} "
+                f"({_measured_words(profile, p.batch, p.share_pct)}); central p99 "
                 f"{p.predicted_p99_ms:.2f} ms, upper {p.p99_upper_ms:.2f} ms; binding: {p.binding} "
                 f"({_binding_words(p.binding)})"
             )
@@ -152,6 +155,16 @@ def _memory_line(problem: Problem, plan: Plan, gpu_index: int, placement: Placem
     elif limits.max_clients and len(gpu.placements) >= limits.max_clients:
         line += "; the MPS client limit binds: no further process fits"
     return line
+
+
+def _measured_words(model: ModelProfile, batch: int, share_pct: float) -> str:
+    """Whether the error bound at (batch, share) stands on a measurement, for `--explain`."""
+    if model.measured_ms(batch, share_pct) is not None:
+        return "measured by verification"
+    domain = model.domain
+    if domain is not None and batch in domain.batches and any(abs(share_pct - r) < 1e-6 for r in domain.shares):
+        return "a point the fit measured"
+    return f"not measured: {UNMEASURED_ERROR:.0%} of it for what the measured points cannot show"
 
 
 def _binding_words(binding: str) -> str:

@@ -802,12 +802,17 @@ def _progress_display(session: ProfileSession) -> Iterator[Callable[[Any], None]
 
 
 def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
-    from interference.profile import DEFAULT_FIT_ERROR
+    from interference.profile import DEFAULT_FIT_ERROR, UNMEASURED_ERROR
 
     models: dict[str, Any] = {}
     for name, m in sorted(profile.models.items()):
         d = m.domain
-        models[name] = {"serving_p99_ms": m.serving_p99_ms, "beyond_sli_p99_ms": m.beyond_sli_p99_ms} | (
+        # unmeasured_error: added to the bound at every point the fit did not measure
+        models[name] = {
+            "serving_p99_ms": m.serving_p99_ms,
+            "beyond_sli_p99_ms": m.beyond_sli_p99_ms,
+            "unmeasured_error": UNMEASURED_ERROR,
+        } | (
             {"recorded": False, "default_error": DEFAULT_FIT_ERROR}
             if d is None
             else {
@@ -824,7 +829,7 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
 
 
 def run_profile_show(args: argparse.Namespace) -> int:
-    from interference.profile import DEFAULT_FIT_ERROR
+    from interference.profile import DEFAULT_FIT_ERROR, UNMEASURED_ERROR
     from interference.profile_io import bundled_profile
 
     def serving(m: Any) -> str:  # the serving path outside the batch, added to every p99 the planner predicts
@@ -841,18 +846,8 @@ def run_profile_show(args: argparse.Namespace) -> int:
     for name, m in sorted(profile.models.items()):
         d = m.domain
         if d is None:
-            rows.append(
-                [
-                    name,
-                    "not recorded",
-                    "not recorded",
-                    f"{DEFAULT_FIT_ERROR:.1%} (default)",
-                    "-",
-                    "-",
-                    serving(m),
-                    beyond(m),
-                ]
-            )
+            default = f"{DEFAULT_FIT_ERROR:.1%} (default)"
+            rows.append([name, "not recorded", "not recorded", default, "-", "-", default, serving(m), beyond(m)])
             continue
         rows.append(
             [
@@ -862,12 +857,14 @@ def run_profile_show(args: argparse.Namespace) -> int:
                 f"{d.quantile(0.9):.1%}",
                 f"{d.quantile(1.0):.1%}",
                 f"{d.floor:.1%}",
+                f"{d.floor + UNMEASURED_ERROR:.1%}",
                 serving(m),
                 beyond(m),
             ]
         )
     print(f"{profile.gpu.name} (share step {profile.gpu.share_step_pct:g}%)")
-    columns = ["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "serving_p99_ms", "beyond_sli_ms"]
+    columns = ["model", "batches", "shares_%", "LOO_err_p90", "LOO_err_max", "floor", "unmeasured"]
+    columns += ["serving_p99_ms", "beyond_sli_ms"]
     print(render_table(columns, rows))
     if getattr(args, "output_format", "table") == "wide":
         print()
@@ -883,10 +880,15 @@ def run_profile_show(args: argparse.Namespace) -> int:
                 ],
             )
         )
+    print(
+        f"unmeasured: the least bound off the measured points: leave-one-out error there (>= floor) + "
+        f"{UNMEASURED_ERROR:.0%} (tile steps, scatter the points cannot show); `stoke profile verify` measures"
+    )
     if any(m.domain is None for m in profile.models.values()):
         print(
             f"note: models without a recorded domain were fitted before stoke recorded it: the planner treats "
-            f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error; refit with `stoke profile fit`"
+            f"every point as measured at a {DEFAULT_FIT_ERROR:.0%} error, less than a refit's bound off its "
+            f"measured points; refit with `stoke profile fit`"
         )
     return 0
 

@@ -11,8 +11,8 @@ from planner.solver import GpuType, Problem, ProblemError, Workload, solve
 from planner.solver.verify import unmeasured, verify
 
 FITTED = bundled_profile()
-#: The device: ssd runs 12% slower than its fit everywhere (the fit's own error bound there is ~5%).
-SLOWER = 1.12
+#: The device: ssd runs 25% slower than its fit everywhere (the fit's own error bound there is 5-15%).
+SLOWER = 1.25
 k1, k2, k3, k4, k5 = FITTED.model("ssd").k_act
 TRUTH = DeviceProfile(
     FITTED.gpu,
@@ -41,7 +41,7 @@ def replayed_misses(plan):
 
 def test_the_optimistic_fit_misses_on_the_device_before_verification():
     plan = solve(Problem(WORKLOADS, (V100,)), "stoke")
-    assert "detect" in replayed_misses(plan)  # the premise: the error bound alone does not cover 12%
+    assert "detect" in replayed_misses(plan)  # the premise: the error bound alone does not cover 25%
 
 
 def test_verification_corrects_the_optimistic_points_and_the_replan_holds():
@@ -49,7 +49,7 @@ def test_verification_corrects_the_optimistic_points_and_the_replan_holds():
     checked = verify(Problem(WORKLOADS, (V100,)), measure, progress=rounds.append)
     assert checked.holds and not unmeasured(checked.problem, checked.plan)
     assert 1 <= len(checked.rounds) <= 8 and rounds == list(checked.rounds)
-    assert checked.rounds[0].worst_ratio == pytest.approx(SLOWER, rel=1e-6)  # ssd was measured 12% slow
+    assert checked.rounds[0].worst_ratio == pytest.approx(SLOWER, rel=1e-6)  # ssd was measured 25% slow
     assert checked.points == sum(r.measured for r in checked.rounds) >= len(WORKLOADS)
     # the measured points are in the profile the final plan was made with
     ssd = next(g for g in checked.problem.inventory).profile.model("ssd")

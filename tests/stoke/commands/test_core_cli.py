@@ -5,6 +5,7 @@ import json
 import pytest
 from floats import assert_close
 
+from interference.profile import UNMEASURED_ERROR
 from interference.profile_io import bundled_profile, bundled_raw_path, load_profile, profile_to_dict
 from stoke.cli import main
 
@@ -278,6 +279,13 @@ def test_profile_show_reports_the_domain_and_error(capsys):
     code, out, _ = run(capsys, "profile", "show", "--json")
     data = json.loads(out)
     assert data["models"]["ssd"]["batches"] == [1, 16, 32] and 0 < data["models"]["ssd"]["error_floor"] < 0.2
+    # the bound off the measured points: the floor and what they cannot show, as the planner uses it
+    ssd = data["models"]["ssd"]
+    assert ssd["unmeasured_error"] == UNMEASURED_ERROR
+    code, out, _ = run(capsys, "profile", "show")
+    row = next(line.split() for line in out.splitlines() if line.startswith("ssd "))
+    assert "unmeasured" in out and row[6] == f"{ssd['error_floor'] + UNMEASURED_ERROR:.1%}"
+    assert float(bundled_profile().model("ssd").fit_error(8, 30.0)) >= ssd["error_floor"] + UNMEASURED_ERROR - 1e-9
 
 
 def test_profile_show_reports_the_measured_serving_path(capsys):
@@ -310,3 +318,26 @@ def test_plan_explain_says_which_bound_binds_and_the_domain(capsys):
     name = json.loads(out)["gpus"][0]["workloads"][0]["name"]
     code, out, _ = run(capsys, "plan", "--explain", name)
     assert code == 0 and "error bound" in out and "domain: measured shares 10-100%" in out and "binding:" in out
+
+
+def test_plan_explain_says_whether_the_chosen_point_was_measured(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    (tmp_path / "plan.json").write_text(out)
+    name = json.loads(out)["gpus"][0]["workloads"][0]["name"]
+    code, out, _ = run(capsys, "plan", "--explain", name)
+    assert code == 0 and f"+{UNMEASURED_ERROR:.0%} at a point it did not measure" in out
+    assert "(not measured: " in out  # the bundled example's points are between the fit's
+    # verified: the chosen points were measured, the bound there is the measurement's own
+    code, _, _ = run(
+        capsys,
+        "profile",
+        "verify",
+        str(tmp_path / "plan.json"),
+        "--plan-out",
+        str(tmp_path / "v.json"),
+        "--profile-out",
+        str(tmp_path / "measured.json"),
+    )
+    assert code == 0
+    code, out, _ = run(capsys, "plan", "--profile", str(tmp_path / "measured.json"), "--explain", name)
+    assert code == 0 and "(measured by verification)" in out
