@@ -121,12 +121,23 @@ def _plan_with_floors(observed: Observed, config: ServiceConfig, run_solver: Run
     if not observed.floors or not view.pending:
         return view
     free = _plan_observed(observed, config, run_solver, now, {})
-    displaced = sorted({name for name, _ in view.pending} - {name for name, _ in free.pending})
+    displaced = sorted(_left_out(view) - _left_out(free))
     if not displaced:
         return view
     note = f"SLO guard floor(s) not applied: they would displace {', '.join(displaced)}"
     refused = tuple((name, f"it would leave {', '.join(displaced)} unplaced") for name, _ in observed.floors)
     return replace(free, plan=replace(free.plan, notes=(*free.plan.notes, note)), floors_refused=refused)
+
+
+def _left_out(view: PlanView) -> set[str]:
+    """The workloads `view` leaves without a device: a replica on a GPU bound to none, or none placed at all.
+    Not every pending one: a workload kept serving best effort is listed with its reason too, and a floor
+    must not take its device away."""
+    bound: set[str] = set()
+    unbound: set[str] = set()
+    for g, b in zip(view.plan.gpus, view.bindings):
+        (unbound if b is None else bound).update(p.name for p in g.placements)
+    return unbound | ({name for name, _ in view.pending} - bound)
 
 
 def _plan_observed(

@@ -54,3 +54,48 @@ def test_no_budget_is_spent_on_a_workload_that_ran_over_it():
     solves, calls = scripted([BudgetExceeded("over"), None])
     pending, relaxed = _best_effort([SERVING], [("a", "cannot meet 10 ms")], KEPT, solves)
     assert relaxed == [] and calls == [11.0] and pending == [("a", "cannot meet 10 ms")]
+
+
+def test_a_guard_floor_never_takes_the_device_of_a_workload_kept_serving_best_effort():
+    """The CPU demo's tight case: its serving path grew past its 10 ms SLO, so it serves best effort (listed as
+    pending with the reason, yet placed), and the SLO guard asks for a 100% floor, which leaves no room for its
+    neighbour on the one device. The floor is refused: comparing pending names, the plan with the floor (the
+    workload unbound) looked no worse than the one without it (the workload listed as degraded), and its
+    requests failed."""
+    from dataclasses import replace
+
+    from controller.config import ServiceConfig
+    from controller.reconcile.planning import Observed, plan_observed
+    from controller.reconcile.slots import Binding
+    from interference.profile import DeviceProfile
+    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
+    from planner.solver import solve
+
+    base = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
+    slow = DeviceProfile(base.gpu, {**base.models, "mlp_small": replace(base.models["mlp_small"], serving_p99_ms=21.7)})
+    gpu_type = base.gpu.name
+    slots = (Binding("local", 0, gpu_type),)
+    workloads = (
+        Workload("thumbnail-filter", "mlp_small", 10.0, 48.0),
+        Workload("product-search", "conv_medium", 160.0, 16.0),
+    )
+    config = ServiceConfig()
+
+    def run(problem, current):
+        return solve(problem, config.strategy, current=current)
+
+    def bound(view):
+        return {p.name for g, b in zip(view.plan.gpus, view.bindings) if b is not None for p in g.placements}
+
+    first = plan_observed(Observed(workloads, {gpu_type: base}, 1, slots, None), config, run, 0.0)
+    applied = replace(first, revision=1)
+    assert bound(applied) == {"thumbnail-filter", "product-search"}
+    view = plan_observed(
+        Observed(workloads, {gpu_type: slow}, 2, slots, applied, floors=(("thumbnail-filter", 100.0),)),
+        config,
+        run,
+        0.0,
+    )
+    assert bound(view) == {"thumbnail-filter", "product-search"}  # both keep their device
+    assert "keeps serving" in dict(view.pending)["thumbnail-filter"]
+    assert view.floors_refused and "thumbnail-filter" in view.floors_refused[0][1]
