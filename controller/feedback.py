@@ -423,15 +423,7 @@ class FeedbackLoop:
         points, replicas, sli, ratios = evidence
         current = self._active_factor(pair, state[0])
         correction = self._service_time(pair, points, fitted, ratios, current, now)
-        corrected = active
-        if correction is not None:
-            now_model = active.models[model]  # the serving terms stay the active ones (the fit's beyond may be 0'd)
-            corrected = with_serving(
-                _with_model(active, apply_corrections(fitted, {model: correction}), model),
-                model,
-                now_model.serving_p99_ms,
-                beyond_sli_ms=now_model.beyond_sli_p99_ms,
-            )
+        corrected = _corrected(active, fitted, model, correction)
         slo = min((r.placement.slo_ms for r in replicas), default=0.0)
         tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
         serving = serving_estimate(
@@ -469,43 +461,7 @@ class FeedbackLoop:
         with self._lock:
             points = list(self._points.get(pair, ()))
             replicas = placed_replicas(self._applied.plan, gpu_type, model) if self._applied else []
-            sli = []
-            for r in replicas:
-
-                def usable(w: ObservationRecord, r: PlacedReplica = r) -> bool:
-                    # only windows that ran the placement they are compared with (not the one before a move)
-                    return (
-                        w.p99_ms is not None
-                        and w.requests >= self.config.guard.min_requests
-                        and w.gpu_type == gpu_type
-                        and abs(w.share_pct - r.placement.share_pct) < 1e-6
-                        and w.batch == r.placement.batch
-                        and _at_planned_load(w, r.placement.rate_rps)
-                    )
-
-                settled = _settled(self._windows(r.key))
-                since = _usable_since(settled, usable)
-                for w in settled[-cfg.recent_windows :]:
-                    if usable(w) and w.p99_ms is not None:
-                        # a pool is the clients' p99 only over windows the loop would use, at least min_windows
-                        pooled = (
-                            w.pooled_p99_ms is not None
-                            and w.pooled_windows >= cfg.min_windows
-                            and w.seq - w.pooled_windows + 1 >= since.get(w.id, w.seq + 1)
-                        )
-                        sli.append(
-                            SliWindow(
-                                w.key,
-                                w.node_id,
-                                w.p99_ms,
-                                w.p50_ms,
-                                w.queue_ms,
-                                w.compute_ms,
-                                w.pooled_p99_ms if pooled else None,
-                                w.pooled_windows if pooled else 0,
-                                w.pooled_count if pooled else 0,
-                            )
-                        )
+            sli = [w for r in replicas for w in self._sli_windows(gpu_type, r)]
             newest = max([points[-1].window if points else 0] + [w.id for r in replicas for w in self._windows(r.key)])
             ratios: dict[str, list[float]] = {}
             for replica in self._replicas.values():
@@ -516,6 +472,47 @@ class FeedbackLoop:
                 return None
             self._estimated[pair] = newest
         return points, replicas, sli, ratios
+
+    def _sli_windows(self, gpu_type: str, r: PlacedReplica) -> list[SliWindow]:
+        """The replica's recent SLI windows that ran its placement at the planned load (call under the lock)."""
+        cfg = self.config.recalibration
+
+        def usable(w: ObservationRecord) -> bool:
+            # only windows that ran the placement they are compared with (not the one before a move)
+            return (
+                w.p99_ms is not None
+                and w.requests >= self.config.guard.min_requests
+                and w.gpu_type == gpu_type
+                and abs(w.share_pct - r.placement.share_pct) < 1e-6
+                and w.batch == r.placement.batch
+                and _at_planned_load(w, r.placement.rate_rps)
+            )
+
+        settled = _settled(self._windows(r.key))
+        since = _usable_since(settled, usable)
+        out = []
+        for w in settled[-cfg.recent_windows :]:
+            if usable(w) and w.p99_ms is not None:
+                # a pool is the clients' p99 only over windows the loop would use, at least min_windows
+                pooled = (
+                    w.pooled_p99_ms is not None
+                    and w.pooled_windows >= cfg.min_windows
+                    and w.seq - w.pooled_windows + 1 >= since.get(w.id, w.seq + 1)
+                )
+                out.append(
+                    SliWindow(
+                        w.key,
+                        w.node_id,
+                        w.p99_ms,
+                        w.p50_ms,
+                        w.queue_ms,
+                        w.compute_ms,
+                        w.pooled_p99_ms if pooled else None,
+                        w.pooled_windows if pooled else 0,
+                        w.pooled_count if pooled else 0,
+                    )
+                )
+        return out
 
     def _service_time(
         self,
@@ -737,6 +734,22 @@ def _prediction_below(
         if seen is not None and seen > replica_p99_ms(active, r) + tolerance_ms:
             return True
     return False
+
+
+def _corrected(
+    active: DeviceProfile, fitted: DeviceProfile, model: str, correction: Correction | None
+) -> DeviceProfile:
+    """`active` with `model`'s service time corrected (if any); its serving terms stay the active ones (a
+    version learnt from pooled p99s set beyond_sli_p99_ms to 0, which the fit's would bring back)."""
+    if correction is None:
+        return active
+    now_model = active.models[model]
+    return with_serving(
+        _with_model(active, apply_corrections(fitted, {model: correction}), model),
+        model,
+        now_model.serving_p99_ms,
+        beyond_sli_ms=now_model.beyond_sli_p99_ms,
+    )
 
 
 def _with_model(active: DeviceProfile, corrected: DeviceProfile, model: str) -> DeviceProfile:

@@ -251,17 +251,25 @@ def _record(
         predicted_batch_ms=predicted_batch_ms(profiles.get(gpu_type), a.model, a.share_pct, neighbours, stats),
         predicted_p99_ms=_finite(predicted_p99.get(a.key)),
         profile_version=versions.get((gpu_type, a.model), 0),
-        p50_ms=o.latency_p50_ms,
-        p95_ms=o.latency_p95_ms,
-        p99_ms=o.latency_p99_ms,
-        over_slo_ratio=o.over_slo_ratio,
         device_utilization_pct=o.device_utilization_pct,
         sm_clock_mhz=o.sm_clock_mhz,
         power_w=o.power_w,
-        pooled_p99_ms=o.pooled_p99_ms,
-        pooled_count=o.pooled_count if o.pooled_p99_ms is not None else 0,
-        pooled_windows=o.pooled_windows if o.pooled_p99_ms is not None else 0,
+        **_sli_fields(o),
     )
+
+
+def _sli_fields(o: Observation) -> dict[str, Any]:
+    """The window's SLI figures (`ObservationRecord`'s p50/p95/p99, over-SLO share and the pooled p99)."""
+    pooled = o.pooled_p99_ms is not None
+    return {
+        "p50_ms": o.latency_p50_ms,
+        "p95_ms": o.latency_p95_ms,
+        "p99_ms": o.latency_p99_ms,
+        "over_slo_ratio": o.over_slo_ratio,
+        "pooled_p99_ms": o.pooled_p99_ms,
+        "pooled_count": o.pooled_count if pooled else 0,
+        "pooled_windows": o.pooled_windows if pooled else 0,
+    }
 
 
 def calibration_points(records: Iterable[ObservationRecord]) -> list[CalibrationPoint]:

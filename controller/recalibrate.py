@@ -251,21 +251,8 @@ def serving_estimate(
     tolerance_ms: float,
 ) -> ServingEstimate:
     """The serving term of `model` that makes its placed replicas' predicted p99 cover the SLI; `profile` is the
-    candidate (service time already corrected).
-
-    From what: a node whose replicas' newest windows carry a pooled p99 over at least `min_windows` windows
-    (`newest_pools`) is read from it, the largest residual over its replicas. On a loaded machine slow requests
-    come in bursts: a stall that hits a few windows raises the clients' p99 over all requests without moving the
-    median of the windows' p99s (the CPU demo's loop lowered the plan to 6.15 ms while clients saw 9-18 ms), while
-    the pooled p99 is the clients' p99 over those windows, bursts included. A node without pools (an old agent)
-    is read as before: the `SERVING_QUANTILE` of its windows' residuals, plus the profile's `beyond_sli_p99_ms`
-    (what clients see beyond them). Composition: a term learnt from pooled p99s holds what clients see outside
-    the batch, bursts included, so the estimate's `beyond_sli_p99_ms` is 0 (adding the profile's on top would
-    count the bursts twice); without pools the term is what the windows show and the profile's
-    `beyond_sli_p99_ms` is kept. `interference.batching.end_to_end_p99_ms` adds both to the batch p99 either way.
-    The safeguards (evidence, one vote per node, a raise by most nodes and a lowering by all, the tolerance, a
-    lowered term the largest over the nodes) work on what clients see outside the batch, the term plus the
-    profile's `beyond_sli_p99_ms`, so the two readings compare."""
+    candidate (service time corrected). From what, how it composes with `beyond_sli_p99_ms`, and the safeguards
+    (on term + beyond, so pooled and windowed nodes compare): the module docstring, "What the user experiences"."""
     m = profile.model(model)
     current, beyond = m.serving_p99_ms, m.beyond_sli_p99_ms
     without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
@@ -282,36 +269,19 @@ def serving_estimate(
     pooled = bool(pools)
     # what each node says the term should be; with pools, in what clients see outside the batch (term + beyond)
     offset = beyond if pooled else 0.0
-    per_node: dict[str, float] = {}
-    for n in nodes:
-        node_pools = [w for w in pools.values() if w.node_id == n]
-        if node_pools:
-            per_node[n] = max(w.pooled_p99_ms - batch_p99[w.key] for w in node_pools if w.pooled_p99_ms is not None)
-        else:
-            residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n]
-            per_node[n] = quantile(residuals, SERVING_QUANTILE) + offset
+    per_node = _per_node_terms(nodes, usable, pools, batch_p99, offset)
     current_seen = current + offset
-    up = [n for n, v in per_node.items() if v > current_seen + tolerance_ms]
-    down = [n for n, v in per_node.items() if v < current_seen - tolerance_ms]
-    pool_text = ", ".join(f"{w.key} {w.pooled_windows} windows/{w.pooled_count} requests" for w in pools.values())
-    source = f"pooled p99s ({pool_text})" if pooled else "the median of the windows' p99s"
-    if len(up) * 2 > len(nodes):
-        new, agreeing = max(0.0, max(per_node[n] for n in up)), len(up)
-    elif down and len(down) == len(nodes):
-        new, agreeing = max(0.0, max(per_node.values())), len(down)  # the largest: below no node's SLI
-    else:
+    source = _source(pools)
+    vote = _vote(per_node, current_seen, tolerance_ms)
+    if vote is None:
         return stays(
             f"serving path {current:.2f} ms holds: residuals {', '.join(f'{n} {v:.2f}' for n, v in per_node.items())} "
             f"ms from {source} (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
         )
+    new, agreeing = vote
     if abs(new - current_seen) <= tolerance_ms:
         return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)")
-    # attribution: the router's share (SLI p50 less Triton's queue + compute) against the residual
-    path = [w.p50_ms - (w.queue_ms + w.compute_ms) for w in usable if w.p50_ms is not None]
-    router_ms = max(0.0, statistics.median(path)) if path else 0.0
-    queue_ms = statistics.median(w.queue_ms for w in usable)
-    # Triton's queue/compute split against the router's share: the larger measured part names the residual
-    attribution = "queueing" if queue_ms > router_ms else "serving path"
+    attribution, router_ms, queue_ms = _attribution(usable)
     was = f"{current:.2f} + {beyond:.2f} beyond the SLI" if pooled else f"{current:.2f}"
     text = (
         f"serving path {was} -> {new:.2f} ms p99 from {source}, attributed to {attribution} (SLI p50 less "
@@ -321,6 +291,54 @@ def serving_estimate(
     return ServingEstimate(
         new, True, len(usable), len(nodes), agreeing, attribution, text, 0.0 if pooled else beyond, pooled
     )
+
+
+def _source(pools: Mapping[str, SliWindow]) -> str:
+    if not pools:
+        return "the median of the windows' p99s"
+    each = ", ".join(f"{w.key} {w.pooled_windows} windows/{w.pooled_count} requests" for w in pools.values())
+    return f"pooled p99s ({each})"
+
+
+def _per_node_terms(
+    nodes: Sequence[str],
+    usable: Sequence[SliWindow],
+    pools: Mapping[str, SliWindow],
+    batch_p99: Mapping[str, float],
+    offset: float,
+) -> dict[str, float]:
+    """What each node says clients see outside the batch: its pooled residual (the largest over its replicas),
+    else the `SERVING_QUANTILE` of its windows' residuals plus `offset`."""
+    per_node: dict[str, float] = {}
+    for n in nodes:
+        node_pools = [w for w in pools.values() if w.node_id == n]
+        if node_pools:
+            per_node[n] = max(w.pooled_p99_ms - batch_p99[w.key] for w in node_pools if w.pooled_p99_ms is not None)
+        else:
+            residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n]
+            per_node[n] = quantile(residuals, SERVING_QUANTILE) + offset
+    return per_node
+
+
+def _vote(per_node: Mapping[str, float], current_seen: float, tolerance_ms: float) -> tuple[float, int] | None:
+    """(new term, nodes agreeing): a raise by most nodes (to the largest of theirs), a lowering by all (to the
+    largest: below no node's SLI); None when neither."""
+    up = [n for n, v in per_node.items() if v > current_seen + tolerance_ms]
+    down = [n for n, v in per_node.items() if v < current_seen - tolerance_ms]
+    if len(up) * 2 > len(per_node):
+        return max(0.0, max(per_node[n] for n in up)), len(up)
+    if down and len(down) == len(per_node):
+        return max(0.0, max(per_node.values())), len(down)
+    return None
+
+
+def _attribution(usable: Sequence[SliWindow]) -> tuple[str, float, float]:
+    """(what the residual is attributed to, the router's share, Triton's queue): the window's SLI p50 less
+    Triton's queue + compute is the serving path proper, Triton's mean queue the queueing; the larger names it."""
+    path = [w.p50_ms - (w.queue_ms + w.compute_ms) for w in usable if w.p50_ms is not None]
+    router_ms = max(0.0, statistics.median(path)) if path else 0.0
+    queue_ms = statistics.median(w.queue_ms for w in usable)
+    return ("queueing" if queue_ms > router_ms else "serving path"), router_ms, queue_ms
 
 
 def lowered_below_sli(
