@@ -257,27 +257,36 @@ def solve_with_fallback(
         return run_solver(Problem(tuple(ws), types), _current(kept, ws))
 
     unbounded = tuple(replace(g, max_count=None) for g in inventory)
-    try:
-        return run(workloads, inventory), workloads, []
-    except BudgetExceeded as over:
-        return _narrowed(workloads, kept, over, lambda ws: run(ws, unbounded))
-    except ProblemError:
-        pass
-    try:
-        plan = run(workloads, unbounded)
-    except ProblemError as together:
-        return _narrowed(workloads, kept, together, lambda ws: run(ws, unbounded))
-    # not enough devices: those that serve keep theirs first (`_squeezed`), else plan as if there were
     types = {True: inventory, False: unbounded}
     solve = lambda ws, bounded, current: run_solver(Problem(tuple(ws), types[bounded]), current)  # noqa: E731
-    return _squeezed(workloads, kept, plan, solve) or (plan, workloads, [])
+
+    def fit(ws: Sequence[Workload]) -> tuple[Plan | None, list[Workload], Pending]:
+        """`ws` on the ready devices; not enough of them: those that serve keep theirs first (`_squeezed`,
+        its reasons with the real SLOs), else as if there were. Raises what the solve without the limit raises."""
+        try:
+            return run(ws, inventory), list(ws), []
+        except BudgetExceeded:
+            raise
+        except ProblemError:
+            plan = run(ws, unbounded)
+        return _squeezed(ws, kept, plan, solve, {w.name: w.slo_ms for w in workloads}) or (plan, list(ws), [])
+
+    try:
+        return fit(workloads)
+    except ProblemError as failure:  # over the budget, or infeasible together
+        return _narrowed(workloads, kept, failure, lambda ws: run(ws, unbounded), fit)
 
 
 def _narrowed(
-    workloads: list[Workload], kept: Plan | None, failure: ProblemError, run: Callable[[Sequence[Workload]], Plan]
+    workloads: list[Workload],
+    kept: Plan | None,
+    failure: ProblemError,
+    run: Callable[[Sequence[Workload]], Plan],
+    fit: Callable[[Sequence[Workload]], tuple[Plan | None, list[Workload], Pending]],
 ) -> tuple[Plan | None, list[Workload], Pending]:
     """`solve_with_fallback` after a failure together (`run`: without the device limit): each workload alone,
-    then the feasible ones together, or the longest leading run of them within the budget."""
+    then the feasible ones together on the ready devices (`fit`), or the longest leading run of them within the
+    budget."""
     feasible, infeasible, over_budget = [], [], set()
     for w in workloads:
         try:
@@ -294,7 +303,10 @@ def _narrowed(
     if not feasible:
         return None, [], infeasible
     try:
-        return _real_slos(run(feasible), workloads), feasible, infeasible
+        plan, solved, squeezed = fit(feasible)
+        # a best-effort workload stretched again to fit the devices: the reason of the last stretch stands
+        infeasible = [(n, why) for n, why in infeasible if n not in dict(squeezed)] + squeezed
+        return _real_slos(plan, workloads), solved, infeasible
     except BudgetExceeded as over:
         plan, count = _longest_plannable(feasible, run)
         reason = f"not planned together with the {count} workload(s) before it: {over}"
@@ -352,16 +364,15 @@ def _squeezed(
     kept: Plan | None,
     unbounded: Plan,
     solve: Callable[[Sequence[Workload], bool, Plan | None], Plan],
+    real_slo: Mapping[str, float],
 ) -> tuple[Plan | None, list[Workload], Pending] | None:
-    """Not enough devices, and a plan without their limit (`unbounded`) would put workloads that serve on
-    a GPU the applied plan does not have: those would lose their device (every request of theirs would
-    fail), possibly to a new workload. Instead the workloads that serve are planned first, on the ready
-    devices (`solve(ws, bounded=True, current)`), those left out stretched by the least of
-    `BEST_EFFORT_SLO_FACTORS` that fits when they do not fit as they are (as `_best_effort` does for one
-    whose SLO cannot be met at all); then the others are added around them without the device limit,
-    so a new workload that does not fit waits for a device (unbound, pending) and takes none from them.
-    None (the plan without the limit, as before) when no serving workload would be left out, when more
-    than `MAX_SQUEEZED` would, or when no stretch fits."""
+    """Not enough devices, and a plan without their limit (`unbounded`) puts workloads that serve on a GPU
+    the applied plan does not have: they would lose their device (every request failing), maybe to a new
+    workload. Instead those that serve are planned first on the ready devices (`solve(ws, True, current)`),
+    the left-out ones stretched by the least of `BEST_EFFORT_SLO_FACTORS` that fits if they must be (as
+    `_best_effort` does); then the others are added around them without the limit, so a new workload that
+    does not fit waits (unbound, pending). None (plan as before) when no serving workload would be left
+    out, when more than `MAX_SQUEEZED` would, or when no stretch fits."""
     if kept is None:
         return None
     serving = {p.name for g in kept.gpus for p in g.placements}
@@ -388,9 +399,9 @@ def _squeezed(
         pending = [
             (
                 w.name,
-                f"the ready devices cannot hold it at its {w.slo_ms:g} ms SLO together with the others; it keeps "
-                f"serving, planned best effort for {round(w.slo_ms * factor, 3):g} ms: add devices, lower its rate "
-                "or loosen its SLO",
+                f"the ready devices cannot hold it at its {real_slo.get(w.name, w.slo_ms):g} ms SLO together with "
+                f"the others; it keeps serving, planned best effort for {round(w.slo_ms * factor, 3):g} ms: add "
+                "devices, lower its rate or loosen its SLO",
             )
             for w in workloads
             if w.name in left_out and factor > 1.0
