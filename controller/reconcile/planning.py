@@ -386,14 +386,15 @@ def _squeezed(
             replace(w, slo_ms=round(w.slo_ms * factor, 3)) if w.name in left_out and factor > 1.0 else w
             for w in workloads
         ]
+        served = [w for w in stretched if w.name in serving]
         try:
-            first = solve([w for w in stretched if w.name in serving], True, current)
+            first = solve(served, True, current)
         except BudgetExceeded:  # a stretch will not make it faster
             return None
         except ProblemError:
             continue
         try:
-            plan = solve(stretched, False, first) if len(serving) < len(workloads) else first
+            plan = solve(stretched, False, first) if len(served) < len(stretched) else first
         except ProblemError:  # the others cannot be added (over the budget): plan as before
             return None
         pending = [
