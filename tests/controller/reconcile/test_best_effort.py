@@ -56,12 +56,15 @@ def test_no_budget_is_spent_on_a_workload_that_ran_over_it():
     assert relaxed == [] and calls == [11.0] and pending == [("a", "cannot meet 10 ms")]
 
 
-def test_a_guard_floor_never_takes_the_device_of_a_workload_kept_serving_best_effort():
-    """The CPU demo's tight case: its serving path grew past its 10 ms SLO, so it serves best effort (listed as
-    pending with the reason, yet placed), and the SLO guard asks for a 100% floor, which leaves no room for its
-    neighbour on the one device. The floor is refused: comparing pending names, the plan with the floor (the
-    workload unbound) looked no worse than the one without it (the workload listed as degraded), and its
-    requests failed."""
+def _bound(view):
+    """The workloads with a replica bound to a device."""
+    return {p.name for g, b in zip(view.plan.gpus, view.bindings) if b is not None for p in g.placements}
+
+
+def _cpu_demo_replan(serving_ms, floors=()):
+    """The CPU demo's tight case beside product-search on the one 2-core device, planned on the bundled CPU
+    profile and applied, then re-planned once mlp_small's serving path is `serving_ms` (with the guard's
+    `floors`): (the applied view, the re-planned view), both through the real planning step and solver."""
     from dataclasses import replace
 
     from controller.config import ServiceConfig
@@ -72,7 +75,9 @@ def test_a_guard_floor_never_takes_the_device_of_a_workload_kept_serving_best_ef
     from planner.solver import solve
 
     base = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
-    slow = DeviceProfile(base.gpu, {**base.models, "mlp_small": replace(base.models["mlp_small"], serving_p99_ms=21.7)})
+    slow = DeviceProfile(
+        base.gpu, {**base.models, "mlp_small": replace(base.models["mlp_small"], serving_p99_ms=serving_ms)}
+    )
     gpu_type = base.gpu.name
     slots = (Binding("local", 0, gpu_type),)
     workloads = (
@@ -84,19 +89,21 @@ def test_a_guard_floor_never_takes_the_device_of_a_workload_kept_serving_best_ef
     def run(problem, current):
         return solve(problem, config.strategy, current=current)
 
-    def bound(view):
-        return {p.name for g, b in zip(view.plan.gpus, view.bindings) if b is not None for p in g.placements}
-
     first = plan_observed(Observed(workloads, {gpu_type: base}, 1, slots, None), config, run, 0.0)
     applied = replace(first, revision=1)
-    assert bound(applied) == {"thumbnail-filter", "product-search"}
-    view = plan_observed(
-        Observed(workloads, {gpu_type: slow}, 2, slots, applied, floors=(("thumbnail-filter", 100.0),)),
-        config,
-        run,
-        0.0,
-    )
-    assert bound(view) == {"thumbnail-filter", "product-search"}  # both keep their device
+    view = plan_observed(Observed(workloads, {gpu_type: slow}, 2, slots, applied, floors=floors), config, run, 0.0)
+    return applied, view
+
+
+def test_a_guard_floor_never_takes_the_device_of_a_workload_kept_serving_best_effort():
+    """The CPU demo's tight case: its serving path grew past its 10 ms SLO, so it serves best effort (listed as
+    pending with the reason, yet placed), and the SLO guard asks for a 100% floor, which leaves no room for its
+    neighbour on the one device. The floor is refused: comparing pending names, the plan with the floor (the
+    workload unbound) looked no worse than the one without it (the workload listed as degraded), and its
+    requests failed."""
+    applied, view = _cpu_demo_replan(21.7, floors=(("thumbnail-filter", 100.0),))
+    assert _bound(applied) == {"thumbnail-filter", "product-search"}
+    assert _bound(view) == {"thumbnail-filter", "product-search"}  # both keep their device
     assert "keeps serving" in dict(view.pending)["thumbnail-filter"]
     assert view.floors_refused and "thumbnail-filter" in view.floors_refused[0][1]
 
@@ -106,36 +113,8 @@ def test_a_workload_kept_serving_best_effort_that_then_needs_a_device_of_its_own
     at 30 ms it no longer fits beside its neighbour on the one device. It is stretched further to fit, not left
     without a device (it was: the stretched set was planned as if devices were unlimited, and 1,126-1,139
     requests of the CPU demo's tight case failed per run)."""
-    from dataclasses import replace
-
-    from controller.config import ServiceConfig
-    from controller.reconcile.planning import Observed, plan_observed
-    from controller.reconcile.slots import Binding
-    from interference.profile import DeviceProfile
-    from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir, load_profile
-    from planner.solver import solve
-
-    base = load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)
-    slow = DeviceProfile(base.gpu, {**base.models, "mlp_small": replace(base.models["mlp_small"], serving_p99_ms=27.0)})
-    gpu_type = base.gpu.name
-    slots = (Binding("local", 0, gpu_type),)
-    workloads = (
-        Workload("thumbnail-filter", "mlp_small", 10.0, 48.0),
-        Workload("product-search", "conv_medium", 160.0, 16.0),
-    )
-    config = ServiceConfig()
-
-    def run(problem, current):
-        return solve(problem, config.strategy, current=current)
-
-    def bound(view):
-        return {p.name for g, b in zip(view.plan.gpus, view.bindings) if b is not None for p in g.placements}
-
-    applied = replace(
-        plan_observed(Observed(workloads, {gpu_type: base}, 1, slots, None), config, run, 0.0), revision=1
-    )
-    view = plan_observed(Observed(workloads, {gpu_type: slow}, 2, slots, applied), config, run, 0.0)
-    assert bound(view) == {"thumbnail-filter", "product-search"}
+    _, view = _cpu_demo_replan(27.0)
+    assert _bound(view) == {"thumbnail-filter", "product-search"}
     [(name, reason)] = view.pending
     assert name == "thumbnail-filter" and "keeps serving" in reason and "10 ms SLO" in reason, reason
     assert {p.slo_ms for g in view.plan.gpus for p in g.placements if p.name == name} == {10.0}  # its real SLO
