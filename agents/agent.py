@@ -649,13 +649,18 @@ class Agent:
             self._stop.wait(max(0.0, wait))
 
     def _fleet_loop(self) -> None:
+        self._step_loop(self.fleet_once, self._wake_fleet, "fleet step")
+
+    def _step_loop(self, step: Callable[[], object], wake: threading.Event, what: str) -> None:
+        """`step` every interval, or as soon as `wake` is set, until stopped; a failing step is logged and the loop
+        goes on (the fleet's and the measurer's loops)."""
         while not self._stop.is_set():
             try:
-                self.fleet_once()
+                step()
             except Exception:  # the same: logged, the loop goes on
-                log.exception("fleet step failed")
-            self._wake_fleet.wait(self.interval_s)
-            self._wake_fleet.clear()
+                log.exception("%s failed", what)
+            wake.wait(self.interval_s)
+            wake.clear()
 
     def measure_pending(self) -> int:
         """Measure every point asked for and not measured yet (until stopped), then release the measurer: one
@@ -670,13 +675,7 @@ class Agent:
         return count
 
     def _measure_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.measure_pending()
-            except Exception:  # the same: logged, the loop goes on
-                log.exception("measure step failed")
-            self._wake_measure.wait(self.interval_s)
-            self._wake_measure.clear()
+        self._step_loop(self.measure_pending, self._wake_measure, "measure step")
 
     def start(self) -> None:
         loops = (
