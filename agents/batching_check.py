@@ -37,6 +37,8 @@ from agents.loadgen import LoadGenerator, arrival_offsets
 from agents.triton import ObservedModel, TritonError, TritonFleet, parse_metrics
 from controller.messages import ModelAssignment
 from controller.render import CONFIG_NAME, ModelConfig, queue_delay_us, read_config
+from foundation.host_steal import MEAN_LIMIT as STEAL_LIMIT
+from foundation.host_steal import cpu_ticks, stolen_share
 from interference.batching import LatencyDistribution, ServiceCurve, fill_time_ms, latency_distribution, serve
 
 MODEL = "batch_sleep"
@@ -193,12 +195,14 @@ class PointResult:
     others_cores: float  # CPU other processes used during the run (cores)
     ours_cores: float  # CPU of this process, Triton and its stub
     attempts: int = 1
+    steal: float = 0.0  # the share of the CPU time the VM's host took during the run
 
     @property
     def disturbed(self) -> bool:
         """The machine interfered: the load generator fell behind its schedule by more than
-        `LAG_LIMIT_MS`, or other processes used more than `OTHERS_LIMIT_CORES`."""
-        return self.max_send_lag_ms > LAG_LIMIT_MS or self.others_cores > OTHERS_LIMIT_CORES
+        `LAG_LIMIT_MS`, other processes used more than `OTHERS_LIMIT_CORES`, or the VM's host took more
+        than `foundation.host_steal.MEAN_LIMIT` of the CPU time (steal)."""
+        return self.max_send_lag_ms > LAG_LIMIT_MS or self.others_cores > OTHERS_LIMIT_CORES or self.steal > STEAL_LIMIT
 
     @property
     def p50_error(self) -> float:
@@ -260,7 +264,7 @@ def _descendants(root: int) -> list[int]:
 
 def _machine_busy_ticks() -> int:
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values) - values[3] - values[4]  # all but idle and iowait
+    return sum(values[:7]) - values[3] - values[4]  # all but idle, iowait and steal (the host's, not a process's)
 
 
 class CpuMeter:
@@ -270,6 +274,8 @@ class CpuMeter:
     def __init__(self, server_pid: int | None) -> None:
         self._pids = [os.getpid(), *(_descendants(server_pid) if server_pid else [])]
         self._start = self._read()
+        self._steal_start = cpu_ticks()
+        self.steal = 0.0  # the share of the CPU time the VM's host took, once stopped
 
     def _read(self) -> tuple[float, int, int]:
         return time.monotonic(), _machine_busy_ticks(), sum(_ticks(p) for p in self._pids)
@@ -280,6 +286,7 @@ class CpuMeter:
         t0, busy0, ours0 = self._start
         hz, seconds = os.sysconf("SC_CLK_TCK"), max(t1 - t0, 1e-9)
         ours = (ours1 - ours0) / hz / seconds
+        self.steal = stolen_share(self._steal_start, cpu_ticks())
         return max(0.0, (busy1 - busy0) / hz / seconds - ours), ours
 
 
@@ -464,6 +471,7 @@ class BatchingCheck:
             seconds=seconds,
             others_cores=others,
             ours_cores=ours,
+            steal=meter.steal,
         )
 
     def measure_undisturbed(self, point: Point, overhead: Overhead, *, seed: int = 1, attempts: int = 3) -> PointResult:
@@ -479,7 +487,8 @@ class BatchingCheck:
                 break
             self.log(
                 f"{point.label}: the machine disturbed the run (load generator {result.max_send_lag_ms:.0f} ms "
-                f"late, others used {result.others_cores:.2f} cores); measuring again"
+                f"late, others used {result.others_cores:.2f} cores, the host took {result.steal:.0%}); "
+                "measuring again"
             )
         assert best is not None
         return replace(best, attempts=attempt + 1)

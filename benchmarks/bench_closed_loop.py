@@ -74,6 +74,7 @@ from controller.config import (  # noqa: E402
     ServiceConfig,
 )
 from controller.server import ControllerServer  # noqa: E402
+from foundation.host_steal import StealMeter  # noqa: E402
 from interference.profile_io import profile_to_dict  # noqa: E402
 from planner.solver import Workload  # noqa: E402
 
@@ -391,6 +392,7 @@ class Result:
     timeline: list[str]
     ratio_before: float  # observed over predicted, median in the steady state
     ratio_peak: float  # highest in the incident
+    disturbance: str | None = None  # the host's steal over the run made it measure the host (StealMeter)
 
     def summary(self) -> str:
         detect = "-" if self.detect_s is None else f"{self.detect_s:.1f} s"
@@ -402,11 +404,19 @@ class Result:
             f"{self.final_rate:g} req/s, profile v{self.profile[0]} x{self.profile[1]:.3f}, "
             f"{self.guard_moves} guard move(s), {self.revisions} plan revision(s); observed/predicted "
             f"{self.ratio_before:.2f} before (median), {self.ratio_peak:.2f} at most in the incident"
+            + (f"; DISTURBED: {self.disturbance}" if self.disturbance else "")
         )
 
 
 def _finish(
-    name: str, stack: Stack, load: Load, timeline: Timeline, injected: float, end: float, revision: int
+    name: str,
+    stack: Stack,
+    load: Load,
+    timeline: Timeline,
+    injected: float,
+    end: float,
+    revision: int,
+    steal: StealMeter,
 ) -> Result:
     w = stack.workload("w")
     profile = next(((p.active_version, p.correction) for p in stack.client.list_profiles().profiles), (0, 1.0))
@@ -429,6 +439,7 @@ def _finish(
         timeline=timeline.lines,
         ratio_before=statistics.median([r for t, r in timeline.ratios if t < injected] or [math.nan]),
         ratio_peak=max((r for t, r in timeline.ratios if t >= injected), default=math.nan),
+        disturbance=steal.stop().disturbance(),
     )
 
 
@@ -437,11 +448,13 @@ def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, 
     name = f"slowdown x{factor:g}, guard {'on' if loop.guard else 'off'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {RATE_RPS:g} req/s Poisson, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
+    steal = StealMeter()
     try:
         stack.client.apply_workloads([Workload("w", MODEL, SLO_MS, RATE_RPS)])
         stack.serving("w")
         t0 = time.monotonic()
         timeline = Timeline(stack, "w", t0).start()
+        steal.start()
         load = Load(stack, "w", lambda t: RATE_RPS)
         time.sleep(steady_s)
         revision = stack.client.status().revision
@@ -452,8 +465,9 @@ def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, 
         end = time.monotonic()
         load.stop()
         timeline.stop()
-        return _finish(name, stack, load, timeline, injected, end, revision)
+        return _finish(name, stack, load, timeline, injected, end, revision, steal)
     finally:
+        steal.stop()
         stack.close()
 
 
@@ -471,6 +485,7 @@ def run_surge(
     name = f"surge {before:g} -> {after:g} req/s, rate {'auto' if auto else 'fixed'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
+    steal = StealMeter()
     try:
         planned = before * 1.25
         spec = Workload(
@@ -486,6 +501,7 @@ def run_surge(
         stack.serving("w")
         t0 = time.monotonic()
         timeline = Timeline(stack, "w", t0).start()
+        steal.start()
         state = {"rate": before}
         load = Load(stack, "w", lambda t: state["rate"])
         time.sleep(steady_s)
@@ -498,8 +514,9 @@ def run_surge(
         end = time.monotonic()
         load.stop()
         timeline.stop()
-        return _finish(name, stack, load, timeline, injected, end, revision)
+        return _finish(name, stack, load, timeline, injected, end, revision, steal)
     finally:
+        steal.stop()
         stack.close()
 
 

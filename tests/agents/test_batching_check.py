@@ -18,6 +18,7 @@ import pytest
 from triton_helpers import DEMO_REPO
 
 from agents.batching_check import BatchingCheck, Point, predict, within_goal
+from foundation.host_steal import StealMeter
 from interference.batching import fill_time_ms, latency_distribution
 
 pytestmark = pytest.mark.triton
@@ -27,7 +28,13 @@ POINT = Point(batch=4, delay="fill", utilisation=0.5, requests=2500)
 
 def test_triton_batcher_matches_the_model_at_batch_4(tmp_path):
     with BatchingCheck(DEMO_REPO, workdir=str(tmp_path)) as check:
-        overhead = check.calibrate(seconds=1.5)
+        for _ in range(2):  # an overhead calibrated while the VM's host took the CPUs is the host's
+            with StealMeter() as calibration:
+                overhead = check.calibrate(seconds=1.5)
+            if calibration.disturbance() is None:
+                break
+        if calibration.disturbance() is not None:
+            pytest.skip(f"calibrating the overhead twice: {calibration.disturbance()}: no valid prediction")
         result = check.measure_undisturbed(POINT, overhead, attempts=2)
         server_pid = check.fleet.processes()["batching#0"]["pid"]
     with pytest.raises(ProcessLookupError):  # the server is gone with the check
@@ -45,8 +52,8 @@ def test_triton_batcher_matches_the_model_at_batch_4(tmp_path):
     if result.disturbed:
         pytest.skip(
             f"the machine disturbed all {result.attempts} runs (load generator up to "
-            f"{result.max_send_lag_ms:.0f} ms late, other processes used {result.others_cores:.2f} cores): "
-            f"no valid p99"
+            f"{result.max_send_lag_ms:.0f} ms late, other processes used {result.others_cores:.2f} cores, "
+            f"the host took {result.steal:.0%}): no valid p99"
         )
     where = (
         f"rate {rate:.1f}/s, d {result.delay_ms:.2f} ms; measured p50/p99 {result.measured_p50_ms:.2f}/"

@@ -1,6 +1,7 @@
 """`stoke profile run` against real Triton processes: measure, checkpoint, resume, fit."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,9 @@ def test_profile_verify_measures_a_cpu_plan_on_real_triton(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "measured mlp_small batch" in out and "round 1: measured 1 point(s)" in out and "holds on measured" in out
     measured = json.loads((tmp_path / "verified.json").read_text())["models"]["mlp_small"]["measured"]
-    assert len(measured) == 1 and measured[0][2] > 0
+    # a point measured slower than the fit moves the re-plan to another, measured in a later round
+    per_round = [int(n) for n in re.findall(r"round \d+: measured (\d+) point", out)]
+    assert len(measured) == sum(per_round) and all(point[2] > 0 for point in measured), out
 
 
 def test_the_agents_measurer_measures_a_requested_point_on_real_triton(tmp_path):

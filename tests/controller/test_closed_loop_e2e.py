@@ -4,13 +4,14 @@ A controller (gRPC on loopback), an agent with real Triton processes and open-lo
 run in this process (`benchmarks/bench_closed_loop.py` builds them). The workload serves
 `accel_sim`, whose `slowdown` file is the test hook. Times are generous and only outcomes are
 asserted: who acted, what the plan and the profile became, that p99 came back within the SLO and
-that no request failed.
+that no request failed. A run the host disturbed (its steal time) is run again, then skipped.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_closed_loop as bench  # noqa: E402
 
 
+def undisturbed(run: Callable[[Path], bench.Result], workdir: Path, attempts: int = 2) -> bench.Result:
+    """The scenario's first run the host did not disturb (its steal, `foundation.host_steal`), run again at
+    most `attempts` times; skipped when the host disturbed every run. The rule looks at the host only,
+    never at the outcome."""
+    reasons = []
+    for attempt in range(attempts):
+        result = run(workdir / f"attempt-{attempt}")
+        if result.disturbance is None:
+            return result
+        reasons.append(result.disturbance)
+        print(f"attempt {attempt + 1}: {result.disturbance}; running again", flush=True)
+    pytest.skip(f"the host disturbed all {attempts} runs: {'; '.join(reasons)}")
+
+
 def test_a_slowdown_is_guarded_recalibrated_and_replanned(tmp_path):
-    r = bench.run_slowdown(tmp_path, bench.Loop(guard=True), steady_s=8.0, incident_s=25.0)
+    r = undisturbed(
+        lambda path: bench.run_slowdown(path, bench.Loop(guard=True), steady_s=8.0, incident_s=25.0), tmp_path
+    )
     text = "\n".join(r.timeline)
     assert r.failed == 0, text  # the move to the larger share included
     assert r.ratio_peak >= 1.5 > r.ratio_before, text  # observed over predicted rises with the 2x slowdown
@@ -44,9 +61,15 @@ def test_a_slowdown_is_guarded_recalibrated_and_replanned(tmp_path):
 
 
 def test_a_rate_surge_is_tracked_and_replanned(tmp_path):
-    r = bench.run_surge(tmp_path, bench.Loop(guard=False), steady_s=6.0, incident_s=20.0, auto=True, min_rps=15.0)
+    # to 60 req/s, not the benchmark's 100: tracking is under test here, not the 2-core node's capacity
+    r = undisturbed(
+        lambda path: bench.run_surge(
+            path, bench.Loop(guard=False), steady_s=6.0, incident_s=20.0, auto=True, min_rps=15.0, after=60.0
+        ),
+        tmp_path,
+    )
     text = "\n".join(r.timeline)
     assert r.failed == 0, text
     assert "demand: up: 2 heartbeat(s)" in text.split("inject:")[1], text  # re-planned after 2 heartbeats over
-    assert r.detect_s is not None and r.final_rate >= 100.0, text
+    assert r.detect_s is not None and r.final_rate >= 60.0, text
     assert r.recover_s is not None and r.p99_end_ms <= bench.SLO_MS, text

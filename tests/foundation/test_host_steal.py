@@ -1,0 +1,67 @@
+"""The host's steal: read from /proc/stat's cpu line, as a share of the CPU time, over a run and its worst stretch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from foundation import host_steal
+from foundation.host_steal import StealMeter, cpu_ticks, stolen_share
+
+
+def cpu_line(steal: int, rest: int) -> str:
+    # user nice system idle iowait irq softirq steal guest guest_nice: guest is inside user, not counted twice
+    return f"cpu  {rest} 0 0 0 0 0 0 {steal} 500 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+
+
+def test_ticks_are_read_from_the_cpu_line_without_guest_time(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text(cpu_line(steal=30, rest=70))
+    monkeypatch.setattr(host_steal, "PROC_STAT", stat)
+    assert cpu_ticks() == (30, 100)
+    stat.write_text("cpu  1 2 3 4\n")  # an old kernel: no steal column
+    assert cpu_ticks() == (0, 10)
+    monkeypatch.setattr(host_steal, "PROC_STAT", tmp_path / "absent")
+    assert cpu_ticks() == (0, 0)
+
+
+def test_the_stolen_share_is_bounded_and_zero_without_time():
+    assert stolen_share((10, 100), (40, 200)) == pytest.approx(0.3)
+    assert stolen_share((10, 100), (10, 100)) == 0.0
+    assert stolen_share((50, 100), (10, 200)) == 0.0  # counters that went back (another boot) are not negative
+    assert stolen_share((0, 0), (500, 200)) == 1.0
+
+
+def meter(samples: list[tuple[float, tuple[int, int]]]) -> StealMeter:
+    m = StealMeter()
+    m.samples = samples
+    return m
+
+
+def test_a_short_stall_shows_in_the_worst_window_not_in_the_mean():
+    # 20 s at 2% steal, with 5 s at 40% in the middle (ticks: 100 per second)
+    samples, steal, total = [], 0, 0
+    for second in range(21):
+        samples.append((float(second), (steal, total)))
+        steal += 40 if 8 <= second < 13 else 2
+        total += 100
+    m = meter(samples)
+    assert m.mean == pytest.approx((15 * 2 + 5 * 40) / 2000)
+    assert m.worst(5.0) == pytest.approx(0.40)
+    assert m.worst(100.0) == pytest.approx(m.mean)  # a run shorter than the window: its mean
+    assert "over its worst 5 s" in (m.disturbance() or "")
+    calm = meter([(float(s), (2 * s, 100 * s)) for s in range(21)])
+    assert calm.disturbance() is None and calm.mean == pytest.approx(0.02)
+    assert meter([]).mean == 0.0 and meter([]).disturbance() is None
+
+
+def test_the_meter_samples_this_machine_and_stops_once():
+    with StealMeter(interval_s=0.01) as m:
+        deadline = time.monotonic() + 10.0
+        while len(m.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    count = len(m.samples)
+    m.stop()  # a second stop adds nothing
+    assert len(m.samples) == count and 0.0 <= m.mean <= 1.0
+    assert all(a[0] <= b[0] for a, b in zip(m.samples, m.samples[1:]))
