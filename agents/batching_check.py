@@ -38,7 +38,9 @@ from agents.triton import ObservedModel, TritonError, TritonFleet, parse_metrics
 from controller.messages import ModelAssignment
 from controller.render import CONFIG_NAME, ModelConfig, queue_delay_us, read_config
 from foundation.host_steal import MEAN_LIMIT as STEAL_LIMIT
-from foundation.host_steal import cpu_ticks, stolen_share
+from foundation.host_steal import WINDOW_LIMIT as STEAL_WINDOW_LIMIT
+from foundation.host_steal import WINDOW_S as STEAL_WINDOW_S
+from foundation.host_steal import StealMeter
 from interference.batching import LatencyDistribution, ServiceCurve, fill_time_ms, latency_distribution, serve
 
 MODEL = "batch_sleep"
@@ -196,13 +198,19 @@ class PointResult:
     ours_cores: float  # CPU of this process, Triton and its stub
     attempts: int = 1
     steal: float = 0.0  # the share of the CPU time the VM's host took during the run
+    steal_worst: float = 0.0  # and over its worst `foundation.host_steal.WINDOW_S`
 
     @property
     def disturbed(self) -> bool:
         """The machine interfered: the load generator fell behind its schedule by more than
-        `LAG_LIMIT_MS`, other processes used more than `OTHERS_LIMIT_CORES`, or the VM's host took more
-        than `foundation.host_steal.MEAN_LIMIT` of the CPU time (steal)."""
-        return self.max_send_lag_ms > LAG_LIMIT_MS or self.others_cores > OTHERS_LIMIT_CORES or self.steal > STEAL_LIMIT
+        `LAG_LIMIT_MS`, other processes used more than `OTHERS_LIMIT_CORES`, or the VM's host took more of
+        the CPU time than `foundation.host_steal` allows (steal, over the run or its worst stretch)."""
+        return (
+            self.max_send_lag_ms > LAG_LIMIT_MS
+            or self.others_cores > OTHERS_LIMIT_CORES
+            or self.steal > STEAL_LIMIT
+            or self.steal_worst > STEAL_WINDOW_LIMIT
+        )
 
     @property
     def p50_error(self) -> float:
@@ -274,8 +282,7 @@ class CpuMeter:
     def __init__(self, server_pid: int | None) -> None:
         self._pids = [os.getpid(), *(_descendants(server_pid) if server_pid else [])]
         self._start = self._read()
-        self._steal_start = cpu_ticks()
-        self.steal = 0.0  # the share of the CPU time the VM's host took, once stopped
+        self.steal = StealMeter().start()  # the CPU time the VM's host took
 
     def _read(self) -> tuple[float, int, int]:
         return time.monotonic(), _machine_busy_ticks(), sum(_ticks(p) for p in self._pids)
@@ -286,7 +293,7 @@ class CpuMeter:
         t0, busy0, ours0 = self._start
         hz, seconds = os.sysconf("SC_CLK_TCK"), max(t1 - t0, 1e-9)
         ours = (ours1 - ours0) / hz / seconds
-        self.steal = stolen_share(self._steal_start, cpu_ticks())
+        self.steal.stop()
         return max(0.0, (busy1 - busy0) / hz / seconds - ours), ours
 
 
@@ -471,7 +478,8 @@ class BatchingCheck:
             seconds=seconds,
             others_cores=others,
             ours_cores=ours,
-            steal=meter.steal,
+            steal=meter.steal.mean,
+            steal_worst=meter.steal.worst(STEAL_WINDOW_S),
         )
 
     def measure_undisturbed(self, point: Point, overhead: Overhead, *, seed: int = 1, attempts: int = 3) -> PointResult:
