@@ -535,7 +535,10 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
             solo = session.results.get(MeasurePoint(model, s, b).key) or float(_active_time(np.asarray(k_act), b, s))
             alpha = max(0.0, pair / solo - 1.0)
         bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
-        weights_mib, activation_mib = _memory_line(session, points)
+        # every solo point read the process's memory, also one left out of the latency fit (slower at a
+        # bigger share is a busy CPU, not a wrong RSS)
+        solo = [p for p in session.points() if p.model == model and p.neighbours == 0]
+        weights_mib, activation_mib = _memory_line(session, solo)
         models[model] = ModelProfile(
             name=model,
             kernels=1,

@@ -133,6 +133,22 @@ def test_non_monotone_points_are_measured_again_then_rejected_saying_which():
     assert seen == 2 and recovers.rejected() == {} and recovers.excluded_from_fit() == {}
 
 
+def test_a_point_left_out_of_the_latency_fit_still_gives_its_memory():
+    """A busy CPU (one CI run): both points at 100% slower than at 50%, and batch 1 slower than batch 8.
+    They leave the latency fit, one point is left, but the process's memory they read stands: the memory
+    line still has two batch sizes (that run fitted weights of 0 MiB)."""
+    session = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1, 8])
+    slow = {MeasurePoint("a", 100.0, 1): 30.0, MeasurePoint("a", 100.0, 8): 3.0, MeasurePoint("a", 50.0, 1): 10.0}
+    while (point := session.ask()) is not None:
+        session.tell(point, truth(point) * slow.get(point, 1.0))
+    for point in session.points():
+        if point.neighbours == 0:
+            session.memory_mib[point.key] = 200.0 + 2.0 * point.batch
+    assert {p.key for p in slow} <= set(session.excluded_from_fit())
+    model = fit_measured_profile(session).model("a")
+    assert model.weights_mib == pytest.approx(200.0, abs=0.01) and model.activation_mib == pytest.approx(2.0, abs=0.01)
+
+
 def test_a_faster_bigger_batch_is_suspected_too_and_the_slower_point_is_the_suspect():
     session = ProfileSession(device="cpu-1core", cores=1, models=["a"], batches=[1, 8, 16])
     for point, ms in zip(session.points(), (1.0, 5.0, 2.0)):  # batch 8 slower than batch 16
