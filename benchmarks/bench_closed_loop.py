@@ -393,6 +393,7 @@ class Result:
     ratio_before: float  # observed over predicted, median in the steady state
     ratio_peak: float  # highest in the incident
     disturbance: str | None = None  # the host's steal over the run made it measure the host (StealMeter)
+    share_at_injection: float = math.nan  # the workload's share when the incident began
 
     def summary(self) -> str:
         detect = "-" if self.detect_s is None else f"{self.detect_s:.1f} s"
@@ -417,6 +418,7 @@ def _finish(
     end: float,
     revision: int,
     steal: StealMeter,
+    share_at_injection: float,
 ) -> Result:
     w = stack.workload("w")
     profile = next(((p.active_version, p.correction) for p in stack.client.list_profiles().profiles), (0, 1.0))
@@ -440,6 +442,7 @@ def _finish(
         ratio_before=statistics.median([r for t, r in timeline.ratios if t < injected] or [math.nan]),
         ratio_peak=max((r for t, r in timeline.ratios if t >= injected), default=math.nan),
         disturbance=steal.stop().disturbance(),
+        share_at_injection=share_at_injection,
     )
 
 
@@ -458,6 +461,7 @@ def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, 
         load = Load(stack, "w", lambda t: RATE_RPS)
         time.sleep(steady_s)
         revision = stack.client.status().revision
+        share = sum(r.share_pct for r in stack.workload("w").replicas)
         timeline.mark(f"inject: {factor:g}x slowdown (the accel_sim/1/slowdown hook)")
         injected = time.monotonic()
         stack.slowdown(factor)
@@ -465,7 +469,7 @@ def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, 
         end = time.monotonic()
         load.stop()
         timeline.stop()
-        return _finish(name, stack, load, timeline, injected, end, revision, steal)
+        return _finish(name, stack, load, timeline, injected, end, revision, steal, share)
     finally:
         steal.stop()
         stack.close()
@@ -507,6 +511,7 @@ def run_surge(
         time.sleep(steady_s)
         stack.serving("w")
         revision = stack.client.status().revision
+        share = sum(r.share_pct for r in stack.workload("w").replicas)
         timeline.mark(f"inject: rate {before:g} -> {after:g} req/s")
         injected = time.monotonic()
         state["rate"] = after
@@ -514,7 +519,7 @@ def run_surge(
         end = time.monotonic()
         load.stop()
         timeline.stop()
-        return _finish(name, stack, load, timeline, injected, end, revision, steal)
+        return _finish(name, stack, load, timeline, injected, end, revision, steal, share)
     finally:
         steal.stop()
         stack.close()
