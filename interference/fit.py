@@ -537,8 +537,8 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
         bytes_in, bytes_out = session.model_bytes.get(model, (0, 0))
         # every solo point read the process's memory, also one left out of the latency fit (slower at a
         # bigger share is a busy CPU, not a wrong RSS)
-        solo = [p for p in session.points() if p.model == model and p.neighbours == 0]
-        weights_mib, activation_mib = _memory_line(session, solo)
+        read_memory = [p for p in session.points() if p.model == model and p.neighbours == 0]
+        weights_mib, activation_mib = _memory_line(session, read_memory)
         models[model] = ModelProfile(
             name=model,
             kernels=1,
