@@ -17,8 +17,9 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 STEAL_COLUMN = 7  # user nice system idle iowait irq softirq steal guest guest_nice
-# A run is disturbed past these: idle, the VM's steal stayed at 0-5% of the CPU time, and 5-10% under
-# the tests' own load; while the host was busy it was 13-50% (see the module docstring).
+# A run is disturbed past these. Seen on the development VM: 0-5% of the CPU time idle or spinning;
+# 13-50% while the host was busy; 3.5-21% under the closed-loop tests' own load (many threads waking
+# every few ms): the few runs seen over these limits ended over their SLO, the few under them held it.
 MEAN_LIMIT = 0.08
 WINDOW_LIMIT = 0.20
 WINDOW_S = 5.0
