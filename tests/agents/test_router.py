@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 import urllib.request
@@ -33,8 +34,29 @@ def test_port_ranges_and_advertised_hosts():
     assert host_port("::1", 8100) == "[::1]:8100" and host_port("node-a", 8100) == "node-a:8100"
 
 
+def free_port_range(size: int) -> int:
+    """The first port of `size` ports that are free now, below Linux's ephemeral range (32768 and up by
+    default), where the system hands out ports to outbound connections: one took a port of this test's
+    range from under it in a fresh-clone run."""
+    for attempt in range(50):
+        low = 20000 + (int(time.time() * 1000) + 997 * attempt) % (12000 - size) // 2 * 2
+        sockets = []
+        try:
+            for port in range(low, low + size):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return low
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise AssertionError(f"no {size} free ports in a row between 20000 and 32000")
+
+
 def test_a_workload_keeps_its_ports_across_restarts_and_a_taken_pair_is_skipped():
-    low = 20000 + (int(time.time() * 1000) % 20000) // 2 * 2
+    low = free_port_range(40)
     first = Router("127.0.0.1", ports=(low, low + 39))
     try:
         a = first.set_backends("photo-tagging", [])
