@@ -686,9 +686,9 @@ def _at_planned_load(w: ObservationRecord, planned_rps: float) -> bool:
     (100 req/s on a plan for 15) pending, and every request failed.
 
     The bound allows for Poisson noise: at 16 req/s a 1 s window counts over 19.2 (+20%) about one time
-    in five, and a pool of 10 windows (read only when all are usable) was then usable one time in eight,
-    so the CPU demo's loop never learnt its clients' p99. Within 3 standard deviations (16 + 12 req/s
-    there) an honest window passes 998 times in 1,000; 100 req/s on a plan for 15 is still overload."""
+    in five, and a pool of 10 windows (read only when all are usable) was then usable one time in eight.
+    Within 3 standard deviations (16 + 12 req/s there) an honest window passes 998 times in 1,000;
+    100 req/s on a plan for 15 is still overload."""
     noise = RATE_NOISE_SD * math.sqrt(planned_rps / w.window_s) if w.window_s > 0 and planned_rps > 0 else 0.0
     allowed = max(planned_rps * (1.0 + RATE_TOLERANCE), planned_rps + noise)
     return w.rate_rps <= allowed and w.pending <= BACKLOG_BATCHES * max(1, w.batch)
