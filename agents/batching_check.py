@@ -40,7 +40,7 @@ from controller.render import CONFIG_NAME, ModelConfig, queue_delay_us, read_con
 from foundation.host_steal import MEAN_LIMIT as STEAL_LIMIT
 from foundation.host_steal import WINDOW_LIMIT as STEAL_WINDOW_LIMIT
 from foundation.host_steal import WINDOW_S as STEAL_WINDOW_S
-from foundation.host_steal import StealMeter
+from foundation.host_steal import StealMeter, cpu_times
 from interference.batching import LatencyDistribution, ServiceCurve, fill_time_ms, latency_distribution, serve
 
 MODEL = "batch_sleep"
@@ -271,8 +271,8 @@ def _descendants(root: int) -> list[int]:
 
 
 def _machine_busy_ticks() -> int:
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values[:7]) - values[3] - values[4]  # all but idle, iowait and steal (the host's, not a process's)
+    values = cpu_times()
+    return sum(values[:7]) - sum(values[3:5])  # all but idle, iowait and steal (the host's, not a process's)
 
 
 class CpuMeter:
@@ -454,8 +454,10 @@ class BatchingCheck:
             gen.run(rate, warmup_s, arrival="poisson", seed=seed + 10_000)  # stub, threads, channel warm
             self._window()
             meter = CpuMeter(int(self.fleet.processes()[self.KEY]["pid"]))
-            report = gen.run(rate, seconds, arrival="poisson", seed=seed)
-            others, ours = meter.stop()
+            try:
+                report = gen.run(rate, seconds, arrival="poisson", seed=seed)
+            finally:  # the meter's steal sampler stops with a failed run too
+                others, ours = meter.stop()
             window = self._window()
         sim_latency, sim_sizes = simulate_same_arrivals(prediction, point.batch, seconds, seed)
         return PointResult(

@@ -25,12 +25,18 @@ WINDOW_LIMIT = 0.20
 WINDOW_S = 5.0
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU times since boot in clock ticks, /proc/stat's `cpu` line in its order (user nice
+    system idle iowait irq softirq steal guest guest_nice); empty where it cannot be read."""
+    try:
+        return [int(v) for v in PROC_STAT.read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
 def cpu_ticks() -> tuple[int, int]:
     """(steal, all) clock ticks of the machine's CPUs since boot; (0, 0) where they cannot be read."""
-    try:
-        values = [int(v) for v in PROC_STAT.read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return 0, 0
+    values = cpu_times()
     steal = values[STEAL_COLUMN] if len(values) > STEAL_COLUMN else 0
     return steal, sum(values[:8])  # guest time is already counted in user and nice
 
