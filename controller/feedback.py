@@ -474,44 +474,51 @@ class FeedbackLoop:
         return points, replicas, sli, ratios
 
     def _sli_windows(self, gpu_type: str, r: PlacedReplica) -> list[SliWindow]:
-        """The replica's recent SLI windows that ran its placement at the planned load (call under the lock)."""
-        cfg = self.config.recalibration
+        """The replica's recent SLI windows that ran its placement at the planned load (call under the lock).
 
-        def usable(w: ObservationRecord) -> bool:
+        Two tests, kept apart: a window is *at the plan* when it ran the placement at the planned load; its
+        own p99 is read only with `guard.min_requests` requests, but a pool is read when every window it covers
+        is at the plan and the pool holds that many requests. At 16 req/s in 1 s windows a window holds 20
+        requests about one time in five, so requiring it of every pooled window left the CPU demo's pools
+        unread: its loop learnt the windows' median, not what its clients saw."""
+        cfg = self.config.recalibration
+        min_requests = self.config.guard.min_requests
+
+        def at_plan(w: ObservationRecord) -> bool:
             # only windows that ran the placement they are compared with (not the one before a move)
             return (
-                w.p99_ms is not None
-                and w.requests >= self.config.guard.min_requests
-                and w.gpu_type == gpu_type
+                w.gpu_type == gpu_type
                 and abs(w.share_pct - r.placement.share_pct) < 1e-6
                 and w.batch == r.placement.batch
                 and _at_planned_load(w, r.placement.rate_rps)
             )
 
         settled = _settled(self._windows(r.key))
-        since = _usable_since(settled, usable)
+        since = _usable_since(settled, at_plan)
         out = []
         for w in settled[-cfg.recent_windows :]:
-            if usable(w) and w.p99_ms is not None:
-                # a pool is the clients' p99 only over windows the loop would use, at least min_windows
-                pooled = (
-                    w.pooled_p99_ms is not None
-                    and w.pooled_windows >= cfg.min_windows
-                    and w.seq - w.pooled_windows + 1 >= since.get(w.id, w.seq + 1)
+            if w.p99_ms is None or w.requests < min_requests or not at_plan(w):
+                continue
+            # a pool is the clients' p99 only over windows at the plan, at least min_windows of them
+            pooled = (
+                w.pooled_p99_ms is not None
+                and w.pooled_windows >= cfg.min_windows
+                and w.pooled_count >= min_requests
+                and w.seq - w.pooled_windows + 1 >= since.get(w.id, w.seq + 1)
+            )
+            out.append(
+                SliWindow(
+                    w.key,
+                    w.node_id,
+                    w.p99_ms,
+                    w.p50_ms,
+                    w.queue_ms,
+                    w.compute_ms,
+                    w.pooled_p99_ms if pooled else None,
+                    w.pooled_windows if pooled else 0,
+                    w.pooled_count if pooled else 0,
                 )
-                out.append(
-                    SliWindow(
-                        w.key,
-                        w.node_id,
-                        w.p99_ms,
-                        w.p50_ms,
-                        w.queue_ms,
-                        w.compute_ms,
-                        w.pooled_p99_ms if pooled else None,
-                        w.pooled_windows if pooled else 0,
-                        w.pooled_count if pooled else 0,
-                    )
-                )
+            )
         return out
 
     def _service_time(

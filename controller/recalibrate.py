@@ -49,8 +49,9 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
   lowering needs all of them. One node (or one flooding agent) cannot move the model alone.
   The service-time correction follows the same rule (`nodes_agree`): each node's median of its
   windows' observed/predicted execution time must lie on the side of the move.
-- Evidence and hysteresis: at least `min_windows` windows with an SLI p99, and a pool is read only when it
-  covers at least `min_windows` windows, all of them ones the loop uses (`controller.feedback`); a move smaller than
+- Evidence and hysteresis: at least `min_windows` windows with an SLI p99 (each with `guard.min_requests`
+  requests), or a pool over at least `min_windows` windows, all of them at the plan (`controller.feedback`;
+  the pool needs the requests, not each window, which at a low rate rarely holds them); a move smaller than
   `tolerance_ms` is no move. The loop hands over only windows that ran the placement at the load
   it was planned for (`controller.feedback`): an overloaded replica's p99 is a wrong rate, not a
   slow serving path.
@@ -263,9 +264,9 @@ def serving_estimate(
     def stays(why: str) -> ServingEstimate:
         return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why, beyond)
 
-    if len(usable) < min_windows:
+    pools = newest_pools(usable, min_windows)  # a pool covers min_windows windows: evidence enough on its own
+    if not pools and len(usable) < min_windows:
         return stays(f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}")
-    pools = newest_pools(usable, min_windows)
     pooled = bool(pools)
     # what each node says the term should be; with pools, in what clients see outside the batch (term + beyond)
     offset = beyond if pooled else 0.0
