@@ -420,7 +420,7 @@ class FeedbackLoop:
         evidence = self._evidence(pair)
         if evidence is None:
             return  # no new window since the last estimate: it would only repeat (and confirm) itself
-        points, replicas, sli, ratios = evidence
+        points, replicas, sli, seen, ratios = evidence
         current = self._active_factor(pair, state[0])
         correction = self._service_time(pair, points, fitted, ratios, current, now)
         corrected = _corrected(active, fitted, model, correction)
@@ -436,7 +436,9 @@ class FeedbackLoop:
         candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
         beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
-        if lowered_below_sli(moves, sli, tolerance, beyond) is not None:  # never below what clients see
+        # never below what clients see: at the planned load, nor where a queue builds (overloaded windows teach
+        # nothing, but they show clients above a lowered prediction)
+        if any(lowered_below_sli(moves, windows, tolerance, beyond) is not None for windows in (sli, seen)):
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
@@ -453,15 +455,20 @@ class FeedbackLoop:
 
     def _evidence(
         self, pair: tuple[str, str]
-    ) -> tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], dict[str, list[float]]] | None:
-        """(calibration points, placed replicas, their SLI windows at the placement and the planned load, each
-        node's recent observed/predicted execution times); None when no window arrived since the last estimate."""
+    ) -> (
+        tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], list[SliWindow], dict[str, list[float]]]
+        | None
+    ):
+        """(calibration points, placed replicas, their SLI windows at the placement and the planned load, the same
+        at any load, each node's recent observed/predicted execution times); None when no window arrived since
+        the last estimate."""
         gpu_type, model = pair
         cfg = self.config.recalibration
         with self._lock:
             points = list(self._points.get(pair, ()))
             replicas = placed_replicas(self._applied.plan, gpu_type, model) if self._applied else []
             sli = [w for r in replicas for w in self._sli_windows(gpu_type, r)]
+            seen = [w for r in replicas for w in self._sli_windows(gpu_type, r, any_load=True)]
             newest = max([points[-1].window if points else 0] + [w.id for r in replicas for w in self._windows(r.key)])
             ratios: dict[str, list[float]] = {}
             for replica in self._replicas.values():
@@ -471,10 +478,11 @@ class FeedbackLoop:
             if self._estimated.get(pair) == newest:
                 return None
             self._estimated[pair] = newest
-        return points, replicas, sli, ratios
+        return points, replicas, sli, seen, ratios
 
-    def _sli_windows(self, gpu_type: str, r: PlacedReplica) -> list[SliWindow]:
-        """The replica's recent SLI windows that ran its placement at the planned load (call under the lock).
+    def _sli_windows(self, gpu_type: str, r: PlacedReplica, any_load: bool = False) -> list[SliWindow]:
+        """The replica's recent SLI windows that ran its placement at the planned load (call under the lock);
+        `any_load`: at any load (what clients see of an overloaded replica is never less than at its plan).
 
         Two tests, kept apart: a window is *at the plan* when it ran the placement at the planned load; its
         own p99 is read only with `guard.min_requests` requests, but a pool is read when every window it covers
@@ -490,7 +498,7 @@ class FeedbackLoop:
                 w.gpu_type == gpu_type
                 and abs(w.share_pct - r.placement.share_pct) < 1e-6
                 and w.batch == r.placement.batch
-                and _at_planned_load(w, r.placement.rate_rps)
+                and (any_load or _at_planned_load(w, r.placement.rate_rps))
             )
 
         settled = _settled(self._windows(r.key))

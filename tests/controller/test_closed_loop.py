@@ -458,6 +458,23 @@ def test_a_lowered_service_time_never_takes_the_prediction_below_what_the_sli_sh
         assert placed(svc).predicted_p99_ms >= seen - tolerance, (i, placed(svc).predicted_p99_ms, seen)
 
 
+def test_a_lowered_service_time_is_held_while_overloaded_windows_show_clients_above_the_prediction(tmp_path):
+    """Triton's compute says the model runs twice as fast as profiled, but a queue builds at every window end
+    and clients see three times the prediction. Those windows are left out of what the loop learns from (not
+    at the planned load), but they still show that a lowered prediction would be below what clients see: the
+    lowering is held (in the CPU demo the plan went from 6.51 to 6.15 ms while clients saw 228 ms)."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    seen = placed(svc).predicted_p99_ms
+    tolerance = CONFIG.recalibration.replan_threshold * 80 / 2.0
+    for i in range(60):
+        node.beat(factor=0.5, p99=3 * seen, p50=2 * seen, over=0.0, pending=40)
+        assert placed(svc).predicted_p99_ms >= seen - tolerance, (i, placed(svc).predicted_p99_ms, seen)
+
+
 def test_guard_moves_stay_counted_when_the_replica_that_made_them_is_gone(tmp_path):
     """stoke_guard_moves_total is a counter: a replica forgotten (its node lost, the workload pending) must not
     take its moves with it (a counter that goes down reads as a reset, and increase() counts it again)."""
