@@ -446,8 +446,19 @@ def _finish(
     )
 
 
-def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, factor: float = 2.0) -> Result:
-    """Steady state, then the slowdown hook at `factor`; the incident window is `incident_s`."""
+def _wait(steal: StealMeter, seconds: float, give_up: bool) -> bool:
+    """Let the scenario run `seconds`; False when it gave up early (`give_up`), the host having disturbed it."""
+    if give_up:
+        return steal.sleep_unless_disturbed(seconds)
+    time.sleep(seconds)
+    return True
+
+
+def run_slowdown(
+    workdir: Path, loop: Loop, steady_s: float, incident_s: float, factor: float = 2.0, give_up: bool = False
+) -> Result:
+    """Steady state, then the slowdown hook at `factor`; the incident window is `incident_s`. `give_up`: end the
+    run as soon as the host's steal has disturbed it for good (`StealMeter.sleep_unless_disturbed`)."""
     name = f"slowdown x{factor:g}, guard {'on' if loop.guard else 'off'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {RATE_RPS:g} req/s Poisson, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
@@ -459,13 +470,14 @@ def run_slowdown(workdir: Path, loop: Loop, steady_s: float, incident_s: float, 
         timeline = Timeline(stack, "w", t0).start()
         steal.start()
         load = Load(stack, "w", lambda t: RATE_RPS)
-        time.sleep(steady_s)
+        calm = _wait(steal, steady_s, give_up)
         revision = stack.client.status().revision
         share = sum(r.share_pct for r in stack.workload("w").replicas)
-        timeline.mark(f"inject: {factor:g}x slowdown (the accel_sim/1/slowdown hook)")
         injected = time.monotonic()
-        stack.slowdown(factor)
-        time.sleep(incident_s)
+        if calm:
+            timeline.mark(f"inject: {factor:g}x slowdown (the accel_sim/1/slowdown hook)")
+            stack.slowdown(factor)
+            _wait(steal, incident_s, give_up)
         end = time.monotonic()
         load.stop()
         timeline.stop()
@@ -484,8 +496,10 @@ def run_surge(
     before: float = 12.0,
     after: float = 100.0,
     min_rps: float | None = None,
+    give_up: bool = False,
 ) -> Result:
-    """A workload at `before` req/s surges to `after`; `auto`: rate_rps auto, else fixed at before x 1.25."""
+    """A workload at `before` req/s surges to `after`; `auto`: rate_rps auto, else fixed at before x 1.25.
+    `give_up`: as in `run_slowdown`."""
     name = f"surge {before:g} -> {after:g} req/s, rate {'auto' if auto else 'fixed'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
@@ -508,14 +522,16 @@ def run_surge(
         steal.start()
         state = {"rate": before}
         load = Load(stack, "w", lambda t: state["rate"])
-        time.sleep(steady_s)
-        stack.serving("w")
+        calm = _wait(steal, steady_s, give_up)
+        if calm:
+            stack.serving("w")
         revision = stack.client.status().revision
         share = sum(r.share_pct for r in stack.workload("w").replicas)
-        timeline.mark(f"inject: rate {before:g} -> {after:g} req/s")
         injected = time.monotonic()
-        state["rate"] = after
-        time.sleep(incident_s)
+        if calm:
+            timeline.mark(f"inject: rate {before:g} -> {after:g} req/s")
+            state["rate"] = after
+            _wait(steal, incident_s, give_up)
         end = time.monotonic()
         load.stop()
         timeline.stop()

@@ -99,6 +99,21 @@ class StealMeter:
             out = share if out is None else max(out, share)
         return self.mean if out is None else out
 
+    def sleep_unless_disturbed(self, seconds: float) -> bool:
+        """Sleep `seconds` while sampling; False, at once, when the worst `WINDOW_S` already took more than
+        `WINDOW_LIMIT`: nothing later can make the run undisturbed (the worst stretch only grows), so a test
+        that would run it to the end and then discard it stops early instead."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(self.interval_s, left))
+            if len(self.samples) > 1 and self.worst(WINDOW_S) > WINDOW_LIMIT and self._spans(WINDOW_S):
+                return False
+        return True
+
+    def _spans(self, window_s: float) -> bool:
+        """Whether the samples cover `window_s` (before that, `worst` is the mean of a shorter stretch)."""
+        return self.samples[-1][0] - self.samples[0][0] >= window_s
+
     def disturbance(self) -> str | None:
         """Why the host disturbed the run (`MEAN_LIMIT` over the run or `WINDOW_LIMIT` over its worst
         `WINDOW_S`), or None."""

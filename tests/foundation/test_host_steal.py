@@ -65,3 +65,21 @@ def test_the_meter_samples_this_machine_and_stops_once():
     m.stop()  # a second stop adds nothing
     assert len(m.samples) == count and 0.0 <= m.mean <= 1.0
     assert all(a[0] <= b[0] for a, b in zip(m.samples, m.samples[1:]))
+
+
+def test_a_sleep_ends_early_once_the_worst_stretch_is_past_its_limit_and_not_before(monkeypatch):
+    monkeypatch.setattr(host_steal, "WINDOW_S", 0.05)
+    share = {"steal": 0.02}
+
+    def ticks():  # 1,000 ticks a second, `share` of them stolen
+        total = int(time.monotonic() * 1000)
+        return int(total * share["steal"]), total
+
+    monkeypatch.setattr(host_steal, "cpu_ticks", ticks)
+    with StealMeter(interval_s=0.01) as m:
+        assert m.sleep_unless_disturbed(0.3)  # calm: the whole sleep
+        share["steal"] = 0.6
+        started = time.monotonic()
+        assert not m.sleep_unless_disturbed(30.0)  # the host takes 60%: over the 20% limit within a stretch
+        assert time.monotonic() - started < 10.0
+    assert m.disturbance() is not None  # what the run would have been judged at its end
