@@ -106,7 +106,7 @@ class StealMeter:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.interval_s, left))
-            if len(self.samples) > 1 and self.worst(WINDOW_S) > WINDOW_LIMIT and self._spans(WINDOW_S):
+            if len(self.samples) > 1 and self._spans(WINDOW_S) and self.worst(WINDOW_S) > WINDOW_LIMIT:
                 return False
         return True
 
