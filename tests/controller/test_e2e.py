@@ -411,7 +411,9 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
     models = {w.name: w.model for w in demo_workloads(None)}
     for row in rows:
         name, state, rate, requests, failed = row[0], row[1], float(row[3]), int(row[6]), int(row[7])
-        assert state == "serving" and failed == 0
+        # degraded: still served, best effort, when the closed loop learnt (from its clients' pooled p99 on a slow
+        # host) that the SLO can no longer be promised; no request may fail either way
+        assert state in ("serving", "degraded") and failed == 0
         assert requests > rate * 5  # load ran on one continuous schedule for most of the 16 s
         # the measured serving path is in the plan's p99, beside what the client saw and whether it held
         serving = profile.model(models[name]).serving_p99_ms
