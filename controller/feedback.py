@@ -502,7 +502,7 @@ class FeedbackLoop:
             )
 
         settled = _settled(self._windows(r.key))
-        since = _usable_since(settled, at_plan)
+        since = _runs_since(settled, at_plan)
         out = []
         for w in settled[-cfg.recent_windows :]:
             if w.p99_ms is None or w.requests < min_requests or not at_plan(w):
@@ -720,18 +720,19 @@ def _settled(windows: Sequence[ObservationRecord]) -> list[ObservationRecord]:
     return out
 
 
-def _usable_since(windows: Sequence[ObservationRecord], usable: Callable[[ObservationRecord], bool]) -> dict[int, int]:
-    """{usable window's id: the first window number of the run of usable windows it ends}. A run is broken by a
-    stored window the loop does not use, and by a new process (its window numbers restart); a window the node
+def _runs_since(windows: Sequence[ObservationRecord], at_plan: Callable[[ObservationRecord], bool]) -> dict[int, int]:
+    """{id of a window at the plan: the first window number of the run of such windows it ends}. A run is broken
+    by a stored window not at the plan, and by a new process (its window numbers restart); a window the node
     never reported (a heartbeat that came late) does not break it. A window's pooled p99 covers its last
     `pooled_windows` window numbers, which must lie within its run."""
     since: dict[int, int] = {}
     start: int | None = None
     last_seq: int | None = None
     for w in windows:
-        if not usable(w) or (last_seq is not None and w.seq <= last_seq):
+        ok = at_plan(w)
+        if not ok or (last_seq is not None and w.seq <= last_seq):
             start = None
-        if usable(w):
+        if ok:
             start = w.seq if start is None else start
             since[w.id] = start
         last_seq = w.seq
