@@ -370,9 +370,11 @@ def _squeezed(
     the applied plan does not have: they would lose their device (every request failing), maybe to a new
     workload. Instead those that serve are planned first on the ready devices (`solve(ws, True, current)`),
     the left-out ones stretched by the least of `BEST_EFFORT_SLO_FACTORS` that fits if they must be (as
-    `_best_effort` does); then the others are added around them without the limit, so a new workload that
-    does not fit waits (unbound, pending). None (plan as before) when no serving workload would be left
-    out, when more than `MAX_SQUEEZED` would, or when no stretch fits."""
+    `_best_effort` does; when none fits, the serving workloads already planned best effort are stretched
+    further, then both: one of them can be what leaves no room on the device); then the others are added
+    around them without the limit, so a new workload that does not fit waits (unbound, pending). None (plan as
+    before) when no serving workload would be left out, when more than `MAX_SQUEEZED` would, or when no stretch
+    fits."""
     if kept is None:
         return None
     serving = {p.name for g in kept.gpus for p in g.placements}
@@ -381,34 +383,60 @@ def _squeezed(
     if not left_out or len(left_out) > MAX_SQUEEZED:
         return None
     current = _current(kept, [w for w in workloads if w.name in serving])
-    for factor in (1.0, *BEST_EFFORT_SLO_FACTORS):
+    # Those left out are stretched first. When no stretch of theirs fits, a workload already served best effort
+    # may be what holds the device (its stretched p99 leaves no room for a neighbour's interference): it is
+    # stretched further instead, then with them.
+    best_effort = {w.name for w in workloads if w.name in serving and w.slo_ms != real_slo.get(w.name, w.slo_ms)}
+    rounds = [left_out]
+    if best_effort - left_out and len(best_effort | left_out) <= MAX_SQUEEZED:
+        rounds += [best_effort, left_out | best_effort]
+    for widened in rounds:
+        factors = (1.0, *BEST_EFFORT_SLO_FACTORS) if widened is left_out else BEST_EFFORT_SLO_FACTORS
+        fitted, outcome = _stretched_to_fit(workloads, serving, widened, factors, current, solve, real_slo)
+        if fitted:
+            return outcome
+    return None
+
+
+def _stretched_to_fit(
+    workloads: Sequence[Workload],
+    serving: set[str],
+    widened: set[str],
+    factors: Sequence[float],
+    current: Plan | None,
+    solve: Callable[[Sequence[Workload], bool, Plan | None], Plan],
+    real_slo: Mapping[str, float],
+) -> tuple[bool, tuple[Plan | None, list[Workload], Pending] | None]:
+    """`_squeezed`'s tries with the SLOs of `widened` stretched by each of `factors` in turn: (True, its answer,
+    None to plan as before) once one settles it, (False, None) when no stretch fits."""
+    for factor in factors:
         stretched = [
-            replace(w, slo_ms=round(w.slo_ms * factor, 3)) if w.name in left_out and factor > 1.0 else w
+            replace(w, slo_ms=round(w.slo_ms * factor, 3)) if w.name in widened and factor > 1.0 else w
             for w in workloads
         ]
         served = [w for w in stretched if w.name in serving]
         try:
             first = solve(served, True, current)
         except BudgetExceeded:  # a stretch will not make it faster
-            return None
+            return True, None
         except ProblemError:
             continue
         try:
             plan = solve(stretched, False, first) if len(served) < len(stretched) else first
         except ProblemError:  # the others cannot be added (over the budget): plan as before
-            return None
+            return True, None
         pending = [
             (
                 w.name,
-                f"the ready devices cannot hold it at its {real_slo.get(w.name, w.slo_ms):g} ms SLO together with "
-                f"the others; it keeps serving, planned best effort for {round(w.slo_ms * factor, 3):g} ms: add "
-                "devices, lower its rate or loosen its SLO",
+                f"the ready devices cannot hold it at its {real_slo.get(w.name, w.slo_ms):g} ms SLO together "
+                f"with the others; it keeps serving, planned best effort for {s.slo_ms:g} ms: add devices, "
+                "lower its rate or loosen its SLO",
             )
-            for w in workloads
-            if w.name in left_out and factor > 1.0
+            for w, s in zip(workloads, stretched)
+            if w.name in widened and factor > 1.0
         ]
-        return _real_slos(plan, workloads), stretched, pending
-    return None
+        return True, (_real_slos(plan, workloads), stretched, pending)
+    return False, None
 
 
 def _least_stretch(w: Workload, solves: Callable[[Workload], Plan]) -> Workload | None:

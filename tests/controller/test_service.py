@@ -426,6 +426,45 @@ def test_a_serving_workload_whose_slo_can_no_longer_be_promised_keeps_serving_be
     assert states["a"].state == "pending" and "keeps serving" not in states["a"].reason and not where(svc)
 
 
+def test_a_best_effort_workload_is_stretched_further_before_its_neighbour_loses_the_device(tmp_path):
+    """`make run` on a slow host: the closed loop learnt serving paths of 84 ms (photo-tagging, SLO 60: best
+    effort) and 77 ms (product-search, SLO 160). At its first stretch (90 ms) photo-tagging leaves no room for
+    its neighbour's interference on the one device, and stretching the neighbour does not help: product-search
+    went pending and its requests failed. The best-effort workload is stretched further instead; both keep the
+    device, the neighbour within its own SLO."""
+    from pathlib import Path
+
+    from interference.profile import DeviceProfile
+    from interference.profile_io import load_profile, profile_to_dict
+    from interference.recalibration import Correction, apply_corrections
+
+    base = load_profile(Path(__file__).resolve().parents[2] / "interference" / "data" / "cpu-2core-profile.json")
+    svc, _ = make(tmp_path)
+    svc.upload_profile(json.dumps(profile_to_dict(base)), base.gpu.name)
+    svc.register("local", (NodeDevice(0, "cpu", "cpu", cores=2, gpu_type=base.gpu.name),))
+    svc.apply_workloads(
+        [
+            wl("photo-tagging", "mlp_small", slo=60.0, rate=20.0),
+            wl("product-search", "conv_medium", slo=160.0, rate=16.0),
+        ]
+    )
+    svc.reconcile()
+    assert set(where(svc)) == {"photo-tagging#0", "product-search#0"}
+    learnt = {"mlp_small": (1.652, 84.47), "conv_medium": (2.233, 76.93)}  # (service time factor, serving p99 ms)
+    slower = apply_corrections(base, {m: Correction(m, "scale", f, f, 0, 0, 0, 0, 0) for m, (f, _) in learnt.items()})
+    models = {
+        name: replace(m, serving_p99_ms=learnt[name][1], beyond_sli_p99_ms=0.0) if name in learnt else m
+        for name, m in slower.models.items()
+    }
+    svc.upload_profile(json.dumps(profile_to_dict(DeviceProfile(slower.gpu, models))), base.gpu.name)
+    outcome = svc.reconcile()
+    assert set(where(svc)) == {"photo-tagging#0", "product-search#0"}  # neither lost the device
+    pending = dict(outcome.plan.pending)
+    assert set(pending) == {"photo-tagging"} and "keeps serving" in pending["photo-tagging"], pending
+    placed = {p.name: p for g in svc.current_plan().plan.gpus for p in g.placements}
+    assert placed["product-search"].slo_ms == 160.0 and placed["product-search"].predicted_p99_ms <= 160.0
+
+
 def test_a_serving_workload_the_ready_devices_can_no_longer_hold_keeps_serving_best_effort(tmp_path):
     """The serving path grows (2 -> 5.5 ms) so that two workloads sharing the only device need more than it
     has: the one a plan without the device limit would move to a device there is none of keeps serving,
