@@ -38,6 +38,9 @@ class Packing:
     _index: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     _log: list[tuple[int, Bin | None]] | None = None
     _next_id: int = 0
+    #: When set, each bin changed from now on, with the replicas it held before its first change ([] for a bin
+    #: opened): a local re-plan's search, renumbering and plan visit only these.
+    changed: dict[int, list[Item]] | None = None
 
     # -- changes (logged when a checkpoint is open) ------------------------------------------------
 
@@ -61,18 +64,24 @@ class Packing:
     def open_bin(self, gpu_type: str, items: list[Item], shares: list[float], key: str | None = None) -> Bin:
         b = Bin(self._next_id, gpu_type, items, shares, key, sum(shares))
         self._next_id += 1
+        if self.changed is not None:
+            self.changed.setdefault(b.id, [])
         self._remember(b.id)
         self.bins[b.id] = b
         insort(self._index.setdefault(gpu_type, []), (b.load, b.id))
         return b
 
     def update(self, b: Bin, items: list[Item], shares: list[float]) -> None:
+        if self.changed is not None:
+            self.changed.setdefault(b.id, b.items)  # replaced, never changed in place
         self._remember(b.id)
         self._unindex(b)
         b.items, b.shares, b.load = items, shares, sum(shares)
         insort(self._index[b.gpu_type], (b.load, b.id))
 
     def close(self, b: Bin) -> None:
+        if self.changed is not None:
+            self.changed.setdefault(b.id, b.items)
         self._remember(b.id)
         self._unindex(b)
         del self.bins[b.id]

@@ -40,13 +40,17 @@ check), so small plans are optimal for the model.
 Stability: with `current` (the plan that runs), its GPUs are re-used first,
 in order and with their keys, holding the workloads they held where those
 still fit; only what no longer fits, and new workloads, are placed again.
+With a `SolveMemo` whose last answer `current` is, and a few workloads
+changed, the same steps run on the GPUs the change reaches only
+(`planner.solver.replan`), with the same answer.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -604,17 +608,24 @@ def _swap_in(packing: Packing, item: Item, victim: Bin) -> tuple[Bin, list[float
     return None
 
 
-def _local_search(packing: Packing, budget: int, keep: Callable[[Bin], bool] | None = None) -> None:
+def _local_search(
+    packing: Packing,
+    budget: int,
+    keep: Callable[[Bin], bool] | None = None,
+    among: Callable[[], Iterable[Bin]] | None = None,
+) -> None:
     """Empty GPUs, lightest first, until none can be emptied or `budget` checks are spent.
 
     The budget counts co-location checks, not seconds, so a solve is deterministic. GPUs for
-    which `keep` is true are not emptied (they may still receive replicas).
+    which `keep` is true are not emptied (they may still receive replicas). `among`: the GPUs
+    `keep` may be false for, when that is known to be fewer than all.
     """
     stop = packing.evaluations + budget
     improved = True
     while improved and packing.evaluations < stop:
         improved = False
-        victims = [b for b in packing.bins.values() if keep is None or not keep(b)]
+        pool = packing.bins.values() if among is None else among()
+        victims = [b for b in pool if keep is None or not keep(b)]
         for victim_id in [b.id for b in sorted(victims, key=lambda b: (b.load, b.id))]:
             if packing.evaluations >= stop:
                 return
@@ -708,11 +719,13 @@ def _seed_from(
     current: Plan,
     pending: dict[tuple[str, int], tuple[Item, str]],
     memo: SolveMemo | None = None,
+    origins: dict[int, GpuPlan] | None = None,
 ) -> set[int]:
     """Re-use the current plan's GPUs, in order and with their keys, for the workloads they hold.
 
     Returns the ids of the GPUs that hold exactly what they held (nothing for the search to do
-    there). With a `memo`, a GPU whose placements would take the same replicas as in an earlier
+    there); `origins`, when given, gets each GPU opened with the GPU of `current` it was seeded
+    from. With a `memo`, a GPU whose placements would take the same replicas as in an earlier
     solve takes that solve's shares instead of checking its co-location again (the same check, the
     same answer)."""
     untouched: set[int] = set()
@@ -785,6 +798,8 @@ def _seed_from(
                 del pending[item.key]
         if seeded[0]:
             b = packing.open_bin(gpu_type, list(seeded[0]), list(seeded[1]), key=gpu.key)
+            if origins is not None:
+                origins[b.id] = gpu
             if len(seeded[0]) == len(gpu.placements):
                 untouched.add(b.id)
     return untouched
@@ -798,12 +813,24 @@ def _seed_gpu(
 ) -> tuple[tuple[Item, ...], tuple[float, ...]]:
     """The replicas (matched by `match`) a GPU of the current plan keeps, with their shares."""
     candidates = tuple(item for item in (match(p, gpu.gpu_type) for p in gpu.placements) if item is not None)
+    seeded = seed_candidates(packing, gpu.gpu_type, candidates, memo)
+    if memo is not None and len(candidates) == len(gpu.placements):
+        # every placement took a replica: the next solve takes them again while `match` would (`unchanged`)
+        memo.reseeded[id(gpu.placements)] = (gpu, candidates, seeded, tuple(item.key for item in candidates))
+    return seeded
+
+
+def seed_candidates(
+    packing: Packing, gpu_type: str, candidates: tuple[Item, ...], memo: SolveMemo | None
+) -> tuple[tuple[Item, ...], tuple[float, ...]]:
+    """The replicas a GPU of the current plan keeps of `candidates` (its placements' replicas, in order), with
+    their shares."""
     # by identity (cheap to hash): a memo's replicas are the same objects solve after solve, and the
     # entry holds them, so their ids stay theirs
-    key = (gpu.gpu_type, tuple(map(id, candidates)))
+    key = (gpu_type, tuple(map(id, candidates)))
     seeded = memo.seeded.get(key) if memo is not None else None
     if seeded is None:
-        cache = packing.caches[gpu.gpu_type]
+        cache = packing.caches[gpu_type]
         # all of them together from their minimum shares (a share the SLO guard raised comes back
         # down when its floor goes), else one by one, dropping those that no longer fit
         together = colocate(cache, candidates)
@@ -820,9 +847,6 @@ def _seed_gpu(
         if memo is not None:
             memo.seeded[key] = seeded
             memo.held.append(candidates)
-    if memo is not None and len(candidates) == len(gpu.placements):
-        # every placement took a replica: the next solve takes them again while `match` would (`unchanged`)
-        memo.reseeded[id(gpu.placements)] = (gpu, candidates, seeded, tuple(item.key for item in candidates))
     return seeded
 
 
@@ -858,6 +882,8 @@ class SolveMemo:
         self.reseeded: dict[int, Reseeded] = {}
         #: the replicas whose ids key `seeded` and `placements`: held, so that no other object takes an id
         self.held: list[tuple[Item, ...]] = []
+        #: the last solve's packing, for a local re-plan after a small change (`planner.solver.replan`)
+        self.last: Any = None
 
     def _forget_identities(self) -> None:
         """Drop the entries keyed by object identity (and the objects held for them): they grow with every
@@ -895,31 +921,28 @@ def solve_stoke(
     if memo is not None:
         memo.open(problem, options)
         caches, memos = dict(memo.caches), dict(memo.replicas)
+        # the last solve's packing is handed on, or rebuilt below: a failure on the way leaves no half-changed one
+        last, memo.last = memo.last, None
+        if last is not None and current is not None:
+            # imported here: the local re-plan is made of this module's steps
+            from planner.solver.replan import replan_locally
+
+            local = replan_locally(problem, current, options, memo, last)
+            if local is not None:
+                return local
     else:
         caches = {g.name: PointCache(g) for g in problem.inventory}
         memos = {g.name: ReplicaMemo(caches[g.name], options) for g in problem.inventory}
     packing = Packing(caches, {g.name: g.max_count for g in problem.inventory})
-    known = memo.choices if memo is not None else {}
-    chosen = [known.get(w) for w in problem.workloads]
-    fresh = [w for w, choice in zip(problem.workloads, chosen) if choice is None]
-    singles: dict[tuple[str, str], Item | None] = {}
-    for g in problem.inventory:
-        allowed = [w for w in fresh if g in allowed_types(w, problem.inventory)]
-        for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
-            singles[(g.name, w.name)] = item
-        memos[g.name].prepare([w for w in allowed if singles[(g.name, w.name)] is None])
     pending: dict[tuple[str, int], tuple[Item, str]] = {}
-    for workload, choice in zip(problem.workloads, chosen):
-        if choice is None:
-            gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
-            choice = (gpu_type, tuple(with_replicas(items)))
-            if memo is not None:
-                memo.choices[workload] = choice
+    for choice in choose_all(problem.workloads, problem, packing, options, memo, memos):
         for item in choice[1]:
             pending[item.key] = (item, choice[0])
     seeded: dict[int, int] = {}  # GPU id -> replicas, for the current plan's GPUs that hold what they held
+    origins: dict[int, GpuPlan] = {}
     if current is not None:
-        seeded = {b_id: len(packing.bins[b_id].items) for b_id in _seed_from(packing, current, pending, memo)}
+        untouched = _seed_from(packing, current, pending, memo, origins)
+        seeded = {b_id: len(packing.bins[b_id].items) for b_id in untouched}
     if (
         current is None
         and len(pending) > CHUNK_REPLICAS
@@ -927,12 +950,80 @@ def solve_stoke(
     ):
         _pack_in_chunks(packing, list(pending.values()))
         pending = {}
+    spilled = place_all(packing, sorted(pending.values(), key=lambda pair: -pair[0].min_share), problem, options, memos)
+    # Re-planning: the GPUs that hold what they held were searched when that plan was made; only the
+    # changed ones are emptied (which keeps the rest where it runs). Count is enough: replicas only arrive.
+    _local_search(packing, SEARCH_EVALUATIONS, keep=lambda b: seeded.get(b.id) == len(b.items))
+
+    notes: list[str] = []
+    bins = list(packing.bins.values())
+    numbered = _renumber(bins, memo)
+    types = {b.gpu_type for b in bins}
+    all_items = [i for items in numbered for i in items]
+    replaced = False
+    if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
+        gpu_type = types.pop()
+        exact = _exact(packing.caches[gpu_type], all_items)
+        if exact is not None and len(exact) < len(bins):
+            cache = packing.caches[gpu_type]
+            bins = [Bin(k, gpu_type, group, _fitted_shares(cache, group)) for k, group in enumerate(exact)]
+            numbered, replaced = [b.items for b in bins], True
+            notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
+        elif exact is not None:
+            notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
+    elif len(types) == 1 and bins:
+        notes.append(bound_note(Counter(i.min_share for i in all_items), len(bins)))
+    plan = _to_plan(problem, packing.caches, bins, numbered, tuple(notes), memo)
+    if memo is not None and not replaced and not spilled:  # a spilled replica is placed afresh by every solve
+        from planner.solver.replan import remember_solve
+
+        memo.last = remember_solve(problem, plan, packing, numbered, origins)
+    return plan
+
+
+def choose_all(
+    workloads: Sequence[Workload],
+    problem: Problem,
+    packing: Packing,
+    options: StokeOptions,
+    memo: SolveMemo | None,
+    memos: dict[str, ReplicaMemo],
+) -> list[tuple[str, tuple[Item, ...]]]:
+    """Each workload's GPU type and replicas (numbered), from the memo where it holds them."""
+    known = memo.choices if memo is not None else {}
+    chosen = [known.get(w) for w in workloads]
+    fresh = [w for w, choice in zip(workloads, chosen) if choice is None]
+    singles: dict[tuple[str, str], Item | None] = {}
+    for g in problem.inventory:
+        allowed = [w for w in fresh if g in allowed_types(w, problem.inventory)]
+        for w, item in zip(allowed, best_candidates(allowed, packing.caches[g.name], options)):
+            singles[(g.name, w.name)] = item
+        memos[g.name].prepare([w for w in allowed if singles[(g.name, w.name)] is None])
+    out = []
+    for workload, choice in zip(workloads, chosen):
+        if choice is None:
+            gpu_type, items = _choose_type(workload, problem, packing, options, singles=singles, memos=memos)
+            choice = (gpu_type, tuple(with_replicas(items)))
+            if memo is not None:
+                memo.choices[workload] = choice
+        out.append(choice)
+    return out
+
+
+def place_all(
+    packing: Packing,
+    pairs: Sequence[tuple[Item, str]],
+    problem: Problem,
+    options: StokeOptions,
+    memos: dict[str, ReplicaMemo],
+) -> bool:
+    """Best fit of each replica (in the order given) on its GPU type; out of GPUs of that type, the rate it should
+    have served goes to the next cheapest allowed type, sized for that type (it may need several replicas there).
+    Returns whether any did (such replicas are no workload's choice: the next solve places them afresh)."""
     spilled: dict[str, list[str]] = {}
-    for item, gpu_type in sorted(pending.values(), key=lambda pair: -pair[0].min_share):
+    for item, gpu_type in pairs:
         if _place(packing, item, gpu_type):
             continue
-        # Out of GPUs of this type: the rate this replica should have served goes to the next
-        # cheapest allowed type, sized for that type (it may need several replicas there).
         full = spilled.setdefault(item.workload.name, [gpu_type])
         remaining = item.rate_rps
         while remaining > EPS:
@@ -943,31 +1034,7 @@ def solve_stoke(
                     full.append(other)
                     break
                 remaining -= replica.rate_rps
-    # Re-planning: the GPUs that hold what they held were searched when that plan was made; only the
-    # changed ones are emptied (which keeps the rest where it runs). Count is enough: replicas only arrive.
-    _local_search(packing, SEARCH_EVALUATIONS, keep=lambda b: seeded.get(b.id) == len(b.items))
-
-    notes: list[str] = []
-    bins = _renumber(list(packing.bins.values()), memo)
-    types = {b.gpu_type for b in bins}
-    all_items = [i for b in bins for i in b.items]
-    if current is None and len(types) == 1 and len(all_items) <= EXACT_LIMIT:
-        gpu_type = types.pop()
-        exact = _exact(packing.caches[gpu_type], all_items)
-        if exact is not None and len(exact) < len(bins):
-            cache = packing.caches[gpu_type]
-            bins = [Bin(k, gpu_type, group, _fitted_shares(cache, group)) for k, group in enumerate(exact)]
-            notes.append(f"exact search: {len(exact)} GPU(s) is the fewest for these workloads")
-        elif exact is not None:
-            notes.append(f"exact search confirms {len(bins)} GPU(s) is the fewest")
-    elif len(types) == 1 and bins:
-        bound = share_lower_bound([i.min_share for i in all_items])
-        gap = len(bins) / bound - 1.0
-        notes.append(
-            f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
-            f"aside); this plan uses {len(bins)} ({gap:+.1%})"
-        )
-    return _to_plan(problem, packing.caches, bins, tuple(notes), memo)
+    return bool(spilled)
 
 
 def share_lower_bound(shares: Sequence[float]) -> int:
@@ -976,7 +1043,25 @@ def share_lower_bound(shares: Sequence[float]) -> int:
     The larger of the total share in whole GPUs and the count of replicas over half a GPU (no two
     of them share one); a cheap bound, reported beside heuristic plans too big for the exact search.
     """
-    return max(math.ceil(sum(shares) / 100.0 - EPS), sum(1 for s in shares if s > 50.0 + EPS), 1 if shares else 0)
+    return counted_lower_bound(Counter(shares))
+
+
+def counted_lower_bound(shares: Counter[float]) -> int:
+    """`share_lower_bound` of the shares counted by value. The sum is exact (rounded once), so a bound kept up
+    to date change by change is the bound computed afresh."""
+    total = math.fsum(itertools.chain.from_iterable(itertools.repeat(s, n) for s, n in shares.items() if n > 0))
+    over_half = sum(n for s, n in shares.items() if s > 50.0 + EPS)
+    return max(math.ceil(total / 100.0 - EPS), over_half, 1 if +shares else 0)
+
+
+def bound_note(shares: Counter[float], gpus: int) -> str:
+    """The plan's note on its lower bound (`counted_lower_bound` of its replicas' minimum shares)."""
+    bound = counted_lower_bound(shares)
+    gap = gpus / bound - 1.0
+    return (
+        f"lower bound {bound} GPU(s) from the replicas' own shares (no packing can do better, interference "
+        f"aside); this plan uses {gpus} ({gap:+.1%})"
+    )
 
 
 def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
@@ -985,17 +1070,19 @@ def _fitted_shares(cache: PointCache, group: list[Item]) -> list[float]:
     return fitted[0]
 
 
-def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
-    """Replica numbers 0..n-1 and counts per workload, in GPU order (spilling can change n).
+def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[list[Item]]:
+    """Each GPU's replicas numbered 0..n-1 per workload with their counts, in GPU order (spilling can change n):
+    the GPU's own list where nothing changes. The GPUs keep the replicas as chosen (a re-plan matches those).
 
     With a memo, a replica renumbered the same way as in an earlier solve is that solve's object
     (so the memo's identity keys find it again)."""
     counts = Counter([i.workload.name for b in bins for i in b.items])  # 11,000 at 10,000 workloads
     several = {name for name, n in counts.items() if n > 1}  # most workloads have one replica: number 0 of 1
-    renumbered = memo.renumbered if memo is not None else None
     seen: dict[str, int] = {}
+    out = []
     for b in bins:
         items = b.items
+        numbered: list[Item] | None = None
         for k, i in enumerate(items):
             name = i.workload.name
             if name in several:
@@ -1007,42 +1094,52 @@ def _renumber(bins: list[Bin], memo: SolveMemo | None = None) -> list[Bin]:
             else:
                 n, count = 0, 1
             if i.replica != n or i.replicas != count:
-                key = (id(i), n, count)
-                found = renumbered.get(key) if renumbered is not None else None
-                if found is None:
-                    found = replace(i, replica=n, replicas=count)
-                    if memo is not None:
-                        memo.renumbered[key] = found
-                        memo.held.append((i,))
-                items[k] = found
-    return bins
+                if numbered is None:
+                    numbered = list(items)
+                numbered[k] = numbered_as(i, n, count, memo)
+        out.append(items if numbered is None else numbered)
+    return out
+
+
+def numbered_as(item: Item, n: int, count: int, memo: SolveMemo | None) -> Item:
+    """`item` as replica `n` of `count` (the memo's object when an earlier solve made it)."""
+    key = (id(item), n, count)
+    found = memo.renumbered.get(key) if memo is not None else None
+    if found is None:
+        found = replace(item, replica=n, replicas=count)
+        if memo is not None:
+            memo.renumbered[key] = found
+            memo.held.append((item,))
+    return found
 
 
 def _to_plan(
     problem: Problem,
     caches: dict[str, PointCache],
     bins: list[Bin],
+    numbered: list[list[Item]],
     notes: tuple[str, ...],
     memo: SolveMemo | None = None,
 ) -> Plan:
     prices = {g.name: g.price_per_hour for g in problem.inventory}
-    gpus = []
-    known_placements = memo.placements if memo is not None else {}
-    known_gpus = memo.gpus if memo is not None else {}
-    for b in bins:
-        key = (b.gpu_type, tuple(map(id, b.items)), tuple(b.shares))  # by identity, as in `_seed_from`
-        placements = known_placements.get(key)
-        if placements is None:
-            predictions = caches[b.gpu_type].predict(b.items, b.shares)
-            order = sorted(range(len(b.items)), key=lambda k: (-b.shares[k], b.items[k].key))
-            placements = tuple(to_placement(caches[b.gpu_type], b.items[k], b.shares[k], predictions[k]) for k in order)
-            if memo is not None:
-                memo.placements[key] = placements
-                memo.held.append(tuple(b.items))
-        gpu = known_gpus.get((id(placements), b.key, prices[b.gpu_type]))
-        if gpu is None:
-            gpu = GpuPlan(gpu_type=b.gpu_type, price_per_hour=prices[b.gpu_type], key=b.key, placements=placements)
-            if memo is not None:  # its placements are held (by `placements`), so their id stays theirs
-                memo.gpus[(id(placements), b.key, prices[b.gpu_type])] = gpu
-        gpus.append(gpu)
+    gpus = [gpu_plan(caches, b, items, prices[b.gpu_type], memo) for b, items in zip(bins, numbered)]
     return Plan(strategy="stoke", gpus=tuple(gpus), notes=notes)
+
+
+def gpu_plan(caches: dict[str, PointCache], b: Bin, items: list[Item], price: float, memo: SolveMemo | None) -> GpuPlan:
+    """The plan's GPU of bin `b`, its replicas numbered as `items` (the memo's objects where they are the same)."""
+    key = (b.gpu_type, tuple(map(id, items)), tuple(b.shares))  # by identity, as in `_seed_from`
+    placements = memo.placements.get(key) if memo is not None else None
+    if placements is None:
+        predictions = caches[b.gpu_type].predict(items, b.shares)
+        order = sorted(range(len(items)), key=lambda k: (-b.shares[k], items[k].key))
+        placements = tuple(to_placement(caches[b.gpu_type], items[k], b.shares[k], predictions[k]) for k in order)
+        if memo is not None:
+            memo.placements[key] = placements
+            memo.held.append(tuple(items))
+    gpu = memo.gpus.get((id(placements), b.key, price)) if memo is not None else None
+    if gpu is None:
+        gpu = GpuPlan(gpu_type=b.gpu_type, price_per_hour=price, key=b.key, placements=placements)
+        if memo is not None:  # its placements are held (by `placements`), so their id stays theirs
+            memo.gpus[(id(placements), b.key, price)] = gpu
+    return gpu
