@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from controller.reconcile.planning import BudgetExceeded
-from controller.reconcile.wire import Channel
+from controller.reconcile.wire import linked
 from planner.solver import Plan, Problem, ProblemError
 
 log = logging.getLogger("stoke.planner.solver")
@@ -92,12 +92,12 @@ class SolverWorker:
         self.started = 0  # worker processes started (a new one after each kill)
         self.exit_code: int | None = None  # of the last worker that ended
         # what the worker already holds travels as its number (`wire`); both ends start afresh with a worker
-        self._requests, self._answers = Channel(), Channel()
+        self._requests, self._answers = linked()
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        self._requests, self._answers = Channel(), Channel()
+        self._requests, self._answers = linked()
         env = dict(os.environ)
         # the child imports the solver (and a test's solver) from the same places as this process
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -272,7 +272,7 @@ def _serve(memory_mib: int) -> None:
     os.dup2(2, 1)
     source = sys.stdin.buffer
     solvers: dict[Any, Callable[..., Plan]] = {}  # each solver `remembering` across the worker's solves
-    requests, answers = Channel(), Channel()
+    answers, requests = linked()
     # Garbage is collected between solves, while the controller reads the answer, not during one: at
     # 10,000 workloads a full collection over the memo took 70-150 ms, half a re-plan's time. What
     # survives is frozen (left out of later collections), so the collection after the next solve looks

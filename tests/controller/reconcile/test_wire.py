@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from controller.reconcile.wire import MAX_HELD, Channel
+from controller.reconcile.wire import MAX_HELD, Channel, linked
 from planner.solver import GpuPlan, Problem, solve
 from planner.solver.random_mix import fleet_workloads
 from planner.workload_file import default_gpu_types
@@ -91,3 +91,33 @@ def test_only_the_shared_types_are_built_from_their_fields():
 
     with pytest.raises(pickle.UnpicklingError, match="not a shared type"):
         Channel()._define(0, Other, {})
+
+
+def test_objects_handed_back_travel_as_their_first_senders_number_and_arrive_as_its_own():
+    """The controller sends back the plan the worker answered: with each process's two ends linked, those GPUs go
+    as the worker's own numbers (an echo) and the worker gets its own objects, not equal copies."""
+    worker_sends, worker_receives = linked()  # each process links its two ends
+    controller_sends, controller_receives = linked()
+    v100 = default_gpu_types()[0]
+    answered = solve(Problem(tuple(fleet_workloads(200, seed=8)), (v100,)), "stoke")
+    got = controller_receives.loads(worker_sends.dumps(answered))
+    rekeyed = replace(got, gpus=(replace(got.gpus[0], key="node-1/0"), *got.gpus[1:]))  # a GPU bound to a slot
+    handed_back = controller_sends.dumps(rekeyed)
+    unlinked = Channel().dumps(rekeyed)  # the same plan from a channel without the link: copies by value
+    assert len(handed_back) < len(unlinked) / 10
+    back = worker_receives.loads(handed_back)
+    assert back == rekeyed
+    assert all(a is b for a, b in zip(back.gpus[1:], answered.gpus[1:]))  # the worker's own objects
+    assert all(a is b for a, b in zip(back.gpus[0].placements, answered.gpus[0].placements))
+    # the worker answering with what it was given sends the controller's own objects back
+    again = controller_receives.loads(worker_sends.dumps(back))
+    assert again.gpus[0] is rekeyed.gpus[0] and all(a is b for a, b in zip(again.gpus[1:], got.gpus[1:]))
+
+
+def test_an_echo_of_a_number_this_end_never_sent_is_refused():
+    a_sends, a_receives = linked()
+    b_sends, b_receives = linked()
+    workload = fleet_workloads(1, seed=2)[0]
+    b_receives._received[id(workload)] = 7  # as if a had sent it as number 7, which it never did
+    with pytest.raises(pickle.UnpicklingError, match="never sent"):
+        a_receives.loads(b_sends.dumps(workload))
