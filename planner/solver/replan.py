@@ -36,6 +36,7 @@ from planner.solver.packing import Bin, Packing
 from planner.solver.problem import GpuPlan, Placement, Plan, Problem, Workload
 from planner.solver.stoke import (
     SEARCH_EVALUATIONS,
+    FinalPacking,
     SolveMemo,
     StokeOptions,
     _local_search,
@@ -45,6 +46,7 @@ from planner.solver.stoke import (
     numbered_as,
     place_all,
     seed_candidates,
+    solve_stoke_packing,
 )
 
 #: More workloads changed than this: a full solve (the local steps would gain little).
@@ -68,10 +70,25 @@ class LastSolve:
     types: Counter[str]  # bins per GPU type
 
 
-def remember_solve(
-    problem: Problem, plan: Plan, packing: Packing, numbered: list[list[Item]], origins: dict[int, GpuPlan]
-) -> LastSolve:
-    """What a full solve leaves for the next (`origins`: each bin seeded from a GPU of `current`, that GPU)."""
+def solve_remembering(problem: Problem, current: Plan | None, options: StokeOptions, memo: SolveMemo) -> Plan:
+    """The stoke solve with a memo (`planner.solver.solve` with `memo=`): a local re-plan when it answers, else a
+    full solve, whose final packing the memo keeps for the next."""
+    memo.open(problem, options)
+    # the last packing is handed on by a solve that succeeds: a failure on the way leaves no half-changed one
+    last, memo.last = memo.last, None
+    if last is not None and current is not None:
+        local = replan_locally(problem, current, options, memo, last)
+        if local is not None:
+            return local
+    plan, final = solve_stoke_packing(problem, current, options, memo)
+    if final is not None:
+        memo.last = remember_solve(problem, plan, final)
+    return plan
+
+
+def remember_solve(problem: Problem, plan: Plan, final: FinalPacking) -> LastSolve:
+    """What a full solve leaves for the next."""
+    packing, numbered, origins = final.packing, final.numbered, final.origins
     bins = list(packing.bins.values())
     where: dict[str, list[int]] = {}
     for b in bins:

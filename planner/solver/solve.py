@@ -48,4 +48,8 @@ def solve(
             return solve_ffd(problem)
         from planner.solver.stoke import DEFAULT_OPTIONS, solve_stoke
 
-        return solve_stoke(problem, current, options or DEFAULT_OPTIONS, memo)
+        if memo is not None:
+            from planner.solver.replan import solve_remembering
+
+            return solve_remembering(problem, current, options or DEFAULT_OPTIONS, memo)
+        return solve_stoke(problem, current, options or DEFAULT_OPTIONS)

@@ -41,8 +41,8 @@ Stability: with `current` (the plan that runs), its GPUs are re-used first,
 in order and with their keys, holding the workloads they held where those
 still fit; only what no longer fits, and new workloads, are placed again.
 With a `SolveMemo` whose last answer `current` is, and a few workloads
-changed, the same steps run on the GPUs the change reaches only
-(`planner.solver.replan`), with the same answer.
+changed, `planner.solver.replan` runs the same steps on the GPUs the change
+reaches only, with the same answer.
 """
 
 from __future__ import annotations
@@ -912,24 +912,37 @@ class SolveMemo:
                 self.replicas[g.name] = ReplicaMemo(self.caches[g.name], options)
 
 
+@dataclass(frozen=True)
+class FinalPacking:
+    """A full solve's final packing, for `planner.solver.replan` to keep: the bins (replicas as chosen), each
+    bin's replicas as the plan numbers them, and each bin seeded from a GPU of `current`, that GPU."""
+
+    packing: Packing
+    numbered: list[list[Item]]
+    origins: dict[int, GpuPlan]
+
+
 def solve_stoke(
     problem: Problem,
     current: Plan | None = None,
     options: StokeOptions = DEFAULT_OPTIONS,
     memo: SolveMemo | None = None,
 ) -> Plan:
+    return solve_stoke_packing(problem, current, options, memo)[0]
+
+
+def solve_stoke_packing(
+    problem: Problem,
+    current: Plan | None = None,
+    options: StokeOptions = DEFAULT_OPTIONS,
+    memo: SolveMemo | None = None,
+) -> tuple[Plan, FinalPacking | None]:
+    """The plan, and its final packing when a local re-plan may start from it: none when the exact search
+    replaced the bins, or when a replica spilled onto another GPU type (no workload's choice: every solve places
+    it afresh)."""
     if memo is not None:
         memo.open(problem, options)
         caches, memos = dict(memo.caches), dict(memo.replicas)
-        # the last solve's packing is handed on, or rebuilt below: a failure on the way leaves no half-changed one
-        last, memo.last = memo.last, None
-        if last is not None and current is not None:
-            # imported here: the local re-plan is made of this module's steps
-            from planner.solver.replan import replan_locally
-
-            local = replan_locally(problem, current, options, memo, last)
-            if local is not None:
-                return local
     else:
         caches = {g.name: PointCache(g) for g in problem.inventory}
         memos = {g.name: ReplicaMemo(caches[g.name], options) for g in problem.inventory}
@@ -974,11 +987,7 @@ def solve_stoke(
     elif len(types) == 1 and bins:
         notes.append(bound_note(Counter(i.min_share for i in all_items), len(bins)))
     plan = _to_plan(problem, packing.caches, bins, numbered, tuple(notes), memo)
-    if memo is not None and not replaced and not spilled:  # a spilled replica is placed afresh by every solve
-        from planner.solver.replan import remember_solve
-
-        memo.last = remember_solve(problem, plan, packing, numbered, origins)
-    return plan
+    return plan, (None if replaced or spilled else FinalPacking(packing, numbered, origins))
 
 
 def choose_all(
