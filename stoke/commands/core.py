@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
 from stoke.client_options import add_client_options
-from stoke.commands.inputs import add_repo_option, read_plan, read_text_input
+from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
 from stoke.output import add_output_file_option, add_output_option, emit
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from interference.profiling import ProfileSession
     from planner.simulate import SimulationReport
     from planner.solver import Plan
-    from planner.workload_file import WorkloadsFile
 
 
 class _StokeDefaultsFormatter(argparse.HelpFormatter):
@@ -335,31 +334,6 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
 # -- plan ------------------------------------------------------------------------------------------
 
 
-def _load_profile_arg(path: str | None) -> DeviceProfile | None:
-    from interference.profile_io import ProfileFileError, load_profile
-
-    if path is None:
-        return None
-    try:
-        return load_profile(path)
-    except ProfileFileError as err:
-        raise UserError(str(err)) from None
-
-
-def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
-    from planner.workload_file import WorkloadFileError, load_workloads_file
-
-    # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
-    profile = _load_profile_arg(profile_path)
-    try:
-        return load_workloads_file(path, profile)
-    except WorkloadFileError as err:
-        message = str(err)
-        if err.field == "path":  # the file itself could not be read
-            message += " (without an argument stoke plan uses the bundled example)"
-        raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None
-
-
 def run_plan(args: argparse.Namespace) -> int:
     from foundation.gc_pause import collection_paused
 
@@ -533,7 +507,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from interference.profile import UnknownModelError
     from interference.profile_io import bundled_profile
 
-    profile = _load_profile_arg(args.profile) or bundled_profile()
+    profile = load_profile_arg(args.profile) or bundled_profile()
     text, source = read_text_input(args.cases, "cases")
     lines = text.splitlines()
     rows, out = [], []
@@ -585,7 +559,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
     if not 0 <= args.min_requests <= MAX_MIN_REQUESTS:
         raise UserError(f"--min-requests must be in [0, {MAX_MIN_REQUESTS:,}], got {args.min_requests}")
-    profile = _load_profile_arg(args.profile)
+    profile = load_profile_arg(args.profile)
     profiles = {g.name: g.profile for g in default_gpu_types()}
     if profile is not None:
         profiles = {g.gpu_type: profile for g in plan.gpus}
@@ -838,7 +812,7 @@ def run_profile_show(args: argparse.Namespace) -> int:
     def beyond(m: Any) -> str:  # what clients see beyond the SLI windows, added too (0: measured before it)
         return f"{m.beyond_sli_p99_ms:.2f}"
 
-    profile = _load_profile_arg(args.profile) or bundled_profile()
+    profile = load_profile_arg(args.profile) or bundled_profile()
     if args.json:
         emit(args, profile_domain_dict(profile))
         return 0

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from foundation.errors import UserError
 
 if TYPE_CHECKING:
+    from interference.profile import DeviceProfile
     from planner.solver.problem import Plan
+    from planner.workload_file import WorkloadsFile
 
 
 STDIN = "-"
@@ -63,3 +65,30 @@ def add_repo_option(p: argparse.ArgumentParser, help_text: str, *, required: boo
     else:
         group.add_argument("--repo", default="triton_repo", help=help_text)
     group.add_argument("--repository", dest="repo", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def load_profile_arg(path: str | None) -> DeviceProfile | None:
+    """The profile a command's `--profile` names (None without one), or a clear error."""
+    from interference.profile_io import ProfileFileError, load_profile
+
+    if path is None:
+        return None
+    try:
+        return load_profile(path)
+    except ProfileFileError as err:
+        raise UserError(str(err)) from None
+
+
+def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
+    """The workloads file (the bundled example without `path`) checked against the `--profile` given, if any."""
+    from planner.workload_file import WorkloadFileError, load_workloads_file
+
+    # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
+    profile = load_profile_arg(profile_path)
+    try:
+        return load_workloads_file(path, profile)
+    except WorkloadFileError as err:
+        message = str(err)
+        if err.field == "path":  # the file itself could not be read
+            message += " (without an argument stoke plan uses the bundled example)"
+        raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None

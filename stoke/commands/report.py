@@ -49,7 +49,7 @@ def plan_and_alternatives(workloads: str | None, profile: str | None, strategy: 
     """(plan, alternatives, source) for a workload file, as `stoke plan` would plan it."""
     from planner.solver import ProblemError, solve
     from planner.solver.alternatives import alternatives
-    from stoke.commands.core import load_problem
+    from stoke.commands.inputs import load_problem
 
     source = workloads or "the bundled example workloads"
     problem = load_problem(workloads, profile).problem()
