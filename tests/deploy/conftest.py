@@ -17,6 +17,7 @@ def kube() -> Iterator[MockKubernetes]:
         yield mock
     finally:
         mock.close()
+    assert not mock.serving(), "the Kubernetes API mock server did not stop"
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ class MockKubernetes:
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
+        self._main: asyncio.Task[None] | None = None
         self.reviews: dict[str, dict[str, Any]] = {}  # token -> TokenReview status the API server answers
         self.url = ""
         self._error: BaseException | None = None
@@ -49,6 +50,7 @@ class MockKubernetes:
             self._ready.set()
 
     async def _serve(self) -> None:
+        self._main = asyncio.current_task()
         self._stop = asyncio.Event()
         async with kmock.KubernetesEmulator() as api, kmock.Server(api) as server:
             api.resources[f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}"] = kmock.ResourceInfo(
@@ -93,7 +95,20 @@ class MockKubernetes:
     def close(self) -> None:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self._thread.join(1.0)
+        if self._thread.is_alive():
+            # the server's graceful shutdown waits for the handlers of watch streams still open (up to aiohttp's
+            # shutdown timeout, past the 10 s this waited for at every module's end): end them
+            self._loop.call_soon_threadsafe(self._end_handlers)
+            self._thread.join(10)
+
+    def serving(self) -> bool:
+        return self._thread.is_alive()
+
+    def _end_handlers(self) -> None:
+        for task in asyncio.all_tasks(self._loop):
+            if task is not self._main:
+                task.cancel()
 
     # ------------------------------------------------------------ a kubectl over HTTP
 
