@@ -265,8 +265,8 @@ def serving_estimate(
         return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why, beyond)
 
     pools = newest_pools(usable, min_windows)  # a pool covers min_windows windows: evidence enough on its own
-    if not pools and len(usable) < min_windows:
-        return stays(f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}")
+    if unread := _unreadable(usable, bool(pools), min_windows, current):
+        return stays(unread)
     pooled = bool(pools)
     # what each node says the term should be; with pools, in what clients see outside the batch (term + beyond)
     offset = beyond if pooled else 0.0
@@ -292,6 +292,48 @@ def serving_estimate(
     return ServingEstimate(
         new, True, len(usable), len(nodes), agreeing, attribution, text, 0.0 if pooled else beyond, pooled
     )
+
+
+def _unreadable(usable: Sequence[SliWindow], pooled: bool, min_windows: int, current: float) -> str:
+    """Why the serving term cannot be read from these windows now, or "" when it can."""
+    if not pooled and len(usable) < min_windows:
+        return f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}"
+    moved = compute_shift(usable)
+    if moved is not None:
+        return (
+            f"serving path {current:.2f} ms holds: Triton's compute per request moved x{moved:.2f} within these "
+            "windows; until the service time settles, what clients see beyond it is not the serving path"
+        )
+    return ""
+
+
+#: Triton's compute per request moving by more than this factor between the older and the newer half of a
+#: replica's windows: the service time is changing, and the serving term is not read from them.
+COMPUTE_SHIFT = 1.3
+
+
+def compute_shift(windows: Sequence[SliWindow]) -> float | None:
+    """The largest move (newer half's median compute over the older half's, or its inverse) past `COMPUTE_SHIFT`
+    among the replicas of `windows` (oldest first), or None.
+
+    A pool's p99 less the batch p99 at the profile's service time is the serving path only when that service
+    time is the pool's. Right after the model slowed 2x, a pool holds slowed windows while the service-time
+    correction still rests mostly on earlier ones: the slowdown was learnt as 80 ms of serving path, the plan
+    went best effort, and the correction stayed at x1.0 (the closed-loop test's slowdown, on a busy host)."""
+    by_replica: dict[str, list[float]] = {}
+    for w in windows:
+        if w.compute_ms > 0:
+            by_replica.setdefault(w.key, []).append(w.compute_ms)
+    worst: float | None = None
+    for values in by_replica.values():
+        if len(values) < 4:
+            continue
+        half = len(values) // 2
+        older, newer = statistics.median(values[:half]), statistics.median(values[-half:])
+        ratio = max(newer / older, older / newer)
+        if ratio > COMPUTE_SHIFT and (worst is None or ratio > worst):
+            worst = ratio
+    return worst
 
 
 def _source(pools: Mapping[str, SliWindow]) -> str:

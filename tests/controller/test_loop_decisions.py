@@ -211,6 +211,22 @@ def test_serving_estimate_needs_evidence_and_a_majority_of_nodes_to_raise():
     assert (raised.agreeing, raised.nodes, raised.attribution) == (2, 2, "serving path")
 
 
+def test_serving_estimate_holds_while_tritons_compute_moves_within_its_windows():
+    """Right after the model slows, the windows' p99 less the batch p99 at the old service time is the slowdown,
+    not the serving path: the term holds until the compute settles, then moves as before."""
+    from controller.recalibrate import compute_shift, serving_estimate
+
+    replicas = placed_replicas(plan_of(placement("a")), "CPU", "accel_sim")
+    windows = sli("a#0", "n1", 30.0, replicas, n=8)
+    slowed = [replace(w, compute_ms=1.0 if k < 4 else 2.0) for k, w in enumerate(windows)]  # 2x in the newer half
+    assert compute_shift(slowed) == pytest.approx(2.0)
+    held = serving_estimate(PROFILE, "accel_sim", replicas, slowed, min_windows=5, tolerance_ms=1.0)
+    assert not held.changed and "compute per request moved x2.00" in held.text
+    noisy = [replace(w, compute_ms=(1.0, 1.2, 0.9, 1.1)[k % 4]) for k, w in enumerate(windows)]  # noise, no step
+    assert compute_shift(noisy) is None
+    assert serving_estimate(PROFILE, "accel_sim", replicas, noisy, min_windows=5, tolerance_ms=1.0).changed
+
+
 def test_serving_estimate_lowers_only_when_every_node_shows_it_and_never_below_any():
     from controller.recalibrate import serving_estimate, with_serving
 
