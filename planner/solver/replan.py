@@ -45,6 +45,7 @@ from planner.solver.stoke import (
     gpu_plan,
     numbered_as,
     place_all,
+    placed_as,
     seed_candidates,
     solve_stoke_packing,
 )
@@ -412,10 +413,10 @@ def _pick(
     own = (p.name, p.replica)
     found = free.get(own)
     own_free = found is not None and own not in taken
-    if found is not None and own_free and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+    if found is not None and own_free and placed_as(found[0], p):
         return own
     for item in choice[1] if choice is not None else ():
-        if item.key not in taken and item.batch == p.batch and abs(item.rate_rps - p.rate_rps) <= 1e-6:
+        if item.key not in taken and placed_as(item, p):
             return item.key
     return own if own_free else None
 

@@ -714,6 +714,12 @@ def _exact(cache: PointCache, items: list[Item]) -> list[list[Item]] | None:
 Reseeded = tuple[GpuPlan, tuple[Item, ...], tuple[tuple[Item, ...], tuple[float, ...]], tuple[tuple[str, int], ...]]
 
 
+def placed_as(item: Item, p: Placement) -> bool:
+    """Whether placement `p` can be this replica's (its batch and rate): how a re-plan matches the plan that runs,
+    in a full solve (`_seed_from`) and a local one (`planner.solver.replan`) alike."""
+    return item.batch == p.batch and abs(item.rate_rps - p.rate_rps) <= 1e-6
+
+
 def _seed_from(
     packing: Packing,
     current: Plan,
@@ -742,12 +748,12 @@ def _seed_from(
         own = (p.name, p.replica)
         found = pending.get(own)
         own_free = found is not None and own not in taken and own not in also
-        if found is not None and own_free and found[0].batch == p.batch and abs(found[0].rate_rps - p.rate_rps) <= 1e-6:
+        if found is not None and own_free and placed_as(found[0], p):
             return own  # the usual case: its own number
         for k in by_name.get(p.name, ()):
             if k not in taken and k not in also:
                 item = pending[k][0]
-                if item.batch == p.batch and abs(item.rate_rps - p.rate_rps) <= 1e-6:
+                if placed_as(item, p):
                     return k
         return own if own_free else None
 
