@@ -49,7 +49,7 @@ from controller.reconcile.diff import NodeChange, diff_assignments
 from controller.reconcile.planning import Observed, PlanView, plan_observed
 from controller.reconcile.slots import node_assignments
 from controller.registry import NodeRegistry
-from controller.store import Store, StoredPlan
+from controller.store import DatabaseError, Store, StoredPlan
 from controller.verification import VerifyBeforeServing
 from foundation.errors import StokeError
 from planner.solver import Plan, Problem, ProblemError, plan_from_dict, plan_to_dict
@@ -214,6 +214,11 @@ class Reconciler:
                 error = True
                 self.last_error = f"solve failed: {err}"
                 self._last_inputs = fingerprint  # re-solve on the next change, not every tick
+                raise
+            except DatabaseError as err:
+                # worded as the store's health check words it: status says one cause, not two in turn
+                error = True
+                self.last_error = f"store ({err.reason}): {err}"
                 raise
             except Exception as err:
                 error = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,7 +123,10 @@ def test_a_full_disk_degrades_health_and_alerts_and_applies_recover_once_space_i
                     client.apply_workloads([Workload(f"w{i}", "mlp_small", 100, 20)])
                     client.mint_agent_token(f"node-{i}")
             wait_for("health NOT_SERVING", lambda: health(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING)
-            assert "disk_full" in client.status().last_error and "Free space" in client.status().last_error
+            for _ in range(20):  # over ~10 reconcile ticks: one cause, not the store's and the loop's in turn
+                error = client.status().last_error
+                assert "disk_full" in error and "Free space" in error, error
+                time.sleep(0.05)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read()
             assert b'stoke_store_degraded{reason="disk_full"} 1.0' in metrics
             assert b"stoke_store_healthy 0.0" in metrics

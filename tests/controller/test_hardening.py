@@ -437,3 +437,20 @@ def test_an_unreadable_stored_plan_is_set_aside_and_replanned(tmp_path):
     again.register("n1", CPU)
     outcome = again.reconcile()
     assert outcome.plan.revision == revision + 1 and set(placed(again)) == {"a#0"} and not again.last_error
+
+
+def test_a_plan_the_store_cannot_write_names_the_store_cause_as_the_health_check_does(tmp_path, monkeypatch):
+    svc, _ = make(tmp_path)
+    svc.register("n1", CPU)
+    svc.apply_workloads([wl("a")])
+
+    def full(*args, **kwargs):
+        raise DatabaseError("stoke.db: cannot write the controller database: the disk is full", "disk_full")
+
+    monkeypatch.setattr(svc.store, "add_plan", full)
+    with pytest.raises(DatabaseError):
+        svc.reconcile()
+    # the server's health check writes "store (disk_full): ..." between passes; a pass must not reword it
+    assert svc.last_error.startswith("store (disk_full): ") and "disk is full" in svc.last_error
+    monkeypatch.undo()
+    assert svc.reconcile().plan.revision >= 1 and not svc.last_error
