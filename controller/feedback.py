@@ -443,8 +443,10 @@ class FeedbackLoop:
             return
         factor = correction.factor if correction else current
         crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
+        # a lowering learnt from pools is confirmed only by pools that do not overlap (`Confirmation.next`)
+        lowers = serving.pooled and bool(moves) and all(m.after_ms <= m.before_ms for m in moves)
         confirmation = self._confirm.get(pair, Confirmation()).next(
-            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance
+            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, serving.pools if lowers else ()
         )
         self._confirm[pair] = confirmation
         if confirmation.count < cfg.confirmations or not self._due(
@@ -525,6 +527,7 @@ class FeedbackLoop:
                     w.pooled_p99_ms if pooled else None,
                     w.pooled_windows if pooled else 0,
                     w.pooled_count if pooled else 0,
+                    w.seq,
                 )
             )
         return out

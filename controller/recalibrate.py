@@ -17,7 +17,8 @@ previous estimate. A slow drift accumulates until it crosses the threshold; nois
 around the truth stays within it, so it causes no re-plans. A move must also be seen by
 `confirmations` consecutive estimates that agree with each other within half the threshold
 (`Confirmation`): one stray estimate publishes nothing, and an estimate still moving towards a
-new regime waits until it settles. With no placed replica of the model, the
+new regime waits until it settles; a lowering learnt from pooled p99s is confirmed only by pools that
+share no window with the ones it was first seen in. With no placed replica of the model, the
 candidate is published when its factor moved by more than the threshold.
 
 What the user experiences (`serving_estimate`). The estimator above corrects the service time from
@@ -165,6 +166,7 @@ class Confirmation:
     count: int = 0
     factor: float = 1.0  # the last crossing estimate's factor
     serving_ms: float = 0.0  # the last crossing estimate's serving term
+    counted_pools: tuple[PoolSpan, ...] = ()  # the pools the last counted lowering was learnt from
 
     def next(
         self,
@@ -173,7 +175,13 @@ class Confirmation:
         threshold: float,
         serving_ms: float = 0.0,
         serving_tolerance_ms: float = math.inf,
+        lowering_pools: Sequence[PoolSpan] = (),
     ) -> Confirmation:
+        """`lowering_pools`: the pools of an estimate that lowers predictions (empty otherwise). Such an estimate
+        confirms the last counted one only when no pool of one overlaps a pool of the other: two pools 5 s apart
+        share half their windows, and one quiet stretch is not two (the likely way the CPU demo's tight plan
+        went to 6.15 ms while its clients saw 86 ms over the run). An agreeing estimate over overlapping pools
+        changes nothing: it neither confirms nor contradicts. A raise needs no such wait."""
         if not crossed:
             return Confirmation()
         agrees = (
@@ -182,7 +190,9 @@ class Confirmation:
             and abs(serving_ms - self.serving_ms)
             <= max(serving_tolerance_ms, SERVING_AGREEMENT * max(serving_ms, self.serving_ms))
         )
-        return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms)
+        if agrees and any(p.overlaps(q) for p in lowering_pools for q in self.counted_pools):
+            return self  # not independent evidence
+        return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms, tuple(lowering_pools))
 
 
 def factor_move(active_factor: float, candidate_factor: float) -> float:
@@ -214,6 +224,19 @@ class SliWindow:
     pooled_p99_ms: float | None = None
     pooled_windows: int = 0
     pooled_count: int = 0
+    seq: int = 0  # the window's number (the agent's); its pool covers windows seq - pooled_windows + 1 .. seq
+
+
+@dataclass(frozen=True)
+class PoolSpan:
+    """The windows one pool covers: replica `key`'s windows `first` .. `last`."""
+
+    key: str
+    first: int
+    last: int
+
+    def overlaps(self, other: PoolSpan) -> bool:
+        return self.key == other.key and self.first <= other.last and other.first <= self.last
 
 
 def newest_pools(windows: Sequence[SliWindow], min_windows: int = 1) -> dict[str, SliWindow]:
@@ -240,6 +263,7 @@ class ServingEstimate:
     text: str
     beyond_sli_p99_ms: float = 0.0
     pooled: bool = False  # learnt from pooled p99s
+    pools: tuple[PoolSpan, ...] = ()  # the pools it was learnt from
 
 
 def serving_estimate(
@@ -290,8 +314,21 @@ def serving_estimate(
         f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
     )
     return ServingEstimate(
-        new, True, len(usable), len(nodes), agreeing, attribution, text, 0.0 if pooled else beyond, pooled
+        new,
+        True,
+        len(usable),
+        len(nodes),
+        agreeing,
+        attribution,
+        text,
+        0.0 if pooled else beyond,
+        pooled,
+        pools=_spans(pools),
     )
+
+
+def _spans(pools: Mapping[str, SliWindow]) -> tuple[PoolSpan, ...]:
+    return tuple(PoolSpan(w.key, w.seq - w.pooled_windows + 1, w.seq) for w in pools.values())
 
 
 def _unreadable(usable: Sequence[SliWindow], pooled: bool, min_windows: int, current: float) -> str:

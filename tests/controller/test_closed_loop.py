@@ -190,6 +190,32 @@ def test_a_burst_the_windows_median_hides_is_learnt_from_the_agents_pooled_p99(t
         assert not versions and p.predicted_p99_ms < batch + 15.0 - 8.0  # far below what clients saw
 
 
+def test_a_lowering_from_pooled_p99s_waits_for_a_pool_that_shares_no_window_with_the_first(tmp_path):
+    """Clients' pooled p99 is 30 ms over the batch: the term is raised at once. Then the pools show 15 ms:
+    a lowering. Two pools one window apart share nine of their ten windows; one quiet stretch is not two
+    (fails when the next overlapping pool confirms it). The pool after the first one's end confirms it."""
+    recal = replace(CONFIG.recalibration, min_interval_s=1.0)
+    config = replace(CONFIG, recalibration=recal, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    lowered_at = None
+    for i in range(60):
+        p = placed(svc)
+        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+        residual = 30.0 if i < 25 else 15.0
+        n = min(i, 10)
+        pool = dict(pooled_p99_ms=batch + residual, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(p99=batch + residual, p50=batch + 2.0, over=0.0, **pool)
+        if lowered_at is None and placed(svc).serving_p99_ms < 20.0 and i >= 25:
+            lowered_at = i
+    versions = svc.store.profile_versions("accel_sim")
+    assert versions and versions[0].meta["serving_p99_ms"] == pytest.approx(30.0, abs=1.0)  # the raise
+    assert lowered_at is not None and lowered_at >= 25 + 10, lowered_at  # the first pool with no window of 25..34
+    assert placed(svc).serving_p99_ms == pytest.approx(15.0, abs=1.0)
+
+
 def test_windows_that_scatter_as_poisson_counts_do_at_a_low_rate_are_at_the_planned_load(tmp_path):
     """16 req/s in 1 s windows: a count over +20% (19.2) comes about one time in five, so with a fixed 20%
     bound nearly every pool of 10 held a window the loop did not use, and the CPU demo's loop never learnt

@@ -184,6 +184,20 @@ def test_confirmation_needs_agreeing_consecutive_estimates_and_resets_on_a_miss(
     assert factor_move(1.0, 1.2) == pytest.approx(0.2, rel=1e-9) and factor_move(0.0, 1.0) == math.inf
 
 
+def test_a_lowering_is_confirmed_only_by_pools_that_share_no_window_with_the_counted_ones():
+    from controller.recalibrate import PoolSpan
+
+    first = Confirmation().next(True, 1.0, 0.1, 10.0, 1.0, (PoolSpan("w#0", 1, 10),))
+    assert first.count == 1
+    overlapping = first.next(True, 1.0, 0.1, 10.2, 1.0, (PoolSpan("w#0", 6, 15),))
+    assert overlapping == first  # neither confirms nor starts over
+    assert overlapping.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#0", 11, 20),)).count == 2
+    assert first.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#1", 6, 15),)).count == 2  # another replica's
+    assert first.next(True, 1.0, 0.1, 10.1, 1.0).count == 2  # not a lowering: no wait
+    assert first.next(True, 1.0, 0.1, 20.0, 1.0, (PoolSpan("w#0", 6, 15),)).count == 1  # disagrees: over
+    assert first.next(False, 1.0, 0.1).count == 0
+
+
 # ---------------------------------------------------------------- the serving path from the SLI
 
 
