@@ -313,18 +313,8 @@ def serving_estimate(
         f"Triton's queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
         f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
     )
-    return ServingEstimate(
-        new,
-        True,
-        len(usable),
-        len(nodes),
-        agreeing,
-        attribution,
-        text,
-        0.0 if pooled else beyond,
-        pooled,
-        pools=_spans(pools),
-    )
+    counts = (len(usable), len(nodes), agreeing)
+    return ServingEstimate(new, True, *counts, attribution, text, 0.0 if pooled else beyond, pooled, _spans(pools))
 
 
 def _spans(pools: Mapping[str, SliWindow]) -> tuple[PoolSpan, ...]:
