@@ -179,8 +179,7 @@ class Confirmation:
     ) -> Confirmation:
         """`lowering_pools`: the pools of an estimate that lowers predictions (empty otherwise). Such an estimate
         confirms the last counted one only when no pool of one overlaps a pool of the other: two pools 5 s apart
-        share half their windows, and one quiet stretch is not two (the likely way the CPU demo's tight plan
-        went to 6.15 ms while its clients saw 86 ms over the run). An agreeing estimate over overlapping pools
+        share half their windows, and one quiet stretch is not two. An agreeing estimate over overlapping pools
         changes nothing: it neither confirms nor contradicts. A raise needs no such wait."""
         if not crossed:
             return Confirmation()
