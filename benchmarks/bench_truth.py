@@ -15,11 +15,11 @@ Variants: `today` (stoke before issue 15: the central fit trusted everywhere, 5%
 paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the wide-margin baseline
 of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
 (error-aware, then `planner.solver.verify` measures the chosen points on the truth, the simulated
-device: every batch size 1..B of a Poisson replica, B of a paced one, and the same one share step
-lower (`--neighbours`), and re-plans until the plan holds on measured points; rounds and points are
-printed). `--variants oracle` is a reference, not a planner: the error-aware planner given the truth as
-measured at every point (what verification would find if it measured everything), the floor of a
-verified plan.
+device: every batch size 1..B of a Poisson replica, B of a paced one, and their neighbours, one and
+two share steps lower and one batch size either side (`--neighbours`), and re-plans until the plan and
+its neighbours are measured; rounds and points are printed). `--variants oracle` is a reference, not a
+planner: the error-aware planner given the truth as measured at every point (what verification would
+find if it measured everything), the floor of a verified plan.
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
 """

@@ -323,8 +323,9 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--neighbours",
         action="store_true",
-        help="also measure each chosen point one share step lower (about twice the points): where the "
-        "error bound kept the plan from a smaller share, a measurement may show it holds",
+        help="also measure each chosen point's neighbours, one and two share steps lower and one batch size "
+        "either side (about twice the points), until the plan's neighbours are measured: where the error bound "
+        "kept the plan from them, a measurement may show they hold",
     )
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
     v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")

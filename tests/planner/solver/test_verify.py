@@ -8,7 +8,7 @@ from interference.profile import DeviceProfile
 from interference.profile_io import bundled_profile
 from planner.simulate import simulate
 from planner.solver import GpuType, Problem, ProblemError, Workload, solve
-from planner.solver.verify import unmeasured, verify
+from planner.solver.verify import neighbour_points, unmeasured, verify
 
 FITTED = bundled_profile()
 #: The device: ssd runs 25% slower than its fit everywhere (the fit's own error bound there is 5-15%).
@@ -74,7 +74,7 @@ def exact(gpu_type, model, batch, share):
     return FITTED.model(model).active_time_ms(batch, share)
 
 
-def test_neighbours_measure_one_share_step_lower_and_may_lower_the_plan():
+def test_neighbours_measure_two_share_steps_lower_and_the_batches_beside_and_may_lower_the_plan():
     problem = Problem(WORKLOADS, (V100,))
     plain = verify(problem, exact)
     wider = verify(problem, exact, neighbours=True)
@@ -84,9 +84,15 @@ def test_neighbours_measure_one_share_step_lower_and_may_lower_the_plan():
     measured = {
         (m, b, r) for m, mp in next(iter(wider.problem.inventory)).profile.models.items() for b, r, _ in mp.measured
     }
-    for _, p in first.placements():  # round 1 measured each chosen point and the one a step lower
-        assert (p.model, p.batch, round(p.share_pct, 6)) in measured
-        assert (p.model, p.batch, round(p.share_pct - step, 6)) in measured
+    for _, p in first.placements():  # round 1 measured each chosen point and its neighbours
+        share = round(p.share_pct, 6)
+        assert (p.model, p.batch, share) in measured
+        for lower in (share - step, share - 2 * step):
+            assert lower <= 0 or (p.model, p.batch, round(lower, 6)) in measured
+        assert (p.model, p.batch + 1, share) in measured
+        assert p.batch == 1 or (p.model, p.batch - 1, share) in measured
+    # it ended because the final plan's neighbours were measured too, not because the rounds ran out
+    assert len(wider.rounds) < 8 and not unmeasured(wider.problem, wider.plan, neighbour_points(problem, wider.plan))
     assert wider.points > plain.points
     # a device exactly as fitted: measured points carry 2% instead of the fit's bound, so lower shares hold
     total = lambda plan: sum(p.share_pct for _, p in plan.placements())  # noqa: E731
