@@ -324,7 +324,7 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "--neighbours",
         action="store_true",
         help="also measure each chosen point's neighbours, one and two share steps lower and one batch size "
-        "either side (about twice the points), until the plan's neighbours are measured: where the error bound "
+        "either side (2-4x the points), until the plan's neighbours are measured: where the error bound "
         "kept the plan from them, a measurement may show they hold",
     )
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
