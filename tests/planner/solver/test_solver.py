@@ -64,6 +64,15 @@ def test_a_workload_bigger_than_one_gpu_is_split_into_replicas(strategy):
     assert all(g.share_pct <= 100 for g in plan.gpus)
 
 
+def test_a_paced_workload_takes_fewer_replicas_where_they_hold_past_the_capacity_edge():
+    """Paced feasibility is not monotone in the rate: ssd at 635 req/s (SLO 100 ms) holds on two whole GPUs
+    at 317.5 req/s each (batch 16), though one GPU's capacity edge is 295 req/s and 300-315 req/s do not
+    hold. Counting replicas from that edge alone took three GPUs (found by test_stoke_plans_are_not_padded)."""
+    plan = solve(Problem((Workload("w0", "ssd", 100.0, 635.0, arrivals="constant"),), (V100,)), "stoke")
+    assert plan.gpu_count == 2
+    assert [p.replicas for _, p in plan.placements()] == [2, 2]
+
+
 def test_stoke_uses_the_whole_budget_not_half_the_slo():
     # Paced clients (iGniter's setting): one GPU, like iGniter, but batches are sized from the
     # real budget, so at least one workload's fill + inference exceeds half its SLO.
