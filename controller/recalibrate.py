@@ -180,7 +180,8 @@ class Confirmation:
         """`lowering_pools`: the pools of an estimate that lowers predictions (empty otherwise). Such an estimate
         confirms the last counted one only when no pool of one overlaps a pool of the other: two pools 5 s apart
         share half their windows, and one quiet stretch is not two. An agreeing estimate over overlapping pools
-        changes nothing: it neither confirms nor contradicts. A raise needs no such wait."""
+        changes nothing: it neither confirms nor contradicts; a lowering after an estimate that was none (a
+        raise, a reading without pools) starts the count. A raise needs no such wait."""
         if not crossed:
             return Confirmation()
         agrees = (
@@ -189,6 +190,8 @@ class Confirmation:
             and abs(serving_ms - self.serving_ms)
             <= max(serving_tolerance_ms, SERVING_AGREEMENT * max(serving_ms, self.serving_ms))
         )
+        if lowering_pools and not self.counted_pools:
+            agrees = False  # a lowering is confirmed by lowerings over pools only: it starts the count
         if agrees and any(p.overlaps(q) for p in lowering_pools for q in self.counted_pools):
             return self  # not independent evidence
         return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms, tuple(lowering_pools))

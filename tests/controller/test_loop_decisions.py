@@ -196,6 +196,9 @@ def test_a_lowering_is_confirmed_only_by_pools_that_share_no_window_with_the_cou
     assert first.next(True, 1.0, 0.1, 10.1, 1.0).count == 2  # not a lowering: no wait
     assert first.next(True, 1.0, 0.1, 20.0, 1.0, (PoolSpan("w#0", 6, 15),)).count == 1  # disagrees: over
     assert first.next(False, 1.0, 0.1).count == 0
+    # a lowering after an estimate that was not one (a raise, a reading without pools) starts the count
+    raised = Confirmation().next(True, 1.0, 0.1, 10.0, 1.0)
+    assert raised.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#0", 1, 10),)).count == 1
 
 
 # ---------------------------------------------------------------- the serving path from the SLI
