@@ -16,7 +16,7 @@ paced cap), `blunt` (today with --safety-margin 0.10 --max-utilisation 0.85, the
 of issue 15), `error-aware` (stoke's defaults: the profile's domain and error bound) and `verified`
 (error-aware, then `planner.solver.verify` measures the chosen points on the truth, the simulated
 device: every batch size 1..B of a Poisson replica, B of a paced one, and their neighbours, one and
-two share steps lower and one batch size either side (`--neighbours`), and re-plans until the plan and
+two share steps lower and the batch one larger (`--neighbours`), and re-plans until the plan and
 its neighbours are measured; rounds and points are printed). `--variants oracle` is a reference, not a
 planner: the error-aware planner given the truth as measured at every point (what verification would
 find if it measured everything), the floor of a verified plan.

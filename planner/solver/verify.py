@@ -6,7 +6,7 @@ being wrong costs most. So after planning, each chosen (GPU type, model, batch, 
 benchmarks): for a Poisson replica every batch size 1..B it runs, since a lightly loaded queue's p99
 comes from partial batches and the p99 at the error bound covers them (`PointCache.upper_lines`); for
 a paced one B (its batches are all full). With `neighbours` the points around them are measured too:
-the same batches one and two share steps lower, and one batch size either side at the chosen share
+the same batches one and two share steps lower, and the batch one larger at the chosen share
 (`neighbour_points`). The error bound kept the plan from them, and measured they may hold (a measured
 point counts as inside the profile's domain, so this may also reach below the fit's smallest share).
 The measurement replaces the fitted active time there (`ModelProfile.with_measured`, at
@@ -15,7 +15,7 @@ which the plan's points (and with `neighbours` their neighbours) are all measure
 holds on measured points, and no point beside it is left that a measurement could open. A re-plan may
 move a replica to a point not yet measured; that is the next round's work. At most `max_rounds` rounds.
 
-Why two steps and the batch sizes beside: with one step lower only, verified plans of the benchmark's
+Why two steps and the batch above: with one step lower only, verified plans of the benchmark's
 mixes cost 1-3 GPUs more than a planner told the truth everywhere (`bench_truth --variants oracle`);
 a replica that a measurement shows faster than the fit can often take a share two steps smaller, or a
 batch one larger at the same share, and those points were never measured.
@@ -82,8 +82,10 @@ NEIGHBOUR_STEPS = 2
 
 
 def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, float]]:
-    """The points of `plan_points` one and two share steps lower, and one batch size either side at the same
-    share (1..`MAX_BATCH`): the error bound kept the plan from them, and measured they may well hold."""
+    """The points of `plan_points` one and two share steps lower, and one batch size larger at the same share
+    (up to `MAX_BATCH`): the error bound kept the plan from them, and measured they may well hold. Not one
+    smaller: a Poisson replica's smaller batches are plan points already, and for a paced one it only made
+    re-plans walk sideways between batch sizes of equal cost, a round of measurements each."""
     profiles = {g.name: g.profile for g in problem.inventory}
     out: set[tuple[str, str, int, float]] = set()
     for gpu_type, model, batch, share in plan_points(plan):
@@ -92,7 +94,8 @@ def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, f
             lower = round(share - steps * step, 6)
             if lower > 0:
                 out.add((gpu_type, model, batch, lower))
-        out.update((gpu_type, model, b, share) for b in (batch - 1, batch + 1) if 1 <= b <= MAX_BATCH)
+        if batch < MAX_BATCH:
+            out.add((gpu_type, model, batch + 1, share))
     return out
 
 

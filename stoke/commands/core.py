@@ -323,8 +323,8 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--neighbours",
         action="store_true",
-        help="also measure each chosen point's neighbours, one and two share steps lower and one batch size "
-        "either side (2-4x the points), until the plan's neighbours are measured: where the error bound "
+        help="also measure each chosen point's neighbours, one and two share steps lower and the batch one "
+        "larger (2-4x the points), until the plan's neighbours are measured: where the error bound "
         "kept the plan from them, a measurement may show they hold",
     )
     v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
