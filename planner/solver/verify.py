@@ -83,9 +83,10 @@ NEIGHBOUR_STEPS = 2
 
 def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, float]]:
     """The points of `plan_points` one and two share steps lower, and one batch size larger at the same share
-    (up to `MAX_BATCH`): the error bound kept the plan from them, and measured they may well hold. Not one
-    smaller: a Poisson replica's smaller batches are plan points already, and for a paced one it only made
-    re-plans walk sideways between batch sizes of equal cost, a round of measurements each."""
+    (up to the profile's largest measured batch): the error bound kept the plan from them, and measured they
+    may well hold. Not one smaller: a Poisson replica's smaller batches are plan points already, and for a
+    paced one it only made re-plans walk sideways between batch sizes of equal cost, a round of measurements
+    each."""
     profiles = {g.name: g.profile for g in problem.inventory}
     out: set[tuple[str, str, int, float]] = set()
     for gpu_type, model, batch, share in plan_points(plan):
@@ -94,7 +95,9 @@ def neighbour_points(problem: Problem, plan: Plan) -> set[tuple[str, str, int, f
             lower = round(share - steps * step, 6)
             if lower > 0:
                 out.add((gpu_type, model, batch, lower))
-        if batch < MAX_BATCH:
+        domain = profiles[gpu_type].model(model).domain
+        # no larger than the profile measured: a server may refuse it (Triton's max_batch_size)
+        if batch < min(MAX_BATCH, domain.max_batch if domain is not None else MAX_BATCH):
             out.add((gpu_type, model, batch + 1, share))
     return out
 

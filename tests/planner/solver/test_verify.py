@@ -90,7 +90,8 @@ def test_neighbours_measure_two_share_steps_lower_and_the_batch_above_and_may_lo
         assert (p.model, p.batch, share) in measured
         for lower in (share - step, share - 2 * step):
             assert lower <= 0 or (p.model, p.batch, round(lower, 6)) in measured
-        assert p.batch == MAX_BATCH or (p.model, p.batch + 1, share) in measured
+        largest = min(MAX_BATCH, FITTED.model(p.model).domain.max_batch)
+        assert p.batch >= largest or (p.model, p.batch + 1, share) in measured
     # it ended because the final plan's neighbours were measured too, not because the rounds ran out
     assert len(wider.rounds) < 8 and not unmeasured(wider.problem, wider.plan, neighbour_points(problem, wider.plan))
     assert wider.points > plain.points
@@ -99,6 +100,26 @@ def test_neighbours_measure_two_share_steps_lower_and_the_batch_above_and_may_lo
     assert total(wider.plan) < total(plain.plan) - step / 2
     for _, p in wider.plan.placements():
         assert p.p99_upper_ms <= p.slo_ms
+
+
+def test_no_neighbour_is_a_batch_larger_than_the_profile_measured():
+    """A server may refuse a batch past what its model was profiled at (Triton's max_batch_size): the batch
+    above a chosen point is a neighbour only within the profile's measured batches."""
+    problem = Problem(WORKLOADS, (V100,))
+    plan = solve(problem, "stoke")
+    for _, model, batch, _ in neighbour_points(problem, plan):
+        assert batch <= FITTED.model(model).domain.max_batch
+    first = next(p for _, p in plan.placements())
+    m = FITTED.model(first.model)
+    keep = [i for i, b in enumerate(m.domain.batches) if b <= first.batch]
+    domain = replace(
+        m.domain, batches=tuple(m.domain.batches[i] for i in keep), error=tuple(m.domain.error[i] for i in keep)
+    )
+    profile = DeviceProfile(FITTED.gpu, {**FITTED.models, first.model: replace(m, domain=domain)})
+    narrow = replace(problem, inventory=(replace(V100, profile=profile),))
+    assert not any(
+        model == first.model and batch > first.batch for _, model, batch, _ in neighbour_points(narrow, plan)
+    )
 
 
 def test_a_measured_point_below_the_fits_shares_counts_as_inside_the_domain():
