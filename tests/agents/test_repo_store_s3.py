@@ -129,7 +129,9 @@ def test_large_files_stream_through_multipart_and_still_sync_by_checksum(moto_se
 
     with open(weights, "r+b") as handle:  # one byte changes: sent again
         handle.seek(30 * mib)
-        handle.write(b"\xff" if handle.read(1) != b"\xff" else b"\0")
+        flipped = b"\xff" if handle.read(1) != b"\xff" else b"\0"
+        handle.seek(30 * mib)  # the read moved past the byte: write over it, not over the next one
+        handle.write(flipped)
     assert store.sync(demo_repo_copy).uploaded == ("mlp_small/1/weights.bin",)
     assert store.listing()["mlp_small/1/weights.bin"] == md5_file(weights)
     assert store.download(mirror).uploaded == ("mlp_small/1/weights.bin",)
