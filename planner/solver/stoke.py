@@ -446,21 +446,36 @@ class ReplicaMemo:
             if capacity is None:
                 continue
             rates = [capacity]
-            needed = workload.rate_rps / capacity
-            if needed <= MAX_REPLICAS:  # the same arithmetic as `stoke_items`, so its lookups hit
-                count = max(2, math.ceil(needed - 1e-9))
-                rates.append(workload.rate_rps / count)
-                if count > 2:
-                    rates.append(workload.rate_rps / (count - 1))
-                remainder = workload.rate_rps - (count - 1) * capacity
-                if remainder > EPS:
-                    rates.append(remainder)
+            if workload.rate_rps / capacity <= MAX_REPLICAS:  # what `stoke_items` asks, so its lookups hit
+                split = ReplicaSplit.of(workload.rate_rps, capacity)
+                rates.extend(rate for _, rate in split.even)
+                if split.remainder > EPS:
+                    rates.append(split.remainder)
             for rate in rates:
                 key = (_shape(workload), rate)
                 if key not in self._items:
                     asks.setdefault(key, (workload, rate))
         found = best_candidates([w for w, _ in asks.values()], self.cache, self.options, [r for _, r in asks.values()])
         self._items.update(zip(asks, found))
+
+
+@dataclass(frozen=True)
+class ReplicaSplit:
+    """How `stoke_items` splits a rate one GPU cannot carry: `count` replicas from the capacity edge, the even
+    splits it tries ((replicas, rate each), fewest first) and what is left over `count - 1` full replicas."""
+
+    count: int
+    even: tuple[tuple[int, float], ...]
+    remainder: float
+
+    @staticmethod
+    def of(rate_rps: float, capacity: float) -> ReplicaSplit:
+        count = max(2, math.ceil(rate_rps / capacity - 1e-9))
+        # paced feasibility is not monotone in the rate (the fill-time delay grows as the rate falls), so
+        # fewer replicas can hold where the capacity edge says not: ssd paced at 635 req/s, SLO 100 ms,
+        # fits 2 whole GPUs at 317.5 req/s (batch 16) though the edge is 295 req/s
+        counts = (count - 1, count) if count > 2 else (count,)
+        return ReplicaSplit(count, tuple((n, rate_rps / n) for n in counts), rate_rps - (count - 1) * capacity)
 
 
 def stoke_items(
@@ -489,19 +504,13 @@ def stoke_items(
     needed = workload.rate_rps / capacity
     if needed > MAX_REPLICAS:
         raise too_many_replicas(workload, needed, cache.gpu_type.name)
-    count = max(2, math.ceil(needed - 1e-9))
+    split = ReplicaSplit.of(workload.rate_rps, capacity)
+    count, remainder = split.count, split.remainder
     choices = []
-    if count > 2:
-        # paced feasibility is not monotone in the rate (the fill-time delay grows as the rate falls), so
-        # fewer replicas can hold where the capacity edge says not: ssd paced at 635 req/s, SLO 100 ms,
-        # fits 2 whole GPUs at 317.5 req/s (batch 16) though the edge is 295 req/s
-        fewer = memo.best(workload, workload.rate_rps / (count - 1))
-        if fewer is not None:
-            choices.append([fewer] * (count - 1))
-    even = memo.best(workload, workload.rate_rps / count)
-    if even is not None:
-        choices.append([even] * count)
-    remainder = workload.rate_rps - (count - 1) * capacity
+    for replicas, rate in split.even:
+        even = memo.best(workload, rate)
+        if even is not None:
+            choices.append([even] * replicas)
     rest = memo.best(workload, remainder) if remainder > EPS else None
     if rest is not None:
         choices.append([full] * (count - 1) + [rest])
