@@ -262,9 +262,15 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps):
         cpu_cores=[0, 1, 2, 3],
         base_config=lambda model: ModelConfig(name=model, max_batch_size=32),
     )
-    cores, env = cpu.resources(a)
+    cores, env = cpu.resources(a, instances=2)
     assert cores == (0, 1) and "CUDA_VISIBLE_DEVICES" not in env
     assert cpu.render(a).instance_group[0].count == 2  # one instance per core of the share
+    # the math libraries' threads: the share's cores split between its instances, unless the fleet sets them
+    assert {env[v] for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"1"}
+    assert cpu.resources(a, instances=1)[1]["OPENBLAS_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in fleet.resources(a)[1]  # a GPU node's share is not its CPU threads
+    own = TritonFleet(str(tmp_path), workdir=str(tmp_path / "o"), cpu_cores=[0, 1, 2, 3], env={"OMP_NUM_THREADS": "4"})
+    assert own.resources(a, instances=2)[1]["OMP_NUM_THREADS"] == "4"
 
 
 def test_mps_daemon_already_running_is_reused_but_never_quit():

@@ -117,6 +117,19 @@ def test_failed_reload_rolls_back_and_old_config_keeps_serving(fleet):
     assert [a.batch for a in fleet.running() if a.key == "echo#0"] == [16]
 
 
+def stub_environments(pid: int) -> list[dict[str, str]]:
+    """The environment of each Python-backend stub a Triton process started (its children)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                raw = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+                out.append(dict(v.decode().split("=", 1) for v in raw if b"=" in v))
+        except OSError:
+            pass  # a process that ended while we looked
+    return out
+
+
 def test_share_change_moves_model_to_a_new_process(fleet):
     fleet.apply([echo(batch=16, share=50.0), *OTHERS])
     old = fleet.processes()["echo#0"]
@@ -133,6 +146,10 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     assert served.instance_group[0].count == len(os.sched_getaffinity(0))  # one instance per core of the share
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [a.share_pct for a in fleet.running() if a.key == "echo#0"] == [100.0]
+    # one math-library thread per instance: the share's cores are its instances' (no spinning BLAS threads)
+    stubs = stub_environments(new["pid"])
+    assert len(stubs) == served.instance_group[0].count
+    assert all(env.get("OPENBLAS_NUM_THREADS") == env.get("OMP_NUM_THREADS") == "1" for env in stubs)
 
 
 def test_failed_move_keeps_the_old_process_serving(fleet):
