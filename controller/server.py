@@ -157,11 +157,12 @@ class ControllerServer:
         if not state.ok and self.store.probe_write():
             state = self.store.health()
         if not state.ok:
+            # the cause first: whoever sees NOT_SERVING finds it in the status already
+            self.service.reconciler.last_error = f"store ({state.reason}): {state.error}"
             if degraded != state.reason:
                 log.error("store: %s", state.error)
                 for name in SERVICES:
                     self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-            self.service.reconciler.last_error = f"store ({state.reason}): {state.error}"
             return state.reason
         if degraded:
             log.info("store: writes work again")

@@ -405,6 +405,7 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
         "held",
     ]
     legend = ("client figures", "plan_p99_ms:")
+    load_s = 16 - float(ready.group(3))  # the load starts once every workload serves, and ends at 16 s
     rows = [line.split() for line in lines[head + 3 :] if line and not line.startswith(legend)]
     assert len(rows) == 2
     profile = load_profile(ROOT / "interference" / "data" / "cpu-2core-profile.json")
@@ -414,7 +415,7 @@ def test_stoke_up_serves_the_demo_within_a_minute_and_summarises_the_run(tmp_pat
         # degraded: still served, best effort, when the closed loop learnt (from its clients' pooled p99 on a slow
         # host) that the SLO can no longer be promised; no request may fail either way
         assert state in ("serving", "degraded") and failed == 0
-        assert requests > rate * 5  # load ran on one continuous schedule for most of the 16 s
+        assert requests > 0.6 * rate * max(1.0, load_s - 1.0)  # one continuous schedule from the start to the end
         # the measured serving path is in the plan's p99, beside what the client saw and whether it held
         serving = profile.model(models[name]).serving_p99_ms
         assert serving > 0 and float(row[4]) > serving and float(row[5]) > serving

@@ -129,8 +129,9 @@ def test_a_solve_over_its_budget_is_killed_the_culprit_is_pending_and_the_rest_i
     pending = dict(outcome.plan.pending)
     assert "did not finish within its budget of 1 s" in pending["spin-x"]
     assert set(placed(svc)) == {"a#0", "z#0"}
-    # the joint solve and the culprit alone ran into the budget: two budgets and two worker starts
-    assert took < 12, took
+    # the joint solve and the culprit alone ran into the budget: two budgets and up to three worker starts (a
+    # fresh Python with numpy each, seconds on a busy 2-core machine); a runaway left spinning never returns
+    assert took < 30, took
     # the runaway was killed, not left spinning: the next solve gets a fresh, idle worker
     assert svc.preview_plan().pending == outcome.plan.pending
 
