@@ -34,6 +34,8 @@ from foundation.names import clean_text
 ARRIVALS = ("constant", "poisson")
 #: Longest error message a report keeps (characters of its first line).
 ERROR_TEXT_MAX = 300
+#: Longest wait (s) for Triton's statistics to count the requests a step's clients were answered.
+STATISTICS_WAIT_S = 1.0
 
 
 class LoadError(StokeError, RuntimeError):
@@ -544,6 +546,20 @@ class TritonClients:
                 count, ns = out.get(part, (0.0, 0.0))
                 out[part] = (count + float(figure.get("count", 0)), ns + float(figure.get("ns", 0)))
         return out
+
+    def statistics_after(
+        self, before: dict[str, tuple[float, float]], answered: int, timeout_s: float = STATISTICS_WAIT_S
+    ) -> dict[str, tuple[float, float]]:
+        """`statistics` once they count the `answered` requests since `before`: Triton counts a request when its
+        response is released, a moment after the client has it, so a read at once can miss the last ones
+        (they would count in the next step). After `timeout_s` the statistics are taken as they are."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            after = self.statistics()
+            counted = after.get("success", (0.0, 0.0))[0] - before.get("success", (0.0, 0.0))[0]
+            if counted >= answered or time.monotonic() >= deadline:
+                return after
+            time.sleep(0.01)
 
     def close(self) -> None:
         with self._lock:

@@ -37,6 +37,7 @@ COLUMNS = (
     "p95_ms",
     "p99_ms",
     "mean_ms",
+    "server_requests",
     "server_queue_ms",
     "server_compute_input_ms",
     "server_compute_infer_ms",
@@ -48,6 +49,7 @@ COLUMNS = (
 #: The table's shorter header of a column where it differs (the level's header is the mode).
 TABLE_HEADERS = {
     "throughput_rps": "thru_rps",
+    "server_requests": "counted",
     "server_queue_ms": "queue_ms",
     "server_compute_input_ms": "c_input_ms",
     "server_compute_infer_ms": "c_infer_ms",
@@ -141,6 +143,7 @@ def _step_row(mode: str, level: float, report: Any, split: Any) -> dict[str, Any
         "p95_ms": report.p95_ms,
         "p99_ms": report.p99_ms,
         "mean_ms": report.mean_ms,
+        "server_requests": split.requests if split else 0,  # what Triton counted of the step
         "server_queue_ms": split.queue_ms if split else math.nan,
         "server_compute_input_ms": split.compute_input_ms if split else math.nan,
         "server_compute_infer_ms": split.compute_infer_ms if split else math.nan,
@@ -245,7 +248,8 @@ def cmd_load(args: argparse.Namespace) -> int:
                     report = run_rate_blocking(
                         clients, level, args.seconds, arrival=args.arrival, seed=args.seed, slo_ms=args.slo_ms
                     )
-                rows.append(_step_row(mode, level, report, server_split(before, clients.statistics())))
+                after = clients.statistics_after(before, report.ok)
+                rows.append(_step_row(mode, level, report, server_split(before, after)))
                 bar.update(
                     (i + 1) * args.seconds,
                     f"{mode} {level:g}: {report.throughput_rps:,.1f} rps, p99 {report.p99_ms:,.2f} ms",
@@ -287,7 +291,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     )
     print(
         "client: latency from each request's scheduled (rate) or send (concurrency) time; server: Triton's "
-        "statistics per request over the step (queue + compute input/infer/output); client_ovh: mean - server"
+        "statistics per request over the step (queue + compute input/infer/output), over the requests they counted; "
+        "client_ovh: mean - server"
     )
     if stopped:
         print(stopped)

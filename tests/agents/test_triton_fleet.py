@@ -398,6 +398,7 @@ def test_load_sweeps_rate_and_concurrency_over_grpc_and_http_with_tritons_split(
     assert [s["level"] for s in body["steps"]] == [1, 2] and body["stopped"] == "" and body["protocol"] == "grpc"
     for step in body["steps"]:
         assert step["failed"] == 0 and step["sent"] > 10 and step["throughput_rps"] > 10
+        assert step["server_requests"] == step["sent"]  # Triton's figures cover the step's requests, each once
         assert step["server_compute_infer_ms"] > 0 and step["server_queue_ms"] >= 0
         # Triton's time is part of what the client saw (the rest: client and network)
         assert 0 < step["server_ms"] <= step["mean_ms"] * 1.05 + 0.05
