@@ -14,7 +14,8 @@ The one package that runs `tritonserver` and talks to it (`tritonclient`): `envi
 - `TritonFleet`: all processes of a node. Each assignment gets its own
   process holding its resource share (CPU node: the child's core affinity,
   ceil(share/100 x cores) cores, at least one, and by default one model
-  instance per core so the model can use them; GPU node:
+  instance per core so the model can use them, each instance's math libraries
+  held to its part of the cores, `math_threads_env`; GPU node:
   ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the
   MPS daemon from `agents.mps`). `apply` makes the node serve exactly the
   given assignments:

@@ -107,8 +107,8 @@ def cpu_cores_for_share(
     return tuple(sorted(sorted(cores, key=lambda c: (used.get(c, 0), c))[:count]))
 
 
-#: The thread-count variables of the math libraries a CPU model's backend may use: OpenMP (PyTorch, ONNX
-#: Runtime), OpenBLAS (numpy's BLAS here) and MKL.
+#: The thread-count variables of the math libraries a CPU model's backend may use: OpenMP (PyTorch and
+#: others), OpenBLAS (numpy's BLAS here) and MKL.
 MATH_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 

@@ -236,15 +236,16 @@ class TritonFleet:
         return used
 
     def resources(
-        self, a: ModelAssignment, exclude: str | None = None, instances: int = 1
+        self, a: ModelAssignment, exclude: str | None = None, *, instances: int
     ) -> tuple[tuple[int, ...] | None, dict[str, str]]:
         """(CPU cores, extra environment) of the process that serves `a` (the same code path on both kinds).
 
         On a CPU node the math libraries' threads per instance are the share's cores over its `instances`
-        (`math_threads_env`), unless the fleet's own `env` sets them."""
+        (`math_threads_env`), unless the operator set them: in the agent's environment or the fleet's `env`."""
         if self.device_kind == "cpu":
             cores = cpu_cores_for_share(a.share_pct, self.cpu_cores, self._cores_in_use(exclude))
-            return cores, {**math_threads_env(len(cores), instances), **self.env}
+            threads = {k: v for k, v in math_threads_env(len(cores), instances).items() if k not in os.environ}
+            return cores, {**threads, **self.env}
         env = dict(self.env)
         env["CUDA_VISIBLE_DEVICES"] = str(a.device)
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(a.share_pct)))))
@@ -256,7 +257,7 @@ class TritonFleet:
     def _spawn(self, a: ModelAssignment, config: ModelConfig, exclude: str | None = None, warm: bool = False) -> _Slot:
         if self.device_kind == "gpu":
             self._ensure_mps()
-        cores, env = self.resources(a, exclude, _instances(config))
+        cores, env = self.resources(a, exclude, instances=_instances(config))
         self._counter += 1
         if self._closing.is_set():
             raise TritonError("the fleet is shutting down")

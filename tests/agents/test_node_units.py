@@ -233,7 +233,9 @@ def test_mps_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
         MpsControl().start()
 
 
-def test_gpu_fleet_process_environment(tmp_path, fake_mps):
+def test_gpu_fleet_process_environment(tmp_path, fake_mps, monkeypatch):
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)  # what the agent's environment sets is kept (checked below)
     from agents.triton import TritonFleet
     from controller.messages import ModelAssignment
     from controller.render import ModelConfig
@@ -249,7 +251,7 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps):
     a = ModelAssignment(
         "web", "mlp_small", device=3, share_pct=37.4, batch=8, queue_delay_ms=2.0, slo_ms=20.0, rate_rps=100.0
     )
-    cores, env = fleet.resources(a)
+    cores, env = fleet.resources(a, instances=1)
     assert cores is None
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "37"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe")
@@ -268,9 +270,11 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps):
     # the math libraries' threads: the share's cores split between its instances, unless the fleet sets them
     assert {env[v] for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"1"}
     assert cpu.resources(a, instances=1)[1]["OPENBLAS_NUM_THREADS"] == "2"
-    assert "OMP_NUM_THREADS" not in fleet.resources(a)[1]  # a GPU node's share is not its CPU threads
+    assert "OMP_NUM_THREADS" not in fleet.resources(a, instances=1)[1]  # a GPU node's share is not its CPU threads
     own = TritonFleet(str(tmp_path), workdir=str(tmp_path / "o"), cpu_cores=[0, 1, 2, 3], env={"OMP_NUM_THREADS": "4"})
     assert own.resources(a, instances=2)[1]["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")  # exported to the agent: Triton inherits it as it is
+    assert "OPENBLAS_NUM_THREADS" not in cpu.resources(a, instances=2)[1]
 
 
 def test_mps_daemon_already_running_is_reused_but_never_quit():

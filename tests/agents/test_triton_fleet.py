@@ -122,9 +122,14 @@ def stub_environments(pid: int) -> list[dict[str, str]]:
     out = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                raw = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-                out.append(dict(v.decode().split("=", 1) for v in raw if b"=" in v))
+            if not entry.isdigit():
+                continue
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    raw = environ.read().split(b"\0")
+                out.append(dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v))
         except OSError:
             pass  # a process that ended while we looked
     return out
@@ -146,10 +151,12 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     assert served.instance_group[0].count == len(os.sched_getaffinity(0))  # one instance per core of the share
     assert infer(fleet.endpoint("echo#0"), "tiny_echo").shape == (2, 8)
     assert [a.share_pct for a in fleet.running() if a.key == "echo#0"] == [100.0]
-    # one math-library thread per instance: the share's cores are its instances' (no spinning BLAS threads)
+    # one math-library thread per instance: the share's cores are its instances' (no spinning BLAS threads),
+    # unless the environment the fleet runs in sets them
     stubs = stub_environments(new["pid"])
     assert len(stubs) == served.instance_group[0].count
-    assert all(env.get("OPENBLAS_NUM_THREADS") == env.get("OMP_NUM_THREADS") == "1" for env in stubs)
+    threads = {v: os.environ.get(v, "1") for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    assert all({v: env.get(v) for v in threads} == threads for env in stubs)
 
 
 def test_failed_move_keeps_the_old_process_serving(fleet):
@@ -408,6 +415,7 @@ def test_load_sweeps_rate_and_concurrency_over_grpc_and_http_with_tritons_split(
     assert main([*http, "--sweep-rate", "20,40", "--arrival", "constant", "--json"]) == 0
     steps = json.loads(capsys.readouterr().out)["steps"]
     assert [s["sent"] for s in steps] == [20, 40] and all(s["failed"] == 0 for s in steps)
+    assert [s["server_requests"] for s in steps] == [20, 40]
     assert all(s["server_compute_infer_ms"] > 0 for s in steps)
     # the stop condition: p99 over the limit ends the sweep after that step, and says so
     assert main([*argv, "--sweep-concurrency", "1,2,4", "--stop-p99-ms", "0.001"]) == 0
