@@ -245,7 +245,7 @@ def _assignment(batch: int, delay_ms: float, rate_rps: float) -> ModelAssignment
 # --------------------------------------------------------------------------- how busy the machine is
 
 
-def _ticks(pid: int) -> int:
+def process_ticks(pid: int) -> int:
     """utime + stime of one process, in clock ticks (0 if it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -254,7 +254,8 @@ def _ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _descendants(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
+    """`root` and its descendants (a Triton server and its Python-backend stubs), from /proc."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -280,12 +281,12 @@ class CpuMeter:
     in cores; the difference is what other processes took from the measurement."""
 
     def __init__(self, server_pid: int | None) -> None:
-        self._pids = [os.getpid(), *(_descendants(server_pid) if server_pid else [])]
+        self._pids = [os.getpid(), *(process_tree(server_pid) if server_pid else [])]
         self._start = self._read()
         self.steal = StealMeter().start()  # the CPU time the VM's host took
 
     def _read(self) -> tuple[float, int, int]:
-        return time.monotonic(), _machine_busy_ticks(), sum(_ticks(p) for p in self._pids)
+        return time.monotonic(), _machine_busy_ticks(), sum(process_ticks(p) for p in self._pids)
 
     def stop(self) -> tuple[float, float]:
         """(cores used by other processes, cores used by ours) since the meter started."""

@@ -25,44 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.batching_check import process_ticks, process_tree  # noqa: E402
 from agents.loadgen import LoadGenerator  # noqa: E402
 from agents.triton import TritonFleet  # noqa: E402
 from agents.triton.environment import MATH_THREAD_VARIABLES  # noqa: E402
 from controller.messages import ModelAssignment  # noqa: E402
 from stoke.progress import Progress  # noqa: E402
-
-
-def _stat_fields(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants (Triton and its Python-backend stubs)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
-            except OSError:
-                pass  # ended while we looked
-    out, todo = [], [pid]
-    while todo:
-        out.append(todo.pop())
-        todo.extend(children.get(out[-1], []))
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of `pids` so far (those still running)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = _stat_fields(pid)
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def main() -> None:
@@ -93,10 +61,10 @@ def main() -> None:
                 process = fleet.processes()["w#0"]
                 pids = process_tree(int(process["pid"]))
                 time.sleep(1.0)
-                used, started = cpu_seconds(pids), time.monotonic()
+                used, started = sum(map(process_ticks, pids)), time.monotonic()
                 with LoadGenerator(lambda: fleet.endpoint("w#0"), args.model) as gen:
                     load = gen.run(args.rate, args.seconds, arrival="poisson")
-                used = (cpu_seconds(pids) - used) / (time.monotonic() - started)
+                used = (sum(map(process_ticks, pids)) - used) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - started)
                 print(
                     f"{share:7.1f} {len(process['cpu_cores']):5d} {load.p50_ms:7.2f} {load.p99_ms:7.2f} "
                     f"{load.max_ms:7.1f} {load.ok:5d} {100 * used:9.0f}%",

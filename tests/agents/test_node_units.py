@@ -234,7 +234,9 @@ def test_mps_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_gpu_fleet_process_environment(tmp_path, fake_mps, monkeypatch):
-    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    from agents.triton.environment import MATH_THREAD_VARIABLES
+
+    for variable in MATH_THREAD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)  # what the agent's environment sets is kept (checked below)
     from agents.triton import TritonFleet
     from controller.messages import ModelAssignment
@@ -268,7 +270,7 @@ def test_gpu_fleet_process_environment(tmp_path, fake_mps, monkeypatch):
     assert cores == (0, 1) and "CUDA_VISIBLE_DEVICES" not in env
     assert cpu.render(a).instance_group[0].count == 2  # one instance per core of the share
     # the math libraries' threads: the share's cores split between its instances, unless the fleet sets them
-    assert {env[v] for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"1"}
+    assert {env[v] for v in MATH_THREAD_VARIABLES} == {"1"}
     assert cpu.resources(a, instances=1)[1]["OPENBLAS_NUM_THREADS"] == "2"
     assert "OMP_NUM_THREADS" not in fleet.resources(a, instances=1)[1]  # a GPU node's share is not its CPU threads
     own = TritonFleet(str(tmp_path), workdir=str(tmp_path / "o"), cpu_cores=[0, 1, 2, 3], env={"OMP_NUM_THREADS": "4"})

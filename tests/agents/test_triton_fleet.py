@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from triton_helpers import DEMO_MODELS, DEMO_REPO, OUTPUT_SHAPES, infer
 
+from agents.batching_check import process_tree
 from agents.loadgen import LoadGenerator
 from agents.triton import TritonFleet, TritonProcess, parse_metrics
+from agents.triton.environment import MATH_THREAD_VARIABLES
 from controller.messages import ModelAssignment
 from controller.render import config_to_json, read_config, render_config
 
@@ -118,20 +120,15 @@ def test_failed_reload_rolls_back_and_old_config_keeps_serving(fleet):
 
 
 def stub_environments(pid: int) -> list[dict[str, str]]:
-    """The environment of each Python-backend stub a Triton process started (its children)."""
+    """The environment of each Python-backend stub a Triton process started (its descendants)."""
     out = []
-    for entry in os.listdir("/proc"):
+    for stub in process_tree(pid)[1:]:
         try:
-            if not entry.isdigit():
-                continue
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            if parent == pid:
-                with open(f"/proc/{entry}/environ", "rb") as environ:
-                    raw = environ.read().split(b"\0")
-                out.append(dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v))
+            with open(f"/proc/{stub}/environ", "rb") as environ:
+                raw = environ.read().split(b"\0")
         except OSError:
-            pass  # a process that ended while we looked
+            continue  # a process that ended while we looked
+        out.append(dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v))
     return out
 
 
@@ -155,7 +152,7 @@ def test_share_change_moves_model_to_a_new_process(fleet):
     # unless the environment the fleet runs in sets them
     stubs = stub_environments(new["pid"])
     assert len(stubs) == served.instance_group[0].count
-    threads = {v: os.environ.get(v, "1") for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    threads = {v: os.environ.get(v, "1") for v in MATH_THREAD_VARIABLES}
     assert all({v: env.get(v) for v in threads} == threads for env in stubs)
 
 
