@@ -1,7 +1,7 @@
 """Plans replayed on a truth that is not the fit (issue 15): SLOs kept per replica, utilisation, GPUs.
 
     .venv/bin/python benchmarks/bench_truth.py [--sizes 100,300,1000] [--arrivals poisson,constant]
-        [--variants default,blunt] [--requests 50000]
+        [--variants default,blunt] [--requests 50000] [--truth perturbed|measured|steps|bumps|fit]
 
 The planner plans with the fitted V100 profile; every replica of its plan is then replayed by the
 discrete-event server (`interference.batching.serve`, the plan simulator's) on `interference.truth`:
@@ -57,6 +57,14 @@ VARIANTS = {
     "oracle": DEFAULT_OPTIONS,  # a reference, not a planner: every point of the truth given as measured
 }
 DEFAULT_VARIANTS = ("today", "blunt", "error-aware", "verified")
+#: `--truth`: which parts of `interference.truth` the replay (and verification's simulated device) uses.
+TRUTHS: dict[str, dict[str, bool] | None] = {
+    "perturbed": {},
+    "measured": {"steps": False, "bumps": False},
+    "steps": {"bumps": False},
+    "bumps": {"steps": False},
+    "fit": None,
+}
 
 
 def oracle_types(types: tuple, truth: dict) -> tuple:
@@ -181,14 +189,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200_000, help="requests replayed per replica (default 200,000)")
     parser.add_argument(
         "--truth",
-        choices=("perturbed", "fit"),
+        choices=tuple(TRUTHS),
         default="perturbed",
-        help="replay on the perturbed truth (default) or on the fit itself (the replay's own noise floor)",
+        help="what plans replay on: the perturbed truth (default); 'measured', its measurements and the curve "
+        "below the measured shares without the synthetic steps and bumps (issue 15's own replay); 'steps' or "
+        "'bumps', measured plus that one part; 'fit', the fit itself (the replay's own noise floor)",
     )
     args = parser.parse_args()
     types = default_gpu_types()
     fitted = types[0].profile
-    truth = {types[0].name: fitted if args.truth == "fit" else truth_profile(fitted, read_raw(bundled_raw_path()))}
+    parts = TRUTHS[args.truth]
+    truth = {types[0].name: fitted if parts is None else truth_profile(fitted, read_raw(bundled_raw_path()), **parts)}
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = args.arrivals.split(",")
     variants = args.variants.split(",")

@@ -21,6 +21,10 @@ The perturbation of one model's solo active time k_act(b, r), documented so a re
    time grows by (smallest / share)^`BELOW_EXPONENT` on top of the fit's own extrapolation: 27% at a
    quarter of it (2.5% against 10% on a V100), the error issue 15 measured there.
 
+`truth_profile(..., steps=False, bumps=False)` keeps 1 and 4 only: the measurements and the curve below
+the measured shares, what issue 15's own replay ("replayed on measured latencies") rested on, without the
+synthetic roughness of 2 and 3. Benchmarks use it to show which part of the truth costs what.
+
 Interference (L2, power, clock) keeps the fitted model's form, fed with the perturbed active time.
 Pure: numpy only.
 """
@@ -56,6 +60,7 @@ class TruthModel(ModelProfile):
     ratio: Any = None  # measured / fitted at (batches x shares), ndarray
     bumps: Any = None  # (TRUTH_MAX_BATCH, share steps) multiplicative factors, ndarray
     share_step: float = 1.0
+    step_weight: float = STEP_WEIGHT
 
     def smooth_ms(self, batch: float, share_pct: float) -> float:
         fitted = ModelProfile.active_time_ms(self, batch, share_pct)
@@ -75,15 +80,19 @@ class TruthModel(ModelProfile):
         own = self.smooth_ms(batch, share_pct)
         tile = TILE * math.ceil(batch / TILE)
         measured = batch in self.batches  # the truth is the measurement where one was taken
-        stepped = own if measured or tile == batch else own + STEP_WEIGHT * (self.smooth_ms(tile, share_pct) - own)
+        stepped = own if measured or tile == batch else own + self.step_weight * (self.smooth_ms(tile, share_pct) - own)
         b = min(int(round(batch)), TRUTH_MAX_BATCH) - 1
         s = min(max(int(round(share_pct / self.share_step)) - 1, 0), self.bumps.shape[1] - 1)
         return float(stepped * self.bumps[b, s])
 
 
-def truth_profile(profile: DeviceProfile, raw: Mapping[str, Mapping[str, Any]]) -> DeviceProfile:
-    """The perturbed truth of `profile` (fitted from the raw iGniter measurements `raw`)."""
-    steps = int(round(100.0 / profile.gpu.share_step_pct))
+def truth_profile(
+    profile: DeviceProfile, raw: Mapping[str, Mapping[str, Any]], *, steps: bool = True, bumps: bool = True
+) -> DeviceProfile:
+    """The perturbed truth of `profile` (fitted from the raw iGniter measurements `raw`); `steps` and
+    `bumps` switch parts 2 and 3 of the module doc (the measurements and the curve below the measured
+    shares always stay)."""
+    share_steps = int(round(100.0 / profile.gpu.share_step_pct))
     models: dict[str, ModelProfile] = {}
     for name, m in profile.models.items():
         batch, share, active = active_points(raw[name], name, profile.gpu)
@@ -92,17 +101,18 @@ def truth_profile(profile: DeviceProfile, raw: Mapping[str, Mapping[str, Any]]) 
         for b, r, a in zip(batch, share, active):
             ratio[batches.index(b), shares.index(r)] = a / m.active_time_ms(b, r)
         rng = np.random.default_rng([SEED, zlib.crc32(name.encode())])
-        bumps = 1.0 + rng.uniform(-BUMP, BUMP, size=(TRUTH_MAX_BATCH, steps))
+        factors = 1.0 + rng.uniform(-BUMP, BUMP, size=(TRUTH_MAX_BATCH, share_steps)) * (1.0 if bumps else 0.0)
         for b, r in zip(batch, share):  # the truth is the measurement where one was taken
-            bumps[int(b) - 1, int(round(r / profile.gpu.share_step_pct)) - 1] = 1.0
+            factors[int(b) - 1, int(round(r / profile.gpu.share_step_pct)) - 1] = 1.0
         fields = {f: getattr(m, f) for f in m.__dataclass_fields__}
         models[name] = TruthModel(
             **fields,
             batches=tuple(batches),
             shares=tuple(shares),
             ratio=ratio,
-            bumps=bumps,
+            bumps=factors,
             share_step=profile.gpu.share_step_pct,
+            step_weight=STEP_WEIGHT if steps else 0.0,
         )
     return replace(profile, models=models)
 
