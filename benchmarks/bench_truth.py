@@ -19,7 +19,11 @@ device: every batch size 1..B of a Poisson replica, B of a paced one, and their 
 two share steps lower and the batch one larger (`--neighbours`), and re-plans until the plan and
 its neighbours are measured; rounds and points are printed). `--variants oracle` is a reference, not a
 planner: the error-aware planner given the truth as measured at every point (what verification would
-find if it measured everything), the floor of a verified plan.
+find if it measured everything), the floor of a verified plan. `--variants blunt-tuned` is another
+reference: the cheapest blunt margin on a grid (safety margin x utilisation cap, `BLUNT_MARGINS` x
+`BLUNT_CAPS`) whose plan replays within issue 15's figures on this truth (>= 99.5% of replicas within
+SLO, none over utilisation 1), tuned with a hindsight no operator has: what a blunt margin must cost
+to hold as the verified plan holds.
 Mixes as in bench_core: 100 and 1000 random workloads (seed 2026),
 300 = issue 8's mix.
 """
@@ -55,6 +59,7 @@ VARIANTS = {
     "error-aware": DEFAULT_OPTIONS,
     "verified": DEFAULT_OPTIONS,  # error-aware, then `verify` on the simulated device (the truth)
     "oracle": DEFAULT_OPTIONS,  # a reference, not a planner: every point of the truth given as measured
+    "blunt-tuned": CENTRAL_OPTIONS,  # a reference: the cheapest blunt margin that holds on the truth (`blunt_tuned`)
 }
 DEFAULT_VARIANTS = ("today", "blunt", "error-aware", "verified")
 #: `--truth`: which parts of `interference.truth` the replay (and verification's simulated device) uses.
@@ -89,6 +94,38 @@ def oracle_types(types: tuple, truth: dict) -> tuple:
         }
         out.append(replace(gpu, profile=DeviceProfile(profile.gpu, models)))
     return tuple(out)
+
+
+#: The grid `blunt-tuned` searches: today's options with a wider safety margin and a lower utilisation cap
+#: (Poisson: `max_utilisation`; paced: `max_paced_utilisation`).
+BLUNT_MARGINS = (0.05, 0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.50)
+BLUNT_CAPS = {"poisson": (0.95, 0.85, 0.80, 0.75, 0.70, 0.65), "constant": (0.98, 0.95, 0.90, 0.85, 0.80, 0.70)}
+#: What a tuned blunt plan must reach on the replay (issue 15's acceptance).
+HOLDS_WITHIN_SLO = 0.995
+
+
+def holds(replicas: list[dict]) -> bool:
+    """Issue 15's replay figures: >= 99.5% of replicas within SLO and none over utilisation 1."""
+    within = np.mean([r["p99_ms"] <= r["slo_ms"] for r in replicas])
+    return bool(within >= HOLDS_WITHIN_SLO and all(r["utilisation"] <= 1.0 for r in replicas))
+
+
+def blunt_tuned(workloads: list, types: tuple, arrivals: str, truth: dict, requests: int) -> tuple[Plan, str]:
+    """The cheapest plan of today's planner over the `BLUNT_MARGINS` x `BLUNT_CAPS` grid that `holds` on the
+    truth (replayed in order of GPUs, cheapest first), and the margin that made it; the dearest one if
+    none holds."""
+    plans = []
+    for margin in BLUNT_MARGINS:
+        for cap in BLUNT_CAPS[arrivals]:
+            cap_field = "max_paced_utilisation" if arrivals == "constant" else "max_utilisation"
+            options = replace(CENTRAL_OPTIONS, safety_margin=margin, **{cap_field: cap})
+            plans.append((solve(Problem(workloads, types), "stoke", options=options), margin, cap))
+    plans.sort(key=lambda p: (p[0].gpu_count, p[1], -p[2]))
+    for plan, margin, cap in plans:
+        if holds(replay(plan, truth, requests)):
+            return plan, f"safety margin {margin:.2f}, utilisation cap {cap:.2f}"
+    plan, margin, cap = plans[-1]
+    return plan, f"none of the grid holds; the dearest: safety margin {margin:.2f}, utilisation cap {cap:.2f}"
 
 
 def _serve_kernel(arrivals, batch, delay, latency, occupancy, out):  # pragma: no cover - numba
@@ -184,7 +221,8 @@ def main() -> None:
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
         help=f"comma-separated, of {', '.join(VARIANTS)} (default %(default)s; oracle: the truth given to the "
-        "planner as measured everywhere, the floor of a verified plan)",
+        "planner as measured everywhere, the floor of a verified plan; blunt-tuned: the cheapest wider margin "
+        "that holds on the truth, found by replaying a grid of them)",
     )
     parser.add_argument("--requests", type=int, default=200_000, help="requests replayed per replica (default 200,000)")
     parser.add_argument(
@@ -223,6 +261,9 @@ def main() -> None:
                             f"{size} {arrivals}: verified in {len(checked.rounds)} round(s), {checked.points} points "
                             f"measured ({rounds}); holds on measured points: {checked.holds}"
                         )
+                    elif variant == "blunt-tuned":
+                        plan, margin = blunt_tuned(workloads, types, arrivals, truth, args.requests)
+                        notes.append(f"{size} {arrivals}: blunt-tuned is {margin} ({plan.gpu_count} GPUs)")
                     elif variant == "oracle":
                         plan = solve(Problem(workloads, oracle_types(types, truth)), "stoke", options=DEFAULT_OPTIONS)
                     else:
