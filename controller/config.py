@@ -97,6 +97,16 @@ class RecalibrationConfig:
         check.POSITIVE_WHOLE,
         "consecutive estimates from new windows that must cross the threshold, agreeing within half of it",
     )
+    refresh_within_accuracy: bool = check.setting(
+        True,
+        doc="also publish a serving-path correction that moves a placed replica's predicted p99 by more than the "
+        "accuracy goal though under the re-plan threshold (a loose SLO's threshold is many times its p99): the "
+        "predictions stay within the goal of what clients see",
+    )
+    accuracy: float = check.setting(
+        0.2, check.FRACTION, "the accuracy goal of a prediction: this share of it, or accuracy_ms, whichever is wider"
+    )
+    accuracy_ms: float = check.setting(2.0, check.positive_up_to(60_000.0, "ms"), "the accuracy goal's floor (ms)")
     min_interval_s: float = check.setting(
         300.0,
         check.POSITIVE_SECONDS,

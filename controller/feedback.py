@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from controller.config import ServiceConfig
+from controller.config import RecalibrationConfig, ServiceConfig
 from controller.demand import DemandState, track
 from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire, refuse, step
 from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
@@ -60,11 +60,13 @@ from controller.recalibrate import (
     PlacedReplica,
     ServingEstimate,
     SliWindow,
+    accuracy_goal_ms,
     crosses,
     factor_move,
     lowered_below_sli,
     nodes_agree,
     p99_moves,
+    past_accuracy,
     placed_replicas,
     replica_p99_ms,
     serving_estimate,
@@ -424,8 +426,7 @@ class FeedbackLoop:
         current = self._active_factor(pair, state[0])
         correction = self._service_time(pair, points, fitted, ratios, current, now)
         corrected = _corrected(active, fitted, model, correction)
-        slo = min((r.placement.slo_ms for r in replicas), default=0.0)
-        tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
+        tolerance = _serving_tolerance_ms(active, replicas, cfg)
         serving = serving_estimate(
             corrected, model, replicas, sli, min_windows=int(cfg.min_windows), tolerance_ms=tolerance
         )
@@ -442,7 +443,7 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        crossed, why = crosses(moves, cfg.replan_threshold, factor_move(current, factor))
+        crossed, why = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
         # a lowering learnt from pools is confirmed only by pools that do not overlap (`Confirmation.next`)
         lowers = serving.pooled and bool(moves) and all(m.after_ms <= m.before_ms for m in moves)
         confirmation = self._confirm.get(pair, Confirmation()).next(
@@ -740,6 +741,32 @@ def _runs_since(windows: Sequence[ObservationRecord], at_plan: Callable[[Observa
             since[w.id] = start
         last_seq = w.seq
     return since
+
+
+def _serving_tolerance_ms(active: DeviceProfile, replicas: Sequence[PlacedReplica], cfg: RecalibrationConfig) -> float:
+    """The serving term's tolerance: half the re-plan threshold of the tightest SLO (moves are read to half what
+    publishes them), or half the accuracy goal of the smallest active prediction where that is finer."""
+    slo = min((r.placement.slo_ms for r in replicas), default=0.0)
+    tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
+    if cfg.refresh_within_accuracy:
+        predictions = [p for p in (replica_p99_ms(active, r) for r in replicas) if math.isfinite(p)]
+        goals = [accuracy_goal_ms(p, cfg.accuracy, cfg.accuracy_ms) / 2.0 for p in predictions]
+        tolerance = min([tolerance, *goals])
+    return tolerance
+
+
+def _crosses(
+    moves: Sequence[Move], cfg: RecalibrationConfig, factor_moved: float, serving_changed: bool
+) -> tuple[bool, str]:
+    """Does the candidate cross the re-plan threshold (`crosses`), or, with a new serving term, take a prediction
+    past the accuracy goal under it (`refresh_within_accuracy`: it re-plans like any version, and the re-plan
+    keeps the placements that still hold); the largest move in words."""
+    crossed, why = crosses(moves, cfg.replan_threshold, factor_moved)
+    if not crossed and serving_changed and cfg.refresh_within_accuracy:
+        if (miss := past_accuracy(moves, cfg.accuracy, cfg.accuracy_ms)) is not None:
+            goal = f"{cfg.accuracy:.0%} or {cfg.accuracy_ms:g} ms"
+            return True, f"{miss}: past the accuracy goal ({goal}), under the re-plan threshold"
+    return crossed, why
 
 
 def _prediction_below(

@@ -13,7 +13,16 @@ from profiles import accel_sim_profile
 from controller.config import DemandConfig, GuardConfig
 from controller.demand import DemandState, quantile, track
 from controller.guard import GuardState, GuardWindow, clear, expire, refuse, step
-from controller.recalibrate import Confirmation, Move, crosses, factor_move, p99_moves, placed_replicas
+from controller.recalibrate import (
+    Confirmation,
+    Move,
+    accuracy_goal_ms,
+    crosses,
+    factor_move,
+    p99_moves,
+    past_accuracy,
+    placed_replicas,
+)
 from interference.recalibration import Correction, apply_corrections
 from planner.solver import GpuPlan, Placement, Plan, Workload
 
@@ -390,3 +399,14 @@ def test_an_applied_floor_a_later_solve_refuses_is_dropped_and_said():
     refused, action = refuse(state, "w#0", "it would leave new unplaced")
     assert action is not None and action.kind == "refused" and "not applied: it would leave new unplaced" in action.text
     assert refused.floor_pct == 0.0 and refused.moves == 1  # the move it made stays counted
+
+
+def test_a_move_past_the_accuracy_goal_is_one_past_the_wider_of_its_share_and_its_floor():
+    assert accuracy_goal_ms(40.0, 0.2, 2.0) == pytest.approx(8.0)  # 20% of 40 ms
+    assert accuracy_goal_ms(5.0, 0.2, 2.0) == pytest.approx(2.0)  # the floor: 20% of 5 ms is 1 ms
+    small = Move("w#0", 11.3, 9.8, 160.0)  # 1.5 ms: within 2 ms
+    far = Move("w#1", 11.3, 7.8, 160.0)  # 3.5 ms down, at 0.9% of the SLO: under any re-plan threshold
+    assert past_accuracy([small], 0.2, 2.0) is None
+    assert past_accuracy([small, far], 0.2, 2.0) is far
+    assert past_accuracy([Move("w#2", 40.0, 47.0, 80.0)], 0.2, 2.0) is None  # 7 ms against 20% of 47 ms
+    assert past_accuracy([Move("w#3", 40.0, math.inf, 80.0)], 0.2, 2.0) is None  # unstable: the threshold's
