@@ -100,20 +100,23 @@ def oracle_types(types: tuple, truth: dict) -> tuple:
 #: (Poisson: `max_utilisation`; paced: `max_paced_utilisation`).
 BLUNT_MARGINS = (0.05, 0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.50)
 BLUNT_CAPS = {"poisson": (0.95, 0.85, 0.80, 0.75, 0.70, 0.65), "constant": (0.98, 0.95, 0.90, 0.85, 0.80, 0.70)}
+#: The replay `blunt_tuned` chooses on: not the one the table reports (seed 1), so that a pair picked on lucky
+#: noise shows it.
+SELECT_SEED = 2
 #: What a tuned blunt plan must reach on the replay (issue 15's acceptance).
 HOLDS_WITHIN_SLO = 0.995
 
 
 def holds(replicas: list[dict]) -> bool:
     """Issue 15's replay figures: >= 99.5% of replicas within SLO and none over utilisation 1."""
-    within = np.mean([r["p99_ms"] <= r["slo_ms"] for r in replicas])
+    within = np.mean([r["p99_ms"] <= r["slo_ms"] for r in replicas]) if replicas else 1.0
     return bool(within >= HOLDS_WITHIN_SLO and all(r["utilisation"] <= 1.0 for r in replicas))
 
 
 def blunt_tuned(workloads: list, types: tuple, arrivals: str, truth: dict, requests: int) -> tuple[Plan, str]:
     """The cheapest plan of today's planner over the `BLUNT_MARGINS` x `BLUNT_CAPS` grid that `holds` on the
-    truth (replayed in order of GPUs, cheapest first), and the margin that made it; the dearest one if
-    none holds."""
+    truth (replayed in order of GPUs, cheapest first, on the `SELECT_SEED` arrivals), and the margin that made
+    it; the dearest one if none holds."""
     plans = []
     for margin in BLUNT_MARGINS:
         for cap in BLUNT_CAPS[arrivals]:
@@ -121,8 +124,8 @@ def blunt_tuned(workloads: list, types: tuple, arrivals: str, truth: dict, reque
             options = replace(CENTRAL_OPTIONS, safety_margin=margin, **{cap_field: cap})
             plans.append((solve(Problem(workloads, types), "stoke", options=options), margin, cap))
     plans.sort(key=lambda p: (p[0].gpu_count, p[1], -p[2]))
-    for plan, margin, cap in plans:
-        if holds(replay(plan, truth, requests)):
+    for plan, margin, cap in plans:  # chosen on another replay (seed) than the one `main` reports
+        if holds(replay(plan, truth, requests, seed=SELECT_SEED)):
             return plan, f"safety margin {margin:.2f}, utilisation cap {cap:.2f}"
     plan, margin, cap = plans[-1]
     return plan, f"none of the grid holds; the dearest: safety margin {margin:.2f}, utilisation cap {cap:.2f}"

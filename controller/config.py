@@ -90,7 +90,8 @@ class RecalibrationConfig:
     replan_threshold: float = check.setting(
         0.10,
         check.POSITIVE,
-        "publish (and re-plan) only when a placed replica's predicted p99 moves by more than this share of its SLO",
+        "publish (and re-plan) only when a placed replica's predicted p99 moves by more than this share of its SLO "
+        "(a new serving term: see refresh_within_accuracy)",
     )
     confirmations: int = check.setting(
         2,

@@ -410,8 +410,9 @@ class FeedbackLoop:
     def _recalibrate(self, pair: tuple[str, str], now: float) -> None:
         """Per (GPU type, model): the service time from Triton's compute (`estimate`), the serving term from
         the SLI (`serving_estimate`); a version is published when the end-to-end p99 of a placed replica
-        moves past the threshold, confirmed, and not sooner than `min_interval_s` after the last one unless
-        the SLI is above the active prediction (see `controller.recalibrate`)."""
+        moves past the threshold (or, with a new serving term, past the accuracy goal), confirmed, and not
+        sooner than `min_interval_s` after the last one unless the SLI is above the active prediction by half
+        the threshold (see `controller.recalibrate`)."""
         gpu_type, model = pair
         cfg = self.config.recalibration
         state = self.store.profile_state().get(pair, (0, False))
@@ -426,7 +427,7 @@ class FeedbackLoop:
         current = self._active_factor(pair, state[0])
         correction = self._service_time(pair, points, fitted, ratios, current, now)
         corrected = _corrected(active, fitted, model, correction)
-        tolerance = _serving_tolerance_ms(active, replicas, cfg)
+        threshold_tolerance, tolerance = _serving_tolerances_ms(active, replicas, cfg)
         serving = serving_estimate(
             corrected, model, replicas, sli, min_windows=int(cfg.min_windows), tolerance_ms=tolerance
         )
@@ -443,18 +444,35 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        crossed, why = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
-        # a lowering learnt from pools is confirmed only by pools that do not overlap (`Confirmation.next`)
-        lowers = serving.pooled and bool(moves) and all(m.after_ms <= m.before_ms for m in moves)
-        confirmation = self._confirm.get(pair, Confirmation()).next(
-            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, serving.pools if lowers else ()
-        )
-        self._confirm[pair] = confirmation
-        if confirmation.count < cfg.confirmations or not self._due(
-            pair, _prediction_below(active, replicas, sli, moves, tolerance), now
+        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance)
+        # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
+        if not confirmed or not self._due(
+            pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
         self._publish(pair, correction, current, candidate, serving, why, now)
+
+    def _confirmed(
+        self,
+        pair: tuple[str, str],
+        moves: Sequence[Move],
+        serving: ServingEstimate,
+        current: float,
+        factor: float,
+        tolerance: float,
+    ) -> tuple[bool, str]:
+        """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
+        A lowering learnt from pools, and any move only the accuracy goal publishes (no SLO at stake: one stall
+        in one pool must not move it), are confirmed only by pools that do not overlap (`Confirmation.next`)."""
+        cfg = self.config.recalibration
+        crossed, why, accuracy_only = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
+        lowers = bool(moves) and all(m.after_ms <= m.before_ms for m in moves)
+        independent = serving.pools if serving.pooled and (lowers or accuracy_only) else ()
+        confirmation = self._confirm.get(pair, Confirmation()).next(
+            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent
+        )
+        self._confirm[pair] = confirmation
+        return confirmation.count >= cfg.confirmations, why
 
     def _evidence(
         self, pair: tuple[str, str]
@@ -579,10 +597,7 @@ class FeedbackLoop:
         """Store the corrected model as the pair's new active version; the next reconcile re-plans."""
         gpu_type, model = pair
         cfg = self.config.recalibration
-        hysteresis = (
-            f"hysteresis: moves under {cfg.replan_threshold:.0%} of the SLO ignored, {cfg.confirmations} agreeing "
-            f"estimates, >= {cfg.min_interval_s:g}s between versions unless the SLI is above the prediction"
-        )
+        hysteresis = _hysteresis_text(cfg)
         service = (
             f"service time {c.summary} from {c.windows:.1f} windows (Triton compute)"
             if c
@@ -743,30 +758,44 @@ def _runs_since(windows: Sequence[ObservationRecord], at_plan: Callable[[Observa
     return since
 
 
-def _serving_tolerance_ms(active: DeviceProfile, replicas: Sequence[PlacedReplica], cfg: RecalibrationConfig) -> float:
-    """The serving term's tolerance: half the re-plan threshold of the tightest SLO (moves are read to half what
-    publishes them), or half the accuracy goal of the smallest active prediction where that is finer."""
+def _hysteresis_text(cfg: RecalibrationConfig) -> str:
+    """The hysteresis a version's reason states."""
+    goal = f"{cfg.accuracy:.0%} or {cfg.accuracy_ms:g} ms"
+    excepted = f" (a serving term past the accuracy goal, {goal}, excepted)" if cfg.refresh_within_accuracy else ""
+    return (
+        f"hysteresis: moves under {cfg.replan_threshold:.0%} of the SLO ignored{excepted}, {cfg.confirmations} "
+        f"agreeing estimates, >= {cfg.min_interval_s:g}s between versions unless the SLI is above the prediction"
+    )
+
+
+def _serving_tolerances_ms(
+    active: DeviceProfile, replicas: Sequence[PlacedReplica], cfg: RecalibrationConfig
+) -> tuple[float, float]:
+    """(half the re-plan threshold of the tightest SLO, the serving term's tolerance): moves are read to half what
+    publishes them, so the term's tolerance is the first, or half the accuracy goal of the smallest active
+    prediction where that is finer (`refresh_within_accuracy`)."""
     slo = min((r.placement.slo_ms for r in replicas), default=0.0)
-    tolerance = cfg.replan_threshold * slo / 2.0 if slo else math.inf
-    if cfg.refresh_within_accuracy:
-        predictions = [p for p in (replica_p99_ms(active, r) for r in replicas) if math.isfinite(p)]
-        goals = [accuracy_goal_ms(p, cfg.accuracy, cfg.accuracy_ms) / 2.0 for p in predictions]
-        tolerance = min([tolerance, *goals])
-    return tolerance
+    threshold = cfg.replan_threshold * slo / 2.0 if slo else math.inf
+    if not cfg.refresh_within_accuracy:
+        return threshold, threshold
+    predictions = [p for p in (replica_p99_ms(active, r) for r in replicas) if math.isfinite(p)]
+    goals = [accuracy_goal_ms(p, cfg.accuracy, cfg.accuracy_ms) / 2.0 for p in predictions]
+    return threshold, min([threshold, *goals])
 
 
 def _crosses(
     moves: Sequence[Move], cfg: RecalibrationConfig, factor_moved: float, serving_changed: bool
-) -> tuple[bool, str]:
-    """Does the candidate cross the re-plan threshold (`crosses`), or, with a new serving term, take a prediction
-    past the accuracy goal under it (`refresh_within_accuracy`: it re-plans like any version, and the re-plan
-    keeps the placements that still hold); the largest move in words."""
+) -> tuple[bool, str, bool]:
+    """(does the candidate publish, why in words, only for the accuracy goal): it crosses the re-plan threshold
+    (`crosses`, the largest move), or, with a new serving term, takes a prediction past the accuracy goal under it
+    (`refresh_within_accuracy`, the first such move; it re-plans like any version, and the re-plan keeps the
+    placements that still hold)."""
     crossed, why = crosses(moves, cfg.replan_threshold, factor_moved)
     if not crossed and serving_changed and cfg.refresh_within_accuracy:
         if (miss := past_accuracy(moves, cfg.accuracy, cfg.accuracy_ms)) is not None:
             goal = f"{cfg.accuracy:.0%} or {cfg.accuracy_ms:g} ms"
-            return True, f"{miss}: past the accuracy goal ({goal}), under the re-plan threshold"
-    return crossed, why
+            return True, f"{miss}: past the accuracy goal ({goal}), under the re-plan threshold", True
+    return crossed, why, False
 
 
 def _prediction_below(

@@ -12,6 +12,14 @@ the p99 itself: near saturation a p99 of 20 ms may double for a 5% correction an
 within an 80 ms SLO, while 70 -> 78 ms matters. A replica whose queue turns unstable, or stable
 again, always counts as a move.
 
+The accuracy goal (`past_accuracy`, `recalibration.refresh_within_accuracy`): under a loose SLO the
+threshold is many times the p99 (10% of a 160 ms SLO is 16 ms, against a p99 of 8-11 ms), so a new
+serving term is also published when it moves a prediction by more than 20% of it or 2 ms, whichever is
+wider, though under the threshold; a service-time correction alone still needs the threshold (one that
+comes with such a serving term is published with it). Such a move puts no SLO at stake, so it is
+confirmed only by pools that share no window with the ones it was first seen in, a raise too, and it
+waits `min_interval_s` like a lowering.
+
 Hysteresis: the comparison is with the active profile, the last one published, not with the
 previous estimate. A slow drift accumulates until it crosses the threshold; noise that oscillates
 around the truth stays within it, so it causes no re-plans. A move must also be seen by
@@ -194,11 +202,13 @@ class Confirmation:
         serving_tolerance_ms: float = math.inf,
         lowering_pools: Sequence[PoolSpan] = (),
     ) -> Confirmation:
-        """`lowering_pools`: the pools of an estimate that lowers predictions (empty otherwise). Such an estimate
+        """`lowering_pools`: the pools of an estimate that lowers predictions, or that only the accuracy goal
+        publishes (empty otherwise; `controller.feedback`). Such an estimate
         confirms the last counted one only when no pool of one overlaps a pool of the other: two pools 5 s apart
         share half their windows, and one quiet stretch is not two. An agreeing estimate over overlapping pools
-        changes nothing: it neither confirms nor contradicts; a lowering after an estimate that was none (a
-        raise, a reading without pools) starts the count. A raise needs no such wait."""
+        changes nothing: it neither confirms nor contradicts; such an estimate after one that was none (a
+        raise past the threshold, a reading without pools) starts the count. A raise past the threshold needs no
+        such wait."""
         if not crossed:
             return Confirmation()
         agrees = (

@@ -559,3 +559,39 @@ def test_a_prediction_far_above_what_clients_see_under_a_loose_slo_is_refreshed_
         assert (now.share_pct, now.batch) == (first.share_pct, first.batch)  # the re-plan moved nothing
     else:
         assert not versions and now.predicted_p99_ms == pytest.approx(first.predicted_p99_ms)
+
+
+@pytest.mark.parametrize("stall", [True, False])
+def test_a_raise_only_the_accuracy_goal_publishes_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, stall):
+    """Clients see what the prediction says, but for 18 ms more in every pool (a slower serving path: raised
+    once a second pool that shares no window with the first shows it) or only in the pools that hold one
+    stalled window (one stall: the ten pools that hold it overlap, and the first one without it shows no
+    raise, so nothing is published; fails when a raise under the threshold is confirmed by overlapping pools)."""
+    from controller.recalibrate import with_serving
+
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    clock = Clock()
+    svc = ControlService(Store(tmp_path / "stoke.db"), config, clock=clock, tick=clock)
+    svc.upload_profile(json.dumps(profile_to_dict(with_serving(PROFILE, "accel_sim", 16.0, beyond_sli_ms=0.0))), "CPU")
+    svc.register("n1", CPU)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 400, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    first = placed(svc)
+    raised_at = None
+    for i in range(40):
+        n = min(i, 10)
+        # the stall is window 12: it is in the pools of windows 12..21, 10 windows each
+        extra = 18.0 if not stall or (i >= 12 and i - n + 1 <= 12) else 0.0
+        seen = first.predicted_p99_ms + extra
+        pool = dict(pooled_p99_ms=seen, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(p99=first.predicted_p99_ms, p50=first.predicted_p99_ms - 10.0, over=0.0, **pool)
+        if raised_at is None and placed(svc).predicted_p99_ms > first.predicted_p99_ms + 9.0:
+            raised_at = i
+    versions = svc.store.profile_versions("accel_sim")
+    if stall:
+        assert raised_at is None and not versions, versions
+    else:
+        assert raised_at is not None and raised_at >= 10, raised_at  # after a second, independent pool
+        assert len(versions) == 1 and "past the accuracy goal" in versions[0].meta["reason"]
+        assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + 18.0, abs=0.5)

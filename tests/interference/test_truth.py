@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from interference.fit import GRID_BATCHES, GRID_SHARES, active_points
+from interference.fit import GRID_SHARES, active_points
 from interference.profile_io import bundled_profile, bundled_raw_path, read_raw
 from interference.truth import BELOW_EXPONENT, BUMP, STEP_WEIGHT, TILE, truth_profile
 
@@ -51,7 +51,7 @@ def test_steps_charge_part_of_the_next_tile_and_nothing_on_a_tile():
     for b in range(2, 33):
         tile = TILE * -(-b // TILE)
         own, want = smooth.active_time_ms(b, share), smooth.active_time_ms(tile, share)
-        expected = own if b == tile or b in GRID_BATCHES else own + STEP_WEIGHT * (want - own)
+        expected = own if b == tile or b in stepped.batches else own + STEP_WEIGHT * (want - own)
         assert stepped.active_time_ms(b, share) == pytest.approx(expected, rel=1e-12)
     assert stepped.active_time_ms(5, share) > smooth.active_time_ms(5, share)  # the curve rises: steps cost
 
