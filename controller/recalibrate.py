@@ -60,7 +60,8 @@ carried by the one additive term (`ModelProfile.serving_p99_ms`), and the reason
   windows' observed/predicted execution time must lie on the side of the move.
 - Evidence and hysteresis: at least `min_windows` windows with an SLI p99 (each with `guard.min_requests`
   requests), or a pool over at least `min_windows` windows, all of them at the plan (`controller.feedback`;
-  the pool needs the requests, not each window, which at a low rate rarely holds them); a move smaller than
+  the pool needs the requests, not each window, which at a low rate rarely holds them, nor the window that
+  carries it: `SliWindow.counted`); a move smaller than
   `tolerance_ms` is no move. The loop hands over only windows that ran the placement at the load
   it was planned for (`controller.feedback`): an overloaded replica's p99 is a wrong rate, not a
   slow serving path.
@@ -254,6 +255,9 @@ class SliWindow:
     pooled_windows: int = 0
     pooled_count: int = 0
     seq: int = 0  # the window's number (the agent's); its pool covers windows seq - pooled_windows + 1 .. seq
+    #: Its own p99 is read (the window holds `guard.min_requests` requests). False: a window of few requests
+    #: handed over only for its pool; its own p99 counts nowhere.
+    counted: bool = True
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,7 @@ def serving_estimate(
         return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why, beyond)
 
     pools = newest_pools(usable, min_windows)  # a pool covers min_windows windows: evidence enough on its own
-    if unread := _unreadable(usable, bool(pools), min_windows, current):
+    if unread := _unreadable(usable, pools, min_windows, current):
         return stays(unread)
     pooled = bool(pools)
     # what each node says the term should be; with pools, in what clients see outside the batch (term + beyond)
@@ -350,10 +354,11 @@ def _spans(pools: Mapping[str, SliWindow]) -> tuple[PoolSpan, ...]:
     return tuple(PoolSpan(w.key, w.seq - w.pooled_windows + 1, w.seq) for w in pools.values())
 
 
-def _unreadable(usable: Sequence[SliWindow], pooled: bool, min_windows: int, current: float) -> str:
+def _unreadable(usable: Sequence[SliWindow], pools: Mapping[str, SliWindow], min_windows: int, current: float) -> str:
     """Why the serving term cannot be read from these windows now, or "" when it can."""
-    if not pooled and len(usable) < min_windows:
-        return f"serving path {current:.2f} ms: {len(usable)} SLI window(s), needs {min_windows}"
+    counted = sum(w.counted for w in usable)
+    if not pools and counted < min_windows:
+        return f"serving path {current:.2f} ms: {counted} SLI window(s), needs {min_windows}"
     moved = compute_shift(usable)
     if moved is not None:
         return (
@@ -414,7 +419,9 @@ def _per_node_terms(
         if node_pools:
             per_node[n] = max(w.pooled_p99_ms - batch_p99[w.key] for w in node_pools if w.pooled_p99_ms is not None)
         else:
-            residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n]
+            # a node without a pool has only counted windows (`controller.feedback` hands over the others for
+            # their pools)
+            residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n and w.counted]
             per_node[n] = quantile(residuals, SERVING_QUANTILE) + offset
     return per_node
 
@@ -456,7 +463,7 @@ def lowered_below_sli(
 
 def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
     """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no window)."""
-    seen = [w.p99_ms for w in windows if w.key == key]
+    seen = [w.p99_ms for w in windows if w.key == key and w.counted]
     return quantile(seen, SERVING_QUANTILE) if seen else None
 
 

@@ -260,6 +260,29 @@ def test_a_pool_is_read_when_its_windows_are_at_the_plan_though_most_hold_too_fe
     assert p.beyond_sli_p99_ms == 0.0 and p.serving_p99_ms >= 15.0 - 1e-6
 
 
+def test_a_pool_is_read_though_no_window_that_carries_one_holds_the_requests_of_its_own(tmp_path):
+    """16 req/s in 1 s windows, and no window holds the 20 requests a window's own p99 needs: each still carries
+    the pool of the last 10 (150+ requests at the planned load), and the pools are learnt. Their own p99s
+    (their maximum, far above the pool's) count nowhere. Fails when the window that carries a pool must hold
+    20 requests itself: then nothing is learnt."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False, min_requests=20))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 16}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    counts = (16, 13, 19, 15, 12, 17, 14, 18, 16, 15)  # none holds 20
+    for i in range(40):
+        p = placed(svc)
+        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+        n, pooled = counts[i % 10], [counts[j % 10] for j in range(max(0, i - 9), i + 1)]
+        pool = dict(pooled_p99_ms=batch + 15.0, pooled_windows=len(pooled), pooled_count=sum(pooled)) if i else {}
+        node.beat(rate=float(n), requests=n, p99=batch + 40.0, p50=batch + 2.0, over=0.0, **pool)
+    reasons = [v.meta["reason"] for v in svc.store.profile_versions("accel_sim")]
+    assert any("from pooled p99s (w#0 " in r for r in reasons), reasons
+    p = placed(svc)
+    assert p.beyond_sli_p99_ms == 0.0 and p.serving_p99_ms == pytest.approx(15.0, abs=1.0)
+
+
 def test_a_pool_that_reaches_back_past_a_window_the_loop_does_not_use_is_not_read(tmp_path):
     """Overloaded windows teach the serving path nothing (their p99 says the rate is wrong); a pool that still
     holds them is not the clients' p99 at the planned load: the windows' median is read until it is clean."""

@@ -292,6 +292,24 @@ def test_recalibrating_the_serving_term_keeps_what_clients_see_beyond_the_sli_wi
     assert not held.changed
 
 
+def test_a_window_of_few_requests_counts_only_for_its_pool():
+    """A window handed over only for its pool (`counted` False): its own p99, read from a few requests, is
+    evidence nowhere. Six of them with no pool are not the five windows the term needs, and beside counted
+    windows they move neither the median nor what clients are seen to see."""
+    from controller.recalibrate import SliWindow, replica_p99_ms, serving_estimate, sli_seen_ms, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a")), "CPU", "accel_sim")
+    profile = with_serving(PROFILE, "accel_sim", 6.0, beyond_sli_ms=0.0)
+    batch = replica_p99_ms(with_serving(PROFILE, "accel_sim", 0.0, beyond_sli_ms=0.0), replicas[0])
+    few = [SliWindow("a#0", "n1", batch + 40.0, batch + 2.0, 0.5, 1.0, counted=False) for _ in range(6)]
+    held = serving_estimate(profile, "accel_sim", replicas, few, min_windows=5, tolerance_ms=1.0)
+    assert not held.changed and "0 SLI window(s), needs 5" in held.text
+    counted = [SliWindow("a#0", "n1", batch + 4.0, batch + 2.0, 0.5, 1.0) for _ in range(5)]
+    lowered = serving_estimate(profile, "accel_sim", replicas, few + counted, min_windows=5, tolerance_ms=1.0)
+    assert lowered.changed and lowered.serving_p99_ms == pytest.approx(4.0, rel=1e-6)
+    assert sli_seen_ms(few + counted, "a#0", 0.0) == pytest.approx(batch + 4.0, rel=1e-9)
+
+
 def bursty(replicas, key="a#0", node="n1", pooled=True, windows=10, pooled_windows=10):
     """A replica's windows on a loaded machine: 4 ms of serving path in most windows' p99, one window stalled
     (40 ms), and the clients' p99 over all their requests (the pooled p99) 15 ms above the batch."""
