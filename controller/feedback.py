@@ -507,14 +507,14 @@ class FeedbackLoop:
 
         Two tests, kept apart: a window is *at the plan* when it ran the placement at the planned load; its
         own p99 is read only with `guard.min_requests` requests, but a pool is read when every window it covers
-        is at the plan and the pool holds that many requests. At 16 req/s in 1 s windows a window holds 20
-        requests about one time in five, so requiring it of every pooled window left the CPU demo's pools
-        unread: its loop learnt the windows' median, not what its clients saw. Nor is it required of the
-        window that carries the pool (it is handed over with `counted` False, its own p99 read nowhere):
-        then only one window in five carried a readable pool, and a refresh that needs two pools that do
-        not overlap landed in 4 of 12 of the demo's 40 s runs."""
+        is at the plan and it holds that many requests (and `POOL_MIN_REQUESTS`), whatever each window and the
+        window that carries it hold (that one comes with `counted` False). At 16 req/s in 1 s windows a window
+        holds 20 requests about one time in five: requiring them of pooled windows left the CPU demo's pools
+        unread, and of the carrier, too few pools to confirm a move within a 40 s run (README, "The closed
+        loop")."""
         cfg = self.config.recalibration
         min_requests = self.config.guard.min_requests
+        pool_requests = max(min_requests, POOL_MIN_REQUESTS)
 
         def at_plan(w: ObservationRecord) -> bool:
             # only windows that ran the placement they are compared with (not the one before a move)
@@ -533,7 +533,7 @@ class FeedbackLoop:
                 continue
             # a pool is the clients' p99 only over windows at the plan, at least min_windows of them
             pooled = w.pooled_p99_ms is not None and w.pooled_windows >= cfg.min_windows
-            pooled = pooled and w.pooled_count >= min_requests and w.seq - w.pooled_windows + 1 >= since[w.id]
+            pooled = pooled and w.pooled_count >= pool_requests and w.seq - w.pooled_windows + 1 >= since[w.id]
             if w.requests >= min_requests or pooled:
                 out.append(_sli_window(w, pooled, counted=w.requests >= min_requests))
         return out
@@ -698,6 +698,9 @@ class FeedbackLoop:
 RATE_TOLERANCE = 0.2
 RATE_NOISE_SD = 3.0
 BACKLOG_BATCHES = 2
+#: A pool is read only over at least this many requests (and `guard.min_requests`): over 20 its p99 is their
+#: maximum, which one stalled request sets, and a raise past the threshold needs no independent pools.
+POOL_MIN_REQUESTS = 100
 
 
 def _sli_window(w: ObservationRecord, pooled: bool, counted: bool) -> SliWindow:

@@ -256,7 +256,8 @@ class SliWindow:
     pooled_count: int = 0
     seq: int = 0  # the window's number (the agent's); its pool covers windows seq - pooled_windows + 1 .. seq
     #: Its own p99 is read (the window holds `guard.min_requests` requests). False: a window of few requests
-    #: handed over only for its pool; its own p99 counts nowhere.
+    #: handed over only for its pool; its own p99 is evidence nowhere (its p50 and Triton's figures still
+    #: name what a move is attributed to, and show a compute shift).
     counted: bool = True
 
 
@@ -316,12 +317,13 @@ def serving_estimate(
     without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
     batch_p99 = {r.key: replica_p99_ms(without, r) for r in replicas}
     usable = [w for w in windows if w.key in batch_p99 and math.isfinite(batch_p99[w.key]) and w.p99_ms > 0]
-    nodes = sorted({w.node_id for w in usable})
+    pools = newest_pools(usable, min_windows)  # a pool covers min_windows windows: evidence enough on its own
+    nodes = sorted({w.node_id for w in pools.values()} | {w.node_id for w in usable if w.counted})
+    read = _windows_read(usable, pools)
 
     def stays(why: str) -> ServingEstimate:
-        return ServingEstimate(current, False, len(usable), len(nodes), 0, "", why, beyond)
+        return ServingEstimate(current, False, read, len(nodes), 0, "", why, beyond)
 
-    pools = newest_pools(usable, min_windows)  # a pool covers min_windows windows: evidence enough on its own
     if unread := _unreadable(usable, pools, min_windows, current):
         return stays(unread)
     pooled = bool(pools)
@@ -344,10 +346,15 @@ def serving_estimate(
     text = (
         f"serving path {was} -> {new:.2f} ms p99 from {source}, attributed to {attribution} (SLI p50 less "
         f"Triton's queue + compute {router_ms:.2f} ms; Triton queue {queue_ms:.2f} ms per request); "
-        f"{len(usable)} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
+        f"{read} window(s) from {agreeing}/{len(nodes)} node(s) agreeing"
     )
-    counts = (len(usable), len(nodes), agreeing)
+    counts = (read, len(nodes), agreeing)
     return ServingEstimate(new, True, *counts, attribution, text, 0.0 if pooled else beyond, pooled, _spans(pools))
+
+
+def _windows_read(usable: Sequence[SliWindow], pools: Mapping[str, SliWindow]) -> int:
+    """The windows an estimate reads: those its pools cover, and the counted windows of replicas without one."""
+    return sum(w.pooled_windows for w in pools.values()) + sum(w.counted for w in usable if w.key not in pools)
 
 
 def _spans(pools: Mapping[str, SliWindow]) -> tuple[PoolSpan, ...]:
@@ -412,15 +419,14 @@ def _per_node_terms(
     offset: float,
 ) -> dict[str, float]:
     """What each node says clients see outside the batch: its pooled residual (the largest over its replicas),
-    else the `SERVING_QUANTILE` of its windows' residuals plus `offset`."""
+    else the `SERVING_QUANTILE` of its counted windows' residuals plus `offset` (`nodes`: those with a pool or a
+    counted window; a window of few requests is evidence only in its pool)."""
     per_node: dict[str, float] = {}
     for n in nodes:
         node_pools = [w for w in pools.values() if w.node_id == n]
         if node_pools:
             per_node[n] = max(w.pooled_p99_ms - batch_p99[w.key] for w in node_pools if w.pooled_p99_ms is not None)
         else:
-            # a node without a pool has only counted windows (`controller.feedback` hands over the others for
-            # their pools)
             residuals = [w.p99_ms - batch_p99[w.key] for w in usable if w.node_id == n and w.counted]
             per_node[n] = quantile(residuals, SERVING_QUANTILE) + offset
     return per_node
@@ -462,7 +468,7 @@ def lowered_below_sli(
 
 
 def sli_p99_ms(windows: Sequence[SliWindow], key: str) -> float | None:
-    """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no window)."""
+    """What replica `key`'s SLI windows show: the `SERVING_QUANTILE` of their p99s (None: no counted window)."""
     seen = [w.p99_ms for w in windows if w.key == key and w.counted]
     return quantile(seen, SERVING_QUANTILE) if seen else None
 

@@ -283,6 +283,27 @@ def test_a_pool_is_read_though_no_window_that_carries_one_holds_the_requests_of_
     assert p.beyond_sli_p99_ms == 0.0 and p.serving_p99_ms == pytest.approx(15.0, abs=1.0)
 
 
+@pytest.mark.parametrize("rate", [16, 3])
+def test_windows_of_few_requests_teach_nothing_without_a_pool_of_100_requests(tmp_path, rate):
+    """Windows of fewer than the 20 requests a window's own p99 needs, their p99s (their maximum) 40 ms above the
+    batch: from an old agent without pools (16 req/s), or with pools of 10 windows that hold only 30 requests
+    (3 req/s, whose p99 one stalled request sets), nothing is learnt and nothing published. Fails when such a
+    window's own p99 is read, or when a pool of 20 requests is."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False, min_requests=20))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": rate}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    counts = (16, 13, 19, 15, 12, 17, 14, 18, 16, 15) if rate == 16 else (3, 2, 4, 3, 3, 2, 4, 3, 3, 3)
+    for i in range(40):
+        p = placed(svc)
+        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
+        n, pooled = counts[i % 10], [counts[j % 10] for j in range(max(0, i - 9), i + 1)]
+        pool = dict(pooled_p99_ms=batch + 40.0, pooled_windows=len(pooled), pooled_count=sum(pooled))
+        node.beat(rate=float(n), requests=n, p99=batch + 40.0, p50=batch + 2.0, over=0.0, **(pool if rate == 3 else {}))
+    assert svc.store.profile_versions("accel_sim") == []
+
+
 def test_a_pool_that_reaches_back_past_a_window_the_loop_does_not_use_is_not_read(tmp_path):
     """Overloaded windows teach the serving path nothing (their p99 says the rate is wrong); a pool that still
     holds them is not the clients' p99 at the planned load: the windows' median is read until it is clean."""

@@ -310,6 +310,25 @@ def test_a_window_of_few_requests_counts_only_for_its_pool():
     assert sli_seen_ms(few + counted, "a#0", 0.0) == pytest.approx(batch + 4.0, rel=1e-9)
 
 
+def test_a_replica_moved_to_another_node_is_read_from_its_newest_pool_there():
+    """Windows of few requests on the node a replica left (counted False, each with a pool) and windows on the
+    node it runs on now, whose pool is the newest: the estimate reads the new node's pool, one node and its 10
+    windows (fails with an IndexError when the old node is asked for the median of counted windows it has none of)."""
+    from controller.recalibrate import SliWindow, replica_p99_ms, serving_estimate, with_serving
+
+    replicas = placed_replicas(plan_of(placement("a")), "CPU", "accel_sim")
+    profile = with_serving(PROFILE, "accel_sim", 6.0, beyond_sli_ms=0.0)
+    batch = replica_p99_ms(with_serving(PROFILE, "accel_sim", 0.0, beyond_sli_ms=0.0), replicas[0])
+
+    def window(node, seq, counted):
+        return SliWindow("a#0", node, batch + 4.0, batch + 2.0, 0.5, 1.0, batch + 15.0, 10, 150, seq, counted)
+
+    windows = [window("n1", seq, False) for seq in range(10, 15)] + [window("n2", seq, True) for seq in range(10, 15)]
+    raised = serving_estimate(profile, "accel_sim", replicas, windows, min_windows=5, tolerance_ms=1.0)
+    assert raised.changed and raised.serving_p99_ms == pytest.approx(15.0, rel=1e-6)
+    assert (raised.nodes, raised.windows) == (1, 10)
+
+
 def bursty(replicas, key="a#0", node="n1", pooled=True, windows=10, pooled_windows=10):
     """A replica's windows on a loaded machine: 4 ms of serving path in most windows' p99, one window stalled
     (40 ms), and the clients' p99 over all their requests (the pooled p99) 15 ms above the batch."""
