@@ -238,22 +238,31 @@ def test_windows_that_scatter_as_poisson_counts_do_at_a_low_rate_are_at_the_plan
     assert p.beyond_sli_p99_ms == 0.0 and p.serving_p99_ms >= 15.0 - 1e-6  # the prediction covers the clients' p99
 
 
-def test_a_pool_is_read_when_its_windows_are_at_the_plan_though_most_hold_too_few_requests_of_their_own(tmp_path):
-    """16 req/s in 1 s windows with the default 20 requests a window needs: most windows hold fewer (their own
-    p99 is not read), but the pool of the last 10 holds 160 requests at the planned load: it is the clients' p99
-    and is learnt (fails when every pooled window must hold 20 requests)."""
+def low_rate_windows(tmp_path, rate, counts, own_ms, pooled_ms):
+    """A workload at `rate` req/s whose node beats 40 one-second windows of `counts` requests (cycled), their own
+    p99 `own_ms` above the batch and, with `pooled_ms`, each carrying the pool of its last 10 windows (their
+    requests summed) that far above it; the service after them (guard off, 20 requests a window)."""
     config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False, min_requests=20))
     svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 16}])
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": rate}])
     svc.reconcile()
     node = Node(svc, clock)
-    counts = (16, 21, 13, 19, 15, 22, 12, 17, 14, 18)  # 2 of 10 hold 20 requests or more
     for i in range(40):
         p = placed(svc)
         batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
         n, pooled = counts[i % 10], [counts[j % 10] for j in range(max(0, i - 9), i + 1)]
-        pool = dict(pooled_p99_ms=batch + 15.0, pooled_windows=len(pooled), pooled_count=sum(pooled)) if i else {}
-        node.beat(rate=float(n), requests=n, p99=batch + 4.0, p50=batch + 2.0, over=0.0, **pool)
+        pool = {}
+        if i and pooled_ms is not None:
+            pool = dict(pooled_p99_ms=batch + pooled_ms, pooled_windows=len(pooled), pooled_count=sum(pooled))
+        node.beat(rate=float(n), requests=n, p99=batch + own_ms, p50=batch + 2.0, over=0.0, **pool)
+    return svc
+
+
+def test_a_pool_is_read_when_its_windows_are_at_the_plan_though_most_hold_too_few_requests_of_their_own(tmp_path):
+    """16 req/s in 1 s windows with the default 20 requests a window needs: most windows hold fewer (their own
+    p99 is not read), but the pool of the last 10 holds 160 requests at the planned load: it is the clients' p99
+    and is learnt (fails when every pooled window must hold 20 requests)."""
+    svc = low_rate_windows(tmp_path, 16, (16, 21, 13, 19, 15, 22, 12, 17, 14, 18), 4.0, 15.0)  # 2 of 10 hold 20
     reasons = [v.meta["reason"] for v in svc.store.profile_versions("accel_sim")]
     assert any("from pooled p99s (w#0 " in r for r in reasons), reasons
     p = placed(svc)
@@ -265,42 +274,24 @@ def test_a_pool_is_read_though_no_window_that_carries_one_holds_the_requests_of_
     the pool of the last 10 (150+ requests at the planned load), and the pools are learnt. Their own p99s
     (their maximum, far above the pool's) count nowhere. Fails when the window that carries a pool must hold
     20 requests itself: then nothing is learnt."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False, min_requests=20))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 16}])
-    svc.reconcile()
-    node = Node(svc, clock)
-    counts = (16, 13, 19, 15, 12, 17, 14, 18, 16, 15)  # none holds 20
-    for i in range(40):
-        p = placed(svc)
-        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
-        n, pooled = counts[i % 10], [counts[j % 10] for j in range(max(0, i - 9), i + 1)]
-        pool = dict(pooled_p99_ms=batch + 15.0, pooled_windows=len(pooled), pooled_count=sum(pooled)) if i else {}
-        node.beat(rate=float(n), requests=n, p99=batch + 40.0, p50=batch + 2.0, over=0.0, **pool)
+    svc = low_rate_windows(tmp_path, 16, (16, 13, 19, 15, 12, 17, 14, 18, 16, 15), 40.0, 15.0)  # none holds 20
     reasons = [v.meta["reason"] for v in svc.store.profile_versions("accel_sim")]
     assert any("from pooled p99s (w#0 " in r for r in reasons), reasons
     p = placed(svc)
     assert p.beyond_sli_p99_ms == 0.0 and p.serving_p99_ms == pytest.approx(15.0, abs=1.0)
 
 
-@pytest.mark.parametrize("rate", [16, 3])
-def test_windows_of_few_requests_teach_nothing_without_a_pool_of_100_requests(tmp_path, rate):
+@pytest.mark.parametrize(
+    "rate, counts, pooled_ms",
+    [(16, (16, 13, 19, 15, 12, 17, 14, 18, 16, 15), None), (3, (3, 2, 4, 3, 3, 2, 4, 3, 3, 3), 40.0)],
+    ids=["16 req/s, no pools", "3 req/s, pools of 30 requests"],
+)
+def test_windows_of_few_requests_teach_nothing_without_a_pool_of_100_requests(tmp_path, rate, counts, pooled_ms):
     """Windows of fewer than the 20 requests a window's own p99 needs, their p99s (their maximum) 40 ms above the
     batch: from an old agent without pools (16 req/s), or with pools of 10 windows that hold only 30 requests
     (3 req/s, whose p99 one stalled request sets), nothing is learnt and nothing published. Fails when such a
     window's own p99 is read, or when a pool of 20 requests is."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False, min_requests=20))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": rate}])
-    svc.reconcile()
-    node = Node(svc, clock)
-    counts = (16, 13, 19, 15, 12, 17, 14, 18, 16, 15) if rate == 16 else (3, 2, 4, 3, 3, 2, 4, 3, 3, 3)
-    for i in range(40):
-        p = placed(svc)
-        batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
-        n, pooled = counts[i % 10], [counts[j % 10] for j in range(max(0, i - 9), i + 1)]
-        pool = dict(pooled_p99_ms=batch + 40.0, pooled_windows=len(pooled), pooled_count=sum(pooled))
-        node.beat(rate=float(n), requests=n, p99=batch + 40.0, p50=batch + 2.0, over=0.0, **(pool if rate == 3 else {}))
+    svc = low_rate_windows(tmp_path, rate, counts, 40.0, pooled_ms)
     assert svc.store.profile_versions("accel_sim") == []
 
 
