@@ -534,8 +534,9 @@ class FeedbackLoop:
             # a pool is the clients' p99 only over windows at the plan, at least min_windows of them
             pooled = w.pooled_p99_ms is not None and w.pooled_windows >= cfg.min_windows
             pooled = pooled and w.pooled_count >= pool_requests and w.seq - w.pooled_windows + 1 >= since[w.id]
-            if w.requests >= min_requests or pooled:
-                out.append(_sli_window(w, pooled, counted=w.requests >= min_requests))
+            counted = w.requests >= min_requests
+            if counted or pooled:
+                out.append(_sli_window(w, pooled, counted))
         return out
 
     def _service_time(
