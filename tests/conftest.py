@@ -1,4 +1,4 @@
-"""Fixtures shared across the test tree: the demo repository, a moto S3 server.
+"""Fixtures shared across the test tree: the demo repository, a moto S3 server, no AWS credentials.
 
 The test folders mirror the packages (tests/foundation, tests/interference, tests/planner, tests/training,
 tests/controller, tests/agents, tests/deploy, tests/stoke; tests/chaos); the helper modules beside this file
@@ -75,3 +75,35 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+#: Environment variables through which botocore's credential chain finds credentials without a file: keys,
+#: a profile's name, web identity (EKS IRSA), the container endpoint (ECS, CodeBuild), the old EC2 file.
+AWS_CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CREDENTIAL_EXPIRATION",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "AWS_CREDENTIAL_FILE",
+)
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AWS credentials anywhere boto3 looks, also on a CI runner or cloud machine that has some."""
+    for name in AWS_CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "BOTO_CONFIG"):  # not ~/.aws, ~/.boto
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
+    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # a session made earlier keeps the credentials it found

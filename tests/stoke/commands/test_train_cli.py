@@ -127,16 +127,6 @@ def test_render_writes_valid_manifests(capsys, tmp_path):
     )
 
 
-@pytest.fixture
-def no_aws_credentials(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
-    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # a session made earlier keeps the credentials it found
-
-
 def test_watch_without_aws_credentials_is_a_stoke_error_with_the_fix(capsys, no_aws_credentials):
     argv = ["watch", "--endpoint-url", "http://127.0.0.1:9", "--max-polls", "1", "--interval", "0.01"]
     code, _, err = run(capsys, *argv)

@@ -243,12 +243,6 @@ def test_sync_to_a_missing_bucket_names_create_bucket(parser, demo_repo_copy, mo
     )
 
 
-def test_sync_without_aws_credentials_says_how_to_configure_them(parser, demo_repo_copy, monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup (a network wait)
-    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # a session made earlier keeps the credentials it found
+def test_sync_without_aws_credentials_says_how_to_configure_them(parser, demo_repo_copy, no_aws_credentials):
     with pytest.raises(UserError, match="Unable to locate credentials.*; configure AWS credentials.*AWS_PROFILE"):
         run(parser, ["triton", "sync", str(demo_repo_copy), "s3://b/m", "--endpoint-url", "http://127.0.0.1:9"])
