@@ -1,6 +1,7 @@
 """`stoke profile run` against real Triton processes: measure, checkpoint, resume, fit."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -14,7 +15,21 @@ pytestmark = pytest.mark.triton
 REPO = str(Path(__file__).resolve().parents[2] / "triton_repo")
 
 
-def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
+@pytest.fixture
+def two_cores():
+    """This process, and the Triton processes it starts, pinned to two of its cores: `profile run` measures
+    every share (whole cores) x batch, so on 64 cores it would run 129 measurements instead of 5."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip(f"profiling shares and co-location needs 2 usable cores, this process has {len(cores)}")
+    os.sched_setaffinity(0, cores[:2])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def test_profile_run_measures_resumes_and_fits(tmp_path, capsys, two_cores):
     out = tmp_path / "m.json"
     argv = [
         "profile",
@@ -38,7 +53,8 @@ def test_profile_run_measures_resumes_and_fits(tmp_path, capsys):
     session = ProfileSession.from_dict(json.loads(out.read_text()))
     # 2 shares x 2 batches + co-location, and each re-measurement of a non-monotone point (a busy machine)
     retries = sum(session.retries.values())
-    assert len(lines) == 5 + retries and all(" windows, spread " in line for line in lines)
+    assert session.cores == 2 and len(session.points()) == 5
+    assert len(lines) == len(session.points()) + retries and all(" windows, spread " in line for line in lines)
     assert all(", ETA " in line for line in lines) and lines[-1].endswith("ETA 0s")
     assert (f"re-measured {len(session.retries)} non-monotone point(s)" in text) == bool(retries)
     for key in session.rejected():
