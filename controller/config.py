@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.messages import NodeDevice
+from foundation import inputs
 from foundation import validate as check
 from foundation.errors import InputError
 from foundation.names import NAME_MAX
@@ -330,16 +331,8 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Contro
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml  # here, not at the top: clients import this module for ConfigError and need no YAML
-
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the controller config ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (offset {err.start}); save the config as UTF-8") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    text = inputs.read_text(path, "the controller config", error=ConfigError)
+    return inputs.parse_yaml(text, inputs.shown_path(path), "the controller config", error=ConfigError) or {}
 
 
 def config_schema() -> dict[str, Any]:

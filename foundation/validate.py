@@ -91,15 +91,35 @@ def positive(
     return float(value)
 
 
-def non_negative(value: Any, field: str, *, where: str = "", error: E = InputError, fix: str = "") -> float:
-    if not _real(value) or value < 0:
-        raise fail(field, "a number >= 0", value, where=where, error=error, fix=fix)
+def non_negative(
+    value: Any, field: str, *, where: str = "", error: E = InputError, fix: str = "", maximum: float | None = None
+) -> float:
+    """A finite number >= 0, and <= `maximum` when given."""
+    if not _real(value) or value < 0 or (maximum is not None and value > maximum):
+        requirement = "a number >= 0" + (f" up to {maximum:g}" if maximum is not None else "")
+        raise fail(field, requirement, value, where=where, error=error, fix=fix)
     return float(value)
 
 
-def whole(value: Any, field: str, *, minimum: int = 0, where: str = "", error: E = InputError, fix: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise fail(field, f"a whole number >= {minimum}", value, where=where, error=error, fix=fix)
+def whole(
+    value: Any,
+    field: str,
+    *,
+    minimum: int = 0,
+    where: str = "",
+    error: E = InputError,
+    fix: str = "",
+    maximum: int | None = None,
+) -> int:
+    """An int (not a bool) >= `minimum`, and <= `maximum` when given."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        requirement = f"a whole number >= {minimum}" + (f" up to {maximum:,}" if maximum is not None else "")
+        raise fail(field, requirement, value, where=where, error=error, fix=fix)
     return value
 
 
@@ -157,6 +177,22 @@ def whole_at_least(minimum: int) -> Rule:
 
 
 POSITIVE_WHOLE = whole_at_least(1)
+
+
+def non_negative_up_to(maximum: float) -> Rule:
+    """A finite number >= 0 and <= `maximum`."""
+    return Rule(
+        lambda v, f, w, e: non_negative(v, f, where=w, error=e, maximum=maximum),
+        {"type": "number", "minimum": 0, "maximum": maximum},
+    )
+
+
+def whole_between(minimum: int, maximum: int) -> Rule:
+    """A whole number from `minimum` to `maximum`."""
+    return Rule(
+        lambda v, f, w, e: whole(v, f, minimum=minimum, maximum=maximum, where=w, error=e),
+        {"type": "integer", "minimum": minimum, "maximum": maximum},
+    )
 
 
 def positive_up_to(maximum: float, unit: str = "") -> Rule:

@@ -9,3 +9,13 @@ MAX_RATE_RPS = 1_000_000.0
 MAX_SLO_MS = 3_600_000.0
 #: Most replicas one workload may need on a GPU type; a workload needing more is refused on that type.
 MAX_REPLICAS = 256
+#: Highest price of one GPU per hour: far above any cloud's, low enough that a plan's cost stays a finite,
+#: printable number (a price of 1e308 made the cost of two GPUs infinite, and `--json` wrote `Infinity`).
+MAX_PRICE_PER_HOUR = 100_000.0
+#: Most GPUs of one type a file may allow (`max_count`): a bound, not a plan (fleet scale is about 10,000).
+MAX_GPU_COUNT = 1_000_000
+#: Largest batch a plan may name: the largest the solver considers (`planner.solver.candidates`), so a plan
+#: file cannot ask `profile verify` to measure, or Triton to allocate, a batch of a billion.
+MAX_BATCH = 32
+#: Most device memory one replica may name in a plan (MiB): 1 TiB, above any GPU's.
+MAX_MEMORY_MIB = 1024.0 * 1024.0

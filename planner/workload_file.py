@@ -36,13 +36,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from foundation import inputs
 from foundation import validate as check
 from foundation.errors import InputError
 from interference.profile import DeviceProfile
 from interference.profile_io import ProfileFileError, bundled_profile, load_profile
-from planner.bounds import MAX_RATE_RPS, MAX_SLO_MS
+from planner.bounds import MAX_GPU_COUNT, MAX_PRICE_PER_HOUR, MAX_RATE_RPS, MAX_SLO_MS
 from planner.solver.problem import GpuType, Problem, ProblemError, Workload
 
 #: Hourly on-demand price of the bundled GPU type (AWS p3.2xlarge, one V100, us-east-1).
@@ -136,8 +135,12 @@ class GpuTypeEntry:
     """A GPU type the plan may use."""
 
     name: str = check.setting(rule=check.NAME, doc="GPU type name, as workloads' gpu_type names it")
-    price_per_hour: float = check.setting(rule=check.NON_NEGATIVE, doc="price of one GPU of this type per hour")
-    max_count: int | None = check.setting(None, check.WHOLE, "at most this many GPUs of this type (default: no limit)")
+    price_per_hour: float = check.setting(
+        rule=check.non_negative_up_to(MAX_PRICE_PER_HOUR), doc="price of one GPU of this type per hour"
+    )
+    max_count: int | None = check.setting(
+        None, check.whole_between(0, MAX_GPU_COUNT), "at most this many GPUs of this type (default: no limit)"
+    )
     profile: str | None = check.setting(
         None,
         check.PATH,
@@ -239,32 +242,13 @@ STDIN = "-"
 
 
 def _read_text(path: Path) -> str:
-    if str(path) == STDIN and not hasattr(sys.stdin, "buffer"):  # already text (a test's StringIO)
-        return sys.stdin.read()
-    try:
-        data = sys.stdin.buffer.read() if str(path) == STDIN else path.read_bytes()
-    except OSError as err:
-        raise WorkloadFileError(f"{path}: cannot read workload file ({err.strerror}); check the path", "path") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise WorkloadFileError(
-            f"{_source(path)}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save it as UTF-8"
-        ) from None
-
-
-#: libyaml's safe loader where PyYAML was built with it (about 10x faster on a 10,000-workload file), else
-#: the pure-Python one; both build the same plain data.
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if str(path) == STDIN:
+        return inputs.read_stream(sys.stdin, "<stdin>", "workload file", error=WorkloadFileError)
+    return inputs.read_text(path, "workload file", error=WorkloadFileError)
 
 
 def _parse_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.load(text, Loader=SAFE_LOADER)  # SAFE_LOADER: C or Python, both safe
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise WorkloadFileError(f"{source}: malformed YAML{at}; fix the syntax") from None
+    return inputs.parse_yaml(text, source, "workload file", error=WorkloadFileError)
 
 
 def _source(path: Path) -> str:

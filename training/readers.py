@@ -9,15 +9,14 @@ and gradient profiles (ResNet-50-like, VGG-19-like). Errors are
 from __future__ import annotations
 
 import csv
-import json
 import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from foundation import inputs
 from training.models import Array, TrainingError
 from training.spec import Catalog, InstanceType
 
@@ -33,26 +32,15 @@ def data_path(name: str) -> Path:
 
 
 def _read_text(path: str | os.PathLike[str], what: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as err:
-        raise TrainingError(f"{path}: cannot read {what} ({err.strerror})") from None
+    return inputs.read_text(path, what, error=TrainingError)
 
 
 def read_yaml(path: str | os.PathLike[str], what: str = "YAML file") -> Any:
-    try:
-        return yaml.safe_load(_read_text(path, what))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise TrainingError(f"{path}:{where} not valid YAML; fix the syntax") from None
+    return inputs.parse_yaml(_read_text(path, what), inputs.shown_path(path), what, error=TrainingError)
 
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
-    try:
-        return json.loads(_read_text(path, what))
-    except json.JSONDecodeError as err:
-        raise TrainingError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
+    return inputs.parse_json(_read_text(path, what), inputs.shown_path(path), what, error=TrainingError)
 
 
 def catalog_from_dict(data: Any, source: str, *, live: bool = False) -> Catalog:

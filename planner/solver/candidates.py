@@ -27,10 +27,9 @@ from interference.batching import (
 )
 from interference.batching import table as batching_table
 from interference.latency import Prediction, SoloPoint, VectorPredictor, predict_points, share_steps, solo_point
+from planner.bounds import MAX_BATCH as MAX_BATCH  # the largest batch any strategy considers (the profiled range)
 from planner.solver.problem import GpuType, Placement, ProblemError, Workload
 
-#: Largest batch any strategy considers (the profiled range is 1..32).
-MAX_BATCH = 32
 EPS = 1e-9
 
 

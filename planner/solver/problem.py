@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 from foundation import names
 from foundation import validate as check
 from foundation.errors import InputError
-from planner.bounds import MAX_RATE_RPS, MAX_REPLICAS, MAX_SLO_MS
+from planner.bounds import (
+    MAX_BATCH,
+    MAX_GPU_COUNT,
+    MAX_MEMORY_MIB,
+    MAX_PRICE_PER_HOUR,
+    MAX_RATE_RPS,
+    MAX_REPLICAS,
+    MAX_SLO_MS,
+)
 
 # Only named in annotations: the plan types load without numpy, so a client that only reads plans and
 # workloads (`stoke status`, the gRPC client) starts quickly.
@@ -94,9 +102,12 @@ class GpuType:
     max_count: int | None = None
 
     def __post_init__(self) -> None:
-        check.non_negative(self.price_per_hour, "price_per_hour", where=f"GPU type {self.name!r}", error=ProblemError)
+        where = f"GPU type {self.name!r}"
+        check.non_negative(
+            self.price_per_hour, "price_per_hour", where=where, error=ProblemError, maximum=MAX_PRICE_PER_HOUR
+        )
         if self.max_count is not None:
-            check.whole(self.max_count, "max_count", where=f"GPU type {self.name!r}", error=ProblemError)
+            check.whole(self.max_count, "max_count", where=where, error=ProblemError, maximum=MAX_GPU_COUNT)
 
 
 @dataclass(frozen=True)
@@ -308,62 +319,93 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
             raise check.fail(f"{where}.{key}", "a list", value, where=source, error=ProblemError, fix=fix)
         return value
 
-    def num(obj: Mapping[str, Any], key: str, where: str, default: Any = None) -> float:
+    def num(
+        obj: Mapping[str, Any], key: str, where: str, default: Any = None, *, low: float = 0.0, high: float = math.inf
+    ) -> float:
+        """A finite number in [low, high] (every figure of a plan is >= 0 and bounded)."""
         value = need(obj, key, where) if default is None else obj.get(key, default)
-        return check.number(value, f"{where}.{key}", where=source, error=ProblemError, fix=fix)
+        number = check.number(value, f"{where}.{key}", where=source, error=ProblemError, fix=fix)
+        if not low <= number <= high:
+            span = ("a positive number" if low > 0 else f"a number >= {low:g}") + (
+                f" up to {high:g}" if math.isfinite(high) else ""
+            )
+            raise check.fail(f"{where}.{key}", span, value, where=source, error=ProblemError, fix=fix)
+        return number
 
-    def whole(obj: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+    def whole(obj: Mapping[str, Any], key: str, where: str, default: Any = None, *, low: int, high: int) -> int:
         value = need(obj, key, where) if default is None else obj.get(key, default)
-        return check.whole(value, f"{where}.{key}", where=source, error=ProblemError, fix=fix)
+        return check.whole(
+            value, f"{where}.{key}", minimum=low, maximum=high, where=source, error=ProblemError, fix=fix
+        )
 
+    def name(obj: Mapping[str, Any], key: str, where: str) -> str:
+        # a plan's names become paths (the model repository) and reach terminals: the one name rule
+        return names.check_name(need(obj, key, where), f"{where}.{key}", where=source, error=ProblemError)
+
+    def optional_p99(w: Mapping[str, Any], key: str, where: str) -> float:
+        # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
+        if key not in w:
+            return math.nan
+        return math.inf if w[key] is None else num(w, key, where)
+
+    if not isinstance(data, Mapping):
+        raise ProblemError(f"{source}: a plan must be a JSON object; {fix}")
     gpus = []
+    seen: set[tuple[str, int]] = set()
     for gi, g in enumerate(items(data, "gpus", "plan")):
         placements = []
         for wi, w in enumerate(items(g, "workloads", f"gpus[{gi}]")):
             where = f"gpus[{gi}].workloads[{wi}]"
-            rate = num(w, "rate_rps", where)
-            batch = whole(w, "batch", where)
-            placements.append(
-                Placement(
-                    name=str(need(w, "name", where)),
-                    model=str(need(w, "model", where)),
-                    slo_ms=num(w, "slo_ms", where),
-                    rate_rps=rate,
-                    share_pct=num(w, "share_pct", where),
-                    batch=batch,
-                    queue_delay_ms=num(w, "queue_delay_ms", where, batch_queue_delay_ms(batch, rate)),
-                    predicted_latency_ms=num(w, "predicted_latency_ms", where),
-                    predicted_throughput_rps=num(w, "predicted_throughput_rps", where),
-                    replica=whole(w, "replica", where, 0),
-                    replicas=whole(w, "replicas", where, 1),
-                    arrivals=str(w.get("arrivals", "poisson")),
-                    binding=str(w.get("binding", "")),
-                    serving_p99_ms=max(0.0, num(w, "serving_p99_ms", where, 0.0)),
-                    beyond_sli_p99_ms=max(0.0, num(w, "beyond_sli_p99_ms", where, 0.0)),
-                    memory_mib=num(w, "memory_mib", where, 0.0),
-                    # null: unbounded (an unstable queue); absent: a plan from before p99s were predicted
-                    predicted_p99_ms=(
-                        math.inf
-                        if w.get("predicted_p99_ms", math.nan) is None
-                        else math.nan
-                        if "predicted_p99_ms" not in w
-                        else num(w, "predicted_p99_ms", where)
-                    ),
-                    p99_upper_ms=(
-                        math.inf
-                        if w.get("p99_upper_ms", math.nan) is None
-                        else math.nan
-                        if "p99_upper_ms" not in w
-                        else num(w, "p99_upper_ms", where)
-                    ),
-                )
+            rate = num(w, "rate_rps", where, low=1e-9, high=MAX_RATE_RPS)
+            batch = whole(w, "batch", where, low=1, high=MAX_BATCH)
+            placement = Placement(
+                name=name(w, "name", where),
+                model=name(w, "model", where),
+                slo_ms=num(w, "slo_ms", where, low=1e-9, high=MAX_SLO_MS),
+                rate_rps=rate,
+                share_pct=num(w, "share_pct", where, low=1e-9, high=100.0),
+                batch=batch,
+                queue_delay_ms=num(w, "queue_delay_ms", where, batch_queue_delay_ms(batch, rate), high=MAX_SLO_MS),
+                predicted_latency_ms=num(w, "predicted_latency_ms", where),
+                predicted_throughput_rps=num(w, "predicted_throughput_rps", where),
+                replica=whole(w, "replica", where, 0, low=0, high=MAX_REPLICAS - 1),
+                replicas=whole(w, "replicas", where, 1, low=1, high=MAX_REPLICAS),
+                arrivals=check.one_of(
+                    w.get("arrivals", "poisson"),
+                    f"{where}.arrivals",
+                    ("poisson", "constant"),
+                    where=source,
+                    error=ProblemError,
+                ),
+                binding=names.clean_text(str(w.get("binding", "")), 40),
+                serving_p99_ms=num(w, "serving_p99_ms", where, 0.0, high=MAX_SLO_MS),
+                beyond_sli_p99_ms=num(w, "beyond_sli_p99_ms", where, 0.0, high=MAX_SLO_MS),
+                memory_mib=num(w, "memory_mib", where, 0.0, high=MAX_MEMORY_MIB),
+                predicted_p99_ms=optional_p99(w, "predicted_p99_ms", where),
+                p99_upper_ms=optional_p99(w, "p99_upper_ms", where),
             )
+            if (placement.name, placement.replica) in seen:
+                raise ProblemError(
+                    f"{source}: {where} is workload {placement.name!r} replica {placement.replica} a second time; "
+                    f"{fix}",
+                    where,
+                )
+            seen.add((placement.name, placement.replica))
+            placements.append(placement)
+        key = g.get("key")
         gpus.append(
             GpuPlan(
-                gpu_type=str(need(g, "gpu_type", f"gpus[{gi}]")),
-                price_per_hour=num(g, "price_per_hour", f"gpus[{gi}]", 0.0),
+                gpu_type=name(g, "gpu_type", f"gpus[{gi}]"),
+                price_per_hour=num(g, "price_per_hour", f"gpus[{gi}]", 0.0, high=MAX_PRICE_PER_HOUR),
                 placements=tuple(placements),
-                key=g.get("key"),
+                key=None if key is None else names.clean_text(str(key), names.NAME_MAX),
             )
         )
-    return Plan(strategy=str(data.get("strategy", "unknown")), gpus=tuple(gpus), notes=tuple(data.get("notes", ())))
+    notes = data.get("notes", ())
+    if not isinstance(notes, (list, tuple)) or len(notes) > 1000:
+        raise check.fail("notes", "a list of up to 1000 strings", notes, where=source, error=ProblemError, fix=fix)
+    return Plan(
+        strategy=names.clean_text(str(data.get("strategy", "unknown")), 40),
+        gpus=tuple(gpus),
+        notes=tuple(names.clean_text(str(n), 2000) for n in notes),
+    )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from foundation import inputs
 from foundation.errors import UserError
 
 if TYPE_CHECKING:
@@ -27,29 +26,21 @@ def source_name(path: str) -> str:
 def read_text_input(path: str, what: str) -> tuple[str, str]:
     """(text, source name) of a file given on the command line; ``-`` reads standard input."""
     if path == STDIN:
-        return sys.stdin.read(), source_name(path)
-    try:
-        return Path(path).read_text(), path
-    except OSError as err:
-        raise UserError(f"{path}: cannot read {what} ({err.strerror}); check the path") from None
+        return inputs.read_stream(sys.stdin, source_name(path), what, error=UserError), source_name(path)
+    return inputs.read_text(path, what, error=UserError), inputs.shown_path(path)
 
 
 def read_plan(path: str) -> Plan:
     """The plan in a JSON file (- = stdin); a missing, malformed or incomplete file raises a one-line error."""
     from planner.solver.problem import plan_from_dict  # the solver loads only for commands that need it
 
-    source = source_name(path)
-    try:
-        text = sys.stdin.read() if path == STDIN else Path(path).read_text()
-        data = json.loads(text)
-    except OSError as err:
-        raise UserError(
-            f"{path}: cannot read plan ({err.strerror}); write one with `stoke plan --json > {path}`", "plan"
-        ) from None
-    except json.JSONDecodeError as err:
-        raise UserError(
-            f"{source}: not valid JSON (line {err.lineno}: {err.msg}); write the plan with `stoke plan --json`", "plan"
-        ) from None
+    source = inputs.shown_path(source_name(path))
+    fix = "write the plan with `stoke plan --json`"
+    if path == STDIN:
+        text = inputs.read_stream(sys.stdin, source, "plan", error=UserError)
+    else:
+        text = inputs.read_text(path, "plan", error=UserError, fix=f"write one with `stoke plan --json > {source}`")
+    data = inputs.parse_json(text, source, "plan", error=UserError, fix=fix)
     return plan_from_dict(data, source=source)
 
 

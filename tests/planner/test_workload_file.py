@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from foundation import inputs
 from planner.workload_file import (
     SCHEMA_FILE,
     WorkloadFileError,
@@ -48,6 +49,11 @@ GOOD = "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n"
         (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: -1}\n", False),
         (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: 3, max_count: -2}\n", False),
         (GOOD + "owner: me\n", False),
+        # YAML 1.2 exponents (the schema's reading) are numbers to the loader too
+        ("workloads:\n  - {name: a, model: vgg19, slo_ms: 6e1, rate_rps: 1e2}\n", True),
+        # bounded: a price of 1e308 made a two-GPU plan cost inf, written as `Infinity` by --json
+        (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: 1.0e+308}\n", False),
+        (GOOD + "gpu_types:\n  - {name: V100, price_per_hour: 3, max_count: 99999999999999999999}\n", False),
     ],
 )
 def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, valid):
@@ -55,7 +61,7 @@ def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, val
 
     path = tmp_path / "w.yaml"
     path.write_text(text)
-    schema_ok = jsonschema.Draft202012Validator(workloads_schema()).is_valid(yaml.safe_load(text))
+    schema_ok = jsonschema.Draft202012Validator(workloads_schema()).is_valid(inputs.parse_yaml(text, "w.yaml", "file"))
     try:
         load_workloads_file(path)
         loader_ok = True

@@ -280,3 +280,40 @@ def test_a_memory_heavy_model_gets_gpus_of_its_own_and_explain_says_memory_binds
     assert "memory binds" in text
     light = solve(Problem(workloads, (V100,)), "stoke")
     assert light.gpu_count == 1  # the same workloads with the bundled figures share one GPU
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("model", "/tmp/victim", "model must be a name"),  # a plan's model becomes a path in the repository
+        ("model", "../../etc", "model must be a name"),
+        ("name", "\x1b[31mevil", "name must be a name"),
+        ("rate_rps", 0, "rate_rps must be a positive number up to"),
+        ("batch", 10**9, "batch must be a whole number >= 1 up to 32"),
+        ("share_pct", 150, "share_pct must be a positive number up to 100"),
+        ("share_pct", -50, "share_pct must be a positive number"),
+        ("queue_delay_ms", 1e308, "queue_delay_ms must be a number >= 0 up to"),
+        ("arrivals", "bursty", "arrivals must be one of poisson, constant"),
+        ("memory_mib", 1e300, "memory_mib must be a number >= 0 up to"),
+    ],
+)
+def test_a_plan_file_is_checked_at_the_boundary(field, value, message):
+    data = plan_to_dict(solve(Problem(CHECKPOINT, (V100,)), "stoke"))
+    data["gpus"][0]["workloads"][0][field] = value
+    with pytest.raises(ProblemError, match=message) as caught:
+        plan_from_dict(data, source="p.json")
+    assert str(caught.value).startswith("p.json: gpus[0].workloads[0].") and "\x1b" not in str(caught.value)
+
+
+def test_a_plan_file_refuses_a_replica_twice_bad_notes_and_an_infinite_price():
+    data = plan_to_dict(solve(Problem(CHECKPOINT, (V100,)), "stoke"))
+    twice = {**data, "gpus": [*data["gpus"], data["gpus"][0]]}
+    with pytest.raises(ProblemError, match="a second time"):
+        plan_from_dict(twice)
+    with pytest.raises(ProblemError, match="notes must be a list"):
+        plan_from_dict({**data, "notes": 5})
+    data["gpus"][0]["price_per_hour"] = 1e308
+    with pytest.raises(ProblemError, match="price_per_hour must be a number >= 0 up to"):
+        plan_from_dict(data)
+    with pytest.raises(ProblemError, match="price_per_hour must be a number >= 0 up to"):
+        GpuType("V100", 1e308, bundled_profile())
