@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from controller.messages import ModelAssignment
-from controller.render import CONFIG_NAME, ModelConfig, config_to_text, read_config, render_config, write_config
+from controller.render import (
+    CONFIG_NAME,
+    ModelConfig,
+    RenderError,
+    config_to_text,
+    read_config,
+    render_config,
+    write_config,
+)
+from foundation.files import atomic_write_bytes
 from planner.solver.problem import Plan, plan_from_dict
 
 
@@ -35,12 +44,38 @@ def render_plan(
     *,
     latency_histogram: bool = False,
 ) -> list[str]:
-    """Write the configs of a plan into a local model repository; returns the changed paths (see `plan_configs`)."""
+    """Write the configs of a plan into a local model repository; returns the changed paths (see `plan_configs`).
+
+    All or nothing: when one config cannot be written (a directory where the file goes, a full disk), the
+    configs already written get their old text back (or are removed) before the error goes on, so the
+    repository never holds half a plan.
+    """
+    configs = plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram)
     changed: list[str] = []
-    for path, config in plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram).items():
-        if write_config(path, config):
-            changed.append(path)
+    before: dict[str, bytes | None] = {}
+    try:
+        for path, config in configs.items():
+            before[path] = _current_bytes(path)
+            if write_config(path, config):
+                changed.append(path)
+    except OSError as err:
+        for written in changed:
+            old = before[written]
+            if old is None:
+                Path(written).unlink(missing_ok=True)
+            else:
+                atomic_write_bytes(written, old)
+        raise RenderError(
+            f"{path}: cannot write the config ({err.strerror or err}); nothing was changed in {repo_dir}"
+        ) from None
     return changed
+
+
+def _current_bytes(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def plan_configs(

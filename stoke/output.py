@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 FORMATS = ("table", "wide", "json", "yaml")
@@ -104,6 +106,7 @@ def add_output_file_option(
         "-o",
         "--output",
         action=_FileOrFormat,
+        type=output_path(),
         formats=formats,
         file_required=required,
         required=required,
@@ -115,3 +118,33 @@ def add_output_file_option(
             else f" ({names} alone mean the format, as --format does; ./NAME for a file of that name)"
         ),
     )
+
+
+#: What `--plot` can write (matplotlib draws each by the file's suffix).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
+    """An argparse ``type`` for a file a command will write: checked before any work is done, so a long
+    verification or fit is not lost at the end to a path that cannot be written.
+
+    Refused: an empty or unprintable name, an existing directory, a folder that does not exist (it is not
+    created: a typo would scatter files), and, when `suffixes` are given, any other suffix.
+    """
+
+    def check(value: str) -> str:
+        if not value or not value.isprintable():
+            raise argparse.ArgumentTypeError(f"{value!r} is not a file name; give a path such as out/plan.json")
+        target = Path(value)
+        if target.is_dir():
+            raise argparse.ArgumentTypeError(f"{value} is a directory; give a file inside it, e.g. {target / 'out'}")
+        folder = target.parent
+        if not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"{value}: folder {folder} does not exist; create it first")
+        if suffixes and target.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(
+                f"{value}: the file must end in {', '.join(suffixes)} (that is the format written)"
+            )
+        return value
+
+    return check

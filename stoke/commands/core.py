@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from foundation.errors import StokeError, UserError
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
-from stoke.output import add_output_file_option, add_output_option, emit
+from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
@@ -131,7 +131,13 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         metavar="WORKLOAD",
         help="stoke: after the plan, show the candidates around WORKLOAD's choice and why each was not taken",
     )
-    p.add_argument("--plot", metavar="FILE.png", help="also draw shares per GPU and predicted latency vs SLO")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=output_path(PLOT_SUFFIXES),
+        help="also draw shares per GPU and predicted latency vs SLO (.png, .svg or .pdf; with more than "
+        "a page of GPUs, detail pages beside it)",
+    )
     p.add_argument(
         "--compare",
         action="store_true",
@@ -327,8 +333,10 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "larger (2-4x the points), until the plan's neighbours are measured: where the error bound "
         "kept the plan from them, a measurement may show they hold",
     )
-    v.add_argument("--plan-out", metavar="FILE", help="write the verified plan (JSON) here")
-    v.add_argument("--profile-out", metavar="FILE", help="write the profile with the measured points here")
+    v.add_argument("--plan-out", metavar="FILE", type=output_path(), help="write the verified plan (JSON) here")
+    v.add_argument(
+        "--profile-out", metavar="FILE", type=output_path(), help="write the profile with the measured points here"
+    )
     v.set_defaults(run=run_profile_verify)
 
 
@@ -350,6 +358,9 @@ def _run_plan(args: argparse.Namespace) -> int:
         from stoke.commands.control import remote_plan
 
         return remote_plan(args)
+    if args.compare and (args.plot or args.explain):
+        flag = "--plot" if args.plot else "--explain"
+        raise UserError(f"{flag} is about one plan and --compare prints a comparison of plans; drop one of them")
     source = args.workloads or "the bundled example workloads"
     workloads_file = load_problem(args.workloads, args.profile)
     options = None
@@ -880,6 +891,8 @@ def run_profile_verify(args: argparse.Namespace) -> int:
     from planner.solver.verify import verify
     from planner.workload_file import default_gpu_types
 
+    if args.plan_out and args.profile_out and Path(args.plan_out).resolve() == Path(args.profile_out).resolve():
+        raise UserError(f"--plan-out and --profile-out both name {args.plan_out}; give two files")
     plan = read_plan(args.plan)
     if not plan.gpus:
         raise UserError(f"{args.plan}: the plan places no workload; nothing to verify")

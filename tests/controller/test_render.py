@@ -210,3 +210,14 @@ def test_render_plan_with_diverging_replicas_writes_named_configs(demo_repo_copy
     assert [p.rsplit("/", 1)[1] for p in named] == ["a_0.pbtxt", "a_1.pbtxt"]
     assert read_config(named[1]).max_batch_size == 8 and list(read_config(named[1]).instance_group[0].gpus) == [1]
     assert read_config(demo_repo_copy / "mlp_small" / "config.pbtxt").max_batch_size == 4
+
+
+def test_render_plan_writes_all_or_nothing(demo_repo_copy):
+    # the third config's place is a directory: the two written before it get their old text back
+    plan = _plan([("a", "mlp_small", 50.0, 4, 0), ("b", "conv_medium", 50.0, 2, 0)], [("a", "mlp_small", 50.0, 8, 1)])
+    (demo_repo_copy / "mlp_small" / "configs" / "a_1.pbtxt").mkdir(parents=True)
+    before = {m: (demo_repo_copy / m / "config.pbtxt").read_bytes() for m in ("mlp_small", "conv_medium")}
+    with pytest.raises(RenderError, match=r"a_1.pbtxt: cannot write the config .*nothing was changed"):
+        render_plan(plan_to_dict(plan), demo_repo_copy, "gpu")
+    assert {m: (demo_repo_copy / m / "config.pbtxt").read_bytes() for m in before} == before
+    assert not (demo_repo_copy / "mlp_small" / "configs" / "a_0.pbtxt").exists()

@@ -341,3 +341,36 @@ def test_plan_explain_says_whether_the_chosen_point_was_measured(capsys, tmp_pat
     assert code == 0
     code, out, _ = run(capsys, "plan", "--profile", str(tmp_path / "measured.json"), "--explain", name)
     assert code == 0 and "(measured by verification)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--plot", "{tmp}/p.txt"], "the file must end in .png, .svg, .pdf"),
+        (["plan", "--plot", "{tmp}/noext"], "the file must end in .png"),
+        (["plan", "--plot", "{tmp}"], "is a directory; give a file inside it"),
+        (["profile", "verify", "plan.json", "--plan-out", "{tmp}"], "is a directory"),
+        (["profile", "verify", "plan.json", "--profile-out", "{tmp}/nowhere/p.json"], "does not exist; create it"),
+        (["profile", "fit", "-", "-o", "{tmp}"], "is a directory"),
+        (["plan", "--plot", "{tmp}/\x1b[2Jp.png"], "is not a file name"),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(capsys, tmp_path, argv, message):
+    # a path that cannot be written fails at once (exit 2), not after a verification's rounds
+    with pytest.raises(SystemExit) as caught:
+        main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and message in err and "Traceback" not in err and "\x1b[2J" not in err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_plot_and_explain_are_refused_beside_compare(capsys, tmp_path):
+    code, _, err = run(capsys, "plan", "--compare", "--plot", str(tmp_path / "c.png"))
+    assert code == 2 and "--plot is about one plan and --compare prints a comparison" in err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_verify_refuses_one_file_for_both_outputs(capsys, tmp_path):
+    same = str(tmp_path / "out.json")
+    code, _, err = run(capsys, "profile", "verify", "plan.json", "--plan-out", same, "--profile-out", same)
+    assert code == 2 and "both name" in err
