@@ -55,6 +55,8 @@ def name_problem(value: Any) -> str:
     """Why `value` is not a valid name, worded to follow the field ("must be ..., got ..."); "" when it is."""
     if is_name(value):
         return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # YAML reads `name: 123` as a number
+        return f"must be a name, got the number {shown(value)}; quote it ('{value}') to use it as a name"
     if not isinstance(value, str) or not value:
         return f"must be a non-empty name ({NAME_RULE}), got {shown(value)}"
     return f"must be a name of {NAME_RULE}, got {shown(value)}"

@@ -51,10 +51,13 @@ def _label(p: Placement) -> str:
 
 
 def _p99_parts(p: Placement) -> tuple[float, float, float]:
-    """(inference, batch fill, the rest of the p99: queueing behind earlier batches), ms."""
+    """(inference, batch fill, the rest of the p99: queueing behind earlier batches), ms.
+
+    An unstable replica (no bound on its p99) gets a queueing bar past 1.5x its SLO, so the figure never
+    draws it under the SLO line; `_detail_page` labels it."""
     inference = p.predicted_latency_ms
     if not math.isfinite(p.predicted_p99_ms):
-        return inference, p.queue_delay_ms, 0.0
+        return inference, p.queue_delay_ms, max(0.0, 1.5 * p.slo_ms - inference - p.queue_delay_ms)
     fill = min(p.queue_delay_ms, max(0.0, p.predicted_p99_ms - inference))
     return inference, fill, max(0.0, p.predicted_p99_ms - inference - fill)
 
@@ -96,6 +99,13 @@ def _detail_page(plan: Plan, gpus: range, path: str, title: str) -> None:
     right.barh(y, fill, left=inference, color="#9ecae1", label="batch fill")
     right.barh(y, queueing, left=[a + b for a, b in zip(inference, fill)], color="#c6dbef", label="queueing (to p99)")
     right.scatter([p.slo_ms for _, p in rows], y, marker="|", s=200, color="black", label="SLO", zorder=3)
+    unstable = [
+        (row, sum(part)) for row, ((_, p), part) in enumerate(zip(rows, parts)) if not math.isfinite(p.predicted_p99_ms)
+    ]
+    for row, end in unstable:
+        right.text(end, row, " unstable: no bound", va="center", fontsize=6, color="#de2d26")
+    if unstable:  # room for the labels
+        right.set_xlim(right=1.2 * max(max(map(sum, parts)), max(p.slo_ms for _, p in rows)))
     right.set_yticks(y, [r[0] for r in rows], fontsize=7)
     right.set_xlabel("ms")
     right.set_title("predicted p99 latency vs SLO", fontsize=9)

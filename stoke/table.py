@@ -16,7 +16,8 @@ Cells are formatted once, here, for every command:
 - anything else -> ``str(value)``.
 
 A column is numeric (right aligned) when every known cell in it is a number
-or a string that reads as one (``12.5``, ``+3.1``, ``45%``, ``1,200``).
+or a string that reads as one (``12.5``, ``+3.1``, ``45%``, ``1,200``); ``-``,
+``?`` and ``unstable`` are not known.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+#: Cells that stand for a number not known or not finite ("unstable": a queue without bound); a numeric
+#: column holding some stays right aligned.
+_PLACEHOLDERS = ("-", "?", "unstable")
 _NUMBER = re.compile(r"^[+-]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][+-]?\d+)?%?$")
 
 #: Words coloured on a terminal (never in plain text).
@@ -63,7 +67,7 @@ def numeric_columns(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> li
     """Per column: right aligned (every known cell is a number) or not."""
     out = []
     for i in range(len(headers)):
-        known = [row[i] for row in rows if i < len(row) and row[i] is not None and row[i] != "-"]
+        known = [row[i] for row in rows if i < len(row) and row[i] is not None and row[i] not in _PLACEHOLDERS]
         out.append(bool(known) and all(_numeric(v) for v in known))
     return out
 

@@ -78,7 +78,8 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         "--strategy",
         choices=STRATEGIES,
         default="stoke",
-        help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (naive baseline)",
+        help="stoke (default: ours), igniter (published heuristic, flaws fixed), ffd (iGniter's rule packed by "
+        "share alone, no interference check)",
     )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON to use for every GPU type")
     p.add_argument(
@@ -190,7 +191,10 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:
         help="override every workload's arrival kind (default: each workload's own, from the plan)",
     )
     p.add_argument(
-        "--noise", type=float, default=0.0, help="log-normal sigma of multiplicative service-time noise (default 0)"
+        "--noise",
+        type=float,
+        default=0.0,
+        help="log-normal sigma of multiplicative service-time noise, 0 to 1 (default 0)",
     )
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
     add_output_option(p)
@@ -203,7 +207,9 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _register_profile(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("profile", help="fit profiles from raw measurements")
+    p = subparsers.add_parser(
+        "profile", help="measure (run), fit, show and verify the latency profiles the planner uses"
+    )
     profile = p.add_subparsers(dest="profile_command", metavar="COMMAND", required=True)
     f = profile.add_parser(
         "fit",
@@ -318,7 +324,8 @@ def _register_profile(subparsers: argparse._SubParsersAction) -> None:
         "--device",
         choices=("simulated", "cpu"),
         default="simulated",
-        help="where to measure: 'simulated' (the perturbed V100 truth) or 'cpu' (real Triton on this node)",
+        help="where to measure: 'simulated' (the perturbed V100 truth; the default) or 'cpu' (real Triton on this "
+        "node)",
     )
     add_repo_option(v, "cpu: the model repository to serve from (default %(default)s)")
     v.add_argument(
@@ -447,10 +454,14 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
         memory = ", ".join(f"{i}: {g.memory_mib / 1024:.1f}" for i, g in enumerate(plan.gpus))
         lines.append(f"GPU memory in use (GiB; process contexts, weights, activations): {memory}")
     ratios = sorted(p.p99_slo_ratio for _, p in plan.placements() if math.isfinite(p.p99_slo_ratio))
+    unstable = sorted({p.name for _, p in plan.placements() if math.isinf(p.p99_slo_ratio)})
     if ratios:
         lines.append(
             f"predicted p99/SLO: min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, max {ratios[-1]:.2f}"
+            + (f" (and {len(unstable)} unstable: {', '.join(unstable[:10])})" if unstable else "")
         )
+    elif unstable:
+        lines.append(f"predicted p99/SLO: every workload unstable ({', '.join(unstable[:10])})")
     if plan.slo_misses:
         lines.append(f"predicted to miss their SLO: {', '.join(plan.slo_misses)}")
     lines += [f"note: {n}" for n in plan.notes]
@@ -460,7 +471,8 @@ def format_plan(plan: Plan, wide: bool = False) -> str:
         "there and partial batches on a line at or above every raised O(k); serving_ms: the serving path's p99 "
         "outside the batch (client, router, Triton's frontend) as the closed loop's SLI windows show it, and "
         "beyond_sli_ms: what clients see beyond those windows, both from the profile and both in p99_ms; "
-        "infer_ms: one batch's inference time; delay_ms: Triton's max queue delay."
+        "infer_ms: one batch's inference time; delay_ms: Triton's max queue delay; unstable: the requests "
+        "arrive faster than the replica serves them, so its queue and p99 grow without bound."
     )
     return "\n".join(lines)
 
@@ -571,6 +583,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
     if not 0 <= args.min_requests <= MAX_MIN_REQUESTS:
         raise UserError(f"--min-requests must be in [0, {MAX_MIN_REQUESTS:,}], got {args.min_requests}")
+    if not 0 <= args.noise <= 1:  # NaN fails too
+        raise UserError(f"--noise must be a log-normal sigma from 0 to 1, got {args.noise}")
     profile = load_profile_arg(args.profile)
     profiles = {g.name: g.profile for g in default_gpu_types()}
     if profile is not None:
@@ -918,7 +932,15 @@ def run_profile_verify(args: argparse.Namespace) -> int:
                 raise UserError(f"{args.plan}: --device cpu verifies a plan of one device type, got {kinds}")
             from interference.profile_io import BUNDLED_CPU_PROFILE, bundled_data_dir
 
-            profile = load_profile(args.profile or bundled_data_dir() / BUNDLED_CPU_PROFILE)
+            profile_path = args.profile or bundled_data_dir() / BUNDLED_CPU_PROFILE
+            profile = load_profile(profile_path)
+            unknown = sorted({p.model for _, p in plan.placements()} - set(profile.models))
+            if unknown:
+                raise UserError(
+                    f"{args.plan}: a plan for {kinds[0]} serving {unknown[0]!r}, which the CPU profile {profile_path} "
+                    f"does not hold; --device cpu verifies a plan made with that profile (`stoke plan --profile "
+                    f"{profile_path} --json`)"
+                )
             types = (GpuType(kinds[0], plan.gpus[0].price_per_hour, profile),)
             from agents.profiler import ProfilingError, TritonMeasurer
 

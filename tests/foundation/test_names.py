@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from foundation.errors import InputError
-from foundation.names import NAME_MAX, SHOWN_MAX, check_name, clean_text, is_name, shown
+from foundation.names import NAME_MAX, SHOWN_MAX, check_name, clean_text, is_name, name_problem, shown
 
 GOOD = ["web", "photo-tagging", "mlp_small", "NVIDIA-H200", "ip-10-0-0-1.ec2.internal", "a", "x" * NAME_MAX, "7b"]
 # what the issue-10 probe sent, and the rest of the rule: dot names, separators, controls, bidi, invisible, size
@@ -62,3 +62,8 @@ def test_shown_cuts_long_values_and_says_how_long():
 def test_clean_text_replaces_controls_and_cuts():
     assert clean_text("ok\x1b[2Jnow\u202e", 100) == "ok?[2Jnow?"
     assert clean_text("x" * 50, 10) == "x" * 10 + "..."
+
+
+def test_a_number_where_a_name_goes_says_to_quote_it():
+    # `name: 123` in YAML is the number 123, not the name '123'
+    assert "quote it ('123')" in name_problem(123) and name_problem("123") == ""

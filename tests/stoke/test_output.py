@@ -323,3 +323,8 @@ def test_a_benchmark_shows_its_progress_with_an_eta_on_stderr():
 def test_an_agent_pool_outside_its_bounds_is_refused_before_anything_starts(capsys):
     code, _, err = run(capsys, "agent", "--repo", "x", "--sli-pooled-windows", "40")
     assert code == 2 and "--sli-pooled-windows must be from 1 to 32, got 40" in err
+
+
+def test_a_numeric_column_with_unstable_cells_stays_right_aligned():
+    lines = render_table(["p99_ms"], [[82.08], ["unstable"], [119.08], ["?"]]).splitlines()
+    assert lines[2] == "   82.08" and lines[4] == "  119.08"

@@ -374,3 +374,15 @@ def test_verify_refuses_one_file_for_both_outputs(capsys, tmp_path):
     same = str(tmp_path / "out.json")
     code, _, err = run(capsys, "profile", "verify", "plan.json", "--plan-out", same, "--profile-out", same)
     assert code == 2 and "both name" in err
+
+
+def test_unstable_replicas_are_explained_and_counted_apart(capsys):
+    # iGniter's rule plans some replicas of the bundled example past their throughput
+    code, out, _ = run(capsys, "plan", "--strategy", "igniter", "--json")
+    unstable = sorted(
+        {w["name"] for g in json.loads(out)["gpus"] for w in g["workloads"] if w["predicted_p99_ms"] is None}
+    )
+    code, out, _ = run(capsys, "plan", "--strategy", "igniter")
+    summary = next(line for line in out.splitlines() if line.startswith("predicted p99/SLO"))
+    assert code == 0 and unstable and f"(and {len(unstable)} unstable: {', '.join(unstable)})" in summary
+    assert "unstable: the requests arrive faster than the replica serves them" in out
