@@ -252,7 +252,7 @@ def _parse_yaml(text: str, source: str) -> Any:
 
 
 def _source(path: Path) -> str:
-    return "<stdin>" if str(path) == STDIN else str(path)
+    return "<stdin>" if str(path) == STDIN else inputs.shown_path(path)
 
 
 def parse_workloads_text(text: str, source: str) -> tuple[Workload, ...]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
+from foundation.names import check_name, shown
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
 from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path
@@ -500,7 +501,7 @@ def format_explanation(explanation: Any) -> str:
 # -- predict ---------------------------------------------------------------------------------------
 
 
-def _case_list(line: str, where: str) -> list[dict[str, Any]]:
+def _case_list(line: str, where: str, share_step_pct: float) -> list[dict[str, Any]]:
     try:
         items = json.loads(line)
     except json.JSONDecodeError as err:
@@ -516,10 +517,16 @@ def _case_list(line: str, where: str) -> list[dict[str, Any]]:
             if field not in item:
                 raise UserError(f"{where}: entry {k} lacks field {field!r}; add it")
         batch, share = item["batch"], item["share_pct"]
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise UserError(f"{where}: entry {k} field 'batch' must be a whole number >= 1, got {batch!r}")
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 100:
-            raise UserError(f"{where}: entry {k} field 'share_pct' must be in (0, 100], got {share!r}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= DOMAIN_MAX_BATCH:
+            raise UserError(
+                f"{where}: entry {k} field 'batch' must be a whole number from 1 to {DOMAIN_MAX_BATCH} (the largest "
+                f"batch a profile describes), got {shown(batch)}"
+            )
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not share_step_pct <= share <= 100:
+            raise UserError(
+                f"{where}: entry {k} field 'share_pct' must be from {share_step_pct:g} (one share step of the "
+                f"profile) to 100, got {shown(share)}"
+            )
     total = sum(float(i["share_pct"]) for i in items)
     if total > 100 + 1e-9:
         raise UserError(f"{where}: shares add up to {total:g}% > 100%; one line is one GPU")
@@ -539,7 +546,7 @@ def run_predict(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         where = f"{source}:{number}"
-        items = _case_list(line, where)
+        items = _case_list(line, where, profile.gpu.share_step_pct)
         try:
             predictions = predict_gpu(profile, [(i["model"], int(i["batch"]), float(i["share_pct"])) for i in items])
         except (UnknownModelError, ValueError) as err:
@@ -1029,6 +1036,7 @@ def run_profile_fit(args: argparse.Namespace) -> int:
     from interference.profile_io import ProfileFileError, parse_raw, save_profile
     from interference.profiling import ProfileSession
 
+    check_name(args.gpu_name, "--gpu-name", error=UserError)  # stored in the profile, shown on terminals
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     text, source = read_text_input(args.raw, "raw profile")

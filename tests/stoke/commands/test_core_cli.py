@@ -62,6 +62,20 @@ def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
     assert all(r["predicted_latency_ms"] > 0 and r["predicted_throughput_rps"] > 0 for r in result)
 
 
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ({"model": "vgg19", "batch": 100000, "share_pct": 50}, "'batch' must be a whole number from 1 to 32"),
+        ({"model": "vgg19", "batch": 4, "share_pct": 1e-9}, "'share_pct' must be from 2.5 (one share step"),
+    ],
+)
+def test_predict_refuses_points_no_profile_describes(capsys, tmp_path, case, message):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(json.dumps([case]) + "\n")
+    code, _, err = run(capsys, "predict", "--cases", str(cases))
+    assert code == 2 and message in err
+
+
 @pytest.mark.slow
 def test_simulate_a_plan_file(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json")
