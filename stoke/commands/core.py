@@ -366,6 +366,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from stoke.commands.control import remote_plan
 
         return remote_plan(args)
+    if args.compare and args.wide:
+        raise UserError("-o wide widens the plan's table; --compare has no wide table: use -o table, json or yaml")
     if args.compare and (args.plot or args.explain):
         flag = "--plot" if args.plot else "--explain"
         raise UserError(f"{flag} is about one plan and --compare prints a comparison of plans; drop one of them")

@@ -378,10 +378,12 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, argv, messag
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_plot_and_explain_are_refused_beside_compare(capsys, tmp_path):
+def test_plot_explain_and_wide_are_refused_beside_compare(capsys, tmp_path):
     code, _, err = run(capsys, "plan", "--compare", "--plot", str(tmp_path / "c.png"))
     assert code == 2 and "--plot is about one plan and --compare prints a comparison" in err
     assert not (tmp_path / "c.png").exists()
+    code, _, err = run(capsys, "plan", "--compare", "-o", "wide")
+    assert code == 2 and "--compare has no wide table" in err
 
 
 def test_verify_refuses_one_file_for_both_outputs(capsys, tmp_path):
