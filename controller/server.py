@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,6 +27,7 @@ from controller.metrics import ControllerMetrics
 from controller.reconcile.budget import close_worker
 from controller.service import ControlService
 from controller.store import BackupSchedule, DatabaseError, Store
+from foundation import inputs
 from planner.solver import solve
 
 log = logging.getLogger("stoke.controller")
@@ -85,12 +85,10 @@ class ControllerServer:
 
     def _upload_profiles(self) -> None:
         for source in self.config.profiles:
-            try:
-                text = Path(source.path).read_text()
-            except OSError as err:
-                raise ConfigError(
-                    f"{source.path}: cannot read the profile named in profiles ({err.strerror})", "profiles"
-                ) from None
+            # bounded, as every input file (a path to /dev/zero or a log must not fill memory)
+            text = inputs.read_text(
+                source.path, "the profile named in profiles", error=ConfigError, fix="check the path in profiles"
+            )
             try:
                 self.service.upload_profile(text, source.gpu_type)
             except InvalidArgument as err:

@@ -31,10 +31,14 @@ from interference.profile import (
     DEFAULT_FIT_ERROR,
     DEFAULT_SERVING_P99_MS,
     DOMAIN_MAX_BATCH,
+    MIN_SHARE_STEP_PCT,
+    SHARE_STEP_RULE,
     DeviceProfile,
     FitDomain,
     GpuProfile,
     ModelProfile,
+    active_time_problems,
+    share_step_count,
 )
 
 if TYPE_CHECKING:
@@ -45,10 +49,6 @@ GRID_BATCHES = (1, 16, 32)
 GRID_SHARES = (10, 50, 100)
 #: (batch, share) of the three L2-utilisation points, in the order stored.
 L2_POINTS = ((1, 10), (16, 50), (32, 100))
-#: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
-#: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
-#: is measurement noise, not a shape.
-MONOTONE_TOLERANCE = 0.01
 K_NAMES = ("k1", "k2", "k3", "k4", "k5")
 #: The quantile of the in-sample |relative residual| that sets a fit's error floor (`FitDomain.floor`).
 ERROR_QUANTILE = 0.9
@@ -103,6 +103,8 @@ def fit_gpu(hardware: Mapping[str, Any], name: str) -> GpuProfile:
     idle_power = _positive(hardware, "hardware", "idlepower")
     bandwidth = _positive(hardware, "hardware", "bandwidth")
     step = _positive(hardware, "hardware", "unit")
+    if share_step_count(step) is None:
+        raise check.fail("section 'hardware' field 'unit'", SHARE_STEP_RULE, step, error=RawProfileError)
     power = _series(hardware, "hardware", "power", 5)
     freq = _series(hardware, "hardware", "frequency", 5)
     idle = _series(hardware, "hardware", "idletime", 5)
@@ -341,9 +343,11 @@ def active_time_report(
     """Per-point error, MAPE and R^2 of a fitted k_act, and its checks over the domain.
 
     Domain: every whole batch 1..max(max_batch, largest profiled) x every share
-    step up to 100%. There k_act must be > 0, must not fall by more than
-    `MONOTONE_TOLERANCE` when the batch grows by one, nor rise by more than that
-    when the share grows by one step.
+    step up to 100%. There k_act must lie between `MIN_ACTIVE_MS` and
+    `MAX_ACTIVE_MS`, must not fall by more than `MONOTONE_TOLERANCE` when the
+    batch grows by one, nor rise by more than that when the share grows by one
+    step (`interference.profile.active_time_problems`, which the profile reader
+    runs too).
     """
     params = np.asarray(k_act, dtype=float)
     fitted = _active_time(params, batch, share)
@@ -360,36 +364,8 @@ def active_time_report(
         for side, bound in (("lower", lo), ("upper", hi))
         if np.isfinite(bound) and abs(value - bound) <= 1e-6 * max(1.0, abs(bound))
     )
-    top = max(max_batch, int(batch.max()))
-    batches = np.arange(1, top + 1, dtype=float)[:, None]
-    shares = np.arange(1, int(round(100.0 / share_step_pct)) + 1, dtype=float)[None, :] * share_step_pct
-    with np.errstate(divide="ignore", invalid="ignore"):
-        grid = _active_time(params, batches, shares)
-    problems = []
-    bad = np.argwhere(~(grid > 0))
-    if bad.size:
-        b, r = bad[0]
-        problems.append(
-            f"k_act is not positive at batch {int(batches[b, 0])}, share {shares[0, r]:g}% ({grid[b, r]:.4g} ms)"
-        )
-    else:
-        falls = np.argwhere(grid[1:] < grid[:-1] * (1.0 - MONOTONE_TOLERANCE))
-        if falls.size:
-            b, r = falls[0]
-            problems.append(
-                f"k_act falls from {grid[b, r]:.4g} ms at batch {int(batches[b, 0])} to "
-                f"{grid[b + 1, r]:.4g} ms at batch {int(batches[b + 1, 0])} (share {shares[0, r]:g}%): "
-                f"a bigger batch must not be faster"
-            )
-        rises = np.argwhere(grid[:, 1:] > grid[:, :-1] * (1.0 + MONOTONE_TOLERANCE))
-        if rises.size:
-            b, r = rises[0]
-            problems.append(
-                f"k_act rises from {grid[b, r]:.4g} ms at share {shares[0, r]:g}% to "
-                f"{grid[b, r + 1]:.4g} ms at share {shares[0, r + 1]:g}% (batch {int(batches[b, 0])}): "
-                f"a bigger share must not be slower"
-            )
-    return FitReport(model=model, points=points, mape_pct=mape, r2=r2, at_bounds=at_bounds, problems=tuple(problems))
+    problems = active_time_problems(params, share_step_pct, max(max_batch, int(batch.max())))
+    return FitReport(model=model, points=points, mape_pct=mape, r2=r2, at_bounds=at_bounds, problems=problems)
 
 
 class InterferenceModel(BaseEstimator):
@@ -490,6 +466,12 @@ def fit_measured(session: ProfileSession) -> tuple[DeviceProfile, dict[str, FitR
     if not session.measured:
         done, total = session.progress()
         raise RawProfileError(f"measurements are incomplete ({done}/{total} points); resume `stoke profile run`")
+    if share_step_count(100.0 / session.cores) is None:
+        raise RawProfileError(
+            f"measured on {session.cores} cores: a profile's share step is a whole number of cores and at least "
+            f"{MIN_SHARE_STEP_PCT:g}%, so at most {round(100 / MIN_SHARE_STEP_PCT)} cores; measure on fewer cores "
+            "(taskset -c, or a CPU limit)"
+        )
     gpu = GpuProfile(
         name=session.device,
         max_freq_mhz=1.0,

@@ -8,7 +8,7 @@ frozen data; reading and writing it (JSON with a format version) lives in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -34,6 +34,91 @@ DEFAULT_BEYOND_SLI_P99_MS = 0.0
 #: and every share step, not only at the profiled points (`interference.fit` checks it). Here, beside the
 #: types, so the CLI can name it without importing the fit (scikit-learn, scipy).
 DOMAIN_MAX_BATCH = 32
+#: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
+#: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
+#: is measurement noise, not a shape.
+MONOTONE_TOLERANCE = 0.01
+#: The finest share step a profile may have: 100 steps of 1%. MPS takes whole percents
+#: (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), and the planner's tables grow with the number of steps (a step of
+#: 0.001% took 16 GB). A step must divide 100 (100/n for n steps), so the top step is a whole GPU.
+MIN_SHARE_STEP_PCT = 1.0
+#: Tolerance of "divides 100" (a fit stores 100/cores rounded to 6 decimals: 33.333333 for 3 cores).
+SHARE_STEP_TOLERANCE = 1e-4
+#: The solo active time (ms) a fitted k_act may give anywhere in its domain, and a measured point may have:
+#: from a microsecond to an hour. Outside it the coefficients are broken (all 0, all -1, all 1e308), not slow:
+#: the planner's arithmetic overflows or indexes out of its tables on them.
+MIN_ACTIVE_MS = 1e-3
+MAX_ACTIVE_MS = 3_600_000.0
+
+
+def share_step_count(share_step_pct: float) -> int | None:
+    """n when `share_step_pct` is 100/n (to `SHARE_STEP_TOLERANCE`) for n in 1..100/`MIN_SHARE_STEP_PCT`,
+    else None."""
+    if not (math.isfinite(share_step_pct) and MIN_SHARE_STEP_PCT - 1e-9 <= share_step_pct <= 100.0 + 1e-9):
+        return None
+    n = round(100.0 / share_step_pct)
+    return n if abs(n * share_step_pct - 100.0) <= SHARE_STEP_TOLERANCE else None
+
+
+#: What `share_step_count` accepts, worded for an error ("... must be <this>, got ...").
+SHARE_STEP_RULE = (
+    f"a share step from {MIN_SHARE_STEP_PCT:g} to 100 that divides 100 (100/n for n steps: 2.5 for 40, 50 for 2)"
+)
+
+
+def on_share_step(share_pct: float, share_step_pct: float) -> bool:
+    """Whether `share_pct` is a share a GPU of this step gives: a whole number of steps, one step to 100%."""
+    steps = round(share_pct / share_step_pct)
+    return 1 <= steps and abs(steps * share_step_pct - share_pct) <= SHARE_STEP_TOLERANCE and share_pct <= 100.0 + 1e-6
+
+
+def active_time_problems(
+    k_act: Sequence[float], share_step_pct: float, top_batch: int = DOMAIN_MAX_BATCH, *, shape: bool = True
+) -> tuple[str, ...]:
+    """What is wrong with k_act over its domain (empty when nothing): every whole batch 1..`top_batch` x every
+    share step up to 100%. The fitter's check (`interference.fit.active_time_report`) and the profile
+    reader's (`interference.profile_io`) are this one.
+
+    The active time must be positive, at most `MAX_ACTIVE_MS` (so finite) and at least `MIN_ACTIVE_MS`; with
+    `shape`, it also must not fall by more than `MONOTONE_TOLERANCE` when the batch grows by one, nor rise by
+    more than that when the share grows by one step (the fitter refuses such a fit unless forced, so a reader
+    of a forced profile leaves `shape` off: the planner copes with the shape, not with a broken range).
+    """
+    k1, k2, k3, k4, k5 = (float(k) for k in k_act)
+    batches = np.arange(1, top_batch + 1, dtype=float)[:, None]
+    shares = np.arange(1, int(round(100.0 / share_step_pct)) + 1, dtype=float)[None, :] * share_step_pct
+    with np.errstate(all="ignore"):
+        grid = (k1 * batches * batches + k2 * batches + k3) / (shares + k4) + k5
+    low, high = float(grid.min()), float(grid.max())  # NaN when any is
+    if not MIN_ACTIVE_MS <= low <= high <= MAX_ACTIVE_MS:  # the rare case: find the first point and say why
+        for why, bad in (
+            ("is not positive", ~(grid > 0)),
+            (f"is more than an hour ({MAX_ACTIVE_MS:g} ms)", ~(grid <= MAX_ACTIVE_MS)),
+            (f"is less than a microsecond ({MIN_ACTIVE_MS:g} ms)", grid < MIN_ACTIVE_MS),
+        ):
+            if bad.any():
+                b, r = np.argwhere(bad)[0]
+                return (f"k_act {why} at batch {int(batches[b, 0])}, share {shares[0, r]:g}% ({grid[b, r]:.4g} ms)",)
+    if not shape:
+        return ()
+    problems = []
+    falls = np.argwhere(grid[1:] < grid[:-1] * (1.0 - MONOTONE_TOLERANCE))
+    if falls.size:
+        b, r = falls[0]
+        problems.append(
+            f"k_act falls from {grid[b, r]:.4g} ms at batch {int(batches[b, 0])} to "
+            f"{grid[b + 1, r]:.4g} ms at batch {int(batches[b + 1, 0])} (share {shares[0, r]:g}%): "
+            f"a bigger batch must not be faster"
+        )
+    rises = np.argwhere(grid[:, 1:] > grid[:, :-1] * (1.0 + MONOTONE_TOLERANCE))
+    if rises.size:
+        b, r = rises[0]
+        problems.append(
+            f"k_act rises from {grid[b, r]:.4g} ms at share {shares[0, r]:g}% to "
+            f"{grid[b, r + 1]:.4g} ms at share {shares[0, r + 1]:g}% (batch {int(batches[b, 0])}): "
+            f"a bigger share must not be slower"
+        )
+    return tuple(problems)
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from typing import Any
 from foundation.errors import InputError
 from foundation.names import shown
 from interference.profile_io import MAX_SERVING_P99_MS
+from interference.profile_io import MEASUREMENTS_FORMAT as MEASUREMENTS_FORMAT  # the profile reader names these files
 
-MEASUREMENTS_FORMAT = "stoke-measurements"
 MEASUREMENTS_VERSION = 1
 
 

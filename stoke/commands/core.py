@@ -696,12 +696,18 @@ def run_profile_run(args: argparse.Namespace) -> int:
     import os
 
     from agents.profiler import ProfilingError, run_session
+    from foundation.names import check_name
+    from interference.profile import DOMAIN_MAX_BATCH, MIN_SHARE_STEP_PCT, share_step_count
     from interference.profiling import ProfileSession, Stability
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         raise UserError(f"--batches must be comma-separated whole numbers, got {args.batches!r}") from None
+    if not all(1 <= b <= DOMAIN_MAX_BATCH for b in batches):  # a profile's domain (and the planner) stops there
+        raise UserError(f"--batches must be batch sizes from 1 to {DOMAIN_MAX_BATCH}, got {args.batches!r}")
+    if args.device_name is not None:
+        check_name(args.device_name, "--device-name", error=UserError)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = [m for m in models if not (Path(args.repo) / m / "config.pbtxt").is_file()]
     if missing:
@@ -709,6 +715,11 @@ def run_profile_run(args: argparse.Namespace) -> int:
             f"{args.repo}: no model {missing[0]!r} (no {missing[0]}/config.pbtxt); pick models from the repository"
         )
     cores = len(os.sched_getaffinity(0))
+    if share_step_count(100.0 / cores) is None:  # one share step per core, and a profile's step is at least 1%
+        raise UserError(
+            f"this process may run on {cores} cores, and a profile has at most {round(100 / MIN_SHARE_STEP_PCT)} "
+            "share steps (one per core); run it on fewer cores (taskset -c 0-63 stoke profile run ...)"
+        )
     output = Path(args.output)
     if output.exists():
         try:
@@ -1034,6 +1045,7 @@ def _coefficient(value: float) -> str:
 
 def run_profile_fit(args: argparse.Namespace) -> int:
     # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
+    from foundation.names import check_name
     from interference.fit import InterferenceModel, RawProfileError, fit_measured
     from interference.profile_io import ProfileFileError, parse_raw, save_profile
     from interference.profiling import ProfileSession
@@ -1041,6 +1053,7 @@ def run_profile_fit(args: argparse.Namespace) -> int:
     check_name(args.gpu_name, "--gpu-name", error=UserError)  # stored in the profile, shown on terminals
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
+    check_name(args.gpu_name, "--gpu-name", error=UserError)  # profiles hold a GPU type name (the one name rule)
     text, source = read_text_input(args.raw, "raw profile")
     try:
         if (measurements := _measurements(text)) is not None:

@@ -414,7 +414,9 @@ def test_a_profile_nested_100k_deep_is_a_clear_error(tmp_path):
     svc, _ = make(tmp_path)
     with pytest.raises(InvalidArgument) as err:
         svc.upload_profile("[" * 100_000 + "]" * 100_000)
-    assert str(err.value) == "profile_json: JSON nested too deeply to be a fitted profile; send a fitted profile"
+    assert str(err.value) == (
+        "profile_json: profile is nested too deeply to be a profile; fit a profile with `stoke profile fit`"
+    )
 
 
 def test_profile_errors_name_the_field_once(tmp_path):

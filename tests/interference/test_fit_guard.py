@@ -12,8 +12,7 @@ import pytest
 from floats import assert_close
 
 from interference.fit import active_time_report, fit_measured
-from interference.latency import predict_gpu
-from interference.profile_io import bundled_raw_path, load_profile
+from interference.profile_io import ProfileFileError, bundled_raw_path, load_profile
 from interference.profiling import ProfileSession
 from stoke.cli import main
 
@@ -44,8 +43,9 @@ def test_a_fit_that_turns_negative_inside_the_domain_is_refused(tmp_path, capsys
 
     assert main(["profile", "fit", str(raw), "-o", str(out), "--force"]) == 0
     assert "written despite failed checks" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="not positive at batch 9"):  # the guard was right
-        predict_gpu(load_profile(out), [("m", 9, 50.0)])
+    # the guard was right: the planner cannot use it, so the reader refuses it too (`stoke plan` crashed on such)
+    with pytest.raises(ProfileFileError, match=r"models\.m field 'k_act': k_act is not positive at batch 9, share 50%"):
+        load_profile(out)
 
 
 def test_a_fit_where_a_bigger_batch_is_faster_is_refused(tmp_path, capsys):
