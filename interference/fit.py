@@ -1,10 +1,10 @@
 """Fit GPU and model coefficients from raw profile measurements.
 
 Raw measurements come in the published iGniter layout (one dict per section:
-``hardware`` and one per model; see inference-model.md). `InterferenceModel`
-is a scikit-learn style estimator: ``__init__`` stores hyper-parameters only,
-``fit`` returns self and sets attributes ending in ``_``, ``predict`` refuses
-to run before ``fit``.
+``hardware`` and one per model; README.md's "Bring your own profile" lists
+the keys). `InterferenceModel` is a scikit-learn style estimator: ``__init__``
+stores hyper-parameters only, ``fit`` returns self and sets attributes ending
+in ``_``, ``predict`` refuses to run before ``fit``.
 
 Every fit is deterministic: closed-form least squares, or bounded
 trust-region least squares (scipy) from a closed-form initial value.
@@ -61,7 +61,8 @@ class RawProfileError(InputError):
 def _field(section: Mapping[str, Any], section_name: str, key: str) -> Any:
     if key not in section:
         raise RawProfileError(
-            f"section {section_name!r} lacks field {key!r}; add it (see inference-model.md for the layout)"
+            f'section {section_name!r} lacks field {key!r}; add it (README.md, "Bring your own profile", lists the '
+            "raw layout's keys)"
         )
     return section[key]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from interference.profile_io import (
 from stoke.cli import main
 
 V100 = json.loads((bundled_data_dir() / "v100-profile.json").read_text())
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def gpu(field, value):
@@ -241,6 +243,18 @@ def test_profile_show_names_a_measurements_file(capsys):
     assert "`stoke profile fit FILE -o profile.json`" in err
     code, _, err = run(capsys, "profile", "show", str(bundled_raw_path()))
     assert code == 2 and "this looks like raw measurements" in err and "stoke profile fit" in err
+
+
+def test_a_missing_raw_field_points_at_the_readme_which_lists_every_key(capsys, tmp_path):
+    lines = bundled_raw_path().read_text().splitlines()
+    raw = tmp_path / "raw1.jsonl"
+    raw.write_text("\n".join(line for line in lines if "maxGPUfrequency" not in line) + "\n")
+    code, _, err = run(capsys, "profile", "fit", str(raw), "-o", str(tmp_path / "p.json"))
+    assert code == 2 and "lacks field 'maxGPUfrequency'" in err
+    assert 'README.md, "Bring your own profile"' in err and "inference-model.md" not in err
+    section = README.read_text().split("## Bring your own profile")[1].split("\n## ")[0]
+    keys = {key for line in lines for values in json.loads(line).values() for key in values}
+    assert keys and all(f"`{key}`" in section for key in keys), sorted(k for k in keys if f"`{k}`" not in section)
 
 
 def test_the_fit_refuses_what_the_reader_would(capsys, tmp_path):
