@@ -162,7 +162,16 @@ def _field(name: str, value: Any, where: str, step: float) -> Any:
     if name in _POSITIVE:
         return check.positive(value, field, error=ProfileFileError, fix=_FIT)
     check.number(value, field, error=ProfileFileError, fix=_FIT)
+    if abs(value) > MAX_COEFFICIENT:  # the planner multiplies these by rates: 1e308 overflowed to inf and NaN
+        raise check.fail(
+            field, f"a number from -{MAX_COEFFICIENT:g} to {MAX_COEFFICIENT:g}", value, error=ProfileFileError, fix=_FIT
+        )
     return value  # as written (bytes_in and bytes_out stay whole)
+
+
+#: Largest magnitude of any other figure of a profile (a coefficient, a power, a PCIe bandwidth of 1e7
+#: bytes/ms): far above any real one, low enough that rates and batches times it stay finite.
+MAX_COEFFICIENT = 1e12
 
 
 def _integral(value: Any) -> Any:

@@ -696,7 +696,6 @@ def run_profile_run(args: argparse.Namespace) -> int:
     import os
 
     from agents.profiler import ProfilingError, run_session
-    from foundation.names import check_name
     from interference.profile import DOMAIN_MAX_BATCH, MIN_SHARE_STEP_PCT, share_step_count
     from interference.profiling import ProfileSession, Stability
 
@@ -1045,12 +1044,10 @@ def _coefficient(value: float) -> str:
 
 def run_profile_fit(args: argparse.Namespace) -> int:
     # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
-    from foundation.names import check_name
     from interference.fit import InterferenceModel, RawProfileError, fit_measured
     from interference.profile_io import ProfileFileError, parse_raw, save_profile
     from interference.profiling import ProfileSession
 
-    check_name(args.gpu_name, "--gpu-name", error=UserError)  # stored in the profile, shown on terminals
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     check_name(args.gpu_name, "--gpu-name", error=UserError)  # profiles hold a GPU type name (the one name rule)

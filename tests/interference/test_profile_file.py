@@ -76,13 +76,16 @@ BAD = {
     "name U+202E": (gpu("name", "V100\u202e"), NAME + " name of"),
     "name 1 MB": (gpu("name", "x" * 1_000_000), "... (1000000 characters)"),
     "name blank": (gpu("name", "   "), NAME + " non-empty name"),
-    "name not a string": (gpu("name", 100), NAME + " non-empty name"),
+    "name not a string": (gpu("name", 100), NAME + " name, got the number 100"),
     # 4. numbers
     "memory_mib 1e308": (gpu("memory_mib", 1e308), "gpu field 'memory_mib' must be a number of MiB from 0"),
     "context_mib -1": (gpu("context_mib", -1), "gpu field 'context_mib' must be a number of MiB from 0"),
     "weights_mib 2 TiB": (ssd("weights_mib", 2 * 1024**2), "models.ssd field 'weights_mib' must be a number of MiB"),
     "idle_time_ms 1e308": (ssd("idle_time_ms", 1e308), "models.ssd field 'idle_time_ms' must be a number of ms"),
     "idle_time_ms -1": (ssd("idle_time_ms", -1), "models.ssd field 'idle_time_ms' must be a number of ms from 0"),
+    # the planner multiplies the L2 and power lines by rates: 1e308 overflowed to inf, then IndexError
+    "l2_slope 1e308": (ssd("l2_slope", 1e308), "models.ssd field 'l2_slope' must be a number from -1e+12 to 1e+12"),
+    "power_intercept -1e300": (ssd("power_intercept_w", -1e300), "field 'power_intercept_w' must be a number from"),
     "kernels 0.5": (ssd("kernels", 0.5), "models.ssd field 'kernels' must be a whole number >= 1"),
     "kernels 0": (ssd("kernels", 0), "models.ssd field 'kernels' must be a whole number >= 1"),
     "max_clients 0.5": (gpu("max_clients", 0.5), "gpu field 'max_clients' must be a whole number >= 0 up to 4,096"),
