@@ -9,12 +9,15 @@ counts a change, so the next reconcile pass re-plans.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Protocol
 
 from controller.store import Store
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
-from interference.profile_io import profile_from_dict, profile_to_dict
+from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
+
+log = logging.getLogger("stoke.controller.profiles")
 
 
 class Profiles(Protocol):
@@ -46,11 +49,25 @@ class ProfileBook:
             if not data["models"]:
                 continue
             where = f"stored profile {gpu_type}"
-            fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
+            try:
+                fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
+            except ProfileFileError as err:
+                # stored by a version that checked less: the controller starts without it rather than not at all
+                log.error(
+                    "%s; GPU type %s has no profile (its workloads wait) until one that passes is uploaded: "
+                    "`stoke profiles upload FILE`",
+                    err,
+                    gpu_type,
+                )
+                continue
             models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
-            profile = profile_from_dict(
-                {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
-            )
+            try:
+                profile = profile_from_dict(
+                    {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
+                )
+            except ProfileFileError as err:
+                log.error("%s (a recalibrated version); GPU type %s plans with its fitted profile", err, gpu_type)
+                profile = fitted[gpu_type]
             # points verify before serving measured override the fit (and a recalibrated version) there
             active[gpu_type] = DeviceProfile(
                 profile.gpu,

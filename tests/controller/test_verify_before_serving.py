@@ -711,3 +711,21 @@ def test_a_failed_start_counts_as_failed_and_a_failed_reload_that_keeps_serving_
     assert svc.nodes.failed_keys(node) == set()  # the old config still serves it
     svc.heartbeat(HeartbeatReport(node_id=node, errors=error, errors_revision=answer.revision))
     assert svc.nodes.failed_keys(node) == {assigned.key}
+
+
+def test_a_stored_profile_that_newer_checks_refuse_leaves_the_controller_up(tmp_path, caplog):
+    """A profile stored by a version that checked less (here a k_act that is 0 everywhere) must not keep
+    the controller from starting: its GPU type has no profile, the others plan, and the log says why."""
+    from controller.profiles import ProfileBook
+    from controller.store import Store
+    from interference.profile_io import profile_to_dict
+
+    store = Store(tmp_path / "s.db")
+    good = profile_to_dict(cpu_profile())
+    store.put_profile("CPU", good["gpu"], good["models"], 100.0)
+    broken = {name: {**model, "k_act": [0.0] * 5} for name, model in good["models"].items()}
+    store.put_profile("OLD", {**good["gpu"], "name": "OLD"}, broken, 100.0)
+    with caplog.at_level("ERROR", logger="stoke.controller.profiles"):
+        book = ProfileBook(store)
+    assert set(book.snapshot()[0]) == set(book.fitted()) == {"CPU"}
+    assert "stored profile OLD" in caplog.text and "GPU type OLD has no profile" in caplog.text
