@@ -23,6 +23,9 @@ from foundation.errors import InputError
 
 #: The largest input file stoke reads (a 10,000-workload plan is about 5 MB).
 MAX_INPUT_BYTES = 32 * 1024 * 1024
+#: The largest YAML document (characters): YAML builds a Python object per value, about 200 bytes of memory
+#: per byte of a flat list, so 8 MiB is about 1.5 GB at worst; a 10,000-workload file is about 1 MB.
+MAX_YAML_CHARS = 8 * 1024 * 1024
 #: The most nodes a YAML document may expand to, counting every alias's expansion (a 10,000-workload
 #: file has about 70,000).
 MAX_YAML_NODES = 2_000_000
@@ -118,8 +121,20 @@ def _yaml_loader() -> Any:
         base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         loader: Any = type("StokeSafeLoader", (base,), {})
         loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789"))
+        loader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
         _YAML_LOADERS["safe"] = loader
     return _YAML_LOADERS["safe"]
+
+
+def _yaml_int(loader: Any, node: Any) -> int | float:
+    """YAML's int, but one longer than `_MAX_INT_DIGITS` digits read as a float (as `parse_json` does), so
+    range checks refuse it instead of Python raising past 4,300 digits or overflowing a float conversion."""
+    import yaml
+
+    digits = str(loader.construct_scalar(node)).replace("_", "")
+    if len(digits.lstrip("+-")) > _MAX_INT_DIGITS and digits.lstrip("+-").isdigit():
+        return float(digits)
+    return int(yaml.SafeLoader.construct_yaml_int(loader, node))
 
 
 def parse_yaml(text: str, source: str, what: str, *, error: type[InputError] = InputError) -> Any:
@@ -127,6 +142,10 @@ def parse_yaml(text: str, source: str, what: str, *, error: type[InputError] = I
     aliases) to more than `MAX_YAML_NODES` nodes."""
     import yaml
 
+    if len(text) > MAX_YAML_CHARS:
+        raise error(
+            f"{source}: {what} is larger than {MAX_YAML_CHARS // (1024 * 1024)} MiB of YAML; is this the right file?"
+        )
     try:
         data = yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: plain data only
     except yaml.YAMLError as err:
@@ -135,10 +154,12 @@ def parse_yaml(text: str, source: str, what: str, *, error: type[InputError] = I
         raise error(f"{source}: malformed YAML{at}; fix the syntax") from None
     except RecursionError:
         raise error(f"{source}: {what} is nested too deeply; fix the file") from None
+    except (ValueError, OverflowError) as err:  # a value its tag cannot hold (a date such as 2024-13-45)
+        raise error(f"{source}: {what} holds a value YAML cannot read ({str(err)[:120]}); quote it") from None
     if _expands_past(data, MAX_YAML_NODES):
         raise error(
-            f"{source}: {what} expands to more than {MAX_YAML_NODES:,} values through YAML aliases (*name); "
-            "write the values out, or use fewer aliases"
+            f"{source}: {what} holds more than {MAX_YAML_NODES:,} values, counting each use of a YAML alias "
+            "(*name) as a copy; split it, or use fewer aliases"
         )
     return data
 

@@ -342,6 +342,13 @@ def load(
         raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})", prefix)
     settings: type = cls  # the cached helpers take a plain class
     known = _keys(settings)
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:  # YAML reads `on:`, `yes:`, `null:` and `5:` as a bool, None or a number, not as text
+        raise error(
+            f"{where}: key {shown(odd[0])}{' under ' + prefix.rstrip('.') if prefix else ''} is not text; "
+            f"known keys: {', '.join(sorted(known))} (quote a key such as 'on' or 'yes' that YAML reads as a value)",
+            prefix,
+        )
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise error(

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from foundation.errors import UserError
 
 FORMATS = ("table", "wide", "json", "yaml")
 
@@ -128,8 +132,11 @@ def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
     """An argparse ``type`` for a file a command will write: checked before any work is done, so a long
     verification or fit is not lost at the end to a path that cannot be written.
 
-    Refused: an empty or unprintable name, an existing directory, a folder that does not exist (it is not
-    created: a typo would scatter files), and, when `suffixes` are given, any other suffix.
+    Refused: an empty or unprintable name, an existing directory or other non-regular file (a write goes
+    through a temporary file and a rename, which would replace a device such as /dev/null), a folder that
+    does not exist (it is not created: a typo would scatter files) or is not writable, and, when `suffixes`
+    are given, any other suffix. What the check cannot see (an immutable folder, a full disk) still fails
+    at the write, which the commands report in one line.
     """
 
     def check(value: str) -> str:
@@ -138,9 +145,13 @@ def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
         target = Path(value)
         if target.is_dir():
             raise argparse.ArgumentTypeError(f"{value} is a directory; give a file inside it, e.g. {target / 'out'}")
+        if target.exists() and not target.is_file():  # a device or a FIFO: a write would replace it
+            raise argparse.ArgumentTypeError(f"{value} is not a regular file; give a file path")
         folder = target.parent
         if not folder.is_dir():
             raise argparse.ArgumentTypeError(f"{value}: folder {folder} does not exist; create it first")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{value}: folder {folder} is not writable; pick another path")
         if suffixes and target.suffix.lower() not in suffixes:
             raise argparse.ArgumentTypeError(
                 f"{value}: the file must end in {', '.join(suffixes)} (that is the format written)"
@@ -148,3 +159,13 @@ def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
         return value
 
     return check
+
+
+@contextmanager
+def writing(path: str, what: str) -> Iterator[None]:
+    """Around the write of a file the user named: an OSError the parse-time check could not foresee (an
+    immutable folder, a full disk) becomes one line naming the file, instead of a traceback."""
+    try:
+        yield
+    except OSError as err:
+        raise UserError(f"{path}: cannot write the {what} ({err.strerror or err}); pick another path") from None

@@ -15,7 +15,7 @@ from foundation.errors import StokeError, UserError
 from foundation.names import check_name, shown
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
-from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path
+from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path, writing
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
@@ -721,10 +721,15 @@ def run_profile_run(args: argparse.Namespace) -> int:
         )
     output = Path(args.output)
     if output.exists():
+        from foundation import inputs
+
+        fix = "remove the file to start afresh"
+        text = inputs.read_text(output, "measurements to resume", error=UserError, fix=fix)
+        data = inputs.parse_json(text, inputs.shown_path(output), "measurements", error=UserError, fix=fix)
         try:
-            session = ProfileSession.from_dict(json.loads(output.read_text()), str(output))
-        except ValueError as err:
-            raise UserError(f"{err}; remove the file to start afresh") from None
+            session = ProfileSession.from_dict(data, inputs.shown_path(output))
+        except (ValueError, TypeError, AttributeError) as err:
+            raise UserError(f"{err}; {fix}") from None
         print(f"resuming {output}: {session.progress()[0]}/{session.progress()[1]} points measured")
     else:
         session = ProfileSession(
@@ -990,9 +995,11 @@ def run_profile_verify(args: argparse.Namespace) -> int:
     except StokeError as err:  # the device failed to measure (ProfilingError)
         raise UserError(f"--device {args.device}: {err}") from None
     if args.plan_out:
-        atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
+        with writing(args.plan_out, "verified plan"):
+            atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
     if args.profile_out:
-        save_profile(checked.problem.inventory[0].profile, args.profile_out)
+        with writing(args.profile_out, "profile"):
+            save_profile(checked.problem.inventory[0].profile, args.profile_out)
     status = "holds on measured points" if checked.holds else "still uses unmeasured points"
     print(
         f"verified in {len(checked.rounds)} round(s), {checked.points} point(s) measured: "
@@ -1045,12 +1052,14 @@ def _coefficient(value: float) -> str:
 def run_profile_fit(args: argparse.Namespace) -> int:
     # the fit is a scikit-learn estimator over scipy: imported here, not when `stoke --help` loads this module
     from interference.fit import InterferenceModel, RawProfileError, fit_measured
-    from interference.profile_io import ProfileFileError, parse_raw, save_profile
+    from interference.profile_io import ProfileFileError, parse_raw, profile_from_dict, profile_to_dict, save_profile
     from interference.profiling import ProfileSession
 
     if not args.max_mape > 0:
         raise UserError(f"--max-mape must be a positive percentage, got {args.max_mape:g}")
     check_name(args.gpu_name, "--gpu-name", error=UserError)  # profiles hold a GPU type name (the one name rule)
+    if args.raw != "-" and Path(args.raw).resolve() == Path(args.output).resolve():
+        raise UserError(f"-o {args.output} is the measurements file itself; write the profile to another file")
     text, source = read_text_input(args.raw, "raw profile")
     try:
         if (measurements := _measurements(text)) is not None:
@@ -1058,13 +1067,18 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         else:
             model = InterferenceModel(gpu_name=args.gpu_name).fit(parse_raw(text, source))
             profile, reports = model.profile_, model.reports_
-    except (ProfileFileError, RawProfileError, ValueError) as err:
+    except (ProfileFileError, RawProfileError, ValueError, TypeError, AttributeError) as err:
         message = str(err)
         raise UserError(message if message.startswith(source) else f"{source}: {message}") from None
     failures = fit_failures(reports, args.max_mape)
     written = not failures or args.force
     if written:
-        save_profile(profile, args.output)
+        try:  # what is written must load: even --force does not write what every reader would refuse
+            profile_from_dict(json.loads(json.dumps(profile_to_dict(profile))), "the fitted profile")
+        except ProfileFileError as err:
+            raise UserError(f"{source}: {err}; {args.output} not written (not even with --force)") from None
+        with writing(args.output, "fitted profile"):
+            save_profile(profile, args.output)
     if args.json:
         emit(
             args,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
-from stoke.output import add_output_file_option, add_output_option, emit
+from stoke.output import add_output_file_option, add_output_option, emit, writing
 from stoke.progress import Progress
 from stoke.table import print_table
 from training.kube import DEFAULT_IMAGE, DEFAULT_MEMORY, DEFAULT_SPOT_LABEL, DEFAULT_WORKER_COMMAND
@@ -274,7 +274,8 @@ def run_plan(args: argparse.Namespace) -> int:
     body = training_plan_to_dict(plan)
     body["prices"] = {"source": catalog.source, "as_of": catalog.prices_as_of, "notes": notes}
     if args.output:
-        atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
+        with writing(args.output, "output"):
+            atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
         emit(args, body)
     else:
@@ -321,7 +322,8 @@ def run_fit_loss(args: argparse.Namespace) -> int:
             body["samples_to_target"] = samples
             rows.append([f"samples to loss {args.target}", _fmt(samples, 0)])
     if args.output:
-        atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
+        with writing(args.output, "output"):
+            atomic_write_text(args.output, json.dumps(body, indent=2) + "\n")
     if args.json:
         emit(args, body)
     else:
@@ -514,7 +516,8 @@ def run_render(args: argparse.Namespace) -> int:
     else:
         text = yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False)
     if args.output:
-        atomic_write_text(args.output, text)
+        with writing(args.output, "manifests"):
+            atomic_write_text(args.output, text)
         print(f"wrote {len(objects)} objects to {args.output}")
     else:
         sys.stdout.write(text)

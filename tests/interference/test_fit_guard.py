@@ -12,7 +12,7 @@ import pytest
 from floats import assert_close
 
 from interference.fit import active_time_report, fit_measured
-from interference.profile_io import ProfileFileError, bundled_raw_path, load_profile
+from interference.profile_io import bundled_raw_path, load_profile
 from interference.profiling import ProfileSession
 from stoke.cli import main
 
@@ -41,11 +41,14 @@ def test_a_fit_that_turns_negative_inside_the_domain_is_refused(tmp_path, capsys
     assert "m: k_act is not positive at batch 9, share 50%" in error and "--force" in error
     assert "MAPE_%" in captured.out and "FAILED" in captured.out and "error_%" in captured.out
 
-    assert main(["profile", "fit", str(raw), "-o", str(out), "--force"]) == 0
-    assert "written despite failed checks" in capsys.readouterr().out
-    # the guard was right: the planner cannot use it, so the reader refuses it too (`stoke plan` crashed on such)
-    with pytest.raises(ProfileFileError, match=r"models\.m field 'k_act': k_act is not positive at batch 9, share 50%"):
-        load_profile(out)
+    # the guard was right: the planner cannot use it, so the reader would refuse it (`stoke plan` crashed on
+    # such), and even --force does not write it
+    assert main(["profile", "fit", str(raw), "-o", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "models.m field 'k_act': k_act is not positive at batch 9, share 50%" in err and "not even with --force" in err
+    )
+    assert not out.exists()
 
 
 def test_a_fit_where_a_bigger_batch_is_faster_is_refused(tmp_path, capsys):

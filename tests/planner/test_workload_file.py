@@ -76,3 +76,22 @@ def test_the_bundled_example_follows_the_schema():
     data = yaml.safe_load(example_workloads_path().read_text())
     jsonschema.Draft202012Validator(workloads_schema()).validate(data)
     assert len(load_workloads_file().workloads) == len(data["workloads"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [GOOD + "on: 1\n", "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100, 5: x}\n"],
+)
+def test_a_key_yaml_reads_as_a_value_is_refused_in_one_line(tmp_path, text):
+    # `on:` is the boolean True to YAML 1.1, `5:` a number: sorting them among text keys raised TypeError
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    with pytest.raises(WorkloadFileError, match=r"is not text; known keys: .* \(quote a key such as 'on'"):
+        load_workloads_file(path)
+
+
+def test_a_rate_of_310_digits_is_out_of_range_not_a_crash(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: " + "9" * 310 + "}\n")
+    with pytest.raises(WorkloadFileError, match="rate_rps must be"):
+        load_workloads_file(path)

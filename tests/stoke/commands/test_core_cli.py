@@ -1,6 +1,8 @@
 """The `stoke` CLI end to end (in-process main(), real files)."""
 
 import json
+import os
+import stat
 
 import pytest
 from floats import PROFILE_ROUNDED, assert_close
@@ -376,6 +378,23 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, argv, messag
     err = capsys.readouterr().err
     assert caught.value.code == 2 and message in err and "Traceback" not in err and "\x1b[2J" not in err
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_device_or_fifo_is_not_replaced_by_an_output(capsys, tmp_path):
+    # a write goes through a temp file and a rename: as root, --plan-out /dev/null would replace /dev/null
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit):
+        main(["profile", "verify", "plan.json", "--plan-out", str(fifo)])
+    assert "is not a regular file" in capsys.readouterr().err and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_profile_fit_does_not_write_over_its_own_input(capsys, tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(bundled_raw_path().read_text())
+    code, _, err = run(capsys, "profile", "fit", str(raw), "-o", str(raw))
+    assert code == 2 and "is the measurements file itself" in err
+    assert raw.read_text() == bundled_raw_path().read_text()
 
 
 def test_plot_explain_and_wide_are_refused_beside_compare(capsys, tmp_path):
