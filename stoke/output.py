@@ -93,7 +93,10 @@ class _FileOrFormat(argparse.Action):
             _set_format(namespace, values)
             setattr(namespace, self.dest, None)
             return
-        setattr(namespace, self.dest, values)
+        try:  # checked here, not as the option's type: `-o json` is the format even beside a folder named json
+            setattr(namespace, self.dest, output_path()(values))
+        except argparse.ArgumentTypeError as err:
+            parser.error(f"argument {option_string}: {err}")
 
 
 def add_output_file_option(
@@ -110,7 +113,6 @@ def add_output_file_option(
         "-o",
         "--output",
         action=_FileOrFormat,
-        type=output_path(),
         formats=formats,
         file_required=required,
         required=required,
@@ -141,7 +143,7 @@ def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
 
     def check(value: str) -> str:
         if not value or not value.isprintable():
-            raise argparse.ArgumentTypeError(f"{value!r} is not a file name; give a path such as out/plan.json")
+            raise argparse.ArgumentTypeError(f"{value!r} is not a file name; give a path of printable characters")
         target = Path(value)
         if target.is_dir():
             raise argparse.ArgumentTypeError(f"{value} is a directory; give a file inside it, e.g. {target / 'out'}")

@@ -392,6 +392,9 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
                 )
             seen.add((placement.name, placement.replica))
             placements.append(placement)
+        if sum(p.share_pct for p in placements) > 100.0 + 1e-6:
+            total = sum(p.share_pct for p in placements)
+            raise ProblemError(f"{source}: gpus[{gi}] shares add up to {total:g}% > 100%; {fix}", f"gpus[{gi}]")
         key = g.get("key")
         gpus.append(
             GpuPlan(

@@ -592,6 +592,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
     if not 0 <= args.min_requests <= MAX_MIN_REQUESTS:
         raise UserError(f"--min-requests must be in [0, {MAX_MIN_REQUESTS:,}], got {args.min_requests}")
+    offered = sum(p.rate_rps for _, p in plan.placements()) * args.seconds
+    if offered > MAX_SIMULATED_REQUESTS:  # each request is an event: memory and time grow with their number
+        raise UserError(
+            f"{args.plan}: simulating {args.seconds:g} s of the plan's {offered / args.seconds:,.0f} req/s is "
+            f"{offered:,.0f} requests, more than {MAX_SIMULATED_REQUESTS:,}; lower --seconds"
+        )
     if not 0 <= args.noise <= 1:  # NaN fails too
         raise UserError(f"--noise must be a log-normal sigma from 0 to 1, got {args.noise}")
     profile = load_profile_arg(args.profile)
@@ -627,6 +633,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 EXIT_MISS = 3
 MAX_SIMULATED_SECONDS = 86_400.0
 MAX_MIN_REQUESTS = 10_000_000
+#: The most requests `simulate` draws in one run (about 2 GB and minutes at this many; every request is an event).
+MAX_SIMULATED_REQUESTS = 20_000_000
 
 
 def report_to_dict(report: SimulationReport) -> dict[str, Any]:

@@ -317,3 +317,10 @@ def test_a_plan_file_refuses_a_replica_twice_bad_notes_and_an_infinite_price():
         plan_from_dict(data)
     with pytest.raises(ProblemError, match="price_per_hour must be a number >= 0 up to"):
         GpuType("V100", 1e308, bundled_profile())
+
+
+def test_a_plan_file_refuses_a_gpu_given_more_than_whole():
+    data = plan_to_dict(solve(Problem(CHECKPOINT, (V100,)), "stoke"))
+    data["gpus"][0]["workloads"] = [dict(data["gpus"][0]["workloads"][0], share_pct=60.0, replica=r) for r in (0, 1)]
+    with pytest.raises(ProblemError, match=r"gpus\[0\] shares add up to 120% > 100%"):
+        plan_from_dict(data)

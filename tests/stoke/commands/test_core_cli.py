@@ -421,3 +421,17 @@ def test_unstable_replicas_are_explained_and_counted_apart(capsys):
     summary = next(line for line in out.splitlines() if line.startswith("predicted p99/SLO"))
     assert code == 0 and unstable and f"(and {len(unstable)} unstable: {', '.join(unstable)})" in summary
     assert "unstable: the requests arrive faster than the replica serves them" in out
+
+
+def test_simulate_refuses_a_run_of_more_requests_than_it_can_hold(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    (tmp_path / "plan.json").write_text(out)
+    code, _, err = run(capsys, "simulate", str(tmp_path / "plan.json"), "--seconds", "80000")
+    assert code == 2 and "more than 20,000,000; lower --seconds" in err
+
+
+def test_a_format_name_after_o_is_the_format_even_beside_a_folder_of_that_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "json").mkdir()
+    code, out, _ = run(capsys, "train", "plan", "-o", "json")
+    assert code == 0 and json.loads(out)
