@@ -31,11 +31,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from foundation.errors import InputError
-from foundation.names import shown
+from foundation.names import is_name, shown
+from interference.profile import DOMAIN_MAX_BATCH, MIN_SHARE_STEP_PCT
 from interference.profile_io import MAX_SERVING_P99_MS
 from interference.profile_io import MEASUREMENTS_FORMAT as MEASUREMENTS_FORMAT  # the profile reader names these files
 
 MEASUREMENTS_VERSION = 1
+#: The most cores a measurements file may hold: one share step per core, and a profile has at most 100 steps.
+MAX_CORES = round(100 / MIN_SHARE_STEP_PCT)
 
 
 @dataclass(frozen=True)
@@ -291,16 +294,23 @@ class ProfileSession:
                 f"(this stoke reads {MEASUREMENTS_VERSION})"
             )
         cores, models, batches = data.get("cores"), data.get("models"), data.get("batches")
-        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-            raise InputError(f"{source}: field 'cores' must be a whole number >= 1, got {cores!r}")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
-            raise InputError(f"{source}: field 'models' must be a non-empty list of model names")
+        # bounded as the profile it fits will be: at most 100 share steps (a million cores took 1.65 GB)
+        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= MAX_CORES:
+            raise InputError(
+                f"{source}: field 'cores' must be a whole number from 1 to {MAX_CORES}, got {shown(cores)}"
+            )
+        if not isinstance(models, list) or not models or not all(is_name(m) for m in models):
+            raise InputError(f"{source}: field 'models' must be a non-empty list of model names, got {shown(models)}")
+        if not is_name(data.get("device")):
+            raise InputError(f"{source}: field 'device' must be a device type name, got {shown(data.get('device'))}")
         if (
             not isinstance(batches, list)
             or not batches
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches)
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= DOMAIN_MAX_BATCH for b in batches)
         ):
-            raise InputError(f"{source}: field 'batches' must be a non-empty list of whole numbers >= 1")
+            raise InputError(
+                f"{source}: field 'batches' must be a non-empty list of whole numbers from 1 to {DOMAIN_MAX_BATCH}"
+            )
         try:
             session = cls(
                 device=str(data["device"]),

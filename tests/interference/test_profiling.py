@@ -156,3 +156,20 @@ def test_a_faster_bigger_batch_is_suspected_too_and_the_slower_point_is_the_susp
     assert list(session.non_monotone("a")) == ["a|100|8|0"]
     assert "a bigger batch must not be faster" in session.non_monotone("a")["a|100|8|0"]
     assert session.ask() == MeasurePoint("a", 100.0, 8)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("cores", 10**6, "field 'cores' must be a whole number from 1 to 100"),  # a million cores took 1.65 GB
+        ("batches", [1, 10**9], "field 'batches' must be a non-empty list of whole numbers from 1 to 32"),
+        ("models", ["../x"], "field 'models' must be a non-empty list of model names"),
+        ("device", "\x1b[31mx", "field 'device' must be a device type name"),
+    ],
+)
+def test_a_measurements_file_is_bounded_as_the_profile_it_fits(field, value, message):
+    data = ProfileSession(device="cpu-2core", cores=2, models=["a"], batches=[1, 8]).to_dict()
+    data[field] = value
+    with pytest.raises(ValueError, match=message) as caught:
+        ProfileSession.from_dict(data, "m.json")
+    assert "\x1b" not in str(caught.value)
