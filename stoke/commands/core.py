@@ -1080,11 +1080,13 @@ def run_profile_fit(args: argparse.Namespace) -> int:
         raise UserError(message if message.startswith(source) else f"{source}: {message}") from None
     failures = fit_failures(reports, args.max_mape)
     written = not failures or args.force
+    unloadable = ""
     if written:
         try:  # what is written must load: even --force does not write what every reader would refuse
             profile_from_dict(json.loads(json.dumps(profile_to_dict(profile))), "the fitted profile")
         except ProfileFileError as err:
-            raise UserError(f"{source}: {err}; {args.output} not written (not even with --force)") from None
+            unloadable, written = str(err), False
+    if written:
         with writing(args.output, "fitted profile"):
             save_profile(profile, args.output)
     if args.json:
@@ -1156,6 +1158,13 @@ def run_profile_fit(args: argparse.Namespace) -> int:
                 f"fitted {profile.gpu.name}: {len(profile.models)} model(s) ({', '.join(sorted(profile.models))}) "
                 f"-> {args.output}" + (" (written despite failed checks: --force)" if failures else "")
             )
+    if unloadable:
+        print(
+            f"stoke: error: {args.raw}: {unloadable}; {args.output} not written, not even with --force: no reader "
+            f"would load it; re-measure (e.g. `stoke profile run` with more --requests or batches)",
+            file=sys.stderr,
+        )
+        return 1
     if failures and not args.force:
         print(
             f"stoke: error: {args.raw}: the fitted profile is not usable, {args.output} not written: "
