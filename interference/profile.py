@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from foundation.errors import StokeError
+from interference.bounds import MAX_BATCH
 
 #: Bumped whenever the saved JSON layout changes incompatibly.
 PROFILE_FORMAT_VERSION = 1
@@ -30,10 +31,9 @@ DEFAULT_SERVING_P99_MS = 0.0
 #: prediction such a profile always made (its `serving_p99_ms` then holds the whole serving path, as measured).
 #: The loop cannot learn this part (its windows do not show it), so it keeps whatever the profile says.
 DEFAULT_BEYOND_SLI_P99_MS = 0.0
-#: A fitted model must hold over batches 1..this (the solvers' range, planner.solver.candidates.MAX_BATCH)
-#: and every share step, not only at the profiled points (`interference.fit` checks it). Here, beside the
-#: types, so the CLI can name it without importing the fit (scikit-learn, scipy).
-DOMAIN_MAX_BATCH = 32
+#: A fitted model must hold over batches 1..this and every share step, not only at the profiled points
+#: (`interference.fit` checks it): the solvers' range (`interference.bounds`).
+DOMAIN_MAX_BATCH = MAX_BATCH
 #: How much the fitted active time may fall when the batch grows by one (or rise when the share grows by one
 #: step) and still count as monotone: repeated medians of one point differ by a few percent, so a smaller dip
 #: is measurement noise, not a shape.

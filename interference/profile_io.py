@@ -20,6 +20,7 @@ from foundation import validate as check
 from foundation.errors import InputError
 from foundation.files import atomic_write_text
 from foundation.names import shown
+from interference.bounds import MAX_MEMORY_MIB
 from interference.profile import (
     DOMAIN_MAX_BATCH,
     MAX_ACTIVE_MS,
@@ -95,7 +96,6 @@ _NON_NEGATIVE = {"serving_p99_ms", "beyond_sli_p99_ms"}
 MAX_SERVING_P99_MS = 60000.0
 #: Device memory figures (MiB; 0 = not recorded): at most 1 TiB, more than any device has.
 _MEMORY = {"memory_mib", "context_mib", "weights_mib", "activation_mib"}
-MAX_MEMORY_MIB = 1024.0 * 1024.0
 #: Most MPS clients a profile may record (48 on Volta and later; 0 = not recorded).
 MAX_CLIENTS = 4096
 #: Most kernels one inference may launch (ssd launches 93).

@@ -1,6 +1,11 @@
 """The bounds of one workload, checked wherever a workload enters (workload files, the solver's Workload, the
-controller's apply). Pure constants; `controller.limits` names them beside every other bound.
+controller's apply). Pure constants; `controller.limits` names them beside every other bound. The largest batch
+a plan may name and the most device memory (MiB) one replica may are the bounds profiles have too
+(`interference.bounds`).
 """
+
+from interference.bounds import MAX_BATCH as MAX_BATCH
+from interference.bounds import MAX_MEMORY_MIB as MAX_MEMORY_MIB
 
 #: Highest request rate of one workload (req/s). Larger services are several workloads; the bound keeps
 #: every figure derived from the rate (replicas, queue delays) finite and small.
@@ -14,8 +19,3 @@ MAX_REPLICAS = 256
 MAX_PRICE_PER_HOUR = 100_000.0
 #: Most GPUs of one type a file may allow (`max_count`): a bound, not a plan (fleet scale is about 10,000).
 MAX_GPU_COUNT = 1_000_000
-#: Largest batch a plan may name: the largest the solver considers (`planner.solver.candidates`), so a plan
-#: file cannot ask `profile verify` to measure, or Triton to allocate, a batch of a billion.
-MAX_BATCH = 32
-#: Most device memory one replica may name in a plan (MiB): 1 TiB, above any GPU's.
-MAX_MEMORY_MIB = 1024.0 * 1024.0

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from foundation.errors import StokeError, UserError
 from foundation.names import check_name, shown
+from interference.bounds import MAX_BATCH as DOMAIN_MAX_BATCH
 from stoke.client_options import add_client_options
 from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
 from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path, writing
@@ -21,12 +22,10 @@ from stoke.table import render_table
 
 # The solver (numpy), the simulator and the fit (scikit-learn, scipy) load inside the commands that use
 # them, so `stoke --help` and every other command start at once (test_cli_start.py checks it).
-#: `stoke plan --strategy` choices (planner.solver.STRATEGIES), the batch range `profile fit` checks
-#: (interference.profile.DOMAIN_MAX_BATCH) and `profile run`'s stability defaults (interference.profiling.Stability):
-#: copied here because building the parser should load none of those modules; test_cli_start.py keeps the copies
-#: equal.
+#: `stoke plan --strategy` choices (planner.solver.STRATEGIES) and `profile run`'s stability defaults
+#: (interference.profiling.Stability): copied here because building the parser should load none of those modules;
+#: test_cli_start.py keeps the copies equal. The batch range `profile fit` checks imports nothing heavy.
 STRATEGIES = ("stoke", "igniter", "ffd")
-DOMAIN_MAX_BATCH = 32
 STABILITY_TOLERANCE_PCT = 10.0
 STABILITY_MAX_WINDOWS = 10
 

@@ -71,7 +71,6 @@ def test_help_shows_the_strategy_defaults(capsys: pytest.CaptureFixture[str]) ->
 
 def test_constants_copied_for_the_parser_match_their_source() -> None:
     from agents.device import DEVICE_KINDS
-    from interference.profile import DOMAIN_MAX_BATCH
     from interference.profiling import Stability
     from planner.solver import STRATEGIES
     from stoke.commands import core, device, train
@@ -79,7 +78,6 @@ def test_constants_copied_for_the_parser_match_their_source() -> None:
 
     assert train.SCHEDULERS == SCHEDULERS
     assert core.STRATEGIES == STRATEGIES
-    assert core.DOMAIN_MAX_BATCH == DOMAIN_MAX_BATCH
     assert device.DEVICE_KINDS == DEVICE_KINDS
     assert (core.STABILITY_TOLERANCE_PCT, core.STABILITY_MAX_WINDOWS) == (
         Stability().tolerance_pct,
