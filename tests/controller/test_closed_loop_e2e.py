@@ -38,7 +38,7 @@ import bench_closed_loop as bench  # noqa: E402
 def undisturbed(
     run: Callable[[Path], bench.Result], workdir: Path, share_at_injection: float | None = None, attempts: int = 2
 ) -> bench.Result:
-    """The scenario's first run the host did not disturb (its steal, `foundation.host_steal`) and that
+    """The scenario's first run the host did not disturb (its steal or a pause, `foundation.host_steal`) and that
     reached the incident from the steady state it starts from (`share_at_injection`), run again at most
     `attempts` times; skipped when none did. The rule looks at the host and the precondition only, never
     at the outcome under test."""

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from foundation import host_steal
 from foundation.host_steal import StealMeter, cpu_ticks, stolen_share
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cpu_line(steal: int, rest: int) -> str:
@@ -83,3 +90,56 @@ def test_a_sleep_ends_early_once_the_worst_stretch_is_past_its_limit_and_not_bef
         assert not m.sleep_unless_disturbed(30.0)  # the host takes 60%: over the 20% limit within a stretch
         assert time.monotonic() - started < 10.0
     assert m.disturbance() is not None  # what the run would have been judged at its end
+
+
+def test_a_pause_this_process_caused_is_reported_never_excused():
+    # builtin sum over a range runs in C without letting another thread take the interpreter
+    with StealMeter(watch_pauses=True) as m:
+        time.sleep(0.05)
+        started = time.monotonic()
+        while time.monotonic() - started < host_steal.PAUSE_LIMIT_MS * 2 / 1000:
+            sum(range(20_000_000))
+        time.sleep(0.05)
+    assert any(not p.hosts for p in m.pauses), m.pauses
+    if not m.host_pauses():  # (a machine busy enough to stop it as well would add its own)
+        assert m.disturbance() is None  # its own: what it ran is under test
+    assert "this process held itself up for " in (m.own_pauses() or "")
+
+
+def test_a_pause_the_machine_caused_disturbs_the_run_and_ends_its_sleep(tmp_path):
+    # The child meters itself while this test stops it (SIGSTOP), as the host would: it ran for none of the pause.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from foundation.host_steal import StealMeter\n"
+            "m = StealMeter(watch_pauses=True).start(); print('ready', flush=True)\n"
+            "calm = m.sleep_unless_disturbed(20.0); m.stop()\n"
+            "print(calm, m.disturbance(), m.own_pauses(), sep='|', flush=True)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(host_steal.PAUSE_LIMIT_MS * 3 / 1000)
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=15)  # long before the 20 s sleep: the pause ended it
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    calm, disturbance, own = out.strip().split("|")
+    assert calm == "False", out
+    assert disturbance.startswith("the machine did not run this process for "), out
+    assert own == "None", out
+
+
+def test_a_pause_is_the_machines_when_the_process_ran_for_under_half_of_it():
+    assert host_steal.Pause(1.0, late_ms=300.0, cpu_ms=20.0).hosts
+    assert not host_steal.Pause(1.0, late_ms=300.0, cpu_ms=280.0).hosts
+    assert "300 ms at 1.0 s" in str(host_steal.Pause(1.0, late_ms=300.0, cpu_ms=20.0))
