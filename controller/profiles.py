@@ -14,6 +14,7 @@ import threading
 from typing import Protocol
 
 from controller.store import Store
+from foundation.names import shown
 from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
 from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
 
@@ -39,10 +40,13 @@ class ProfileBook:
         self.measured_points = measured_points
         self._lock = threading.Lock()
         self._version = 0
-        self._fitted, self._profiles = self._load()
+        self._refused: tuple[str, ...] = ()
+        self._fitted, self._profiles, self._refused = self._load()
 
-    def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile]]:
+    def _load(self) -> tuple[dict[str, DeviceProfile], dict[str, DeviceProfile], tuple[str, ...]]:
+        """(fitted, active, why stored profiles were refused, in words for `stoke status`)."""
         fitted, active = {}, {}
+        refused: list[str] = []
         overrides = self.store.active_model_dicts()
         measured = self.store.measured_points() if self.measured_points else {}
         for gpu_type, data in self.store.profile_dicts().items():
@@ -53,12 +57,11 @@ class ProfileBook:
                 fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
             except ProfileFileError as err:
                 # stored by a version that checked less: the controller starts without it rather than not at all
-                log.error(
-                    "%s; GPU type %s has no profile (its workloads wait) until one that passes is uploaded: "
-                    "`stoke profiles upload FILE`",
-                    err,
-                    gpu_type,
+                refused.append(
+                    f"{err}; GPU type {shown(gpu_type)} has no profile (its workloads wait) until one that passes "
+                    "is uploaded: `stoke profiles upload FILE`"
                 )
+                log.error("%s", refused[-1])
                 continue
             models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
             try:
@@ -66,7 +69,11 @@ class ProfileBook:
                     {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
                 )
             except ProfileFileError as err:
-                log.error("%s (a recalibrated version); GPU type %s plans with its fitted profile", err, gpu_type)
+                refused.append(
+                    f"{err} (a recalibrated version); GPU type {shown(gpu_type)} plans with its fitted profile: "
+                    f"`stoke profiles rollback MODEL --gpu-type {shown(gpu_type)}` pins it"
+                )
+                log.error("%s", refused[-1])
                 profile = fitted[gpu_type]
             # points verify before serving measured override the fit (and a recalibrated version) there
             active[gpu_type] = DeviceProfile(
@@ -76,7 +83,12 @@ class ProfileBook:
                     for name, m in profile.models.items()
                 },
             )
-        return fitted, active
+        return fitted, active, tuple(refused)
+
+    def alerts(self) -> tuple[str, ...]:
+        """Why stored profiles were refused at the last load (empty when none was)."""
+        with self._lock:
+            return self._refused
 
     def snapshot(self) -> tuple[dict[str, DeviceProfile], int]:
         """The active profiles per GPU type, and the version."""
@@ -91,7 +103,7 @@ class ProfileBook:
         """Read the store again (a recalibrated version, a rollback) and count a change."""
         loaded = self._load()
         with self._lock:
-            self._fitted, self._profiles = loaded
+            self._fitted, self._profiles, self._refused = loaded
             self._version += 1
 
     def put(self, gpu_type: str, profile: DeviceProfile, now: float) -> None:

@@ -501,7 +501,10 @@ class ControlService:
             self.store.workloads(),
             self.list_nodes(),
             self.reconciler.last_error,
-            self.nodes.alerts() + self.feedback.output.alerts + self.verifier.alerts(self.clock()),
+            self.nodes.alerts()
+            + self.feedback.output.alerts
+            + self.verifier.alerts(self.clock())
+            + self.profiles.alerts(),
             feedback=self.feedback.workload_feedback(),
             loop_events=events,
             unconfirmed_after_s=UNCONFIRMED_INTERVALS * self.config.heartbeat_interval_s,
