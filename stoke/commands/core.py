@@ -636,22 +636,28 @@ MAX_MIN_REQUESTS = 10_000_000
 MAX_SIMULATED_REQUESTS = 20_000_000
 
 
+def _rounded(value: float, digits: int) -> float | None:
+    """`value` rounded, or None (JSON null) where it is not a number: no p99 without requests, no quantile of
+    none (JSON has no NaN; `json.dumps` would write one no parser reads)."""
+    return round(value, digits) if math.isfinite(value) else None
+
+
 def report_to_dict(report: SimulationReport) -> dict[str, Any]:
     p10, p50, p90 = report.slack_quantiles()
     return {
         "seconds": report.seconds,
         "seed": report.seed,
         "attainment": report.attainment,
-        "p99_slo_ratio": {"p10": round(p10, 4), "median": round(p50, 4), "p90": round(p90, 4)},
+        "p99_slo_ratio": {"p10": _rounded(p10, 4), "median": _rounded(p50, 4), "p90": _rounded(p90, 4)},
         "workloads": [
             {
                 "name": w.name,
                 "slo_ms": w.slo_ms,
                 "offered_rps": round(w.offered_rps, 3),
                 "throughput_rps": round(w.throughput_rps, 3),
-                "p50_ms": round(w.p50_ms, 3),
-                "p99_ms": round(w.p99_ms, 3),
-                "p99_slo_ratio": round(w.p99_slo_ratio, 4),
+                "p50_ms": _rounded(w.p50_ms, 3),
+                "p99_ms": _rounded(w.p99_ms, 3),
+                "p99_slo_ratio": _rounded(w.p99_slo_ratio, 4),
                 "over_slo": round(w.over_slo, 6),
                 "requests": w.requests,
                 "meets_slo": w.meets_slo,
@@ -679,6 +685,8 @@ def format_report(report: SimulationReport) -> str:
     table = render_table(
         ["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "p99/slo", "over_slo", "p99<=slo"], rows
     )
+    if not report.workloads:  # an empty plan: no quantile to show, and no workload to keep within its SLO
+        return f"simulated {report.seconds:g} s, seed {report.seed}: the plan places no workload\n\n{table}"
     p10, p50, p90 = report.slack_quantiles()
     return (
         f"simulated {report.seconds:g} s, seed {report.seed}: {100 * report.attainment:.1f}% of workloads "

@@ -88,6 +88,20 @@ def test_simulate_a_plan_file(capsys, tmp_path):
     assert len(report["workloads"]) == 8 and 0 <= report["attainment"] <= 1
 
 
+def _no_nan(token: str) -> float:
+    raise AssertionError(f"{token} is not JSON")
+
+
+def test_simulating_an_empty_plan_says_so_and_writes_json_without_nan(capsys, tmp_path):
+    plan = tmp_path / "empty.json"
+    plan.write_text(json.dumps({"gpu_count": 0, "cost_per_hour": 0, "gpus": [], "strategy": "stoke"}))
+    code, out, _ = run(capsys, "simulate", str(plan), "--seconds", "1")
+    assert code == 0 and "the plan places no workload" in out and "nan" not in out
+    code, out, _ = run(capsys, "simulate", str(plan), "--seconds", "1", "--json")
+    report = json.loads(out, parse_constant=_no_nan)  # NaN, Infinity: no JSON parser but Python's reads them
+    assert code == 0 and report["workloads"] == [] and report["p99_slo_ratio"]["median"] is None
+
+
 def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     out_path = tmp_path / "v100.json"
     code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
