@@ -52,30 +52,45 @@ def render_plan(
     """
     configs = plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram)
     changed: list[str] = []
-    before: dict[str, bytes | None] = {}
+    before: dict[str, _Before] = {}
     try:
         for path, config in configs.items():
-            before[path] = _current_bytes(path)
+            before[path] = _current(path)
             if write_config(path, config):
                 changed.append(path)
     except OSError as err:
         for written in changed:
-            old = before[written]
-            if old is None:
-                Path(written).unlink(missing_ok=True)
-            else:
-                atomic_write_bytes(written, old)
+            _restore(written, before[written])
         raise RenderError(
             f"{path}: cannot write the config ({err.strerror or err}); nothing was changed in {repo_dir}"
         ) from None
     return changed
 
 
-def _current_bytes(path: str) -> bytes | None:
+#: What a config path held before a render: nothing (None), a file's bytes, or a symlink's target (str).
+_Before = bytes | str | None
+
+
+def _current(path: str) -> _Before:
+    if os.path.islink(path):
+        return os.readlink(path)  # a repository that links its configs keeps the link, not a copy
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
         return None
+
+
+def _restore(path: str, old: _Before) -> None:
+    """Put back what `_current` saw, a symlink as a symlink (made aside, then renamed over, as files are)."""
+    if old is None:
+        Path(path).unlink(missing_ok=True)
+    elif isinstance(old, str):
+        aside = f"{path}.stoke-restore"
+        Path(aside).unlink(missing_ok=True)
+        os.symlink(old, aside)
+        os.replace(aside, path)
+    else:
+        atomic_write_bytes(path, old)
 
 
 def plan_configs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from google.protobuf import text_format
@@ -221,3 +222,19 @@ def test_render_plan_writes_all_or_nothing(demo_repo_copy):
         render_plan(plan_to_dict(plan), demo_repo_copy, "gpu")
     assert {m: (demo_repo_copy / m / "config.pbtxt").read_bytes() for m in before} == before
     assert not (demo_repo_copy / "mlp_small" / "configs" / "a_0.pbtxt").exists()
+
+
+def test_a_render_that_fails_puts_a_linked_config_back_as_the_link(demo_repo_copy):
+    # a repository that keeps its configs elsewhere and links them: the rollback restores the link, not a copy
+    plan = _plan([("a", "mlp_small", 50.0, 4, 0)], [("a", "mlp_small", 50.0, 8, 1)])
+    kept = demo_repo_copy / "kept-mlp_small.pbtxt"
+    link = demo_repo_copy / "mlp_small" / "config.pbtxt"
+    kept.write_bytes(link.read_bytes())
+    link.unlink()
+    link.symlink_to(kept)
+    (demo_repo_copy / "mlp_small" / "configs" / "a_1.pbtxt").mkdir(parents=True)
+    with pytest.raises(RenderError, match="nothing was changed"):
+        render_plan(plan_to_dict(plan), demo_repo_copy, "gpu")
+    assert link.is_symlink() and os.readlink(link) == str(kept)
+    assert kept.read_bytes() == (DEMO_REPO / "mlp_small" / "config.pbtxt").read_bytes()
+    assert not list((demo_repo_copy / "mlp_small").glob("*.stoke-restore"))
