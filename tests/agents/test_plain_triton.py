@@ -27,8 +27,39 @@ pytestmark = pytest.mark.triton
 
 @contextmanager
 def plain_triton(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator[tuple[subprocess.Popen, str, str]]:
-    """tritonserver with no --model-control-mode (so: load every model at start); yields (proc, http, grpc)."""
-    http, grpc, metrics = free_ports(3)
+    """tritonserver with no --model-control-mode (so: load every model at start); yields (proc, http, grpc).
+    Ports free when picked can be taken before Triton binds them (another process's outbound connection):
+    a start that exits saying so is tried again on new ports, as `agents.triton.process` does."""
+    for _attempt in range(3):
+        http, grpc, metrics = free_ports(3)
+        proc = _start(repo, workdir, http, grpc, metrics)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as reply:
+                        if reply.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                time.sleep(0.1)
+            log = (workdir / "triton.log").read_text(errors="replace").lower()
+            if proc.poll() is not None and "already in use" in log:  # 2.51: "Socket '...' already in use"
+                continue
+            yield proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+            return
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    raise AssertionError("tritonserver found its ports taken on three tries")
+
+
+def _start(repo: Path, workdir: Path, http: int, grpc: int, metrics: int) -> subprocess.Popen:
     cmd = [
         str(find_tritonserver()),
         f"--model-repository={repo}",
@@ -43,28 +74,8 @@ def plain_triton(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator
         "--pinned-memory-pool-byte-size=0",
         "--exit-timeout-secs=5",
     ]
-    log_path = workdir / "triton.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=triton_env(), stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        yield proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}"
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with open(workdir / "triton.log", "wb") as log:
+        return subprocess.Popen(cmd, env=triton_env(), stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
 
 
 def _index(http: str) -> dict[str, str]:
