@@ -393,7 +393,7 @@ class Result:
     ratio_before: float  # observed over predicted, median in the steady state
     ratio_peak: float  # highest in the incident
     disturbance: str | None = None  # the host's steal over the run made it measure the host (StealMeter)
-    own_pauses: str | None = None  # where this process held itself up (its GC, code in it holding the interpreter)
+    other_pauses: str | None = None  # late wake-ups the host did not steal: printed, never an excuse
     share_at_injection: float = math.nan  # the workload's share when the incident began
 
     def summary(self) -> str:
@@ -407,7 +407,6 @@ class Result:
             f"{self.guard_moves} guard move(s), {self.revisions} plan revision(s); observed/predicted "
             f"{self.ratio_before:.2f} before (median), {self.ratio_peak:.2f} at most in the incident"
             + (f"; DISTURBED: {self.disturbance}" if self.disturbance else "")
-            + (f"; {self.own_pauses}" if self.own_pauses else "")
         )
 
 
@@ -427,7 +426,7 @@ def _finish(
     actions = [t for t, _ in timeline.actions if t >= injected]
     incident = load.between(injected, end)
     steal.stop()
-    own = steal.own_pauses()
+    other = steal.other_pauses()
     return Result(
         name=name,
         detect_s=min(actions) - injected if actions else None,
@@ -442,11 +441,11 @@ def _finish(
         profile=profile,
         guard_moves=w.guard_moves,
         revisions=stack.client.status().revision - revision,
-        timeline=timeline.lines + ([f"  {own}"] if own else []),
+        timeline=timeline.lines + ([f"  {other}"] if other else []),
         ratio_before=statistics.median([r for t, r in timeline.ratios if t < injected] or [math.nan]),
         ratio_peak=max((r for t, r in timeline.ratios if t >= injected), default=math.nan),
         disturbance=steal.disturbance(),
-        own_pauses=own,
+        other_pauses=other,
         share_at_injection=share_at_injection,
     )
 
@@ -467,7 +466,7 @@ def run_slowdown(
     name = f"slowdown x{factor:g}, guard {'on' if loop.guard else 'off'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {RATE_RPS:g} req/s Poisson, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
-    steal = StealMeter(watch_pauses=True)  # a quarter-second stall breaks a p99: the machine's is the host's
+    steal = StealMeter(watch_pauses=True)  # a quarter-second stall breaks a p99 too
     try:
         stack.client.apply_workloads([Workload("w", MODEL, SLO_MS, RATE_RPS)])
         stack.serving("w")
@@ -508,7 +507,7 @@ def run_surge(
     name = f"surge {before:g} -> {after:g} req/s, rate {'auto' if auto else 'fixed'}"
     print(f"\n== {name} (SLO {SLO_MS:g} ms, {CORES} core(s))", flush=True)
     stack = Stack(workdir, loop)
-    steal = StealMeter(watch_pauses=True)  # a quarter-second stall breaks a p99: the machine's is the host's
+    steal = StealMeter(watch_pauses=True)  # a quarter-second stall breaks a p99 too
     try:
         planned = before * 1.25
         spec = Workload(
