@@ -52,14 +52,14 @@ class ProfileBook:
         for gpu_type, data in self.store.profile_dicts().items():
             if not data["models"]:
                 continue
-            where = f"stored profile {gpu_type}"
+            where = f"stored profile {shown(gpu_type)}"  # stored by a version that checked names less, maybe
             try:
                 fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
             except ProfileFileError as err:
                 # stored by a version that checked less: the controller starts without it rather than not at all
                 refused.append(
-                    f"{err}; GPU type {shown(gpu_type)} has no profile (its workloads wait) until one that passes "
-                    "is uploaded: `stoke profiles upload FILE`"
+                    f"{err}; this GPU type has no profile (its workloads wait) until one that passes is "
+                    "uploaded: `stoke profiles upload FILE`"
                 )
                 log.error("%s", refused[-1])
                 continue
@@ -70,8 +70,8 @@ class ProfileBook:
                 )
             except ProfileFileError as err:
                 refused.append(
-                    f"{err} (a recalibrated version); GPU type {shown(gpu_type)} plans with its fitted profile: "
-                    f"`stoke profiles rollback MODEL --gpu-type {shown(gpu_type)}` pins it"
+                    f"{err} (a recalibrated version); this GPU type plans with its fitted profile, which "
+                    "`stoke profiles rollback MODEL --gpu-type TYPE` pins"
                 )
                 log.error("%s", refused[-1])
                 profile = fitted[gpu_type]

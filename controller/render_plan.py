@@ -8,6 +8,7 @@ the solver.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,18 @@ def render_plan(
             if write_config(path, config):
                 changed.append(path)
     except OSError as err:
-        for written in changed:
-            _restore(written, before[written])
-        raise RenderError(
-            f"{path}: cannot write the config ({err.strerror or err}); nothing was changed in {repo_dir}"
-        ) from None
+        unrestored = []
+        for written in changed:  # each one tried, whatever the others do
+            try:
+                _restore(written, before[written])
+            except OSError:
+                unrestored.append(written)
+        outcome = (
+            f"nothing was changed in {repo_dir}"
+            if not unrestored
+            else f"these could not be put back as they were: {', '.join(unrestored)}"
+        )
+        raise RenderError(f"{path}: cannot write the config ({err.strerror or err}); {outcome}") from None
     return changed
 
 
@@ -85,10 +93,13 @@ def _restore(path: str, old: _Before) -> None:
     if old is None:
         Path(path).unlink(missing_ok=True)
     elif isinstance(old, str):
-        aside = f"{path}.stoke-restore"
-        Path(aside).unlink(missing_ok=True)
+        target = Path(path)
+        aside = target.with_name(f".{target.name}.{secrets.token_hex(6)}.link")  # a new name: nothing it replaces
         os.symlink(old, aside)
-        os.replace(aside, path)
+        try:
+            os.replace(aside, path)
+        finally:
+            aside.unlink(missing_ok=True)  # (gone once renamed)
     else:
         atomic_write_bytes(path, old)
 

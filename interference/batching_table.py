@@ -32,10 +32,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from interference.bounds import MAX_BATCH
+
 #: Probabilities at which the table stores latency quantiles.
 PROBS = np.array([0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999])
 #: Grid: max batch (every size 1..32), batch-1 coordinate s, logit of utilisation (u 1.2e-4..0.953).
-BATCHES = np.arange(1, 33)
+BATCHES = np.arange(1, MAX_BATCH + 1)
 SHAPES = np.linspace(0.0, 1.0, 11)
 LOGITS = np.arange(-9.0, 3.0 + 1e-9, 0.25)
 DELAY_MODES = ("zero", "fill")  # max queue delay 0, or (B-1)/rate

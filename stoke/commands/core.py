@@ -637,8 +637,8 @@ MAX_SIMULATED_REQUESTS = 20_000_000
 
 
 def _rounded(value: float, digits: int) -> float | None:
-    """`value` rounded, or None (JSON null) where it is not a number: no p99 without requests, no quantile of
-    none (JSON has no NaN; `json.dumps` would write one no parser reads)."""
+    """`value` rounded, or None (JSON null) where it is not a number (the quantiles of no workload): JSON has
+    no NaN, and `json.dumps` would write one no parser but Python's reads."""
     return round(value, digits) if math.isfinite(value) else None
 
 
@@ -655,9 +655,9 @@ def report_to_dict(report: SimulationReport) -> dict[str, Any]:
                 "slo_ms": w.slo_ms,
                 "offered_rps": round(w.offered_rps, 3),
                 "throughput_rps": round(w.throughput_rps, 3),
-                "p50_ms": _rounded(w.p50_ms, 3),
-                "p99_ms": _rounded(w.p99_ms, 3),
-                "p99_slo_ratio": _rounded(w.p99_slo_ratio, 4),
+                "p50_ms": _rounded(w.p50_ms, 3) if w.requests else None,
+                "p99_ms": _rounded(w.p99_ms, 3) if w.requests else None,
+                "p99_slo_ratio": _rounded(w.p99_slo_ratio, 4) if w.requests else None,
                 "over_slo": round(w.over_slo, 6),
                 "requests": w.requests,
                 "meets_slo": w.meets_slo,
@@ -674,23 +674,25 @@ def format_report(report: SimulationReport) -> str:
             w.slo_ms,
             w.offered_rps,
             w.throughput_rps,
-            w.p50_ms,
-            w.p99_ms,
-            f"{w.p99_slo_ratio:.2f}",
+            *((w.p50_ms, w.p99_ms, f"{w.p99_slo_ratio:.2f}") if w.requests else ("-", "-", "-")),
             f"{100 * w.over_slo:.2f}%",
-            "ok" if w.meets_slo else "MISS",
+            ("ok" if w.meets_slo else "MISS") if w.requests else "no requests",
         ]
         for w in report.workloads
     ]
     table = render_table(
         ["workload", "slo_ms", "offered_rps", "served_rps", "p50_ms", "p99_ms", "p99/slo", "over_slo", "p99<=slo"], rows
     )
+    head = f"simulated {report.seconds:g} s, seed {report.seed}: "
     if not report.workloads:  # an empty plan: no quantile to show, and no workload to keep within its SLO
-        return f"simulated {report.seconds:g} s, seed {report.seed}: the plan places no workload\n\n{table}"
+        return f"{head}the plan places no workload\n\n{table}"
+    silent = sum(1 for w in report.workloads if not w.requests)
+    if silent == len(report.workloads):
+        return f"{head}no workload sent a request: raise --seconds or --min-requests\n\n{table}"
     p10, p50, p90 = report.slack_quantiles()
+    unmeasured = f" ({silent} sent no request: raise --seconds or --min-requests)" if silent else ""
     return (
-        f"simulated {report.seconds:g} s, seed {report.seed}: {100 * report.attainment:.1f}% of workloads "
-        f"keep p99 within SLO\n"
+        f"{head}{100 * report.attainment:.1f}% of workloads keep p99 within SLO{unmeasured}\n"
         f"simulated p99/SLO across workloads: p10 {p10:.2f}, median {p50:.2f}, p90 {p90:.2f} "
         f"(near 1 is a tight plan; far below 1 is a padded one)\n\n{table}"
     )

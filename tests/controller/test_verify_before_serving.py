@@ -728,12 +728,12 @@ def test_a_stored_profile_that_newer_checks_refuse_leaves_the_controller_up(tmp_
     with caplog.at_level("ERROR", logger="stoke.controller.profiles"):
         book = ProfileBook(store)
     assert set(book.snapshot()[0]) == set(book.fitted()) == {"CPU"}
-    assert "stored profile OLD" in caplog.text and "GPU type 'OLD' has no profile" in caplog.text
+    assert "stored profile 'OLD'" in caplog.text and "this GPU type has no profile" in caplog.text
     # `stoke status` says so too, not only the log: the way out is an upload
     from controller.service import ControlService
 
     svc = ControlService(store, ServiceConfig())
-    (alert,) = [a for a in svc.status().alerts if "stored profile OLD" in a]
-    assert "GPU type 'OLD' has no profile" in alert and "stoke profiles upload FILE" in alert
+    (alert,) = [a for a in svc.status().alerts if "stored profile 'OLD'" in a]
+    assert "this GPU type has no profile" in alert and "stoke profiles upload FILE" in alert
     svc.profiles.put("OLD", replace(cpu_profile(), gpu=replace(cpu_profile().gpu, name="OLD")), 200.0)
-    assert not any("stored profile OLD" in a for a in svc.status().alerts)  # gone once a good one is uploaded
+    assert not any("stored profile 'OLD'" in a for a in svc.status().alerts)  # gone once a good one is uploaded

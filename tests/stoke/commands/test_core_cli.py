@@ -102,6 +102,22 @@ def test_simulating_an_empty_plan_says_so_and_writes_json_without_nan(capsys, tm
     assert code == 0 and report["workloads"] == [] and report["p99_slo_ratio"]["median"] is None
 
 
+def test_a_workload_that_sent_no_request_is_shown_unmeasured_not_ok(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    plan = json.loads(out)
+    for gpu in plan["gpus"]:
+        for w in gpu["workloads"]:
+            w["rate_rps"] = 0.01  # about no request in a simulated second
+    (tmp_path / "slow.json").write_text(json.dumps(plan))
+    argv = ("simulate", str(tmp_path / "slow.json"), "--seconds", "1", "--min-requests", "0")
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "no workload sent a request: raise --seconds or --min-requests" in out
+    assert "nan" not in out and " ok" not in out and out.count("no requests") == 8
+    code, out, _ = run(capsys, *argv, "--json")
+    report = json.loads(out, parse_constant=_no_nan)
+    assert all(w["requests"] == 0 and w["p99_ms"] is None for w in report["workloads"])
+
+
 def test_profile_fit_writes_a_loadable_profile(capsys, tmp_path):
     out_path = tmp_path / "v100.json"
     code, out, _ = run(capsys, "profile", "fit", str(bundled_raw_path()), "-o", str(out_path))
