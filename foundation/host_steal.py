@@ -131,7 +131,7 @@ class StealMeter:
         return self
 
     def host_pauses(self) -> list[Pause]:
-        """The pauses the machine caused (`Pause.hosts`)."""
+        """The pauses the host stole (`Pause.hosts`)."""
         return [p for p in self.pauses if p.hosts]
 
     def __enter__(self) -> StealMeter:
@@ -177,7 +177,7 @@ class StealMeter:
 
     def disturbance(self) -> str | None:
         """Why the host disturbed the run (`MEAN_LIMIT` over the run or `WINDOW_LIMIT` over its worst
-        `WINDOW_S`, or a pause the machine caused), or None."""
+        `WINDOW_S`, or a pause the host stole), or None."""
         mean, worst = self.mean, self.worst(WINDOW_S)
         reasons = []
         if mean > MEAN_LIMIT or worst > WINDOW_LIMIT:
