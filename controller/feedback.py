@@ -444,7 +444,9 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance)
+        # the service-time correction alone (Triton's compute is its evidence, not the pools)
+        service_moves = p99_moves(active, corrected, replicas) if correction is not None else None
+        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, service_moves)
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
@@ -460,14 +462,19 @@ class FeedbackLoop:
         current: float,
         factor: float,
         tolerance: float,
+        service_moves: Sequence[Move] | None = None,
     ) -> tuple[bool, str]:
         """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
-        A lowering learnt from pools, and any move only the accuracy goal publishes (no SLO at stake: one stall
-        in one pool must not move it), are confirmed only by pools that do not overlap (`Confirmation.next`)."""
+        A serving term learnt from pools, raised or lowered, is confirmed only by pools that do not overlap
+        (`Confirmation.next`): one stall in one pool must not move it. Not when the service-time correction
+        alone crosses the threshold (`service_moves`: the moves it makes with the active serving term): Triton's
+        compute figures are its evidence, and the term comes with it."""
         cfg = self.config.recalibration
         crossed, why, accuracy_only = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
-        lowers = bool(moves) and all(m.after_ms <= m.before_ms for m in moves)
-        independent = serving.pools if serving.pooled and (lowers or accuracy_only) else ()
+        service_alone = service_moves is not None and crosses(service_moves, cfg.replan_threshold, 0.0)[0]
+        # a pool is one sample: a term learnt from pools needs a second pool that shares no window with the first
+        # (one stalled second sits in every pool for their length)
+        independent = serving.pools if serving.pooled and not service_alone else ()
         confirmation = self._confirm.get(pair, Confirmation()).next(
             crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent
         )
@@ -700,7 +707,8 @@ RATE_TOLERANCE = 0.2
 RATE_NOISE_SD = 3.0
 BACKLOG_BATCHES = 2
 #: A pool is read only over at least this many requests (and `guard.min_requests`): over 20 its p99 is their
-#: maximum, which one stalled request sets, and a raise past the threshold needs no independent pools.
+#: maximum, which one stalled request sets. Over 100-400 it is their 2nd to 5th largest, so one stalled second
+#: still sets it: a move learnt from pools waits for a second pool that shares no window with the first.
 POOL_MIN_REQUESTS = 100
 
 

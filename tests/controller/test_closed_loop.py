@@ -602,17 +602,20 @@ def test_a_prediction_far_above_what_clients_see_under_a_loose_slo_is_refreshed_
 
 
 @pytest.mark.parametrize("stall", [True, False])
-def test_a_raise_only_the_accuracy_goal_publishes_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, stall):
-    """Clients see what the prediction says, but for 18 ms more in every pool (a slower serving path: raised
+@pytest.mark.parametrize("raise_ms", [18.0, 60.0])
+def test_a_raise_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, stall, raise_ms):
+    """Clients see what the prediction says, but for `raise_ms` more in every pool (a slower serving path: raised
     once a second pool that shares no window with the first shows it) or only in the pools that hold one
     stalled window (one stall: the ten pools that hold it overlap, and the first one without it shows no
-    raise, so nothing is published; fails when a raise under the threshold is confirmed by overlapping pools)."""
+    raise, so nothing is published; fails when overlapping pools confirm a raise). 18 ms under the 400 ms SLO
+    only the accuracy goal publishes; 60 ms is past the 10% threshold (a demo run learnt 19.4 ms from one pool
+    of 172 requests, its clients at 12.8 ms over the run; a surge test 221 ms from one stalled second)."""
     svc, node, first = loose_slo(tmp_path)
     raised_at = None
     for i in range(40):
         n = min(i, 10)
         # the stall is window 12: it is in the pools of windows 12..21, 10 windows each
-        extra = 18.0 if not stall or (i >= 12 and i - n + 1 <= 12) else 0.0
+        extra = raise_ms if not stall or (i >= 12 and i - n + 1 <= 12) else 0.0
         seen = first.predicted_p99_ms + extra
         pool = dict(pooled_p99_ms=seen, pooled_windows=n, pooled_count=30 * n) if i else {}
         node.beat(p99=first.predicted_p99_ms, p50=first.predicted_p99_ms - 10.0, over=0.0, **pool)
@@ -623,5 +626,8 @@ def test_a_raise_only_the_accuracy_goal_publishes_needs_a_pool_that_shares_no_wi
         assert raised_at is None and not versions, versions
     else:
         assert raised_at is not None and raised_at >= 10, raised_at  # after a second, independent pool
-        assert len(versions) == 1 and "past the accuracy goal" in versions[0].meta["reason"]
-        assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + 18.0, abs=0.5)
+        assert len(versions) == 1
+        assert ("past the accuracy goal (20% or 2 ms), under the re-plan threshold" in versions[0].meta["reason"]) == (
+            raise_ms < 0.1 * 400
+        )
+        assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + raise_ms, abs=0.5)

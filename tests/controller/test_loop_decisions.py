@@ -193,7 +193,7 @@ def test_confirmation_needs_agreeing_consecutive_estimates_and_resets_on_a_miss(
     assert factor_move(1.0, 1.2) == pytest.approx(0.2, rel=1e-9) and factor_move(0.0, 1.0) == math.inf
 
 
-def test_a_lowering_is_confirmed_only_by_pools_that_share_no_window_with_the_counted_ones():
+def test_a_term_from_pools_is_confirmed_only_by_pools_that_share_no_window_with_the_counted_ones():
     from controller.recalibrate import PoolSpan
 
     first = Confirmation().next(True, 1.0, 0.1, 10.0, 1.0, (PoolSpan("w#0", 1, 10),))
@@ -202,10 +202,10 @@ def test_a_lowering_is_confirmed_only_by_pools_that_share_no_window_with_the_cou
     assert overlapping == first  # neither confirms nor starts over
     assert overlapping.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#0", 11, 20),)).count == 2
     assert first.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#1", 6, 15),)).count == 2  # another replica's
-    assert first.next(True, 1.0, 0.1, 10.1, 1.0).count == 2  # not a lowering: no wait
+    assert first.next(True, 1.0, 0.1, 10.1, 1.0).count == 2  # a service-time move alone: no wait
     assert first.next(True, 1.0, 0.1, 20.0, 1.0, (PoolSpan("w#0", 6, 15),)).count == 1  # disagrees: over
     assert first.next(False, 1.0, 0.1).count == 0
-    # a lowering after an estimate that was not one (a raise, a reading without pools) starts the count
+    # a term from pools after an estimate that was not one (a service-time move, no pools) starts the count
     raised = Confirmation().next(True, 1.0, 0.1, 10.0, 1.0)
     assert raised.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#0", 1, 10),)).count == 1
 
