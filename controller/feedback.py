@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from controller.config import RecalibrationConfig, ServiceConfig
@@ -446,12 +446,21 @@ class FeedbackLoop:
         factor = correction.factor if correction else current
         # the service-time correction alone (Triton's compute is its evidence, not the pools)
         service_moves = p99_moves(active, corrected, replicas) if correction is not None else None
-        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, service_moves)
+        seen_term = active.model(model).serving_p99_ms + active.model(model).beyond_sli_p99_ms
+        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, service_moves, seen_term)
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
+        agreed = self._confirm[pair].serving_ms
+        if serving.pooled and agreed != serving.serving_p99_ms:  # an earlier pool's smaller move stands
+            serving = replace(
+                serving,
+                serving_p99_ms=agreed,
+                text=f"{serving.text}; {agreed:.2f} ms stands, the least move of the independent pools",
+            )
+            candidate = with_serving(corrected, model, agreed, beyond_sli_ms=serving.beyond_sli_p99_ms)
         self._publish(pair, correction, current, candidate, serving, why, now)
 
     def _confirmed(
@@ -463,12 +472,14 @@ class FeedbackLoop:
         factor: float,
         tolerance: float,
         service_moves: Sequence[Move] | None = None,
+        active_seen_ms: float | None = None,
     ) -> tuple[bool, str]:
         """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
         A serving term learnt from pools, raised or lowered, is confirmed only by pools that do not overlap
         (`Confirmation.next`): one stall in one pool must not move it. Not when the service-time correction
         alone crosses the threshold (`service_moves`: the moves it makes with the active serving term): Triton's
-        compute figures are its evidence, and the term comes with it."""
+        compute figures are its evidence, and the term comes with it. `active_seen_ms`: the active term (and
+        what clients see beyond the SLI), which pools must agree to move the same way."""
         cfg = self.config.recalibration
         crossed, why, accuracy_only = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
         service_alone = service_moves is not None and crosses(service_moves, cfg.replan_threshold, 0.0)[0]
@@ -476,7 +487,7 @@ class FeedbackLoop:
         # (one stalled second sits in every pool for their length)
         independent = serving.pools if serving.pooled and not service_alone else ()
         confirmation = self._confirm.get(pair, Confirmation()).next(
-            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent
+            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent, active_seen_ms
         )
         self._confirm[pair] = confirmation
         return confirmation.count >= cfg.confirmations, why

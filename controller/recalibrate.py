@@ -204,15 +204,35 @@ class Confirmation:
         serving_ms: float = 0.0,
         serving_tolerance_ms: float = math.inf,
         pools: Sequence[PoolSpan] = (),
+        active_serving_ms: float | None = None,
     ) -> Confirmation:
         """`pools`: the pools of an estimate whose serving term was learnt from pooled p99s (empty otherwise;
         `controller.feedback`). Such an estimate confirms the last counted one only when no pool of one overlaps
         a pool of the other: two pools 5 s apart share half their windows, and one quiet stretch, or one stalled
         second, is not two. An agreeing estimate over overlapping pools changes nothing: it neither confirms nor
         contradicts; such an estimate after one that was none (a service-time move alone, a reading without
-        pools) starts the count. A service-time move alone needs no such wait."""
+        pools) starts the count. A service-time move alone needs no such wait.
+
+        With `active_serving_ms` (the active term), independent pools agree when they move the term the same
+        way, and the least of their moves stands (`serving_ms`): a pool's p99 is set by its few largest requests,
+        so two pools of one steady path differ by more than any fixed agreement, and the larger of two raises is
+        the one a burst made (a lowering: the smaller, never below what either pool shows)."""
         if not crossed:
             return Confirmation()
+        if pools and active_serving_ms is not None:
+            up = serving_ms > active_serving_ms
+            same_way = (
+                self.count > 0
+                and bool(self.counted_pools)
+                and abs(factor / self.factor - 1.0) <= threshold / 2.0
+                and (self.serving_ms > active_serving_ms) == up
+            )
+            if not same_way:
+                return Confirmation(1, factor, serving_ms, tuple(pools))
+            if any(p.overlaps(q) for p in pools for q in self.counted_pools):
+                return self  # not independent evidence
+            least = min(self.serving_ms, serving_ms) if up else max(self.serving_ms, serving_ms)
+            return Confirmation(self.count + 1, factor, least, tuple(pools))
         agrees = (
             self.count > 0
             and abs(factor / self.factor - 1.0) <= threshold / 2.0

@@ -601,6 +601,27 @@ def test_a_prediction_far_above_what_clients_see_under_a_loose_slo_is_refreshed_
         assert not versions and now.predicted_p99_ms == pytest.approx(first.predicted_p99_ms)
 
 
+def test_independent_pools_that_raise_by_different_amounts_publish_the_least_raise(tmp_path):
+    """A steady serving path 20 ms longer than the profile says, seen through pools of 300 requests whose p99
+    one slow request or two can lift: the first ten pools show 20 ms more, the next ten 36, and so on. Two
+    independent pools agree that the term goes up, and the lesser raise, the first, stands: 20 ms (fails when
+    overlapping pools publish at once, and when pools must agree within 25%: 20 and 36 never do)."""
+    svc, node, first = loose_slo(tmp_path)
+    raised_at = None
+    for i in range(45):
+        n = min(i, 10)
+        extra = 20.0 if (i // 10) % 2 == 0 else 36.0
+        seen = first.predicted_p99_ms + extra
+        pool = dict(pooled_p99_ms=seen, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(p99=first.predicted_p99_ms, p50=first.predicted_p99_ms - 10.0, over=0.0, **pool)
+        if raised_at is None and svc.store.profile_versions("accel_sim"):
+            raised_at = i
+    (version,) = svc.store.profile_versions("accel_sim")
+    assert raised_at is not None and raised_at >= 10, raised_at  # after a second, independent pool
+    assert "stands, the least move of the independent pools" in version.meta["reason"], version.meta["reason"]
+    assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + 20.0, abs=0.5)
+
+
 @pytest.mark.parametrize("stall", [True, False])
 @pytest.mark.parametrize("raise_ms", [18.0, 60.0])
 def test_a_raise_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, stall, raise_ms):

@@ -210,6 +210,24 @@ def test_a_term_from_pools_is_confirmed_only_by_pools_that_share_no_window_with_
     assert raised.next(True, 1.0, 0.1, 10.1, 1.0, (PoolSpan("w#0", 1, 10),)).count == 1
 
 
+def test_independent_pools_agree_on_the_way_a_term_moves_and_the_least_move_stands():
+    from controller.recalibrate import PoolSpan
+
+    def pools(first, last):
+        return (PoolSpan("w#0", first, last),)
+
+    up = Confirmation().next(True, 1.0, 0.1, 19.4, 1.0, pools(1, 10), active_serving_ms=7.0)
+    assert (up.count, up.serving_ms) == (1, 19.4)
+    assert up.next(True, 1.0, 0.1, 11.5, 1.0, pools(6, 15), active_serving_ms=7.0) == up  # overlaps: nothing
+    both = up.next(True, 1.0, 0.1, 11.5, 1.0, pools(11, 20), active_serving_ms=7.0)
+    assert (both.count, both.serving_ms) == (2, 11.5)  # the lesser raise
+    assert up.next(True, 1.0, 0.1, 25.0, 1.0, pools(11, 20), active_serving_ms=7.0).serving_ms == 19.4
+    assert up.next(True, 1.0, 0.1, 5.0, 1.0, pools(11, 20), active_serving_ms=7.0).count == 1  # the other way
+    down = Confirmation().next(True, 1.0, 0.1, 3.0, 1.0, pools(1, 10), active_serving_ms=7.0)
+    assert down.next(True, 1.0, 0.1, 4.5, 1.0, pools(11, 20), active_serving_ms=7.0).serving_ms == 4.5  # the lesser
+    assert up.next(True, 1.3, 0.1, 11.5, 1.0, pools(11, 20), active_serving_ms=7.0).count == 1  # the factor moved on
+
+
 # ---------------------------------------------------------------- the serving path from the SLI
 
 
