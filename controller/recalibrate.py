@@ -28,7 +28,8 @@ around the truth stays within it, so it causes no re-plans. A move must also be 
 new regime waits until it settles; a serving term learnt from pooled p99s, raised or lowered, is
 confirmed only by pools that share no window with the ones it was first seen in (a pool of 100-400
 requests has its p99 set by its 2nd to 5th largest: one stalled second sits in every pool that covers
-it; a demo run learnt 19.4 ms from one such pool while its clients saw 12.8 ms over the run). With no
+it; a demo run learnt 19.4 ms from one such pool while its clients saw 12.8 ms over the run), and such
+pools agree when they move the term the same way: the least of their moves stands. With no
 placed replica of the model, the candidate is published when its factor moved by more than the threshold.
 
 What the user experiences (`serving_estimate`). The estimator above corrects the service time from
