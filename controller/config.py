@@ -113,7 +113,7 @@ class RecalibrationConfig:
         300.0,
         check.POSITIVE_SECONDS,
         "at least this long between two versions of one (model, GPU type), unless the SLI p99 is above the "
-        "active prediction (a prediction below what clients see is raised at once)",
+        "active prediction (a prediction below what clients see skips the interval)",
     )
 
 

@@ -455,12 +455,17 @@ class FeedbackLoop:
             return
         agreed = self._confirm[pair].serving_ms
         if serving.pooled and agreed != serving.serving_p99_ms:  # an earlier pool's smaller move stands
+            # learnt at that estimate's service time, it joins this one's: checked again as a candidate of its own
+            candidate = with_serving(corrected, model, agreed, beyond_sli_ms=serving.beyond_sli_p99_ms)
+            moves = p99_moves(active, candidate, replicas)
+            crossed, why, _ = _crosses(moves, cfg, factor_move(current, factor), True)
+            if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in (sli, seen)):
+                return  # the count stands; the next independent pool decides
             serving = replace(
                 serving,
                 serving_p99_ms=agreed,
                 text=f"{serving.text}; {agreed:.2f} ms stands, the least move of the independent pools",
             )
-            candidate = with_serving(corrected, model, agreed, beyond_sli_ms=serving.beyond_sli_p99_ms)
         self._publish(pair, correction, current, candidate, serving, why, now)
 
     def _confirmed(
@@ -490,7 +495,9 @@ class FeedbackLoop:
             crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent, active_seen_ms
         )
         self._confirm[pair] = confirmation
-        return confirmation.count >= cfg.confirmations, why
+        # a term from pools takes two of them that share no window, whatever `confirmations` says
+        needed = max(cfg.confirmations, 2) if independent else cfg.confirmations
+        return confirmation.count >= needed, why
 
     def _evidence(
         self, pair: tuple[str, str]

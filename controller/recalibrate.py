@@ -217,7 +217,8 @@ class Confirmation:
         With `active_serving_ms` (the active term), independent pools agree when they move the term the same
         way, and the least of their moves stands (`serving_ms`): a pool's p99 is set by its few largest requests,
         so two pools of one steady path differ by more than any fixed agreement, and the larger of two raises is
-        the one a burst made (a lowering: the smaller, never below what either pool shows). The service-time
+        the one a burst made (a lowering: the smaller; `controller.feedback` checks the term again at the
+        service time it is published with). The service-time
         factor need not agree between them: it crosses nothing alone here (one that does is confirmed without
         pools, `controller.feedback`), and it moved by more than half the threshold between two estimates that
         agreed on the term in a traced 40 s demo run, which restarted the count and refreshed nothing."""

@@ -294,6 +294,8 @@ class ControlService:
             raise InvalidArgument(str(err), "profile_json") from None
         name = check_name(gpu_type or profile.gpu.name, "gpu_type" if gpu_type else "profile_json: gpu.name")
         self.profiles.put(name, profile, self.clock())
+        for model in profile.models:  # estimates under the old coefficients confirm nothing under the new
+            self.feedback.reset(name, model)
         self.wake()
         return [r for r in self.store.profile_rows() if r.gpu_type == name]
 

@@ -622,6 +622,47 @@ def test_independent_pools_that_raise_by_different_amounts_publish_the_least_rai
     assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + 20.0, abs=0.5)
 
 
+@pytest.mark.parametrize("upload_at", [None, 12])
+def test_a_profile_upload_starts_the_count_of_pools_over(tmp_path, upload_at):
+    """Clients see 36 ms more than predicted in every pool: published once a pool that shares no window with the
+    first shows it. A profile uploaded meanwhile (the same one here) starts the count over: estimates made
+    under the old coefficients confirm nothing under the new (fails when the upload keeps the count)."""
+    from controller.recalibrate import with_serving
+
+    svc, node, first = loose_slo(tmp_path)
+    raised_at = None
+    for i in range(40):
+        if i == upload_at:
+            svc.upload_profile(
+                json.dumps(profile_to_dict(with_serving(PROFILE, "accel_sim", 16.0, beyond_sli_ms=0.0))), "CPU"
+            )
+        n = min(i, 10)
+        pool = dict(pooled_p99_ms=first.predicted_p99_ms + 36.0, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(p99=first.predicted_p99_ms, p50=first.predicted_p99_ms - 10.0, over=0.0, **pool)
+        if raised_at is None and svc.store.profile_versions("accel_sim"):
+            raised_at = i
+    assert raised_at is not None
+    if upload_at is None:
+        assert 10 <= raised_at < 20, raised_at
+    else:
+        assert raised_at >= upload_at + 10, raised_at  # a first pool after the upload, then one sharing none
+
+
+def test_with_one_confirmation_a_term_from_pools_still_takes_two_that_share_no_window(tmp_path):
+    svc, node, first = loose_slo(tmp_path)
+    svc.feedback.config = replace(
+        svc.feedback.config, recalibration=replace(svc.feedback.config.recalibration, confirmations=1)
+    )
+    raised_at = None
+    for i in range(30):
+        n = min(i, 10)
+        pool = dict(pooled_p99_ms=first.predicted_p99_ms + 36.0, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(p99=first.predicted_p99_ms, p50=first.predicted_p99_ms - 10.0, over=0.0, **pool)
+        if raised_at is None and svc.store.profile_versions("accel_sim"):
+            raised_at = i
+    assert raised_at is not None and raised_at >= 10, raised_at
+
+
 @pytest.mark.parametrize("stall", [True, False])
 @pytest.mark.parametrize("raise_ms", [18.0, 60.0])
 def test_a_raise_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, stall, raise_ms):
