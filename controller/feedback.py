@@ -444,17 +444,25 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        # the service-time correction alone (Triton's compute is its evidence, not the pools)
-        service_moves = p99_moves(active, corrected, replicas) if correction is not None else None
-        seen_term = active.model(model).serving_p99_ms + active.model(model).beyond_sli_p99_ms
-        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, service_moves, seen_term)
+        # a service-time correction that crosses alone has Triton's compute for evidence: no pools to wait for
+        service_alone = (
+            correction is not None and crosses(p99_moves(active, corrected, replicas), cfg.replan_threshold, 0.0)[0]
+        )
+        by_pools = serving.pooled and not service_alone
+        # pools are compared as levels of what clients see (the term plus the batch p99 at the estimate's own
+        # service time), so one learnt at another service time is read at this one's when it stands
+        batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
+        active_level = active.model(model).serving_p99_ms + active.model(model).beyond_sli_p99_ms + batch_ms
+        confirmed, why = self._confirmed(
+            pair, moves, serving, current, factor, tolerance, by_pools, active_level, batch_ms
+        )
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
-        agreed = self._confirm[pair].serving_ms
-        if serving.pooled and agreed != serving.serving_p99_ms:  # an earlier pool's smaller move stands
+        agreed = self._confirm[pair].serving_ms - batch_ms if by_pools else serving.serving_p99_ms
+        if abs(agreed - serving.serving_p99_ms) > 1e-9:  # an earlier pool's smaller move stands
             # learnt at that estimate's service time, it joins this one's: checked again as a candidate of its own
             candidate = with_serving(corrected, model, agreed, beyond_sli_ms=serving.beyond_sli_p99_ms)
             moves = p99_moves(active, candidate, replicas)
@@ -476,23 +484,30 @@ class FeedbackLoop:
         current: float,
         factor: float,
         tolerance: float,
-        service_moves: Sequence[Move] | None = None,
-        active_seen_ms: float | None = None,
+        by_pools: bool = False,
+        active_level_ms: float | None = None,
+        batch_ms: float = 0.0,
     ) -> tuple[bool, str]:
         """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
-        A serving term learnt from pools, raised or lowered, is confirmed only by pools that do not overlap
-        (`Confirmation.next`): one stall in one pool must not move it. Not when the service-time correction
-        alone crosses the threshold (`service_moves`: the moves it makes with the active serving term): Triton's
-        compute figures are its evidence, and the term comes with it. `active_seen_ms`: the active term (and
-        what clients see beyond the SLI), which pools must agree to move the same way."""
+        `by_pools`: a serving term learnt from pools, raised or lowered, and no service-time correction that
+        crosses the threshold alone (Triton's compute would be its evidence, the term coming with it). Such a
+        term is confirmed only by pools that do not overlap (`Confirmation.next`): one stall in one pool must not
+        move it. They are compared as levels of what clients see: the term plus `batch_ms` (the placed
+        replicas' mean batch p99 at this estimate's service time); `active_level_ms` is the active term's level,
+        which they must agree to move the same way from."""
         cfg = self.config.recalibration
-        crossed, why, accuracy_only = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
-        service_alone = service_moves is not None and crosses(service_moves, cfg.replan_threshold, 0.0)[0]
+        crossed, why, _ = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
         # a pool is one sample: a term learnt from pools needs a second pool that shares no window with the first
         # (one stalled second sits in every pool for their length)
-        independent = serving.pools if serving.pooled and not service_alone else ()
+        independent = serving.pools if by_pools else ()
         confirmation = self._confirm.get(pair, Confirmation()).next(
-            crossed, factor, cfg.replan_threshold, serving.serving_p99_ms, tolerance, independent, active_seen_ms
+            crossed,
+            factor,
+            cfg.replan_threshold,
+            serving.serving_p99_ms + (batch_ms if independent else 0.0),
+            tolerance,
+            independent,
+            active_level_ms,
         )
         self._confirm[pair] = confirmation
         # a term from pools takes two of them that share no window, whatever `confirmations` says
@@ -817,6 +832,13 @@ def _serving_tolerances_ms(
     predictions = [p for p in (replica_p99_ms(active, r) for r in replicas) if math.isfinite(p)]
     goals = [accuracy_goal_ms(p, cfg.accuracy, cfg.accuracy_ms) / 2.0 for p in predictions]
     return threshold, min([threshold, *goals])
+
+
+def _mean_batch_p99_ms(profile: DeviceProfile, model: str, replicas: Sequence[PlacedReplica]) -> float:
+    """The mean batch p99 (no serving path) of the placed replicas of `model` with `profile` (0 without any)."""
+    without = with_serving(profile, model, 0.0, beyond_sli_ms=0.0)
+    values = [v for v in (replica_p99_ms(without, r) for r in replicas) if math.isfinite(v)]
+    return sum(values) / len(values) if values else 0.0
 
 
 def _crosses(

@@ -214,14 +214,15 @@ class Confirmation:
         contradicts; such an estimate after one that was none (a service-time move alone, a reading without
         pools) starts the count. A service-time move alone needs no such wait.
 
-        With `active_serving_ms` (the active term), independent pools agree when they move the term the same
-        way, and the least of their moves stands (`serving_ms`): a pool's p99 is set by its few largest requests,
-        so two pools of one steady path differ by more than any fixed agreement, and the larger of two raises is
-        the one a burst made (a lowering: the smaller; `controller.feedback` checks the term again at the
-        service time it is published with). The service-time
-        factor need not agree between them: it crosses nothing alone here (one that does is confirmed without
-        pools, `controller.feedback`), and it moved by more than half the threshold between two estimates that
-        agreed on the term in a traced 40 s demo run, which restarted the count and refreshed nothing."""
+        With `active_serving_ms`, `serving_ms` and it are levels of what clients see (`controller.feedback`: the
+        term plus the batch p99 at each estimate's own service time). Independent pools agree when they move the
+        level the same way, and the least of their moves stands (`serving_ms`): a pool's p99 is set by its few
+        largest requests, so two pools of one steady path differ by more than any fixed agreement, and the
+        larger of two raises is the one a burst made (a lowering: the smaller; `controller.feedback` checks the
+        term again at the service time it is published with). The service-time factor need not agree between
+        them: it crosses nothing alone here (one that does is confirmed without pools, `controller.feedback`),
+        and it moved by more than half the threshold between two estimates that agreed on the term in a traced
+        40 s demo run, which restarted the count and refreshed nothing."""
         if not crossed:
             return Confirmation()
         if pools and active_serving_ms is not None:

@@ -622,6 +622,24 @@ def test_independent_pools_that_raise_by_different_amounts_publish_the_least_rai
     assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + 20.0, abs=0.5)
 
 
+def test_pools_confirmed_across_a_service_time_change_are_read_at_the_new_service_time(tmp_path):
+    """Triton's compute 25% slower than the profile for 30 windows (the clients' pools as predicted at that
+    speed), then 20% faster with clients 40 ms above the first prediction: the correction moves from x1.25 to
+    x0.8 between the two independent pools. The term is learnt as what clients see less the batch p99 at each
+    estimate's service time, so pools are compared as levels of what clients see: one version, its prediction
+    the pools' (fails when the first pool's term, learnt at x1.2, is joined to x0.8: 23 ms under the pools)."""
+    svc, node, first = loose_slo(tmp_path)
+    level = first.predicted_p99_ms
+    for i in range(50):
+        factor, seen = (1.25, level + 16.0) if i < 30 else (0.8, level + 40.0)
+        n = min(i - 14, 10)
+        pool = dict(pooled_p99_ms=seen, pooled_windows=n, pooled_count=30 * n) if n > 0 else {}
+        node.beat(factor=factor, p99=level, p50=level - 10.0, over=0.0, **pool)
+    (version,) = svc.store.profile_versions("accel_sim")
+    assert version.meta["factor"] == pytest.approx(0.8, abs=0.02)
+    assert placed(svc).predicted_p99_ms == pytest.approx(level + 40.0, abs=1.0)
+
+
 @pytest.mark.parametrize("upload_at", [None, 12])
 def test_a_profile_upload_starts_the_count_of_pools_over(tmp_path, upload_at):
     """Clients see 36 ms more than predicted in every pool: published once a pool that shares no window with the
