@@ -46,6 +46,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import NamedTuple
 
 from controller.config import RecalibrationConfig, ServiceConfig
 from controller.demand import DemandState, track
@@ -413,18 +414,12 @@ class FeedbackLoop:
         moves past the threshold (or, with a new serving term, past the accuracy goal), confirmed, and not
         sooner than `min_interval_s` after the last one unless the SLI is above the active prediction by half
         the threshold (see `controller.recalibrate`)."""
-        gpu_type, model = pair
-        cfg = self.config.recalibration
-        state = self.store.profile_state().get(pair, (0, False))
-        fitted = self.profiles.fitted().get(gpu_type)
-        active = self.profiles.snapshot()[0].get(gpu_type)
-        if state[1] or fitted is None or active is None or model not in fitted.models or model not in active.models:
+        model, cfg = pair[1], self.config.recalibration
+        inputs = self._inputs(pair)
+        if inputs is None:
             return
-        evidence = self._evidence(pair)
-        if evidence is None:
-            return  # no new window since the last estimate: it would only repeat (and confirm) itself
-        points, replicas, sli, seen, ratios = evidence
-        current = self._active_factor(pair, state[0])
+        version, fitted, active, (points, replicas, sli, seen, ratios) = inputs
+        current = self._active_factor(pair, version)
         correction = self._service_time(pair, points, fitted, ratios, current, now)
         corrected = _corrected(active, fitted, model, correction)
         threshold_tolerance, tolerance = _serving_tolerances_ms(active, replicas, cfg)
@@ -440,41 +435,38 @@ class FeedbackLoop:
         beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
         # never below what clients see: at the planned load, nor where a queue builds (overloaded windows teach
         # nothing, but they show clients above a lowered prediction)
-        if any(lowered_below_sli(moves, windows, tolerance, beyond) is not None for windows in (sli, seen)):
+        windows = (sli, seen)
+        if any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        # a service-time correction that crosses alone has Triton's compute for evidence: no pools to wait for
-        service_alone = (
-            correction is not None and crosses(p99_moves(active, corrected, replicas), cfg.replan_threshold, 0.0)[0]
-        )
-        by_pools = serving.pooled and not service_alone
-        # pools are compared as levels of what clients see (the term plus the batch p99 at the estimate's own
-        # service time), so one learnt at another service time is read at this one's when it stands
-        batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
-        active_level = active.model(model).serving_p99_ms + active.model(model).beyond_sli_p99_ms + batch_ms
-        confirmed, why = self._confirmed(
-            pair, moves, serving, current, factor, tolerance, by_pools, active_level, batch_ms
-        )
+        levels = _levels(active, corrected, model, replicas, correction, serving, cfg.replan_threshold)
+        confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, levels)
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
-        agreed = self._confirm[pair].serving_ms - batch_ms if by_pools else serving.serving_p99_ms
+        agreed = self._confirm[pair].serving_ms - levels.batch_ms if levels.by_pools else serving.serving_p99_ms
         if abs(agreed - serving.serving_p99_ms) > 1e-9:  # an earlier pool's smaller move stands
-            # learnt at that estimate's service time, it joins this one's: checked again as a candidate of its own
-            candidate = with_serving(corrected, model, agreed, beyond_sli_ms=serving.beyond_sli_p99_ms)
-            moves = p99_moves(active, candidate, replicas)
-            crossed, why, _ = _crosses(moves, cfg, factor_move(current, factor), True)
-            if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in (sli, seen)):
+            moved = factor_move(current, factor)
+            least = _least_move(agreed, serving, active, corrected, model, replicas, windows, cfg, tolerance, moved)
+            if least is None:
                 return  # the count stands; the next independent pool decides
-            serving = replace(
-                serving,
-                serving_p99_ms=agreed,
-                text=f"{serving.text}; {agreed:.2f} ms stands, the least move of the independent pools",
-            )
+            candidate, serving, why = least
         self._publish(pair, correction, current, candidate, serving, why, now)
+
+    def _inputs(self, pair: tuple[str, str]) -> tuple[int, DeviceProfile, DeviceProfile, _Evidence] | None:
+        """(active version, fitted profile, active profile, `_evidence`) of an unpinned pair whose profiles hold
+        the model; None otherwise, or when no window came since the last estimate."""
+        gpu_type, model = pair
+        state = self.store.profile_state().get(pair, (0, False))
+        fitted = self.profiles.fitted().get(gpu_type)
+        active = self.profiles.snapshot()[0].get(gpu_type)
+        if state[1] or fitted is None or active is None or model not in fitted.models or model not in active.models:
+            return None
+        evidence = self._evidence(pair)  # None: no new window, it would only repeat (and confirm) itself
+        return None if evidence is None else (state[0], fitted, active, evidence)
 
     def _confirmed(
         self,
@@ -484,42 +476,32 @@ class FeedbackLoop:
         current: float,
         factor: float,
         tolerance: float,
-        by_pools: bool = False,
-        active_level_ms: float | None = None,
-        batch_ms: float = 0.0,
+        levels: _Levels | None = None,
     ) -> tuple[bool, str]:
         """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
-        `by_pools`: a serving term learnt from pools, raised or lowered, and no service-time correction that
-        crosses the threshold alone (Triton's compute would be its evidence, the term coming with it). Such a
-        term is confirmed only by pools that do not overlap (`Confirmation.next`): one stall in one pool must not
-        move it. They are compared as levels of what clients see: the term plus `batch_ms` (the placed
-        replicas' mean batch p99 at this estimate's service time); `active_level_ms` is the active term's level,
-        which they must agree to move the same way from."""
+        A serving term learnt from pools, raised or lowered (`levels.by_pools`), is confirmed only by pools that
+        do not overlap (`Confirmation.next`): one stall in one pool must not move it. They are compared as levels
+        of what clients see (`_levels`)."""
         cfg = self.config.recalibration
         crossed, why, _ = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
         # a pool is one sample: a term learnt from pools needs a second pool that shares no window with the first
         # (one stalled second sits in every pool for their length)
-        independent = serving.pools if by_pools else ()
+        by_pools = levels is not None and levels.by_pools
         confirmation = self._confirm.get(pair, Confirmation()).next(
             crossed,
             factor,
             cfg.replan_threshold,
-            serving.serving_p99_ms + (batch_ms if independent else 0.0),
+            serving.serving_p99_ms + (levels.batch_ms if levels is not None and by_pools else 0.0),
             tolerance,
-            independent,
-            active_level_ms,
+            serving.pools if by_pools else (),
+            levels.active_ms if levels is not None and by_pools else None,
         )
         self._confirm[pair] = confirmation
         # a term from pools takes two of them that share no window, whatever `confirmations` says
-        needed = max(cfg.confirmations, 2) if independent else cfg.confirmations
+        needed = max(cfg.confirmations, 2) if by_pools else cfg.confirmations
         return confirmation.count >= needed, why
 
-    def _evidence(
-        self, pair: tuple[str, str]
-    ) -> (
-        tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], list[SliWindow], dict[str, list[float]]]
-        | None
-    ):
+    def _evidence(self, pair: tuple[str, str]) -> _Evidence | None:
         """(calibration points, placed replicas, their SLI windows at the placement and the planned load, the same
         at any load, each node's recent observed/predicted execution times); None when no window arrived since
         the last estimate."""
@@ -832,6 +814,62 @@ def _serving_tolerances_ms(
     predictions = [p for p in (replica_p99_ms(active, r) for r in replicas) if math.isfinite(p)]
     goals = [accuracy_goal_ms(p, cfg.accuracy, cfg.accuracy_ms) / 2.0 for p in predictions]
     return threshold, min([threshold, *goals])
+
+
+#: What one estimate reads (`FeedbackLoop._evidence`): calibration points, placed replicas, their SLI windows at
+#: the plan and at any load, each node's recent observed/predicted execution times.
+_Evidence = tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], list[SliWindow], dict[str, list[float]]]
+
+
+class _Levels(NamedTuple):
+    """How an estimate's serving term is confirmed (`FeedbackLoop._confirmed`)."""
+
+    by_pools: bool  # learnt from pools, with no service-time correction that crosses the threshold alone
+    batch_ms: float  # the placed replicas' mean batch p99 at the estimate's service time
+    active_ms: float  # the active term's level of what clients see: its term (and beyond) plus batch_ms
+
+
+def _levels(
+    active: DeviceProfile,
+    corrected: DeviceProfile,
+    model: str,
+    replicas: Sequence[PlacedReplica],
+    correction: Correction | None,
+    serving: ServingEstimate,
+    threshold: float,
+) -> _Levels:
+    """Pools are compared as levels of what clients see, the term plus the batch p99 at each estimate's own
+    service time, so a term confirmed across a service-time change is read at the new one. A service-time
+    correction that crosses the threshold alone has Triton's compute for evidence: no pools to wait for."""
+    alone = correction is not None and crosses(p99_moves(active, corrected, replicas), threshold, 0.0)[0]
+    batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
+    m = active.model(model)
+    return _Levels(serving.pooled and not alone, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms)
+
+
+def _least_move(
+    term_ms: float,
+    serving: ServingEstimate,
+    active: DeviceProfile,
+    corrected: DeviceProfile,
+    model: str,
+    replicas: Sequence[PlacedReplica],
+    windows: tuple[Sequence[SliWindow], Sequence[SliWindow]],
+    cfg: RecalibrationConfig,
+    tolerance: float,
+    factor_moved: float,
+) -> tuple[DeviceProfile, ServingEstimate, str] | None:
+    """(candidate, serving estimate, why) with the term an earlier pool's smaller move stands at, checked again
+    as a candidate of its own at this service time: it must still cross, and lower no prediction below what
+    clients are seen to see (`windows`: at the plan, at any load); None when it does not."""
+    candidate = with_serving(corrected, model, term_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
+    moves = p99_moves(active, candidate, replicas)
+    crossed, why, _ = _crosses(moves, cfg, factor_moved, True)
+    beyond = candidate.model(model).beyond_sli_p99_ms
+    if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
+        return None
+    text = f"{serving.text}; {term_ms:.2f} ms stands, the least move of the independent pools"
+    return candidate, replace(serving, serving_p99_ms=term_ms, text=text), why
 
 
 def _mean_batch_p99_ms(profile: DeviceProfile, model: str, replicas: Sequence[PlacedReplica]) -> float:
