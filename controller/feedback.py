@@ -476,7 +476,7 @@ class FeedbackLoop:
         current: float,
         factor: float,
         tolerance: float,
-        levels: _Levels | None = None,
+        levels: _Levels,
     ) -> tuple[bool, str]:
         """(has the candidate crossed, and been confirmed by `confirmations` agreeing estimates; why in words).
         A serving term learnt from pools, raised or lowered (`levels.by_pools`), is confirmed only by pools that
@@ -486,15 +486,15 @@ class FeedbackLoop:
         crossed, why, _ = _crosses(moves, cfg, factor_move(current, factor), serving.changed)
         # a pool is one sample: a term learnt from pools needs a second pool that shares no window with the first
         # (one stalled second sits in every pool for their length)
-        by_pools = levels is not None and levels.by_pools
+        by_pools = levels.by_pools
         confirmation = self._confirm.get(pair, Confirmation()).next(
             crossed,
             factor,
             cfg.replan_threshold,
-            serving.serving_p99_ms + (levels.batch_ms if levels is not None and by_pools else 0.0),
+            serving.serving_p99_ms + (levels.batch_ms if by_pools else 0.0),
             tolerance,
             serving.pools if by_pools else (),
-            levels.active_ms if levels is not None and by_pools else None,
+            levels.active_ms if by_pools else None,
         )
         self._confirm[pair] = confirmation
         # a term from pools takes two of them that share no window, whatever `confirmations` says
