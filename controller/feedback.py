@@ -429,18 +429,18 @@ class FeedbackLoop:
         if correction is None and not serving.changed:
             self._confirm[pair] = Confirmation()
             return
+        windows = (sli, seen)
+        serving, alone = _pools_wait(active, corrected, model, replicas, correction, serving, windows, tolerance, cfg)
         # learnt from pooled p99s, the term holds what clients see beyond the windows: beyond_sli_p99_ms is 0
         candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
-        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
         # never below what clients see: at the planned load, nor where a queue builds (overloaded windows teach
         # nothing, but they show clients above a lowered prediction)
-        windows = (sli, seen)
-        if any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
+        if _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        levels = _levels(active, corrected, model, replicas, correction, serving, cfg.replan_threshold)
+        levels = _levels(active, corrected, model, replicas, alone, serving)
         confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, levels)
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
@@ -821,6 +821,38 @@ def _serving_tolerances_ms(
 _Evidence = tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], list[SliWindow], dict[str, list[float]]]
 
 
+def _pools_wait(
+    active: DeviceProfile,
+    corrected: DeviceProfile,
+    model: str,
+    replicas: Sequence[PlacedReplica],
+    correction: Correction | None,
+    serving: ServingEstimate,
+    windows: tuple[Sequence[SliWindow], Sequence[SliWindow]],
+    tolerance: float,
+    cfg: RecalibrationConfig,
+) -> tuple[ServingEstimate, bool]:
+    """(the serving estimate to publish with, does the service-time correction cross the threshold alone). One
+    that does publishes on Triton's compute, without a term learnt from pools: that waits for a second pool
+    that shares no window with the first, as any term from pools does (a stall in the one pool read must not
+    ride in with the correction). Unless the correction alone would predict less than clients are seen to see
+    (`windows`): then both wait for the pools."""
+    alone = correction is not None and crosses(p99_moves(active, corrected, replicas), cfg.replan_threshold, 0.0)[0]
+    if not (alone and serving.pooled and serving.changed):
+        return serving, alone
+    m = corrected.model(model)
+    moves = p99_moves(active, corrected, replicas)
+    if _below_seen(moves, windows, tolerance, m.beyond_sli_p99_ms):
+        return serving, False
+    text = (
+        f"serving path {m.serving_p99_ms:.2f} ms holds: the pools' {serving.serving_p99_ms:.2f} ms waits for a "
+        "second pool that shares no window with the first (the service-time correction publishes alone)"
+    )
+    return ServingEstimate(
+        m.serving_p99_ms, False, serving.windows, serving.nodes, 0, "", text, m.beyond_sli_p99_ms
+    ), True
+
+
 class _Levels(NamedTuple):
     """How an estimate's serving term is confirmed (`FeedbackLoop._confirmed`)."""
 
@@ -834,14 +866,13 @@ def _levels(
     corrected: DeviceProfile,
     model: str,
     replicas: Sequence[PlacedReplica],
-    correction: Correction | None,
+    alone: bool,
     serving: ServingEstimate,
-    threshold: float,
 ) -> _Levels:
     """Pools are compared as levels of what clients see, the term plus the batch p99 at each estimate's own
     service time, so a term confirmed across a service-time change is read at the new one. A service-time
-    correction that crosses the threshold alone has Triton's compute for evidence: no pools to wait for."""
-    alone = correction is not None and crosses(p99_moves(active, corrected, replicas), threshold, 0.0)[0]
+    correction that crosses the threshold alone (`alone`) has Triton's compute for evidence: no pools to wait
+    for (its term from pools waits, `_pools_wait`)."""
     batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
     m = active.model(model)
     return _Levels(serving.pooled and not alone, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms)
@@ -865,11 +896,18 @@ def _least_move(
     candidate = with_serving(corrected, model, term_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
     moves = p99_moves(active, candidate, replicas)
     crossed, why, _ = _crosses(moves, cfg, factor_moved, True)
-    beyond = candidate.model(model).beyond_sli_p99_ms
-    if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
+    if not crossed or _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
         return None
     text = f"{serving.text}; {term_ms:.2f} ms stands, the least move of the independent pools"
     return candidate, replace(serving, serving_p99_ms=term_ms, text=text), why
+
+
+def _below_seen(
+    moves: Sequence[Move], windows: tuple[Sequence[SliWindow], Sequence[SliWindow]], tolerance: float, beyond: float
+) -> bool:
+    """Would `moves` lower a prediction below what clients are seen to see (`windows`: at the plan, at any load;
+    `beyond`: the candidate's term beyond the SLI, which the windows do not show and a pooled p99 does)?"""
+    return any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows)
 
 
 def _mean_batch_p99_ms(profile: DeviceProfile, model: str, replicas: Sequence[PlacedReplica]) -> float:

@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from loop_helpers import CONFIG, CPU, PROFILE, Clock, window
+from loop_helpers import CONFIG, CPU, PROFILE, Clock, truth, window
 
 from controller.config import ObservationsConfig
 from controller.messages import BatchStat, HeartbeatReport, InvalidArgument, NodeDevice, NotFound, Observation
@@ -711,3 +711,55 @@ def test_a_raise_needs_a_pool_that_shares_no_window_with_the_first(tmp_path, sta
             raise_ms < 0.1 * 400
         )
         assert placed(svc).predicted_p99_ms == pytest.approx(first.predicted_p99_ms + raise_ms, abs=0.5)
+
+
+@pytest.mark.parametrize("stall", [True, False])
+def test_a_service_time_correction_that_crosses_alone_publishes_without_the_term_of_its_pools(tmp_path, stall):
+    """Triton's compute 1.8x slower than profiled: the correction crosses the threshold on its own and publishes
+    on it, while the clients' pools show 60 ms more than the slower batch explains, in every pool (a slower
+    serving path too: raised in a second version once a pool that shares no window with the first shows it)
+    or only in the pools that hold one stalled window (nothing more is published). Fails when the pools'
+    term rides in with the correction: the stall set it to 76 ms, and no later pool took it back."""
+    from controller.recalibrate import placed_replicas, replica_p99_ms, with_serving
+
+    svc, node, first = loose_slo(tmp_path)
+    (replica,) = placed_replicas(svc.current_plan().plan, "CPU", "accel_sim")
+    level = replica_p99_ms(with_serving(truth(1.8), "accel_sim", 16.0, beyond_sli_ms=0.0), replica)
+    assert level - first.predicted_p99_ms > 0.1 * 400  # the correction crosses the 10% threshold on its own
+    for i in range(40):
+        n = min(i, 10)
+        extra = 60.0 if not stall or (i >= 2 and i - n + 1 <= 2) else 0.0  # the stall is window 2
+        pool = dict(pooled_p99_ms=level + extra, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(factor=1.8, p99=level, p50=level - 10.0, over=0.0, **pool)
+    versions = svc.store.profile_versions("accel_sim")
+    assert versions[0].meta["factor"] == pytest.approx(1.8, abs=0.02)
+    assert versions[0].meta["serving_p99_ms"] == pytest.approx(16.0), versions[0].meta["reason"]
+    assert "waits for a second pool that shares no window" in versions[0].meta["reason"]
+    if stall:
+        assert len(versions) == 1, [v.meta["reason"] for v in versions]
+    else:
+        assert len(versions) == 2 and versions[1].meta["serving_p99_ms"] > 60.0
+        assert placed(svc).predicted_p99_ms == pytest.approx(level + 60.0, abs=1.5)
+
+
+def test_a_lowered_service_time_with_clients_above_it_waits_for_a_second_pool_with_the_term(tmp_path):
+    """Triton's compute twice as fast as profiled, while clients see 20 ms more than predicted: the correction
+    alone would predict less than clients see, so it publishes with the pools' term, and like any term from
+    pools, after a pool that shares no window with the first (fails when it publishes on the first pool, and
+    when the correction waits forever for a term it is never published with)."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node, level = Node(svc, clock), placed(svc).predicted_p99_ms
+    published_at = None
+    for i in range(30):
+        n = min(i, 10)
+        pool = dict(pooled_p99_ms=level + 20.0, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(factor=0.5, p99=level, p50=level - 3.0, over=0.0, **pool)
+        if published_at is None and svc.store.profile_versions("accel_sim"):
+            published_at = i
+    (version,) = svc.store.profile_versions("accel_sim")
+    assert published_at is not None and published_at >= 10, published_at
+    assert version.meta["factor"] == pytest.approx(0.5, abs=0.02)
+    assert placed(svc).predicted_p99_ms == pytest.approx(level + 20.0, abs=1.0)
