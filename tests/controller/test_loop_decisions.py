@@ -466,3 +466,34 @@ def test_a_move_past_the_accuracy_goal_is_one_past_the_wider_of_its_share_and_it
     assert past_accuracy([small, far], 0.2, 2.0) is far
     assert past_accuracy([Move("w#2", 40.0, 47.0, 80.0)], 0.2, 2.0) is None  # 7 ms against 20% of 47 ms
     assert past_accuracy([Move("w#3", 40.0, math.inf, 80.0)], 0.2, 2.0) is None  # unstable: the threshold's
+
+
+def test_the_least_move_of_independent_pools_is_checked_again_before_it_is_published():
+    """`_least_move`: the term an earlier pool's smaller move stands at is a candidate of its own at the service
+    time it is published with. It publishes when it still crosses the threshold; it is refused when it no longer
+    crosses (the placement moved between the pools), and when it would lower a prediction below what clients
+    are seen to see."""
+    from controller.config import RecalibrationConfig
+    from controller.feedback import _least_move
+    from controller.recalibrate import ServingEstimate, SliWindow, replica_p99_ms, with_serving
+
+    replicas = placed_replicas(plan_of(placement("w", slo=80.0)), "CPU", "accel_sim")
+    active = with_serving(PROFILE, "accel_sim", 16.0, beyond_sli_ms=0.0)
+    predicted = replica_p99_ms(active, replicas[0])
+    cfg = RecalibrationConfig(refresh_within_accuracy=False)  # the 10% threshold alone: 8 ms of the 80 ms SLO
+    newest = ServingEstimate(46.0, True, 10, 1, 1, "serving path", "serving path 16.00 -> 46.00 ms", pooled=True)
+    none_seen: tuple[list[SliWindow], list[SliWindow]] = ([], [])
+
+    def least(term_ms, windows=none_seen, serving=newest):
+        return _least_move(term_ms, serving, active, active, "accel_sim", replicas, windows, cfg, 1.0, 0.0)
+
+    raised = least(30.0)  # +14 ms: past the threshold
+    assert raised is not None
+    candidate, serving, why = raised
+    assert serving.serving_p99_ms == 30.0 and "30.00 ms stands, the least move of the independent pools" in serving.text
+    assert replica_p99_ms(candidate, replicas[0]) == pytest.approx(predicted + 14.0, abs=1e-6) and "w#0" in why
+    assert least(20.0) is None  # +4 ms: under the threshold at this service time
+    lowering = replace(newest, serving_p99_ms=0.0, text="serving path 16.00 -> 0.00 ms")
+    assert least(4.0, serving=lowering) is not None  # -12 ms, nobody seen above it
+    seen = [SliWindow("w#0", "n1", predicted - 2.0, None, 0.5, 1.0) for _ in range(3)]
+    assert least(4.0, (seen, seen), lowering) is None  # clients see 10 ms above the lowered prediction
