@@ -39,6 +39,9 @@ class ProfileBook:
         self.store = store
         self.measured_points = measured_points
         self._lock = threading.Lock()
+        # reloads one at a time: two that overlap must not leave the cache with the older read of the store (the
+        # cache lock alone is held only to swap, so readers never wait on the store)
+        self._reload_lock = threading.Lock()
         self._version = 0
         self._refused: tuple[str, ...] = ()
         self._fitted, self._profiles, self._refused = self._load()
@@ -101,10 +104,11 @@ class ProfileBook:
 
     def reload(self) -> None:
         """Read the store again (a recalibrated version, a rollback) and count a change."""
-        loaded = self._load()
-        with self._lock:
-            self._fitted, self._profiles, self._refused = loaded
-            self._version += 1
+        with self._reload_lock:
+            loaded = self._load()
+            with self._lock:
+                self._fitted, self._profiles, self._refused = loaded
+                self._version += 1
 
     def put(self, gpu_type: str, profile: DeviceProfile, now: float) -> None:
         data = profile_to_dict(profile)

@@ -737,3 +737,41 @@ def test_a_stored_profile_that_newer_checks_refuse_leaves_the_controller_up(tmp_
     assert "this GPU type has no profile" in alert and "stoke profiles upload FILE" in alert
     svc.profiles.put("OLD", replace(cpu_profile(), gpu=replace(cpu_profile().gpu, name="OLD")), 200.0)
     assert not any("stored profile 'OLD'" in a for a in svc.status().alerts)  # gone once a good one is uploaded
+
+
+def test_two_reloads_that_overlap_leave_the_newer_read_of_the_store(tmp_path):
+    """A reload that read the store, then stalled (a slow disk, a descheduled thread) while another change was
+    stored and reloaded, must not finish last with the older read: the cache would hold the older profile until
+    the next change (fails when reloads are not one at a time)."""
+    from controller.profiles import ProfileBook
+    from controller.store import Store
+    from interference.profile_io import profile_to_dict
+
+    store = Store(tmp_path / "s.db")
+    first = profile_to_dict(cpu_profile())
+    store.put_profile("CPU", first["gpu"], first["models"], 100.0)
+    book = ProfileBook(store)
+    read, resume = threading.Event(), threading.Event()
+    profile_dicts = store.profile_dicts
+
+    def stalled_read():
+        data = profile_dicts()
+        if threading.current_thread().name == "stalled":
+            read.set()
+            resume.wait(10.0)
+        return data
+
+    store.profile_dicts = stalled_read  # type: ignore[method-assign]
+    stalled = threading.Thread(target=book.reload, name="stalled")
+    stalled.start()
+    assert read.wait(10.0)
+    newer = profile_to_dict(replace(cpu_profile(), gpu=replace(cpu_profile().gpu, memory_mib=8192.0)))
+    store.put_profile("CPU", newer["gpu"], newer["models"], 200.0)
+    second = threading.Thread(target=book.reload)
+    second.start()
+    second.join(0.3)  # it waits for the stalled one, or (before) finished first with the newer read
+    resume.set()
+    stalled.join(10.0)
+    second.join(10.0)
+    assert not stalled.is_alive() and not second.is_alive()
+    assert book.snapshot()[0]["CPU"].gpu.memory_mib == pytest.approx(8192.0)
