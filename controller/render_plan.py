@@ -50,6 +50,9 @@ def render_plan(
     All or nothing: when one config cannot be written (a directory where the file goes, a full disk), the
     configs already written get their old text back (or are removed) before the error goes on, so the
     repository never holds half a plan.
+
+    Only the repository is written: a config kept as a symlink is replaced by a file of the rendered text,
+    never written through (the link may point outside the repository, or at a config other models share).
     """
     configs = plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram)
     changed: list[str] = []

@@ -240,3 +240,17 @@ def test_a_render_that_fails_puts_a_linked_config_back_as_the_link(demo_repo_cop
     assert sorted(p.name for p in (demo_repo_copy / "mlp_small").iterdir()) == sorted(
         p.name for p in (DEMO_REPO / "mlp_small").iterdir() if p.name != "__pycache__"
     ) + ["configs"]  # nothing left beside it
+
+
+def test_a_render_writes_a_linked_config_as_a_file_in_the_repository_and_leaves_the_link_target(demo_repo_copy):
+    # the link may point outside the repository, or at a config other models share: never written through
+    plan = _plan([("a", "mlp_small", 50.0, 4, 0)])
+    kept = demo_repo_copy.parent / "kept-mlp_small.pbtxt"
+    link = demo_repo_copy / "mlp_small" / "config.pbtxt"
+    original = link.read_bytes()
+    kept.write_bytes(original)
+    link.unlink()
+    link.symlink_to(kept)
+    assert render_plan(plan_to_dict(plan), demo_repo_copy, "gpu") == [str(link)]
+    assert not link.is_symlink() and "max_batch_size: 4" in link.read_text()
+    assert kept.read_bytes() == original
