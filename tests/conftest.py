@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 from triton_helpers import DEMO_REPO, free_port
 
 
@@ -63,12 +64,7 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.1)
         yield endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
         for k, v in saved.items():
             if v is None:

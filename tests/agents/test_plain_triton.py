@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 from triton_helpers import DEMO_REPO, OUTPUT_SHAPES, REPO_MODELS, infer
 
 from agents.triton import find_tritonserver, free_ports, prepare_backend_dir, triton_env
@@ -49,13 +50,7 @@ def plain_triton(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator
             yield proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}"
             return
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, timeout_s=20)
     raise AssertionError("tritonserver found its ports taken on three tries")
 
 

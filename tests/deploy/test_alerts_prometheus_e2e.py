@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 
 from agents.latency_metrics import RequestLatencyExporter
 from deploy.alerts import RULES_FILE, render_all
@@ -113,12 +114,7 @@ def prometheus(tmp_path: Path, histogram_target: int):
                 time.sleep(0.2)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 def test_real_prometheus_records_the_sli_and_pages_only_the_burning_workload(prometheus: str):
@@ -221,9 +217,4 @@ def test_real_prometheus_fires_the_pending_alert_for_a_workload_pending_past_the
         held = _query(base, 'ALERTS{alertname="StokePlanHeld"}')
         assert held == []  # a pending workload is not a held plan
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 
 from agents.triton import find_tritonserver, free_ports, prepare_backend_dir, triton_env
 from deploy.alerts import le_matcher, le_text
@@ -100,12 +101,7 @@ def triton_metrics(tmp_path: Path):
             urllib.request.urlopen(req, timeout=10).read()
         yield urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=15)
         log.close()
 
 

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 
 from stoke.cli import main
 from training import readers
@@ -59,8 +60,7 @@ def moto_url():
             pytest.fail("moto_server did not start")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
         mp.undo()
 
 
