@@ -451,8 +451,10 @@ class FeedbackLoop:
         if abs(agreed - serving.serving_p99_ms) > 1e-9:  # an earlier pool's smaller move stands
             moved = factor_move(current, factor)
             least = _least_move(agreed, serving, active, corrected, model, replicas, windows, cfg, tolerance, moved)
-            if least is None:
-                return  # the count stands; the next independent pool decides
+            if least is None:  # the count starts over from this pool (kept, its level could block every later one)
+                level = serving.serving_p99_ms + levels.batch_ms
+                self._confirm[pair] = Confirmation(1, factor, level, serving.pools)
+                return
             candidate, serving, why = least
         self._publish(pair, correction, current, candidate, serving, why, now)
 
@@ -495,6 +497,7 @@ class FeedbackLoop:
             tolerance,
             serving.pools if by_pools else (),
             levels.active_ms if by_pools else None,
+            factor_agrees=levels.factor_crosses,
         )
         self._confirm[pair] = confirmation
         # a term from pools takes two of them that share no window, whatever `confirmations` says
@@ -835,15 +838,14 @@ def _pools_wait(
     """(the serving estimate to publish with, does the service-time correction cross the threshold alone). One
     that does publishes on Triton's compute, without a term learnt from pools: that waits for a second pool
     that shares no window with the first, as any term from pools does (a stall in the one pool read must not
-    ride in with the correction). Unless the correction alone would predict less than clients are seen to see
-    (`windows`): then both wait for the pools."""
+    ride in with the correction). Unless the correction alone would lower a prediction below what clients are
+    seen to see (`windows`): then the term stays, and the two are confirmed together (`_levels`)."""
     alone = correction is not None and crosses(p99_moves(active, corrected, replicas), cfg.replan_threshold, 0.0)[0]
     if not (alone and serving.pooled and serving.changed):
         return serving, alone
     m = corrected.model(model)
-    moves = p99_moves(active, corrected, replicas)
-    if _below_seen(moves, windows, tolerance, m.beyond_sli_p99_ms):
-        return serving, False
+    if _below_seen(p99_moves(active, corrected, replicas), windows, tolerance, m.beyond_sli_p99_ms):
+        return serving, True
     text = (
         f"serving path {m.serving_p99_ms:.2f} ms holds: the pools' {serving.serving_p99_ms:.2f} ms waits for a "
         "second pool that shares no window with the first (the service-time correction publishes alone)"
@@ -856,9 +858,10 @@ def _pools_wait(
 class _Levels(NamedTuple):
     """How an estimate's serving term is confirmed (`FeedbackLoop._confirmed`)."""
 
-    by_pools: bool  # learnt from pools, with no service-time correction that crosses the threshold alone
+    by_pools: bool  # a term learnt from pools, to be confirmed by pools that share no window
     batch_ms: float  # the placed replicas' mean batch p99 at the estimate's service time
     active_ms: float  # the active term's level of what clients see: its term (and beyond) plus batch_ms
+    factor_crosses: bool  # with a service-time correction that crosses the threshold alone: its factor must agree
 
 
 def _levels(
@@ -872,10 +875,12 @@ def _levels(
     """Pools are compared as levels of what clients see, the term plus the batch p99 at each estimate's own
     service time, so a term confirmed across a service-time change is read at the new one. A service-time
     correction that crosses the threshold alone (`alone`) has Triton's compute for evidence: no pools to wait
-    for (its term from pools waits, `_pools_wait`)."""
+    for, unless it comes with a term from pools (`_pools_wait`); then both are confirmed, the term by pools
+    that share no window and the factor by agreeing estimates."""
     batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
     m = active.model(model)
-    return _Levels(serving.pooled and not alone, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms)
+    by_pools = serving.pooled and (serving.changed or not alone)
+    return _Levels(by_pools, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms, alone)
 
 
 def _least_move(

@@ -51,8 +51,8 @@ def render_plan(
     configs already written get their old text back (or are removed) before the error goes on, so the
     repository never holds half a plan.
 
-    Only the repository is written: a config kept as a symlink is replaced by a file of the rendered text,
-    never written through (the link may point outside the repository, or at a config other models share).
+    A config file kept as a symlink is never written through (it may point at a config other models share):
+    when its text changes, the link is replaced by a file of the rendered text.
     """
     configs = plan_configs(plan, repo_dir, device_kind, latency_histogram=latency_histogram)
     changed: list[str] = []

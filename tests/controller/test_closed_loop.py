@@ -763,3 +763,24 @@ def test_a_lowered_service_time_with_clients_above_it_waits_for_a_second_pool_wi
     assert published_at is not None and published_at >= 10, published_at
     assert version.meta["factor"] == pytest.approx(0.5, abs=0.02)
     assert placed(svc).predicted_p99_ms == pytest.approx(level + 20.0, abs=1.0)
+
+
+def test_a_quiet_first_pool_does_not_hold_back_a_correction_and_its_term_for_good(tmp_path):
+    """Triton's compute twice as fast (the correction alone would lower the prediction from about 43 to 18.5 ms,
+    below the 32 ms clients steadily see, so it waits for the pools' term), and the first pool read is a quiet
+    stretch at 24 ms. The least move of the first two independent pools, 24 ms, is below what clients see and is
+    refused; the count starts over from the newest pool, and the next independent one publishes 32 ms (fails
+    when the refused count stands: its 24 ms level refused every later pool, and nothing was published)."""
+    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
+    svc, clock = service(tmp_path, config)
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
+    svc.reconcile()
+    node = Node(svc, clock)
+    for i in range(60):
+        n = min(i, 10)
+        seen = 24.0 if i <= 5 else 32.0
+        pool = dict(pooled_p99_ms=seen, pooled_windows=n, pooled_count=30 * n) if i else {}
+        node.beat(factor=0.5, p99=seen, p50=seen - 3.0, over=0.0, **pool)
+    (version,) = svc.store.profile_versions("accel_sim")
+    assert version.meta["factor"] == pytest.approx(0.5, abs=0.02)
+    assert placed(svc).predicted_p99_ms == pytest.approx(32.0, abs=1.0)

@@ -769,7 +769,7 @@ def test_two_reloads_that_overlap_leave_the_newer_read_of_the_store(tmp_path):
     store.put_profile("CPU", newer["gpu"], newer["models"], 200.0)
     second = threading.Thread(target=book.reload)
     second.start()
-    second.join(0.3)  # it waits for the stalled one, or (before) finished first with the newer read
+    second.join(1.0)  # it waits for the stalled one, or (before) finished first with the newer read
     resume.set()
     stalled.join(10.0)
     second.join(10.0)
