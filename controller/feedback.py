@@ -430,7 +430,6 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         windows = (sli, seen)
-        serving, alone = _pools_wait(active, corrected, model, replicas, correction, serving, windows, tolerance, cfg)
         # learnt from pooled p99s, the term holds what clients see beyond the windows: beyond_sli_p99_ms is 0
         candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
@@ -440,20 +439,20 @@ class FeedbackLoop:
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
-        levels = _levels(active, corrected, model, replicas, alone, serving)
+        levels = _levels(active, corrected, model, replicas, correction, serving, cfg.replan_threshold)
         confirmed, why = self._confirmed(pair, moves, serving, current, factor, tolerance, levels)
         # only clients above the prediction by half the threshold skip the interval, not the accuracy goal's
         if not confirmed or not self._due(
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
-        agreed = self._confirm[pair].serving_ms - levels.batch_ms if levels.by_pools else serving.serving_p99_ms
+        outside = levels.batch_ms + serving.beyond_sli_p99_ms  # a level less the term (beyond: 0 when learnt)
+        agreed = self._confirm[pair].serving_ms - outside if levels.by_pools else serving.serving_p99_ms
         if abs(agreed - serving.serving_p99_ms) > 1e-9:  # an earlier pool's smaller move stands
             moved = factor_move(current, factor)
             least = _least_move(agreed, serving, active, corrected, model, replicas, windows, cfg, tolerance, moved)
             if least is None:  # the count starts over from this pool (kept, its level could block every later one)
-                level = serving.serving_p99_ms + levels.batch_ms
-                self._confirm[pair] = Confirmation(1, factor, level, serving.pools)
+                self._confirm[pair] = Confirmation(1, factor, serving.serving_p99_ms + outside, serving.pools)
                 return
             candidate, serving, why = least
         self._publish(pair, correction, current, candidate, serving, why, now)
@@ -493,7 +492,7 @@ class FeedbackLoop:
             crossed,
             factor,
             cfg.replan_threshold,
-            serving.serving_p99_ms + (levels.batch_ms if by_pools else 0.0),
+            serving.serving_p99_ms + (levels.batch_ms + serving.beyond_sli_p99_ms if by_pools else 0.0),
             tolerance,
             serving.pools if by_pools else (),
             levels.active_ms if by_pools else None,
@@ -824,44 +823,13 @@ def _serving_tolerances_ms(
 _Evidence = tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], list[SliWindow], dict[str, list[float]]]
 
 
-def _pools_wait(
-    active: DeviceProfile,
-    corrected: DeviceProfile,
-    model: str,
-    replicas: Sequence[PlacedReplica],
-    correction: Correction | None,
-    serving: ServingEstimate,
-    windows: tuple[Sequence[SliWindow], Sequence[SliWindow]],
-    tolerance: float,
-    cfg: RecalibrationConfig,
-) -> tuple[ServingEstimate, bool]:
-    """(the serving estimate to publish with, does the service-time correction cross the threshold alone). One
-    that does publishes on Triton's compute, without a term learnt from pools: that waits for a second pool
-    that shares no window with the first, as any term from pools does (a stall in the one pool read must not
-    ride in with the correction). Unless the correction alone would lower a prediction below what clients are
-    seen to see (`windows`): then the term stays, and the two are confirmed together (`_levels`)."""
-    alone = correction is not None and crosses(p99_moves(active, corrected, replicas), cfg.replan_threshold, 0.0)[0]
-    if not (alone and serving.pooled and serving.changed):
-        return serving, alone
-    m = corrected.model(model)
-    if _below_seen(p99_moves(active, corrected, replicas), windows, tolerance, m.beyond_sli_p99_ms):
-        return serving, True
-    text = (
-        f"serving path {m.serving_p99_ms:.2f} ms holds: the pools' {serving.serving_p99_ms:.2f} ms waits for a "
-        "second pool that shares no window with the first (the service-time correction publishes alone)"
-    )
-    return ServingEstimate(
-        m.serving_p99_ms, False, serving.windows, serving.nodes, 0, "", text, m.beyond_sli_p99_ms
-    ), True
-
-
 class _Levels(NamedTuple):
     """How an estimate's serving term is confirmed (`FeedbackLoop._confirmed`)."""
 
-    by_pools: bool  # a term learnt from pools, to be confirmed by pools that share no window
+    by_pools: bool  # confirmed by pools that share no window (see `_levels`)
     batch_ms: float  # the placed replicas' mean batch p99 at the estimate's service time
-    active_ms: float  # the active term's level of what clients see: its term (and beyond) plus batch_ms
-    factor_crosses: bool  # with a service-time correction that crosses the threshold alone: its factor must agree
+    active_ms: float  # the active prediction's level of what clients see, the reference of a move's way
+    factor_crosses: bool  # by pools, with a service-time correction that crosses the threshold alone
 
 
 def _levels(
@@ -869,18 +837,32 @@ def _levels(
     corrected: DeviceProfile,
     model: str,
     replicas: Sequence[PlacedReplica],
-    alone: bool,
+    correction: Correction | None,
     serving: ServingEstimate,
+    threshold: float,
 ) -> _Levels:
-    """Pools are compared as levels of what clients see, the term plus the batch p99 at each estimate's own
-    service time, so a term confirmed across a service-time change is read at the new one. A service-time
-    correction that crosses the threshold alone (`alone`) has Triton's compute for evidence: no pools to wait
-    for, unless it comes with a term from pools (`_pools_wait`); then both are confirmed, the term by pools
-    that share no window and the factor by agreeing estimates."""
+    """How an estimate is confirmed. Pools are compared as levels of what clients see, the term plus the batch
+    p99 at each estimate's own service time, so a term confirmed across a service-time change is read at the
+    new one. Which estimates wait for pools that share no window with the first (`by_pools`):
+    - a serving term learnt from pools, raised or lowered: one stall sits in every pool that covers it;
+    - a service-time correction that crosses the threshold alone (Triton's compute for evidence) waits only
+      when it comes with such a term, or when it lowers a prediction while pools are read: no SLO is at
+      stake, and a quiet pool or two must not publish a prediction below what clients steadily see. Its
+      factor must then agree as well, and a move's way is read against the active prediction, the level
+      clients are promised now (against the correction's own level, a lowering that stops above it read as
+      a raise, and the least move was the largest lowering).
+    A raise of the service time alone, with the term as it is, publishes on agreeing estimates: an SLO is at
+    stake."""
     batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
     m = active.model(model)
-    by_pools = serving.pooled and (serving.changed or not alone)
-    return _Levels(by_pools, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms, alone)
+    moves = p99_moves(active, corrected, replicas)
+    alone = correction is not None and crosses(moves, threshold, 0.0)[0]
+    if not alone:
+        return _Levels(serving.pooled, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms, False)
+    lowers = any(mv.after_ms < mv.before_ms for mv in moves)
+    by_pools = (serving.pooled and serving.changed) or (lowers and bool(serving.pools))
+    active_batch_ms = _mean_batch_p99_ms(active, model, replicas)
+    return _Levels(by_pools, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + active_batch_ms, by_pools)
 
 
 def _least_move(

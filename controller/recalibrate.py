@@ -222,8 +222,9 @@ class Confirmation:
         term again at the service time it is published with). The service-time factor need not agree between
         them when it crosses nothing alone: it moved by more than half the threshold between two estimates that
         agreed on the term in a traced 40 s demo run, which restarted the count and refreshed nothing. One that
-        crosses alone is confirmed without pools, unless it comes with a term from pools (`factor_agrees`): then
-        it must agree as well, within half the threshold.
+        crosses alone is confirmed without pools, unless it waits for them (`factor_agrees`, `controller.feedback`:
+        it comes with a term from pools, or lowers the service time): then it must agree as well between the
+        independent pools, within half the threshold.
 
         An estimate of one kind (from pools or not) never confirms one of the other: it starts the count."""
         if not crossed:
@@ -254,12 +255,14 @@ class Confirmation:
         """`next` for an estimate from pools, its term read as a level of what clients see (`level_ms`)."""
         up = level_ms > active_ms
         same_way = self.count > 0 and bool(self.counted_pools) and (self.serving_ms > active_ms) == up
-        if factor_agrees and abs(factor / self.factor - 1.0) > threshold / 2.0:
-            same_way = False  # a service-time correction still on its way: nothing to confirm yet
         if not same_way:
             return Confirmation(1, factor, level_ms, pools)
         if any(p.overlaps(q) for p in pools for q in self.counted_pools):
             return self  # not independent evidence
+        if factor_agrees and abs(factor / self.factor - 1.0) > threshold / 2.0:
+            # a service-time correction still on its way (read on independent pools only: an estimate a
+            # window, each against the first, would restart the count on noise alone)
+            return Confirmation(1, factor, level_ms, pools)
         least = min(self.serving_ms, level_ms) if up else max(self.serving_ms, level_ms)
         return Confirmation(self.count + 1, factor, least, pools)
 
@@ -336,7 +339,7 @@ class ServingEstimate:
     text: str
     beyond_sli_p99_ms: float = 0.0
     pooled: bool = False  # learnt from pooled p99s
-    pools: tuple[PoolSpan, ...] = ()  # the pools it was learnt from
+    pools: tuple[PoolSpan, ...] = ()  # the pools it was learnt from, or read (a term that holds, `pooled` False)
 
 
 def serving_estimate(
@@ -360,8 +363,8 @@ def serving_estimate(
     nodes = sorted({w.node_id for w in pools.values()} | {w.node_id for w in usable if w.counted})
     read = _windows_read(usable, pools)
 
-    def stays(why: str) -> ServingEstimate:
-        return ServingEstimate(current, False, read, len(nodes), 0, "", why, beyond)
+    def stays(why: str, spans: tuple[PoolSpan, ...] = ()) -> ServingEstimate:
+        return ServingEstimate(current, False, read, len(nodes), 0, "", why, beyond, pools=spans)
 
     if unread := _unreadable(usable, pools, min_windows, current):
         return stays(unread)
@@ -370,16 +373,15 @@ def serving_estimate(
     offset = beyond if pooled else 0.0
     per_node = _per_node_terms(nodes, usable, pools, batch_p99, offset)
     current_seen = current + offset
-    source = _source(pools)
+    source, spans = _source(pools), _spans(pools)  # spans: a term that holds was read from them too
     vote = _vote(per_node, current_seen, tolerance_ms)
     if vote is None:
-        return stays(
-            f"serving path {current:.2f} ms holds: residuals {', '.join(f'{n} {v:.2f}' for n, v in per_node.items())} "
-            f"ms from {source} (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
-        )
+        residuals = ", ".join(f"{n} {v:.2f}" for n, v in per_node.items())
+        rule = f"a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms"
+        return stays(f"serving path {current:.2f} ms holds: residuals {residuals} ms from {source} ({rule})", spans)
     new, agreeing = vote
     if abs(new - current_seen) <= tolerance_ms:
-        return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)")
+        return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)", spans)
     attribution, router_ms, queue_ms = _attribution(usable)
     was = f"{current:.2f} + {beyond:.2f} beyond the SLI" if pooled else f"{current:.2f}"
     text = (
