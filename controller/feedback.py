@@ -40,13 +40,14 @@ the RPC threads, ticks from the reconcile loop.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from controller.config import RecalibrationConfig, ServiceConfig
 from controller.demand import DemandState, track
@@ -76,8 +77,8 @@ from controller.recalibrate import (
 )
 from controller.reconcile.planning import PlanView
 from controller.store import Store
-from interference.profile import DeviceProfile
-from interference.profile_io import profile_to_dict
+from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
+from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
 from interference.recalibration import (
     MAX_POINTS,
     CalibrationPoint,
@@ -429,13 +430,14 @@ class FeedbackLoop:
         if correction is None and not serving.changed:
             self._confirm[pair] = Confirmation()
             return
-        windows = (sli, seen)
         # learnt from pooled p99s, the term holds what clients see beyond the windows: beyond_sli_p99_ms is 0
         candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
+        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
         # never below what clients see: at the planned load, nor where a queue builds (overloaded windows teach
         # nothing, but they show clients above a lowered prediction)
-        if _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
+        windows = (sli, seen)
+        if any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
@@ -446,13 +448,12 @@ class FeedbackLoop:
             pair, _prediction_below(active, replicas, sli, moves, threshold_tolerance), now
         ):
             return
-        outside = levels.batch_ms + serving.beyond_sli_p99_ms  # a level less the term (beyond: 0 when learnt)
-        agreed = self._confirm[pair].serving_ms - outside if levels.by_pools else serving.serving_p99_ms
+        agreed = self._confirm[pair].serving_ms - levels.batch_ms if levels.by_pools else serving.serving_p99_ms
         if abs(agreed - serving.serving_p99_ms) > 1e-9:  # an earlier pool's smaller move stands
             moved = factor_move(current, factor)
             least = _least_move(agreed, serving, active, corrected, model, replicas, windows, cfg, tolerance, moved)
             if least is None:  # the count starts over from this pool (kept, its level could block every later one)
-                self._confirm[pair] = Confirmation(1, factor, serving.serving_p99_ms + outside, serving.pools)
+                self._confirm[pair] = Confirmation(1, factor, serving.serving_p99_ms + levels.batch_ms, serving.pools)
                 return
             candidate, serving, why = least
         self._publish(pair, correction, current, candidate, serving, why, now)
@@ -492,11 +493,10 @@ class FeedbackLoop:
             crossed,
             factor,
             cfg.replan_threshold,
-            serving.serving_p99_ms + (levels.batch_ms + serving.beyond_sli_p99_ms if by_pools else 0.0),
+            serving.serving_p99_ms + (levels.batch_ms if by_pools else 0.0),
             tolerance,
             serving.pools if by_pools else (),
             levels.active_ms if by_pools else None,
-            factor_agrees=levels.factor_crosses,
         )
         self._confirm[pair] = confirmation
         # a term from pools takes two of them that share no window, whatever `confirmations` says
@@ -631,7 +631,12 @@ class FeedbackLoop:
             "nodes": serving.nodes,
             "reason": reason,
         }
-        data = profile_to_dict(candidate)["models"][model]
+        data, refused = _storable(candidate, model, gpu_type)
+        if refused:
+            self._confirm[pair] = Confirmation()
+            self._event("recalibration", "", f"{model} on {gpu_type}: a version was not published: {refused}", now)
+            log.error("%s/%s: a version was not published: %s", model, gpu_type, refused)
+            return
         version = self.store.add_profile_version(gpu_type, model, data, meta, now)
         self._confirm[pair] = Confirmation()
         self._last_published[pair] = now
@@ -793,6 +798,17 @@ def _runs_since(windows: Sequence[ObservationRecord], at_plan: Callable[[Observa
     return since
 
 
+def _storable(candidate: DeviceProfile, model: str, gpu_type: str) -> tuple[dict[str, Any], str]:
+    """(the model's stored form, why the profile book would refuse to load it, "" when it would not): what it
+    refuses is never stored, or the GPU type would plan with its fitted profile."""
+    stored = json.loads(json.dumps(profile_to_dict(candidate)))  # as the store gives it back
+    try:
+        profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **stored}, f"{model} on {gpu_type}")
+    except ProfileFileError as err:
+        return stored["models"][model], str(err)
+    return stored["models"][model], ""
+
+
 def _hysteresis_text(cfg: RecalibrationConfig) -> str:
     """The hysteresis a version's reason states."""
     goal = f"{cfg.accuracy:.0%} or {cfg.accuracy_ms:g} ms"
@@ -826,10 +842,9 @@ _Evidence = tuple[list[CalibrationPoint], list[PlacedReplica], list[SliWindow], 
 class _Levels(NamedTuple):
     """How an estimate's serving term is confirmed (`FeedbackLoop._confirmed`)."""
 
-    by_pools: bool  # confirmed by pools that share no window (see `_levels`)
+    by_pools: bool  # learnt from pools, with no service-time correction that crosses the threshold alone
     batch_ms: float  # the placed replicas' mean batch p99 at the estimate's service time
-    active_ms: float  # the active prediction's level of what clients see, the reference of a move's way
-    factor_crosses: bool  # by pools, with a service-time correction that crosses the threshold alone
+    active_ms: float  # the active term's level of what clients see: its term (and beyond) plus batch_ms
 
 
 def _levels(
@@ -841,28 +856,13 @@ def _levels(
     serving: ServingEstimate,
     threshold: float,
 ) -> _Levels:
-    """How an estimate is confirmed. Pools are compared as levels of what clients see, the term plus the batch
-    p99 at each estimate's own service time, so a term confirmed across a service-time change is read at the
-    new one. Which estimates wait for pools that share no window with the first (`by_pools`):
-    - a serving term learnt from pools, raised or lowered: one stall sits in every pool that covers it;
-    - a service-time correction that crosses the threshold alone (Triton's compute for evidence) waits only
-      when it comes with such a term, or when it lowers a prediction while pools are read: no SLO is at
-      stake, and a quiet pool or two must not publish a prediction below what clients steadily see. Its
-      factor must then agree as well, and a move's way is read against the active prediction, the level
-      clients are promised now (against the correction's own level, a lowering that stops above it read as
-      a raise, and the least move was the largest lowering).
-    A raise of the service time alone, with the term as it is, publishes on agreeing estimates: an SLO is at
-    stake."""
+    """Pools are compared as levels of what clients see, the term plus the batch p99 at each estimate's own
+    service time, so a term confirmed across a service-time change is read at the new one. A service-time
+    correction that crosses the threshold alone has Triton's compute for evidence: no pools to wait for."""
+    alone = correction is not None and crosses(p99_moves(active, corrected, replicas), threshold, 0.0)[0]
     batch_ms = _mean_batch_p99_ms(corrected, model, replicas)
     m = active.model(model)
-    moves = p99_moves(active, corrected, replicas)
-    alone = correction is not None and crosses(moves, threshold, 0.0)[0]
-    if not alone:
-        return _Levels(serving.pooled, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms, False)
-    lowers = any(mv.after_ms < mv.before_ms for mv in moves)
-    by_pools = (serving.pooled and serving.changed) or (lowers and bool(serving.pools))
-    active_batch_ms = _mean_batch_p99_ms(active, model, replicas)
-    return _Levels(by_pools, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + active_batch_ms, by_pools)
+    return _Levels(serving.pooled and not alone, batch_ms, m.serving_p99_ms + m.beyond_sli_p99_ms + batch_ms)
 
 
 def _least_move(
@@ -883,18 +883,11 @@ def _least_move(
     candidate = with_serving(corrected, model, term_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
     moves = p99_moves(active, candidate, replicas)
     crossed, why, _ = _crosses(moves, cfg, factor_moved, True)
-    if not crossed or _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
+    beyond = candidate.model(model).beyond_sli_p99_ms
+    if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
         return None
     text = f"{serving.text}; {term_ms:.2f} ms stands, the least move of the independent pools"
     return candidate, replace(serving, serving_p99_ms=term_ms, text=text), why
-
-
-def _below_seen(
-    moves: Sequence[Move], windows: tuple[Sequence[SliWindow], Sequence[SliWindow]], tolerance: float, beyond: float
-) -> bool:
-    """Would `moves` lower a prediction below what clients are seen to see (`windows`: at the plan, at any load;
-    `beyond`: the candidate's term beyond the SLI, which the windows do not show and a pooled p99 does)?"""
-    return any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows)
 
 
 def _mean_batch_p99_ms(profile: DeviceProfile, model: str, replicas: Sequence[PlacedReplica]) -> float:

@@ -15,9 +15,10 @@ again, always counts as a move.
 The accuracy goal (`past_accuracy`, `recalibration.refresh_within_accuracy`): under a loose SLO the
 threshold is many times the p99 (10% of a 160 ms SLO is 16 ms, against a p99 of 8-11 ms), so a new
 serving term is also published when it moves a prediction by more than 20% of it or 2 ms, whichever is
-wider, though under the threshold; a service-time correction alone still needs the threshold. Such a
-move puts no SLO at stake, so it is confirmed only by pools that share no window with the ones it was
-first seen in, a raise too, and it waits `min_interval_s` like a lowering.
+wider, though under the threshold; a service-time correction alone still needs the threshold (one that
+comes with such a serving term is published with it). Such a move puts no SLO at stake, so it is
+confirmed only by pools that share no window with the ones it was first seen in, a raise too, and it
+waits `min_interval_s` like a lowering.
 
 Hysteresis: the comparison is with the active profile, the last one published, not with the
 previous estimate. A slow drift accumulates until it crosses the threshold; noise that oscillates
@@ -205,7 +206,6 @@ class Confirmation:
         serving_tolerance_ms: float = math.inf,
         pools: Sequence[PoolSpan] = (),
         active_serving_ms: float | None = None,
-        factor_agrees: bool = False,
     ) -> Confirmation:
         """`pools`: the pools of an estimate whose serving term was learnt from pooled p99s (empty otherwise;
         `controller.feedback`). Such an estimate confirms the last counted one only when no pool of one overlaps
@@ -220,51 +220,31 @@ class Confirmation:
         largest requests, so two pools of one steady path differ by more than any fixed agreement, and the
         larger of two raises is the one a burst made (a lowering: the smaller; `controller.feedback` checks the
         term again at the service time it is published with). The service-time factor need not agree between
-        them when it crosses nothing alone: it moved by more than half the threshold between two estimates that
-        agreed on the term in a traced 40 s demo run, which restarted the count and refreshed nothing. One that
-        crosses alone is confirmed without pools, unless it waits for them (`factor_agrees`, `controller.feedback`:
-        it comes with a term from pools, or lowers the service time): then it must agree as well between the
-        independent pools, within half the threshold.
-
-        An estimate of one kind (from pools or not) never confirms one of the other: it starts the count."""
+        them: it crosses nothing alone here (one that does is confirmed without pools, `controller.feedback`),
+        and it moved by more than half the threshold between two estimates that agreed on the term in a traced
+        40 s demo run, which restarted the count and refreshed nothing."""
         if not crossed:
             return Confirmation()
         if pools and active_serving_ms is not None:
-            return self._next_pool(factor, threshold, serving_ms, tuple(pools), active_serving_ms, factor_agrees)
+            up = serving_ms > active_serving_ms
+            same_way = self.count > 0 and bool(self.counted_pools) and (self.serving_ms > active_serving_ms) == up
+            if not same_way:
+                return Confirmation(1, factor, serving_ms, tuple(pools))
+            if any(p.overlaps(q) for p in pools for q in self.counted_pools):
+                return self  # not independent evidence
+            least = min(self.serving_ms, serving_ms) if up else max(self.serving_ms, serving_ms)
+            return Confirmation(self.count + 1, factor, least, tuple(pools))
         agrees = (
             self.count > 0
             and abs(factor / self.factor - 1.0) <= threshold / 2.0
             and abs(serving_ms - self.serving_ms)
             <= max(serving_tolerance_ms, SERVING_AGREEMENT * max(serving_ms, self.serving_ms))
         )
-        if bool(pools) != bool(self.counted_pools):
-            agrees = False  # a term from pools is confirmed by terms from pools only, and the other way round
+        if pools and not self.counted_pools:
+            agrees = False  # a term from pools is confirmed by terms from pools only: it starts the count
         if agrees and any(p.overlaps(q) for p in pools for q in self.counted_pools):
             return self  # not independent evidence
         return Confirmation(self.count + 1 if agrees else 1, factor, serving_ms, tuple(pools))
-
-    def _next_pool(
-        self,
-        factor: float,
-        threshold: float,
-        level_ms: float,
-        pools: tuple[PoolSpan, ...],
-        active_ms: float,
-        factor_agrees: bool,
-    ) -> Confirmation:
-        """`next` for an estimate from pools, its term read as a level of what clients see (`level_ms`)."""
-        up = level_ms > active_ms
-        same_way = self.count > 0 and bool(self.counted_pools) and (self.serving_ms > active_ms) == up
-        if not same_way:
-            return Confirmation(1, factor, level_ms, pools)
-        if any(p.overlaps(q) for p in pools for q in self.counted_pools):
-            return self  # not independent evidence
-        if factor_agrees and abs(factor / self.factor - 1.0) > threshold / 2.0:
-            # a service-time correction still on its way (read on independent pools only: an estimate a
-            # window, each against the first, would restart the count on noise alone)
-            return Confirmation(1, factor, level_ms, pools)
-        least = min(self.serving_ms, level_ms) if up else max(self.serving_ms, level_ms)
-        return Confirmation(self.count + 1, factor, least, pools)
 
 
 def factor_move(active_factor: float, candidate_factor: float) -> float:
@@ -339,7 +319,7 @@ class ServingEstimate:
     text: str
     beyond_sli_p99_ms: float = 0.0
     pooled: bool = False  # learnt from pooled p99s
-    pools: tuple[PoolSpan, ...] = ()  # the pools it was learnt from, or read (a term that holds, `pooled` False)
+    pools: tuple[PoolSpan, ...] = ()  # the pools it was learnt from
 
 
 def serving_estimate(
@@ -363,8 +343,8 @@ def serving_estimate(
     nodes = sorted({w.node_id for w in pools.values()} | {w.node_id for w in usable if w.counted})
     read = _windows_read(usable, pools)
 
-    def stays(why: str, spans: tuple[PoolSpan, ...] = ()) -> ServingEstimate:
-        return ServingEstimate(current, False, read, len(nodes), 0, "", why, beyond, pools=spans)
+    def stays(why: str) -> ServingEstimate:
+        return ServingEstimate(current, False, read, len(nodes), 0, "", why, beyond)
 
     if unread := _unreadable(usable, pools, min_windows, current):
         return stays(unread)
@@ -373,15 +353,16 @@ def serving_estimate(
     offset = beyond if pooled else 0.0
     per_node = _per_node_terms(nodes, usable, pools, batch_p99, offset)
     current_seen = current + offset
-    source, spans = _source(pools), _spans(pools)  # spans: a term that holds was read from them too
+    source = _source(pools)
     vote = _vote(per_node, current_seen, tolerance_ms)
     if vote is None:
-        residuals = ", ".join(f"{n} {v:.2f}" for n, v in per_node.items())
-        rule = f"a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms"
-        return stays(f"serving path {current:.2f} ms holds: residuals {residuals} ms from {source} ({rule})", spans)
+        return stays(
+            f"serving path {current:.2f} ms holds: residuals {', '.join(f'{n} {v:.2f}' for n, v in per_node.items())} "
+            f"ms from {source} (a raise needs most nodes, a lowering all, beyond +-{tolerance_ms:.2f} ms)"
+        )
     new, agreeing = vote
     if abs(new - current_seen) <= tolerance_ms:
-        return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)", spans)
+        return stays(f"serving path {current:.2f} ms holds (within +-{tolerance_ms:.2f} ms)")
     attribution, router_ms, queue_ms = _attribution(usable)
     was = f"{current:.2f} + {beyond:.2f} beyond the SLI" if pooled else f"{current:.2f}"
     text = (
