@@ -762,9 +762,10 @@ def test_quiet_pools_do_not_take_a_lowered_service_time_below_what_clients_stead
 
 
 def test_a_version_the_profile_book_would_refuse_is_not_published(tmp_path):
-    """A candidate with a serving term below 0 (a review made one from a factor that rose between two pools):
-    stored, the profile book would refuse it and the GPU type would plan with its fitted profile, far from what
-    clients see. It is not stored; the event says why, and the count starts over."""
+    """A candidate with a serving term below 0 (a rule reviewed and withdrawn made one from a factor that rose
+    between two pools; none is known under the rule now): stored, the profile book would refuse it and the GPU
+    type would plan with its fitted profile, far from what clients see. It is not stored; the event says why,
+    and the count starts over."""
     from controller.recalibrate import ServingEstimate, with_serving
 
     svc, _ = service(tmp_path)
@@ -775,3 +776,4 @@ def test_a_version_the_profile_book_would_refuse_is_not_published(tmp_path):
     svc.feedback._publish(("CPU", "accel_sim"), None, 1.0, bad, serving, "a test", 1_700_000_100.0)
     assert svc.store.profile_versions("accel_sim") == []
     assert any("a version was not published" in e and "serving_p99_ms" in e for e in svc.status().loop_events)
+    assert svc.feedback._confirm[("CPU", "accel_sim")].count == 0
