@@ -60,6 +60,15 @@ class Node:
         return running
 
 
+def guard_off(tmp_path, rate_rps=30):
+    """Workload w (accel_sim, an 80 ms SLO) planned on n1 with the SLO guard off, so only the loop under test
+    moves it: (service, node n1)."""
+    svc, clock = service(tmp_path, replace(CONFIG, guard=replace(CONFIG.guard, enabled=False)))
+    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": rate_rps}])
+    svc.reconcile()
+    return svc, Node(svc, clock)
+
+
 def placed(svc, name="w"):
     plan = svc.current_plan().plan
     return next(p for g in plan.gpus for p in g.placements if p.name == name)
@@ -167,11 +176,7 @@ def test_a_burst_the_windows_median_hides_is_learnt_from_the_agents_pooled_p99(t
     """A loaded machine: most windows show a 4 ms serving path, one window in ten a stall; the clients' p99 over
     the last 10 windows (the agent's pooled p99) is 15 ms above the batch. Learnt from the pools, the prediction
     covers it; an old agent (no pool) teaches the median of the windows, as before."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     for i in range(40):
         p = placed(svc)
         batch = p.predicted_p99_ms - p.serving_p99_ms - p.beyond_sli_p99_ms
@@ -221,11 +226,7 @@ def test_windows_that_scatter_as_poisson_counts_do_at_a_low_rate_are_at_the_plan
     bound nearly every pool of 10 held a window the loop did not use, and the CPU demo's loop never learnt
     its clients' p99. Within 3 Poisson standard deviations of the plan (16 + 12 req/s) they are the
     clients' p99 at the planned load; the pooled p99 is learnt (fails with the fixed bound)."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 16}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path, rate_rps=16)
     rates = (16.0, 21.0, 13.0, 20.0, 15.0, 22.0, 12.0, 17.0, 23.0, 14.0)  # 4 of 10 over 19.2, none over 28
     for i in range(40):
         p = placed(svc)
@@ -298,11 +299,7 @@ def test_windows_of_few_requests_teach_nothing_without_a_pool_of_100_requests(tm
 def test_a_pool_that_reaches_back_past_a_window_the_loop_does_not_use_is_not_read(tmp_path):
     """Overloaded windows teach the serving path nothing (their p99 says the rate is wrong); a pool that still
     holds them is not the clients' p99 at the planned load: the windows' median is read until it is clean."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     for _ in range(4):
         node.beat()
     for _ in range(3):
@@ -492,11 +489,7 @@ def test_the_loop_forgets_replicas_and_trackers_of_workloads_that_are_gone(tmp_p
 def test_an_overloaded_replica_teaches_the_serving_path_nothing(tmp_path):
     """A replica serving far more than it was planned for has a growing queue: its p99 says the rate is wrong,
     not the serving path. (Learning from it sent an overloaded workload pending in the bench.)"""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     for _ in range(20):
         node.beat(rate=100.0, p99=900.0, p50=500.0, over=0.9)
     assert not [v for v in svc.store.profile_versions("accel_sim") if v.meta.get("serving_p99_ms")]
@@ -506,11 +499,7 @@ def test_an_overloaded_replica_teaches_the_serving_path_nothing(tmp_path):
 def _compute_twice_as_fast(tmp_path, sli):
     """Triton's compute says the model runs twice as fast as profiled; `sli(i, seen)` gives heartbeat i's SLI
     fields (`seen`: the prediction at the start). No heartbeat may take the prediction below `seen`."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     seen = placed(svc).predicted_p99_ms
     tolerance = CONFIG.recalibration.replan_threshold * 80 / 2.0
     for i in range(60):
@@ -717,11 +706,7 @@ def test_a_lowered_service_time_with_clients_above_it_is_published_with_their_te
     """Triton's compute twice as fast, clients steadily at 32 ms after a quiet first pool at 24: the correction
     crosses the threshold alone and is published with the term its pools show, one version, the prediction what
     clients steadily see (a review found a rule under which a quiet first pool held both back for good)."""
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     for i in range(60):
         n = min(i, 10)
         seen = 24.0 if i <= 5 else 32.0
@@ -739,11 +724,7 @@ def test_quiet_pools_do_not_take_a_lowered_service_time_below_what_clients_stead
     below the clients, and a second version raised it)."""
     from controller.recalibrate import placed_replicas, replica_p99_ms, with_serving
 
-    config = replace(CONFIG, guard=replace(CONFIG.guard, enabled=False))
-    svc, clock = service(tmp_path, config)
-    svc.apply_workloads([{"name": "w", "model": "accel_sim", "slo_ms": 80, "rate_rps": 30}])
-    svc.reconcile()
-    node = Node(svc, clock)
+    svc, node = guard_off(tmp_path)
     (replica,) = placed_replicas(svc.current_plan().plan, "CPU", "accel_sim")
     m = PROFILE.model("accel_sim")
     alone = replica_p99_ms(
