@@ -55,7 +55,7 @@ from controller.guard import GuardAction, GuardState, GuardWindow, clear, expire
 from controller.loop_output import LoopOutput, NodeState, WorkloadFeedback
 from controller.messages import HeartbeatReport, Replica
 from controller.observations import ObservationRecord, calibration_points, records_from_report
-from controller.profiles import Profiles
+from controller.profiles import Profiles, read_stored
 from controller.recalibrate import (
     Confirmation,
     Move,
@@ -77,8 +77,8 @@ from controller.recalibrate import (
 )
 from controller.reconcile.planning import PlanView
 from controller.store import Store
-from interference.profile import PROFILE_FORMAT_VERSION, DeviceProfile
-from interference.profile_io import ProfileFileError, profile_from_dict, profile_to_dict
+from interference.profile import DeviceProfile
+from interference.profile_io import ProfileFileError, profile_to_dict
 from interference.recalibration import (
     MAX_POINTS,
     CalibrationPoint,
@@ -433,11 +433,10 @@ class FeedbackLoop:
         # learnt from pooled p99s, the term holds what clients see beyond the windows: beyond_sli_p99_ms is 0
         candidate = with_serving(corrected, model, serving.serving_p99_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
         moves = p99_moves(active, candidate, replicas)
-        beyond = candidate.model(model).beyond_sli_p99_ms  # the windows do not show it (a pooled p99 does)
         # never below what clients see: at the planned load, nor where a queue builds (overloaded windows teach
         # nothing, but they show clients above a lowered prediction)
         windows = (sli, seen)
-        if any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
+        if _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
             self._confirm[pair] = Confirmation()
             return
         factor = correction.factor if correction else current
@@ -803,7 +802,7 @@ def _storable(candidate: DeviceProfile, model: str, gpu_type: str) -> tuple[dict
     refuses is never stored, or the GPU type would plan with its fitted profile."""
     stored = json.loads(json.dumps(profile_to_dict(candidate)))  # as the store gives it back
     try:
-        profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **stored}, f"{model} on {gpu_type}")
+        read_stored(stored["gpu"], stored["models"], f"{model} on {gpu_type}")
     except ProfileFileError as err:
         return stored["models"][model], str(err)
     return stored["models"][model], ""
@@ -883,11 +882,18 @@ def _least_move(
     candidate = with_serving(corrected, model, term_ms, beyond_sli_ms=serving.beyond_sli_p99_ms)
     moves = p99_moves(active, candidate, replicas)
     crossed, why, _ = _crosses(moves, cfg, factor_moved, True)
-    beyond = candidate.model(model).beyond_sli_p99_ms
-    if not crossed or any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows):
+    if not crossed or _below_seen(moves, windows, tolerance, candidate.model(model).beyond_sli_p99_ms):
         return None
     text = f"{serving.text}; {term_ms:.2f} ms stands, the least move of the independent pools"
     return candidate, replace(serving, serving_p99_ms=term_ms, text=text), why
+
+
+def _below_seen(
+    moves: Sequence[Move], windows: tuple[Sequence[SliWindow], Sequence[SliWindow]], tolerance: float, beyond: float
+) -> bool:
+    """Would `moves` lower a prediction below what clients are seen to see (`windows`: at the plan, at any load)?
+    `beyond`: the candidate's term beyond the SLI, which the windows do not show (a pooled p99 does)."""
+    return any(lowered_below_sli(moves, w, tolerance, beyond) is not None for w in windows)
 
 
 def _mean_batch_p99_ms(profile: DeviceProfile, model: str, replicas: Sequence[PlacedReplica]) -> float:

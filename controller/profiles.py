@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller.store import Store
 from foundation.names import shown
@@ -27,6 +27,12 @@ class Profiles(Protocol):
     def snapshot(self) -> tuple[dict[str, DeviceProfile], int]: ...
     def fitted(self) -> dict[str, DeviceProfile]: ...
     def reload(self) -> None: ...
+
+
+def read_stored(gpu: dict[str, Any], models: dict[str, Any], where: str) -> DeviceProfile:
+    """A profile as the store holds it (JSON: its GPU, its models), read as the profile book reads it; raises
+    `ProfileFileError` naming `where` for what the book would refuse (the closed loop stores nothing such)."""
+    return profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, "gpu": gpu, "models": models}, where)
 
 
 class ProfileBook:
@@ -57,7 +63,7 @@ class ProfileBook:
                 continue
             where = f"stored profile {shown(gpu_type)}"  # stored by a version that checked names less, maybe
             try:
-                fitted[gpu_type] = profile_from_dict({"format_version": PROFILE_FORMAT_VERSION, **data}, where)
+                fitted[gpu_type] = read_stored(data["gpu"], data["models"], where)
             except ProfileFileError as err:
                 # stored by a version that checked less: the controller starts without it rather than not at all
                 refused.append(
@@ -68,9 +74,7 @@ class ProfileBook:
                 continue
             models = {m: overrides.get((gpu_type, m), value) for m, value in data["models"].items()}
             try:
-                profile = profile_from_dict(
-                    {"format_version": PROFILE_FORMAT_VERSION, "gpu": data["gpu"], "models": models}, where
-                )
+                profile = read_stored(data["gpu"], models, where)
             except ProfileFileError as err:
                 refused.append(
                     f"{err} (a recalibrated version); this GPU type plans with its fitted profile, which "
