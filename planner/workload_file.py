@@ -271,7 +271,8 @@ def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile |
     directory) and check it against its inventory.
 
     `profile`, when given, replaces every GPU type's profile before the check (`stoke plan
-    --profile`): the workloads may name models only that profile knows.
+    --profile`): the workloads may name models only that profile knows. A file without gpu_types then plans on
+    the profile's own device (its `gpu.name`) at the default price.
     """
     path = Path(path) if path is not None else example_workloads_path()
     source = _source(path)
@@ -279,7 +280,11 @@ def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile |
     base_dir = Path.cwd() if str(path) == STDIN else path.parent
     spec = _spec(data, source, base_dir)
     gpu_types = _gpu_types(spec, source)
-    if profile is not None:
+    if profile is not None and spec.gpu_types is None:
+        # the one default type is the profile's device: an A100 profile planned as "V100" labels (and prices) an
+        # A100 plan as a V100 one; the default price stays (give gpu_types for the device's own)
+        gpu_types = (GpuType(name=profile.gpu.name, price_per_hour=DEFAULT_GPU_PRICE, profile=profile),)
+    elif profile is not None:
         gpu_types = tuple(replace(g, profile=profile) for g in gpu_types)
     result = WorkloadsFile(tuple(map(entry_workload, spec.workloads)), gpu_types)
     try:

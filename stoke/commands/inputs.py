@@ -77,9 +77,18 @@ def load_problem(path: str | None, profile_path: str | None) -> WorkloadsFile:
     # The profile replaces every GPU type's before the file is checked: its models are the ones that count.
     profile = load_profile_arg(profile_path)
     try:
-        return load_workloads_file(path, profile)
+        loaded = load_workloads_file(path, profile)
     except WorkloadFileError as err:
         message = str(err)
         if err.field == "path":  # the file itself could not be read
             message += " (without an argument stoke plan uses the bundled example)"
         raise UserError(f"{message} (with the profile {profile_path})" if profile_path else message) from None
+    for g in loaded.gpu_types:
+        if g.profile.gpu.name != g.name:  # maybe a pool's label, maybe the wrong file: said, not refused
+            where = f" ({inputs.shown_path(profile_path)})" if profile_path else ""
+            print(
+                f"stoke: warning: GPU type {g.name!r} plans with a profile measured on {g.profile.gpu.name!r}{where}; "
+                "if that is the device, name the GPU type after it",
+                file=sys.stderr,
+            )
+    return loaded

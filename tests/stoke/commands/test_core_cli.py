@@ -237,6 +237,27 @@ def test_plan_with_a_profile_takes_models_only_that_profile_knows(capsys, tmp_pa
     assert code == 2 and "model 'mlp_small' is not profiled" in err
 
 
+def test_a_profile_plans_on_its_own_device_and_a_type_named_otherwise_is_warned_of(capsys, tmp_path):
+    """`stoke plan FILE --profile a100.json` on a file without gpu_types plans A100s, not "V100"s with A100 figures;
+    a GPU type given a profile measured on another device plans, with a warning that names both."""
+    data = profile_to_dict(bundled_profile())
+    data["gpu"]["name"] = "A100"
+    a100 = tmp_path / "a100.json"
+    a100.write_text(json.dumps(data))
+    workloads = tmp_path / "w.yaml"
+    workloads.write_text("workloads:\n  - {name: web, model: resnet50, slo_ms: 40, rate_rps: 400}\n")
+    code, out, err = run(capsys, "plan", str(workloads), "--profile", str(a100), "--json")
+    assert code == 0 and "warning" not in err, err
+    assert {g["gpu_type"] for g in json.loads(out)["gpus"]} == {"A100"}
+    typed = tmp_path / "typed.yaml"
+    typed.write_text(f"gpu_types: [{{name: V100, price_per_hour: 3.06, profile: {a100}}}]\n" + workloads.read_text())
+    code, out, err = run(capsys, "plan", str(typed), "--json")
+    assert code == 0 and {g["gpu_type"] for g in json.loads(out)["gpus"]} == {"V100"}
+    assert "GPU type 'V100' plans with a profile measured on 'A100'" in err, err
+    code, _, err = run(capsys, "plan", str(workloads))  # the bundled profile on its own device: nothing to say
+    assert code == 0 and "warning" not in err, err
+
+
 def test_the_cpu_example_plans_the_demo_models(capsys):
     from pathlib import Path
 
