@@ -8,6 +8,7 @@ with a ``format_version``; writes go through `foundation.files.atomic_write_text
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -87,6 +88,13 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
         "gpu": dataclasses.asdict(profile.gpu),
         "models": {name: dataclasses.asdict(m) for name, m in sorted(profile.models.items())},
     }
+
+
+def profile_digest(profile: DeviceProfile) -> str:
+    """The SHA-256 of the profile's content (hex): a plan records the one it was made with, so that `stoke
+    simulate` replays it on that profile, not on another of the same GPU type's name."""
+    text = json.dumps(profile_to_dict(profile), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 #: Fields that divide or scale time: zero or negative values cannot be meant.
@@ -363,3 +371,8 @@ def bundled_profile() -> DeviceProfile:
     """The V100 profile fitted from the bundled raw measurements (iGniter's data)."""
     path = Path(str(resources.files("interference") / "data" / BUNDLED_PROFILE))
     return load_profile(path)
+
+
+def bundled_cpu_profile() -> DeviceProfile:
+    """The CPU profile `stoke up` plans with (`make cpu-profile`: this project's 2-core CPU node)."""
+    return load_profile(bundled_data_dir() / BUNDLED_CPU_PROFILE)

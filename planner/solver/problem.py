@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -223,6 +224,9 @@ class Plan:
     strategy: str
     gpus: tuple[GpuPlan, ...]
     notes: tuple[str, ...] = field(default=())
+    #: (GPU type, `profile_digest` of the profile it was planned with), as `stoke plan` writes it; empty: not
+    #: recorded (a plan the controller made, or one written before plans recorded it)
+    profiles: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def gpu_count(self) -> int:
@@ -260,6 +264,7 @@ def _rounded(value: float) -> float:
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    recorded = {"profiles": dict(plan.profiles)} if plan.profiles else {}
     return {
         "strategy": plan.strategy,
         "gpu_count": plan.gpu_count,
@@ -301,6 +306,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
             for g in plan.gpus
         ],
+        **recorded,
     }
 
 
@@ -411,4 +417,23 @@ def plan_from_dict(data: Mapping[str, Any], source: str = "plan") -> Plan:
         strategy=names.clean_text(str(data.get("strategy", "unknown")), 40),
         gpus=tuple(gpus),
         notes=tuple(names.clean_text(str(n), 2000) for n in notes),
+        profiles=_profiles(data.get("profiles", {}), source, fix),
     )
+
+
+#: A profile's digest as a plan records it (`interference.profile_io.profile_digest`: SHA-256, hex).
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _profiles(value: Any, source: str, fix: str) -> tuple[tuple[str, str], ...]:
+    """A plan's `profiles`: {GPU type: digest of the profile it was planned with} (absent in older plans)."""
+    rule = "an object of GPU type names to profile digests (64 hex digits), at most 1000"
+    if not isinstance(value, Mapping) or len(value) > 1000:
+        raise check.fail("profiles", rule, value, where=source, error=ProblemError, fix=fix)
+    out = []
+    for gpu_type, digest in value.items():
+        names.check_name(gpu_type, "a GPU type in 'profiles'", where=source, error=ProblemError)
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise check.fail(f"profiles.{gpu_type}", rule, digest, where=source, error=ProblemError, fix=fix)
+        out.append((gpu_type, digest))
+    return tuple(out)

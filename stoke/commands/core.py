@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from interference.profile import DeviceProfile
     from interference.profiling import ProfileSession
     from planner.simulate import SimulationReport
-    from planner.solver import Plan
+    from planner.solver import GpuType, Plan
 
 
 class _StokeDefaultsFormatter(argparse.HelpFormatter):
@@ -196,7 +196,15 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:
         default=0.0,
         help="log-normal sigma of multiplicative service-time noise, 0 to 1 (default 0)",
     )
-    p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (default: bundled V100)")
+    p.add_argument(
+        "--profile",
+        metavar="[TYPE=]FILE",
+        action="append",
+        default=[],
+        help="fitted profile JSON for every GPU type, or TYPE=FILE for one (repeatable); default: the bundled "
+        "profile of each bundled device (V100, cpu-2core). A plan from `stoke plan --json` records each type's "
+        "profile: another one is refused",
+    )
     add_output_option(p)
     p.add_argument(
         "--fail-on-miss",
@@ -414,7 +422,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         print_comparison(args, alternatives(workloads_file.problem(), plan, options))
         return 0
     if args.json:
-        emit(args, plan_to_dict(plan))
+        emit(args, plan_to_dict(with_profiles(plan, workloads_file.gpu_types)))
     else:
         print(format_plan(plan, wide=args.wide))
     if args.explain:
@@ -584,7 +592,6 @@ def run_predict(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from interference.profile import UnknownModelError
     from planner.simulate import simulate
-    from planner.workload_file import default_gpu_types
 
     plan = read_plan(args.plan)
     if not 0 < args.seconds <= MAX_SIMULATED_SECONDS:
@@ -599,10 +606,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.noise <= 1:  # NaN fails too
         raise UserError(f"--noise must be a log-normal sigma from 0 to 1, got {args.noise}")
-    profile = load_profile_arg(args.profile)
-    profiles = {g.name: g.profile for g in default_gpu_types()}
-    if profile is not None:
-        profiles = {g.gpu_type: profile for g in plan.gpus}
+    profiles = simulated_profiles(plan, args.profile, args.plan)
     try:
         report = simulate(
             plan,
@@ -626,6 +630,57 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
         return EXIT_MISS
     return 0
+
+
+def with_profiles(plan: Plan, gpu_types: Sequence[GpuType]) -> Plan:
+    """`plan` recording the profile each of its GPU types was planned with (`Plan.profiles`)."""
+    from dataclasses import replace
+
+    from interference.profile_io import profile_digest
+
+    used = {g.gpu_type for g in plan.gpus}
+    return replace(plan, profiles=tuple((g.name, profile_digest(g.profile)) for g in gpu_types if g.name in used))
+
+
+def simulated_profiles(plan: Plan, given: Sequence[str], source: str) -> dict[str, DeviceProfile]:
+    """{GPU type: the profile `simulate` replays it on}: `--profile FILE` (every type) or `--profile TYPE=FILE`,
+    else the bundled profile of a bundled device. A profile other than the one the plan records is refused: a
+    replay on another profile reports figures the plan never promised (a plan of a slower device replayed on
+    the bundled V100 looked padded by half)."""
+    from interference.profile_io import bundled_cpu_profile, bundled_profile, profile_digest
+
+    types = sorted({g.gpu_type for g in plan.gpus})
+    chosen: dict[str, tuple[DeviceProfile, str]] = {}
+    for value in given:
+        gpu_type, _, path = value.partition("=")
+        if not path or Path(value).exists():  # FILE (a file's name may hold "=")
+            gpu_type, path = "", value
+        elif gpu_type not in types:
+            raise UserError(
+                f"--profile {shown(value)}: {source} has no GPU type {shown(gpu_type)} (its types: "
+                f"{', '.join(types) or 'none'}); give --profile TYPE=FILE for one of them, or FILE for all"
+            )
+        profile = load_profile_arg(path)
+        if profile is not None:
+            for t in [gpu_type] if gpu_type else types:
+                chosen[t] = (profile, f"--profile {path}")
+    bundled = {p.gpu.name: p for p in (bundled_profile(), bundled_cpu_profile())}
+    recorded = dict(plan.profiles)
+    out: dict[str, DeviceProfile] = {}
+    for t in types:
+        if t not in chosen and t not in bundled:
+            raise UserError(
+                f"{source}: no profile for GPU type {t!r}: give the one it was planned with, --profile {t}=FILE"
+            )
+        profile, what = chosen.get(t) or (bundled[t], f"the bundled {t} profile")
+        if t in recorded and profile_digest(profile) != recorded[t]:
+            raise UserError(
+                f"{source}: GPU type {t!r} was planned with another profile than {what} (the plan records "
+                f"{recorded[t][:12]}..., this one is {profile_digest(profile)[:12]}...); give the one it was "
+                f"planned with: --profile {t}=FILE"
+            )
+        out[t] = profile
+    return out
 
 
 #: Exit code of `plan`/`simulate --fail-on-miss` when a workload misses its SLO (2 is bad input).
@@ -1013,7 +1068,8 @@ def run_profile_verify(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: {err}") from None
     if args.plan_out:
         with writing(args.plan_out, "verified plan"):
-            atomic_write_text(args.plan_out, json.dumps(plan_to_dict(checked.plan), indent=2) + "\n")
+            verified = with_profiles(checked.plan, checked.problem.inventory)  # the profile --profile-out writes
+            atomic_write_text(args.plan_out, json.dumps(plan_to_dict(verified), indent=2) + "\n")
     if args.profile_out:
         with writing(args.profile_out, "profile"):
             save_profile(checked.problem.inventory[0].profile, args.profile_out)

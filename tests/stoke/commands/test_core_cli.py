@@ -88,6 +88,49 @@ def test_simulate_a_plan_file(capsys, tmp_path):
     assert len(report["workloads"]) == 8 and 0 <= report["attainment"] <= 1
 
 
+def test_simulate_replays_a_plan_on_the_profile_it_was_planned_with(capsys, tmp_path):
+    """A plan records each GPU type's profile: replayed on another (the bundled V100's for a slower device) it is
+    refused, naming the way out; on its own (--profile FILE or TYPE=FILE) its p99 is the one planned."""
+    data = profile_to_dict(bundled_profile())
+    for m in data["models"].values():
+        m["k_act"] = [k * 1.6 for k in m["k_act"]]
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(data))
+    workloads = tmp_path / "w.yaml"
+    workloads.write_text(
+        f"gpu_types: [{{name: V100, price_per_hour: 3.06, profile: {slow}}}]\n"
+        "workloads:\n  - {name: a, model: resnet50, slo_ms: 40, rate_rps: 400}\n"
+    )
+    code, out, err = run(capsys, "plan", str(workloads), "--json")
+    assert code == 0, err
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    (planned,) = [w["predicted_p99_ms"] for g in json.loads(out)["gpus"] for w in g["workloads"]]
+    code, _, err = run(capsys, "simulate", str(plan), "--seconds", "3")
+    assert code == 2 and "GPU type 'V100' was planned with another profile than the bundled V100 profile" in err
+    assert "--profile V100=FILE" in err
+    for given in (str(slow), f"V100={slow}"):
+        code, out, err = run(capsys, "simulate", str(plan), "--seconds", "5", "--profile", given, "--json")
+        assert code == 0, err
+        (replayed,) = [w["p99_ms"] for w in json.loads(out)["workloads"]]
+        assert replayed == pytest.approx(planned, rel=0.15), (replayed, planned)  # the bundled one gave 0.4x
+    code, _, err = run(capsys, "simulate", str(plan), "--profile", f"A100={slow}")
+    assert code == 2 and "has no GPU type 'A100' (its types: V100)" in err
+
+
+def test_a_plan_s_recorded_profiles_round_trip_and_bad_ones_are_refused():
+    from planner.solver import ProblemError, plan_from_dict, plan_to_dict
+
+    digest = "ab" * 32
+    data = {"strategy": "stoke", "gpus": [], "profiles": {"V100": digest}}
+    assert plan_from_dict(data).profiles == (("V100", digest),)
+    assert plan_to_dict(plan_from_dict(data))["profiles"] == {"V100": digest}
+    assert "profiles" not in plan_to_dict(plan_from_dict({"strategy": "stoke", "gpus": []}))  # older plans
+    for bad in ({"V100": "xyz"}, {"a/b": digest}, ["V100"]):
+        with pytest.raises(ProblemError, match="profiles|GPU type"):
+            plan_from_dict({**data, "profiles": bad})
+
+
 def _no_nan(token: str) -> float:
     raise AssertionError(f"{token} is not JSON")
 
@@ -258,7 +301,7 @@ def test_a_profile_plans_on_its_own_device_and_a_type_named_otherwise_is_warned_
     assert code == 0 and "warning" not in err, err
 
 
-def test_the_cpu_example_plans_the_demo_models(capsys):
+def test_the_cpu_example_plans_the_demo_models(capsys, tmp_path):
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[3] / "examples" / "cpu-demo.yaml"
@@ -267,6 +310,9 @@ def test_the_cpu_example_plans_the_demo_models(capsys):
     plan = json.loads(out)
     assert {w["model"] for g in plan["gpus"] for w in g["workloads"]} == {"mlp_small", "conv_medium"}
     assert plan["slo_misses"] == [] and {g["gpu_type"] for g in plan["gpus"]} == {"cpu-2core"}
+    (tmp_path / "plan.json").write_text(out)  # replayed on the bundled CPU profile it records, found alone
+    code, out, err = run(capsys, "simulate", str(tmp_path / "plan.json"), "--seconds", "1", "--min-requests", "0")
+    assert code == 0 and "mlp_small" not in err, err
 
 
 def test_the_cpu_example_s_own_commands_leave_the_bundled_repository_as_it_is(capsys, tmp_path, monkeypatch):
