@@ -15,7 +15,14 @@ from foundation.errors import StokeError, UserError
 from foundation.names import check_name, shown
 from interference.bounds import MAX_BATCH as DOMAIN_MAX_BATCH
 from stoke.client_options import add_client_options
-from stoke.commands.inputs import add_repo_option, load_problem, load_profile_arg, read_plan, read_text_input
+from stoke.commands.inputs import (
+    add_repo_option,
+    load_problem,
+    load_profile_arg,
+    read_plan,
+    read_text_input,
+    source_name,
+)
 from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path, writing
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
@@ -598,15 +605,23 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--seconds must be in (0, {MAX_SIMULATED_SECONDS:g}], got {args.seconds}")
     if not 0 <= args.min_requests <= MAX_MIN_REQUESTS:
         raise UserError(f"--min-requests must be in [0, {MAX_MIN_REQUESTS:,}], got {args.min_requests}")
-    offered = sum(p.rate_rps for _, p in plan.placements()) * args.seconds
-    if offered > MAX_SIMULATED_REQUESTS:  # each request is an event: memory and time grow with their number
+    # each request is an event: memory and time grow with their number. A replica too slow to send
+    # --min-requests in --seconds runs longer (`planner.simulate`), so it counts that many.
+    rates = [p.rate_rps for _, p in plan.placements()]
+    offered = sum(max(rate * args.seconds, args.min_requests) for rate in rates)
+    if offered > MAX_SIMULATED_REQUESTS:
+        extended = sum(1 for rate in rates if rate * args.seconds < args.min_requests)
+        longer = f" ({extended} replica(s) run to --min-requests {args.min_requests:,})" if extended else ""
         raise UserError(
-            f"{args.plan}: simulating {args.seconds:g} s of the plan's {offered / args.seconds:,.0f} req/s is "
-            f"{offered:,.0f} requests, more than {MAX_SIMULATED_REQUESTS:,}; lower --seconds"
+            f"{source_name(args.plan)}: simulating {args.seconds:g} s of the plan's {sum(rates):,.0f} req/s is "
+            f"{offered:,.0f} requests{longer}, more than {MAX_SIMULATED_REQUESTS:,}; lower --seconds"
+            + (" or --min-requests" if extended else "")
         )
     if not 0 <= args.noise <= 1:  # NaN fails too
         raise UserError(f"--noise must be a log-normal sigma from 0 to 1, got {args.noise}")
-    profiles = simulated_profiles(plan, args.profile, args.plan)
+    if not 0 <= args.seed < 2**64:  # numpy's generator takes no negative seed
+        raise UserError(f"--seed must be a whole number from 0 to 2**64 - 1, got {args.seed}")
+    profiles = simulated_profiles(plan, args.profile, source_name(args.plan))
     try:
         report = simulate(
             plan,
@@ -618,7 +633,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             min_requests=args.min_requests,
         )
     except (ValueError, UnknownModelError) as err:
-        raise UserError(f"{args.plan}: {err}") from None
+        raise UserError(f"{source_name(args.plan)}: {err}") from None
     if args.json:
         emit(args, report_to_dict(report))
     else:

@@ -381,6 +381,7 @@ def test_simulate_bounds_its_run_length(capsys, tmp_path):
     for option, value, message in (
         ("--seconds", "1e9", "--seconds must be in"),
         ("--min-requests", "-1", "--min-requests must be in"),
+        ("--seed", "-1", "--seed must be a whole number from 0"),
     ):
         code, _, err = run(capsys, "simulate", str(plan), option, value)
         assert code == 2 and message in err
@@ -525,6 +526,10 @@ def test_simulate_refuses_a_run_of_more_requests_than_it_can_hold(capsys, tmp_pa
     (tmp_path / "plan.json").write_text(out)
     code, _, err = run(capsys, "simulate", str(tmp_path / "plan.json"), "--seconds", "80000")
     assert code == 2 and "more than 20,000,000; lower --seconds" in err
+    # replicas too slow to send --min-requests in --seconds run longer: they count that many (8 x 3,000,000)
+    code, _, err = run(capsys, "simulate", str(tmp_path / "plan.json"), "--min-requests", "3000000")
+    assert code == 2 and "run to --min-requests 3,000,000), more than 20,000,000" in err, err
+    assert "lower --seconds or --min-requests" in err
 
 
 def test_a_format_name_after_o_is_the_format_even_beside_a_folder_of_that_name(capsys, tmp_path, monkeypatch):
