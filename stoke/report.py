@@ -28,6 +28,7 @@ from typing import Any
 
 from planner.solver import Plan
 from planner.solver.alternatives import Alternative
+from stoke.plan_table import p99_cell
 
 #: Most GPUs the packing figure and most workloads the p99 and observed figures draw: a figure grows with
 #: them (the p99 figure of 2,000 workloads was 700 inches tall, past the 2^16 pixels matplotlib draws). Past
@@ -68,7 +69,8 @@ def alternatives_figure(options: Sequence[Alternative]) -> str:
     names = [a.name for a in options]
     gpus = [a.gpus or 0 for a in options]
     costs = [a.cost_per_hour or 0.0 for a in options]
-    colours = ["#2a7" if a.name == "stoke" else ("#c44" if a.misses else "#888") for a in options]
+    # the plan (first) in green unless it misses; an alternative that misses in red
+    colours = ["#c44" if a.misses else ("#2a7" if k == 0 else "#888") for k, a in enumerate(options)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.6 * len(options) + 1.6))
     for axis, values, label, fmt in ((left, gpus, "GPUs", "{:g}"), (right, costs, "$ per hour", "${:,.2f}")):
         bars = axis.barh(names, values, color=colours)
@@ -93,7 +95,7 @@ def packing_figure(plan: Plan) -> str:
     fig, axis = plt.subplots(figsize=(max(5.0, 0.7 * len(gpus) + 2), 4))
     draw_shares(axis, plan, gpus, ylabel="MPS share of the GPU (%)")
     shown = f", GPUs 0-{gpus.stop - 1} of {plan.gpu_count}" if len(gpus) < plan.gpu_count else ""
-    axis.set_title(f"per-GPU share packing (stoke){shown}", fontsize=10)
+    axis.set_title(f"per-GPU share packing ({plan.strategy}){shown}", fontsize=10)
     return _png(fig)
 
 
@@ -234,8 +236,8 @@ def render_report(
             p.share_pct,
             p.batch,
             p.queue_delay_ms,
-            p.predicted_p99_ms,
-            p.p99_upper_ms,
+            p99_cell(p.predicted_p99_ms),  # as `stoke plan` shows it: unstable, ? when unknown
+            p99_cell(p.p99_upper_ms),
             "ok" if p.meets_slo else "MISS",
         ]
         for i, g in enumerate(plan.gpus)

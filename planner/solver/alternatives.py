@@ -3,7 +3,7 @@
 Every alternative is a `Plan` from the same solver over the same profiles (the same latency, batching
 and interference model), so GPUs, cost and predicted misses compare like for like:
 
-- ``stoke``: the plan itself.
+- the plan itself, named by its strategy (``stoke``, or ``igniter``/``ffd`` with ``--strategy``).
 - ``one model per GPU``: no sharing; every replica gets a whole GPU (each workload's share floor set to
   100%, so nothing can sit beside it). What a cluster without MPS runs.
 - ``equal MPS split (N per GPU)``: what Kubernetes' NVIDIA device plugin gives with MPS sharing
@@ -160,10 +160,20 @@ def best_alone_packed(problem: Problem, options: StokeOptions | None = None) -> 
     )
 
 
+#: What the plan compared first is, by its strategy (`stoke plan --compare --strategy S`).
+STRATEGY_NOTES = {
+    "stoke": "shares, batches and placement chosen together",
+    "igniter": "the iGniter heuristic (stoke plan --strategy igniter)",
+    "ffd": "iGniter's rule per model, packed first-fit (stoke plan --strategy ffd)",
+}
+
+
 def alternatives(problem: Problem, plan: Plan, options: StokeOptions | None = None) -> list[Alternative]:
-    """stoke's `plan` first, then the alternatives of the module docstring, all from `problem`."""
+    """The `plan` first, named by its strategy (stoke's, or a baseline's with --strategy), then the alternatives of
+    the module docstring, all from `problem`."""
+    note = STRATEGY_NOTES.get(plan.strategy, f"the plan ({plan.strategy})")
     return [
-        Alternative("stoke", plan, tuple(plan.slo_misses), "shares, batches and placement chosen together"),
+        Alternative(plan.strategy, plan, tuple(plan.slo_misses), note),
         one_model_per_gpu(problem, options),
         best_equal_split(problem, options),
         best_alone_packed(problem, options),

@@ -120,8 +120,9 @@ def run_report(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: cannot write the report ({err.strerror}); pick a writable path") from None
     best = min((a for a in options if a.gpus is not None and not a.misses), key=lambda a: a.gpus, default=None)
     print(
-        f"report written to {args.out} ({len(text) / 1024:,.0f} KiB, self-contained): stoke {plan.gpu_count} GPU(s) "
-        f"${plan.cost_per_hour:,.2f}/hour"
+        f"report written to {args.out} ({len(text) / 1024:,.0f} KiB, self-contained): {plan.strategy} "
+        f"{plan.gpu_count} GPU(s) ${plan.cost_per_hour:,.2f}/hour"
+        + (" (misses)" if plan.slo_misses else "")
         + "".join(
             f"; {a.name} {a.gpus if a.gpus is not None else '-'}" + (" (misses)" if a.misses else "")
             for a in options[1:]

@@ -57,6 +57,21 @@ def test_the_alternatives_gpu_counts_match_stoke_plan(capsys, report):
         assert cells and int(cells.group(1)) == row["gpus"], name
 
 
+def test_a_baseline_strategy_s_plan_is_compared_and_reported_under_its_own_name(capsys, tmp_path):
+    """`--strategy igniter`: the plan compared first is iGniter's, named so; it was labelled "stoke", and a reader
+    took stoke for the plan whose 8 workloads miss. Its unbounded queues read "unstable", as in `stoke plan`."""
+    code, out, _ = run(capsys, "plan", "--compare", "--strategy", "igniter", "--json")
+    rows = json.loads(out)
+    assert code == 0 and rows[0]["name"] == "igniter" and "stoke" not in {r["name"] for r in rows}
+    assert rows[0]["predicted_misses"]  # iGniter runs replicas near saturation: Poisson p99s miss
+    path = tmp_path / "igniter.html"
+    code, out, _ = run(capsys, "report", "--strategy", "igniter", "--out", str(path))
+    assert code == 0 and re.search(r": igniter \d+ GPU\(s\) \$[\d.,]+/hour \(misses\);", out), out
+    text = path.read_text()
+    assert '<td class="text">igniter</td>' in text and '<td class="text">stoke</td>' not in text
+    assert "<td>unstable</td>" in text
+
+
 def test_the_report_is_one_file_that_needs_no_network(report):
     text = report.read_text()
     assert text.startswith("<!DOCTYPE html>") and text.count("<img ") == 3
