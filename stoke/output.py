@@ -146,7 +146,8 @@ def output_path(suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(f"{value!r} is not a file name; give a path of printable characters")
         target = Path(value)
         if target.is_dir():
-            raise argparse.ArgumentTypeError(f"{value} is a directory; give a file inside it, e.g. {target / 'out'}")
+            example = target / ("out" + (suffixes[0] if suffixes else ""))
+            raise argparse.ArgumentTypeError(f"{value} is a directory; give a file inside it, e.g. {example}")
         if target.exists() and not target.is_file():  # a device or a FIFO: a write would replace it
             raise argparse.ArgumentTypeError(f"{value} is not a regular file; give a file path")
         folder = target.parent

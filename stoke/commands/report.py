@@ -12,7 +12,7 @@ from typing import Any
 
 from foundation.errors import UserError
 from stoke.client_options import add_client_options
-from stoke.output import emit
+from stoke.output import emit, output_path
 from stoke.table import print_table
 
 DEFAULT_REPORT = "stoke-report.html"
@@ -35,7 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("workloads", nargs="?", help="workloads YAML (default: the bundled example); - reads stdin")
     p.add_argument("--profile", metavar="FILE", help="fitted profile JSON for every GPU type (as `stoke plan`)")
     p.add_argument("--strategy", choices=("stoke", "igniter", "ffd"), default="stoke", help="plan strategy")
-    p.add_argument("--out", default=DEFAULT_REPORT, metavar="FILE.html", help="report file (default %(default)s)")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_REPORT,
+        metavar="FILE.html",
+        type=output_path((".html", ".htm")),  # checked before planning; a missing folder is not created
+        help="report file (default %(default)s)",
+    )
     p.add_argument(
         "--observed",
         action="store_true",

@@ -9,6 +9,7 @@ from foundation.errors import UserError
 from foundation.files import write_private_text
 from stoke.client_options import add_client_options
 from stoke.commands.control import _call
+from stoke.output import output_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Needs the user token (--token-file / $STOKE_TOKEN).",
     )
     p.add_argument("node_id", metavar="NODE", help="the node id the agent will use (its --node-id)")
-    p.add_argument("--file", metavar="FILE", help="write the token to FILE (mode 0600) instead of stdout")
+    # checked before minting: a token minted revokes the previous one, and one that cannot be written is lost
+    p.add_argument(
+        "--file", metavar="FILE", type=output_path(), help="write the token to FILE (mode 0600) instead of stdout"
+    )
     add_client_options(p)
     p.set_defaults(run=run_token_agent)
 

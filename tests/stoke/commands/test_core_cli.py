@@ -537,3 +537,22 @@ def test_a_format_name_after_o_is_the_format_even_beside_a_folder_of_that_name(c
     (tmp_path / "json").mkdir()
     code, out, _ = run(capsys, "train", "plan", "-o", "json")
     assert code == 0 and json.loads(out)
+
+
+def test_files_a_command_writes_are_checked_before_it_works_and_no_folder_is_made(capsys, tmp_path):
+    """`report --out` created a missing folder tree (a typo scattered files); `token agent --file` minted first,
+    revoking the node's token, then could not write the new one. Both are refused before any work; `--plot DIR`
+    suggests a file with the suffix it takes."""
+    missing = tmp_path / "no-such-folder"
+    for argv in (
+        ("report", "--out", str(missing / "r.html")),
+        ("token", "agent", "n1", "--file", str(missing / "t"), "--controller", "127.0.0.1:1"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        _, err = capsys.readouterr()
+        assert exit_.value.code == 2 and f"folder {missing} does not exist; create it first" in err, (argv, err)
+    assert not missing.exists()
+    with pytest.raises(SystemExit):
+        main(["plan", "--plot", str(tmp_path)])
+    assert f"e.g. {tmp_path / 'out.png'}" in capsys.readouterr().err
