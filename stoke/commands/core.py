@@ -517,6 +517,10 @@ def format_explanation(explanation: Any) -> str:
 # -- predict ---------------------------------------------------------------------------------------
 
 
+#: A case's fields: what it asks, and what `predict` writes (so its output can be fed back).
+_CASE_FIELDS = {"model", "batch", "share_pct", "predicted_latency_ms", "predicted_throughput_rps", "in_domain"}
+
+
 def _case_list(line: str, where: str, share_step_pct: float) -> list[dict[str, Any]]:
     try:
         items = json.loads(line)
@@ -532,6 +536,12 @@ def _case_list(line: str, where: str, share_step_pct: float) -> list[dict[str, A
         for field in ("model", "batch", "share_pct"):
             if field not in item:
                 raise UserError(f"{where}: entry {k} lacks field {field!r}; add it")
+        unknown = sorted(set(item) - _CASE_FIELDS)
+        if unknown:  # a misspelt field would be ignored silently
+            raise UserError(
+                f"{where}: entry {k} has unknown field {shown(unknown[0])}; the fields are model, batch, share_pct "
+                "(and the predicted ones predict writes, which it replaces)"
+            )
         batch, share = item["batch"], item["share_pct"]
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= DOMAIN_MAX_BATCH:
             raise UserError(
@@ -568,7 +578,14 @@ def run_predict(args: argparse.Namespace) -> int:
         except (UnknownModelError, ValueError) as err:
             raise UserError(f"{where}: {err}") from None
         result = [
-            dict(i, predicted_latency_ms=round(p.latency_ms, 6), predicted_throughput_rps=round(p.throughput_rps, 6))
+            dict(
+                i,
+                predicted_latency_ms=round(p.latency_ms, 6),
+                predicted_throughput_rps=round(p.throughput_rps, 6),
+                # off the shares and batches the profile measured, the fit extrapolates (the planner does not go
+                # there without --allow-extrapolation)
+                in_domain=profile.model(i["model"]).in_domain(int(i["batch"]), float(i["share_pct"])),
+            )
             for i, p in zip(items, predictions)
         ]
         out.append(result)
@@ -580,16 +597,26 @@ def run_predict(args: argparse.Namespace) -> int:
                 float(r["share_pct"]),
                 r["predicted_latency_ms"],
                 r["predicted_throughput_rps"],
+                "inside" if r["in_domain"] else "OUTSIDE",
             ]
             for r in result
         ]
+    if not out:
+        raise UserError(f'{source}: no case; each line is one GPU, a JSON list of {{"model", "batch", "share_pct"}}')
     if args.output_format == "yaml":
         emit(args, out)
     elif args.json:
         for result in out:
             print(json.dumps(result))
     else:
-        print(render_table(["gpu(line)", "model", "batch", "share_%", "infer_ms", "pred_rps"], rows))
+        print(render_table(["gpu(line)", "model", "batch", "share_%", "infer_ms", "pred_rps", "domain"], rows))
+    outside = sum(1 for result in out for r in result if not r["in_domain"])
+    if outside:
+        print(
+            f"stoke: warning: {outside} point(s) lie outside the shares and batches the profile measured: the fit "
+            "extrapolates there (`stoke profile show` lists each model's domain)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -64,16 +64,34 @@ def test_predict_adds_predictions_to_each_line(capsys, tmp_path):
     assert all(r["predicted_latency_ms"] > 0 and r["predicted_throughput_rps"] > 0 for r in result)
 
 
+def test_predict_flags_points_outside_the_profile_s_domain_and_reads_its_own_output_back(capsys, tmp_path):
+    """alexnet was measured at shares 10-100%: 5% is extrapolated (the planner does not go there unasked), which
+    the table, the JSON and a warning say; predict's JSON output is a valid input again."""
+    cases = tmp_path / "cases.jsonl"
+    points = [{"model": "alexnet", "batch": 4, "share_pct": share} for share in (5, 50)]
+    cases.write_text(json.dumps(points) + "\n")
+    code, out, err = run(capsys, "predict", "--cases", str(cases))
+    assert code == 0 and "OUTSIDE" in out and "inside" in out
+    assert "1 point(s) lie outside the shares and batches the profile measured" in err
+    code, out, _ = run(capsys, "predict", "--cases", str(cases), "--json")
+    assert [r["in_domain"] for r in json.loads(out)] == [False, True]
+    cases.write_text(out)
+    code, again, _ = run(capsys, "predict", "--cases", str(cases), "--json")
+    assert code == 0 and json.loads(again) == json.loads(out)
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
         ({"model": "vgg19", "batch": 100000, "share_pct": 50}, "'batch' must be a whole number from 1 to 32"),
         ({"model": "vgg19", "batch": 4, "share_pct": 1e-9}, "'share_pct' must be from 2.5 (one share step"),
+        ({"model": "vgg19", "batch": 4, "share_pct": 50, "shares": 1}, "entry 0 has unknown field 'shares'"),
+        (None, "no case; each line is one GPU"),
     ],
 )
 def test_predict_refuses_points_no_profile_describes(capsys, tmp_path, case, message):
     cases = tmp_path / "cases.jsonl"
-    cases.write_text(json.dumps([case]) + "\n")
+    cases.write_text(json.dumps([case]) + "\n" if case else "\n")
     code, _, err = run(capsys, "predict", "--cases", str(cases))
     assert code == 2 and message in err
 
