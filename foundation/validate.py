@@ -339,7 +339,8 @@ def load(
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise error(f"{where}: {prefix or 'the settings'} must be a mapping of keys ({', '.join(keys(cls))})", prefix)
+        what = prefix.rstrip(".") or "the settings"  # a nested prefix ends in "." for the keys it holds
+        raise error(f"{where}: {what} must be a mapping of keys ({', '.join(keys(cls))}), got {shown(data)}", prefix)
     settings: type = cls  # the cached helpers take a plain class
     known = _keys(settings)
     odd = [k for k in data if not isinstance(k, str)]

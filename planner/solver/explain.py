@@ -169,10 +169,10 @@ def _measured_words(model: ModelProfile, batch: int, share_pct: float) -> str:
 
 def _binding_words(binding: str) -> str:
     return {
-        "p99 upper": "the p99 at the error bound would pass the budget one share step lower",
-        "utilisation upper": "the utilisation at the error bound would pass the cap one share step lower",
-        "p99": "the central p99 would pass the budget one share step lower",
-        "utilisation": "the central utilisation would pass the cap one share step lower",
+        "p99 upper": "the p99 at the error bound would exceed the budget one share step lower",
+        "utilisation upper": "the utilisation at the error bound would exceed the cap one share step lower",
+        "p99": "the central p99 would exceed the budget one share step lower",
+        "utilisation": "the central utilisation would exceed the cap one share step lower",
         "domain": "one share step lower is below the profile's measured shares",
         "interference": "alone one step less would do; its neighbours need the extra",
         "min share": "the smallest share step",

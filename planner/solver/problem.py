@@ -126,7 +126,8 @@ class Problem:
             raise ProblemError(f"workload names must be unique; repeated: {', '.join(duplicates)}")
         types = {g.name for g in self.inventory}
         if len(types) != len(self.inventory):
-            raise ProblemError("GPU type names in the inventory must be unique")
+            repeated = sorted(n for n, k in Counter(g.name for g in self.inventory).items() if k > 1)
+            raise ProblemError(f"GPU type names in the inventory must be unique; repeated: {', '.join(repeated)}")
         checked: set[tuple[str | None, str]] = set()  # (gpu_type, model) pairs found servable: each once
         for w in self.workloads:
             if (w.gpu_type, w.model) in checked:

@@ -132,7 +132,8 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--fail-on-miss",
         action="store_true",
-        help="exit with code 3 (not 0) when a workload is predicted to miss its SLO",
+        help="exit with code 3 (not 0) when a workload is predicted to miss its SLO (with --compare: in the plan "
+        "compared first)",
     )
     p.add_argument(
         "--explain",
@@ -382,7 +383,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         return remote_plan(args)
     if args.compare and args.wide:
         raise UserError("-o wide widens the plan's table; --compare has no wide table: use -o table, json or yaml")
-    if args.compare and (args.plot or args.explain):
+    if args.compare and (args.plot or args.explain is not None):
         flag = "--plot" if args.plot else "--explain"
         raise UserError(f"{flag} is about one plan and --compare prints a comparison of plans; drop one of them")
     source = args.workloads or "the bundled example workloads"
@@ -409,7 +410,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             options = StokeOptions(**given)
         except ProblemError as err:
             raise UserError(f"{flags}: {err}") from None
-    if args.explain:  # checked before planning, so a typo fails at once and prints no plan
+    if args.explain is not None:  # checked before planning, so a typo (or '') fails at once and prints no plan
         if args.strategy != "stoke":
             raise UserError("--explain shows the stoke strategy's candidates; drop it or use --strategy stoke")
         names = sorted(w.name for w in workloads_file.problem().workloads)
@@ -427,12 +428,12 @@ def _run_plan(args: argparse.Namespace) -> int:
         from stoke.commands.report import print_comparison
 
         print_comparison(args, alternatives(workloads_file.problem(), plan, options))
-        return 0
+        return _fail_on_miss(args, plan)
     if args.json:
         emit(args, plan_to_dict(with_profiles(plan, workloads_file.gpu_types)))
     else:
         print(format_plan(plan, wide=args.wide))
-    if args.explain:
+    if args.explain is not None:
         from planner.solver.explain import explain
 
         try:
@@ -450,6 +451,11 @@ def _run_plan(args: argparse.Namespace) -> int:
                 f"--plot {args.plot}: cannot write the plot ({err.strerror}); pick a writable path"
             ) from None
         print(f"\nplot written to {', '.join(written)}", file=sys.stderr if args.json else sys.stdout)
+    return _fail_on_miss(args, plan)
+
+
+def _fail_on_miss(args: argparse.Namespace, plan: Plan) -> int:
+    """`--fail-on-miss`: EXIT_MISS when the plan (with --compare: the plan compared first) predicts a miss."""
     if args.fail_on_miss and plan.slo_misses:
         print(
             f"stoke: {len(plan.slo_misses)} workload(s) predicted to miss their SLO: {', '.join(plan.slo_misses[:10])}",
@@ -960,6 +966,8 @@ def profile_domain_dict(profile: DeviceProfile) -> dict[str, Any]:
                 "loo_error_p90": round(d.quantile(0.9), 6),
                 "loo_error_max": round(d.quantile(1.0), 6),
                 "error_floor": d.floor,
+                # the table's `unmeasured`: the least bound off the measured points (floor + unmeasured_error)
+                "unmeasured_bound": round(d.floor + UNMEASURED_ERROR, 6),
                 "loo_error": [list(row) for row in d.error],
             }
         )

@@ -78,7 +78,7 @@ def test_load_takes_defaults_converts_and_resolves_paths(tmp_path):
         ({"items": [{"path": 3}]}, "c.yaml: items[0].path must be a non-empty string, got 3"),
         ({"items": [{"pth": "a"}]}, "c.yaml: unknown key 'items[0].pth'; known keys: path"),
         ({"interval_s": 20}, "c.yaml: timeout_s (10.0) must be larger than interval_s (20.0)"),
-        ([1], "c.yaml: the settings must be a mapping of keys (listen, mode, items, interval_s, timeout_s)"),
+        ([1], "c.yaml: the settings must be a mapping of keys (listen, mode, items, interval_s, timeout_s), got [1]"),
     ],
 )
 def test_load_names_file_field_value(data, message):

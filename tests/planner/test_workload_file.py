@@ -95,3 +95,10 @@ def test_a_rate_of_310_digits_is_out_of_range_not_a_crash(tmp_path):
     path.write_text("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: " + "9" * 310 + "}\n")
     with pytest.raises(WorkloadFileError, match="rate_rps must be"):
         load_workloads_file(path)
+
+
+def test_a_workload_that_is_not_a_mapping_is_named_with_its_value(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(GOOD + "  - 5\n")
+    with pytest.raises(WorkloadFileError, match=r"workloads\[\d+\] must be a mapping of keys \(name, .*\), got 5$"):
+        load_workloads_file(path)

@@ -375,6 +375,23 @@ def test_fail_on_miss_exits_3_when_a_workload_is_predicted_or_simulated_late(cap
     assert code == 3 and "over their SLO in simulation" in err
     code, out, _ = run(capsys, "plan", "--fail-on-miss")  # stoke's plan of the same workloads holds
     assert code == 0
+    # with --compare it is the plan compared first that counts (it returned 0 before checking)
+    code, _, err = run(capsys, "plan", "--compare", "--strategy", "igniter", "--fail-on-miss")
+    assert code == 3 and "predicted to miss their SLO" in err
+    code, _, _ = run(capsys, "plan", "--compare", "--fail-on-miss")
+    assert code == 0
+
+
+def test_an_empty_explain_and_repeated_gpu_types_are_refused_by_name(capsys, tmp_path):
+    code, _, err = run(capsys, "plan", "--explain", "")
+    assert code == 2 and "--explain: no workload ''" in err  # it was ignored: the plan printed with no explanation
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "gpu_types: [{name: V100, price_per_hour: 3}, {name: V100, price_per_hour: 2}]\n"
+        "workloads: [{name: a, model: alexnet, slo_ms: 15, rate_rps: 100}]\n"
+    )
+    code, _, err = run(capsys, "plan", str(path))
+    assert code == 2 and "must be unique; repeated: V100" in err, err
 
 
 @pytest.mark.slow
@@ -414,6 +431,7 @@ def test_profile_show_reports_the_domain_and_error(capsys):
     # the bound off the measured points: the floor and what they cannot show, as the planner uses it
     ssd = data["models"]["ssd"]
     assert ssd["unmeasured_error"] == UNMEASURED_ERROR
+    assert ssd["unmeasured_bound"] == pytest.approx(ssd["error_floor"] + UNMEASURED_ERROR, abs=1e-6)
     code, out, _ = run(capsys, "profile", "show")
     row = next(line.split() for line in out.splitlines() if line.startswith("ssd "))
     assert "unmeasured" in out and row[6] == f"{ssd['error_floor'] + UNMEASURED_ERROR:.1%}"
