@@ -31,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.messages import ApiError
+from foundation import inputs
 from foundation.errors import StokeError
 from foundation.files import write_private_text
 
@@ -134,7 +135,7 @@ def fetch_node_token(
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as reply:
-                answer = json.loads(reply.read(MAX_TOKEN_BYTES))
+                answer = inputs.load_json(reply.read(MAX_TOKEN_BYTES))  # a repeated key refused
             node, token = str(answer["node_id"]), str(answer["token"])
             break
         except urllib.error.HTTPError as err:

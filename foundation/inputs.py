@@ -7,7 +7,9 @@ that is not UTF-8 is refused with the offset of the first bad byte, JSON nested
 past Python's recursion limit or holding a 5,000-digit integer gets the same
 one-line error as any other malformed file, and a YAML alias chain ("billion
 laughs": 700 bytes that expand to 10^9 nodes) is refused by counting the nodes
-the document expands to. Each error names the file (control characters
+the document expands to. A key given twice in one JSON object or YAML mapping is
+refused (both parsers would keep the last value silently), naming the key, where
+it is and, for YAML, its line. Each error names the file (control characters
 escaped), what was wrong and the fix; the caller picks the error class.
 """
 
@@ -93,11 +95,87 @@ def _parse_int(digits: str) -> int | float:
     return int(digits) if len(digits.lstrip("-")) <= _MAX_INT_DIGITS else float(digits)
 
 
+class RepeatedKeyError(ValueError):
+    """A key given twice in one JSON object or YAML mapping, where the parser would keep the last value
+    silently. Its text says which key, where, and the fix; the caller puts the source in front."""
+
+    def __init__(self, key: Any, where: str, line: int | None = None, first_line: int | None = None) -> None:
+        super().__init__(key, where, line, first_line)
+        self.key, self.where, self.line, self.first_line = key, where, line, first_line
+        self.node: Any = None  # YAML: the mapping node that repeats the key
+
+    def __str__(self) -> str:
+        at = f"line {self.line}: " if self.line else ""
+        first = f", first at line {self.first_line}" if self.first_line else ""
+        return f"{at}key {repr(self.key)[:80]} repeated ({self.where}{first}); keep one"
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def _where(path: list[str | int]) -> str:
+    """`path` (mapping keys and list indexes from the top) as an error says it: "in workloads[0].model"."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _NAME.match(part):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{repr(part)[:40]}]"
+    return f"in {text}" if text else "at the top level"
+
+
+def _first_repeat(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no repeated key")  # pragma: no cover - called only when there is one
+
+
+def _json_path(data: Any, target: object) -> list[str | int]:
+    """The keys and indexes from `data` down to the object `target` (by identity); [] when it is `data`."""
+    stack: list[tuple[Any, list[str | int]]] = [(data, [])]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if isinstance(node, dict):
+            stack.extend((v, [*path, k]) for k, v in node.items() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, [*path, i]) for i, v in enumerate(node) if isinstance(v, (dict, list)))
+    return []  # pragma: no cover - the target is always in the data
+
+
+def load_json(text: str | bytes) -> Any:
+    """`json.loads` with integers past `_MAX_INT_DIGITS` digits read as floats and a key repeated within an
+    object refused (`RepeatedKeyError`, a ``ValueError`` naming the key and the object's path). Raises what
+    `json.loads` raises otherwise; `parse_json` turns each into one line."""
+    repeated: list[tuple[str, dict[str, Any]]] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            repeated.append((_first_repeat(items), obj))
+        return obj
+
+    data = json.loads(text, parse_int=_parse_int, object_pairs_hook=pairs)
+    if repeated:  # found after the whole text is read, so the error can say where the object is
+        key, obj = repeated[0]
+        raise RepeatedKeyError(key, _where(_json_path(data, obj)))
+    return data
+
+
 def parse_json(text: str, source: str, what: str, *, error: type[InputError] = InputError, fix: str = "") -> Any:
-    """The JSON value of `text` (a `what` from `source`), or one line of `error` with the line and the fix."""
+    """The JSON value of `text` (a `what` from `source`), or one line of `error` with the line and the fix;
+    a key repeated within an object is refused."""
     tail = f"; {fix}" if fix else ""
     try:
-        return json.loads(text, parse_int=_parse_int)
+        return load_json(text)
+    except RepeatedKeyError as err:
+        raise error(f"{source}: {err}") from None
     except json.JSONDecodeError as err:
         raise error(f"{source}: not valid JSON (line {err.lineno}: {err.msg}){tail}") from None
     except RecursionError:
@@ -119,7 +197,11 @@ def _yaml_loader() -> Any:
         import yaml  # here, not at the top: most commands read no YAML
 
         base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        loader: Any = type("StokeSafeLoader", (base,), {})
+        loader: Any = type(
+            "StokeSafeLoader",
+            (base,),
+            {"flatten_mapping": _yaml_flatten_mapping, "construct_document": _yaml_construct_document},
+        )
         loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789"))
         loader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
         _YAML_LOADERS["safe"] = loader
@@ -137,9 +219,79 @@ def _yaml_int(loader: Any, node: Any) -> int | float:
     return int(yaml.SafeLoader.construct_yaml_int(loader, node))
 
 
+_YAML_MERGE = "tag:yaml.org,2002:merge"
+_YAML_VALUE = "tag:yaml.org,2002:value"
+_YAML_STR = "tag:yaml.org,2002:str"
+
+
+def _yaml_flatten_mapping(loader: Any, node: Any) -> None:
+    """SafeConstructor's `flatten_mapping` (which every mapping passes through before it is built, and which
+    folds `<<` merges in), after `_refuse_repeated_keys`: once a mapping, before its merge (a key that
+    overrides a merged one is YAML's merge, not a repeat)."""
+    import yaml
+
+    checked: set[int] = loader.__dict__.setdefault("_stoke_checked", set())
+    if id(node) not in checked:
+        checked.add(id(node))
+        _refuse_repeated_keys(loader, node)
+    yaml.SafeLoader.flatten_mapping(loader, node)
+
+
+def _refuse_repeated_keys(loader: Any, node: Any) -> None:
+    """`RepeatedKeyError` (with both lines) if the mapping `node` gives a key twice: equal once built, so
+    `1` and `0x1` are one key, as they would be in the dict."""
+    keys = [k for k, _ in node.value if k.tag not in (_YAML_MERGE, _YAML_VALUE)]
+    if len({k.value for k in keys if k.tag == _YAML_STR and isinstance(k.value, str)}) == len(keys):
+        return  # all keys text (the usual case), none twice: none need be built to compare
+    seen: dict[Any, Any] = {}
+    for key_node in keys:
+        key = loader.construct_object(key_node)
+        try:
+            first = seen.setdefault(key, key_node)
+        except TypeError:  # an unhashable key: SafeConstructor refuses it itself
+            continue
+        if first is not key_node:
+            err = RepeatedKeyError(key, "", key_node.start_mark.line + 1, first.start_mark.line + 1)
+            err.node = node  # `_yaml_construct_document` finds its path
+            raise err
+
+
+def _yaml_construct_document(loader: Any, node: Any) -> Any:
+    """SafeConstructor's `construct_document`; a repeated key's error gets the path of its mapping."""
+    import yaml
+
+    try:
+        return yaml.SafeLoader.construct_document(loader, node)
+    except RepeatedKeyError as err:
+        err.where = _where(_yaml_path(node, err.node))
+        raise
+
+
+def _yaml_path(root: Any, target: Any) -> list[str | int]:
+    """The keys and indexes from the node `root` down to the node `target` (each node visited once: aliases
+    make the tree a graph); [] when it is `root`."""
+    import yaml
+
+    stack: list[tuple[Any, list[str | int]]] = [(root, [])]
+    visited: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in reversed(node.value):
+                stack.append((v, [*path, str(k.value) if isinstance(k, yaml.ScalarNode) else "?"]))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, [*path, i]) for i, v in reversed(list(enumerate(node.value))))
+    return []  # pragma: no cover - the target is always under the root
+
+
 def parse_yaml(text: str, source: str, what: str, *, error: type[InputError] = InputError) -> Any:
-    """The data of a YAML document (safe tags only), or one line of `error`: malformed, or expanding (through
-    aliases) to more than `MAX_YAML_NODES` nodes."""
+    """The data of a YAML document (safe tags only), or one line of `error`: malformed, a key repeated in a
+    mapping (with its line), or expanding (through aliases) to more than `MAX_YAML_NODES` nodes."""
     import yaml
 
     if len(text) > MAX_YAML_CHARS:
@@ -148,6 +300,8 @@ def parse_yaml(text: str, source: str, what: str, *, error: type[InputError] = I
         )
     try:
         data = yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: plain data only
+    except RepeatedKeyError as err:
+        raise error(f"{source}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

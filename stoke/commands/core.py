@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from foundation import inputs
 from foundation.errors import StokeError, UserError
 from foundation.names import check_name, shown
 from interference.bounds import MAX_BATCH as DOMAIN_MAX_BATCH
@@ -528,12 +529,8 @@ _CASE_FIELDS = {"model", "batch", "share_pct", "predicted_latency_ms", "predicte
 
 
 def _case_list(line: str, where: str, share_step_pct: float) -> list[dict[str, Any]]:
-    try:
-        items = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise UserError(
-            f'{where}: not valid JSON ({err.msg}); each line must be a JSON list of {{"model", "batch", "share_pct"}}'
-        ) from None
+    layout = 'each line must be a JSON list of {"model", "batch", "share_pct"}'
+    items = inputs.parse_json(line, where, "case list", error=UserError, fix=layout)  # a repeated key refused
     if not isinstance(items, list) or not items:
         raise UserError(f'{where}: each line must be a non-empty JSON list of {{"model", "batch", "share_pct"}}')
     for k, item in enumerate(items):
@@ -806,8 +803,10 @@ def _measurements(text: str) -> dict[str, Any] | None:
     from interference.profiling import MEASUREMENTS_FORMAT
 
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = inputs.load_json(text)
+    except inputs.RepeatedKeyError:
+        raise  # JSON, but a key given twice: refused (the caller names the file), not read as iGniter lines
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("format") == MEASUREMENTS_FORMAT else None
 
@@ -841,8 +840,6 @@ def run_profile_run(args: argparse.Namespace) -> int:
         )
     output = Path(args.output)
     if output.exists():
-        from foundation import inputs
-
         fix = "remove the file to start afresh"
         text = inputs.read_text(output, "measurements to resume", error=UserError, fix=fix)
         data = inputs.parse_json(text, inputs.shown_path(output), "measurements", error=UserError, fix=fix)

@@ -85,6 +85,10 @@ def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, val
         ("gpu_types:\n  - {name: V100, price_per_hour: -2}\n", "gpu_types[0].price_per_hour"),
         ("listen: nowhere\n", "listen"),
         ("strategy: magic\n", "strategy"),
+        (
+            "listen: 127.0.0.1:0\nlisten: 0.0.0.0:0\n",
+            "line 2: key 'listen' repeated (at the top level, first at line 1)",
+        ),
     ],
 )
 def test_config_errors_name_file_and_field(tmp_path, text, field):

@@ -110,6 +110,15 @@ def test_bad_profile_refused(svc):
     assert {r.model for r in svc.list_profiles()} == {"tiny_echo", "mlp_small", "conv_medium", "embed_large"}
 
 
+def test_a_profile_with_a_repeated_key_is_refused(svc):
+    text = cpu_profile_json()
+    with pytest.raises(InvalidArgument) as err:  # the last "models" won silently
+        svc.upload_profile(text[: text.rindex("}")] + ', "models": {}}')
+    assert err.value.field == "profile_json"
+    assert str(err.value).endswith("profile_json: key 'models' repeated (at the top level); keep one")
+    assert {r.model for r in svc.list_profiles()} == {"tiny_echo", "mlp_small", "conv_medium", "embed_large"}
+
+
 def test_rate_change_moves_only_that_workload_and_unrelated_change_keeps_placements(svc):
     svc.apply_workloads([wl("a", rate=10), wl("b", "embed_large", 100, 10), wl("c", "conv_medium", 300, 5)])
     svc.reconcile()

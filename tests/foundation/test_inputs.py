@@ -102,3 +102,66 @@ def test_a_yaml_document_past_its_size_limit_is_refused_before_it_is_built():
         inputs.parse_yaml("[" + "0," * (4 * 1024 * 1024) + "0]", "w.yaml", "workload file")
     with pytest.raises(InputError, match="holds a value YAML cannot read"):
         inputs.parse_yaml("d: 2024-13-45\n", "w.yaml", "workload file")
+
+
+@pytest.fixture(params=["libyaml", "pure-python"])
+def yaml_loader(request, monkeypatch):
+    """Both of PyYAML's safe loaders: libyaml's where PyYAML was built with it, and the pure-Python one."""
+    import yaml
+
+    if request.param == "pure-python":
+        monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    elif not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("PyYAML built without libyaml")
+    monkeypatch.setattr(inputs, "_YAML_LOADERS", {})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (  # the last value won silently: an SLO of 1500 ms planned, no word said
+            "workloads:\n  - name: a\n    model: alexnet\n    slo_ms: 15\n    slo_ms: 1500\n",
+            "w.yaml: line 5: key 'slo_ms' repeated (in workloads[0], first at line 4); keep one",
+        ),
+        (  # a second `workloads:` block dropped the first list
+            "workloads:\n  - {name: a}\ngpu_types: []\nworkloads:\n  - {name: b}\n",
+            "w.yaml: line 4: key 'workloads' repeated (at the top level, first at line 1); keep one",
+        ),
+        ("a:\n  'x y': {b: 1, c: 2, b: 3}\n", "w.yaml: line 2: key 'b' repeated (in a['x y'], first at line 2)"),
+        ("1: a\n0x1: b\n", "w.yaml: line 2: key 1 repeated (at the top level, first at line 1)"),  # one key to YAML
+    ],
+)
+def test_a_key_repeated_in_a_yaml_mapping_is_refused_with_its_line_and_place(yaml_loader, text, message):
+    with pytest.raises(InputError) as err:
+        inputs.parse_yaml(text, "w.yaml", "workload file")
+    assert str(err.value).startswith(message) and str(err.value).endswith("; keep one")
+
+
+def test_yaml_merges_and_aliases_are_not_repeats(yaml_loader):
+    text = "base: &b {slo_ms: 50, rate_rps: 1}\nw:\n  <<: *b\n  slo_ms: 60\nv: *b\nu: {slo_ms: 50}\n"
+    assert inputs.parse_yaml(text, "w.yaml", "workload file") == {
+        "base": {"slo_ms": 50, "rate_rps": 1},
+        "w": {"slo_ms": 60, "rate_rps": 1},  # a key over a merged one is YAML's merge, not a repeat
+        "v": {"slo_ms": 50, "rate_rps": 1},
+        "u": {"slo_ms": 50},
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1, "a": 2}', "key 'a' repeated (at the top level); keep one"),
+        (
+            '{"gpus": [{"workloads": [{}, {"model": "alexnet", "model": "vgg19"}]}]}',
+            "key 'model' repeated (in gpus[0].workloads[1]); keep one",
+        ),
+        ('[{"x y": {"b": 1, "b": 1}}]', "key 'b' repeated (in [0]['x y']); keep one"),  # even with one value
+    ],
+)
+def test_a_key_repeated_in_a_json_object_is_refused_with_its_place(text, message):
+    with pytest.raises(InputError) as err:
+        inputs.parse_json(text, "p.json", "plan", fix="write one with `stoke plan --json`")
+    assert str(err.value) == f"p.json: {message}"
+    with pytest.raises(inputs.RepeatedKeyError, match="repeated"):  # a ValueError, for bytes as for text
+        inputs.load_json(text.encode())
+    assert inputs.load_json('{"a": {"b": 1}, "b": {"a": 1}}') == {"a": {"b": 1}, "b": {"a": 1}}

@@ -271,3 +271,26 @@ def test_the_fit_refuses_what_the_reader_would(capsys, tmp_path):
     assert code == 2 and "--gpu-name must be a name of" in err
     code, _, err = run(capsys, "profile", "run", "--batches", "1,64", "-o", str(tmp_path / "m.json"))
     assert code == 2 and "--batches must be batch sizes from 1 to 32" in err
+
+
+def test_a_key_repeated_in_a_profile_or_its_measurements_is_refused(capsys, tmp_path):
+    # the last value won silently: a second "gpu" object replaced the first
+    profile = tmp_path / "p.json"
+    text = json.dumps(V100, indent=1)
+    profile.write_text(text[:-1] + ', "gpu": {}}')
+    with pytest.raises(ProfileFileError, match=r"p.json: key 'gpu' repeated \(at the top level\); keep one$"):
+        load_profile(profile)
+    for argv in (["profile", "show", str(profile)], ["plan", "--profile", str(profile)]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "", argv
+        assert err == f"stoke: error: {profile}: key 'gpu' repeated (at the top level); keep one\n"
+    measurements = tmp_path / "m.json"
+    text = (bundled_data_dir() / "cpu-2core-measurements.json").read_text()
+    measurements.write_text(text.replace('"cores": 2,', '"cores": 2, "cores": 64,', 1))
+    code, out, err = run(capsys, "profile", "fit", str(measurements), "-o", str(tmp_path / "fitted.json"))
+    assert code == 2 and f"{measurements}: key 'cores' repeated (at the top level); keep one" in err
+    raw = tmp_path / "raw.jsonl"  # iGniter JSON lines: the line is named
+    raw.write_text('{"hardware": {"idlepower": 53.5}}\n{"hardware": {"power": [117.5], "power": [1.0]}}\n')
+    code, out, err = run(capsys, "profile", "fit", str(raw), "-o", str(tmp_path / "fitted.json"))
+    assert code == 2 and f"{raw}:2: key 'power' repeated (in hardware); keep one" in err
+    assert not (tmp_path / "fitted.json").exists()

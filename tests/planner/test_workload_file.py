@@ -102,3 +102,16 @@ def test_a_workload_that_is_not_a_mapping_is_named_with_its_value(tmp_path):
     path.write_text(GOOD + "  - 5\n")
     with pytest.raises(WorkloadFileError, match=r"workloads\[\d+\] must be a mapping of keys \(name, .*\), got 5$"):
         load_workloads_file(path)
+
+
+def test_a_repeated_key_in_a_gpu_type_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "gpu_types:\n  - name: V100\n    price_per_hour: 3.06\n    price_per_hour: 0.5\n"
+        "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100}\n"
+    )
+    with pytest.raises(WorkloadFileError) as err:  # the cheaper price won silently
+        load_workloads_file(path)
+    assert str(err.value) == (
+        f"{path}: line 4: key 'price_per_hour' repeated (in gpu_types[0], first at line 3); keep one"
+    )

@@ -96,6 +96,23 @@ def test_predict_refuses_points_no_profile_describes(capsys, tmp_path, case, mes
     assert code == 2 and message in err
 
 
+def test_predict_refuses_a_repeated_key(capsys, tmp_path):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('[{"model": "vgg19", "batch": 4, "share_pct": 50}]\n[{"model": "alexnet", "model": "vgg19"}]\n')
+    code, out, err = run(capsys, "predict", "--cases", str(cases))
+    assert code == 2 and out == ""  # it predicted vgg19 for the second line
+    assert err == f"stoke: error: {cases}:2: key 'model' repeated (in [0]); keep one\n"
+
+
+def test_a_plan_with_a_repeated_key_is_refused(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"gpu_count": 0, "cost_per_hour": 0, "gpus": [], "gpus": [], "strategy": "stoke"}')
+    for argv in (["simulate", str(plan), "--seconds", "1"], ["profile", "verify", str(plan)]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "", argv
+        assert err == f"stoke: error: {plan}: key 'gpus' repeated (at the top level); keep one\n", argv
+
+
 @pytest.mark.slow
 def test_simulate_a_plan_file(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--json")
@@ -234,6 +251,15 @@ def test_profile_fit_shows_coefficients_to_four_significant_figures(capsys, tmp_
         ),
         ("workloads: [\n  - {name: a\n", "malformed YAML at line"),
         ("workloads:\n  - {name: a, model: vgg19, rate_rps: 5}\n", "workloads[0] lacks field 'slo_ms'"),
+        (  # the last value won: planned for 1500 ms, no word said
+            "workloads:\n  - name: a\n    model: vgg19\n    slo_ms: 15\n    slo_ms: 1500\n    rate_rps: 5\n",
+            "line 5: key 'slo_ms' repeated (in workloads[0], first at line 4); keep one",
+        ),
+        (  # the second block dropped the first
+            "workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 5}\n"
+            "workloads:\n  - {name: b, model: vgg19, slo_ms: 60, rate_rps: 5}\n",
+            "line 3: key 'workloads' repeated (at the top level, first at line 1); keep one",
+        ),
     ],
 )
 def test_bad_workload_files_give_one_clear_line_and_exit_2(capsys, tmp_path, content, expected):
