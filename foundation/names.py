@@ -57,6 +57,8 @@ def name_problem(value: Any) -> str:
         return ""
     if isinstance(value, (int, float)) and not isinstance(value, bool):  # YAML reads `name: 123` as a number
         return f"must be a name, got the number {shown(value)}; quote it ('{value}') to use it as a name"
+    if isinstance(value, bool):  # YAML 1.1 reads `name: yes` (on, off, no, true, ...) as a boolean
+        return f"must be a name, got the boolean {value}; quote it (e.g. 'yes') to use the word as a name"
     if not isinstance(value, str) or not value:
         return f"must be a non-empty name ({NAME_RULE}), got {shown(value)}"
     return f"must be a name of {NAME_RULE}, got {shown(value)}"

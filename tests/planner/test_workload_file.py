@@ -115,3 +115,10 @@ def test_a_repeated_key_in_a_gpu_type_is_refused_with_its_line(tmp_path):
     assert str(err.value) == (
         f"{path}: line 4: key 'price_per_hour' repeated (in gpu_types[0], first at line 3); keep one"
     )
+
+
+def test_a_name_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("workloads:\n  - {name: yes, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
+    with pytest.raises(WorkloadFileError, match=r"name must be a name, got the boolean True; quote it"):
+        load_workloads_file(path)
