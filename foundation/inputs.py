@@ -204,19 +204,30 @@ def _yaml_loader() -> Any:
         )
         loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789"))
         loader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+        loader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
         _YAML_LOADERS["safe"] = loader
     return _YAML_LOADERS["safe"]
 
 
-def _yaml_int(loader: Any, node: Any) -> int | float:
+def _yaml_int(loader: Any, node: Any) -> int | float | str:
     """YAML's int, but one longer than `_MAX_INT_DIGITS` digits read as a float (as `parse_json` does), so
     range checks refuse it instead of Python raising past 4,300 digits or overflowing a float conversion."""
     import yaml
 
     digits = str(loader.construct_scalar(node)).replace("_", "")
+    if ":" in digits:  # YAML 1.1's base 60 (`rate_rps: 1:30` is 90); 1.2 has none: text, which checks refuse
+        return digits
     if len(digits.lstrip("+-")) > _MAX_INT_DIGITS and digits.lstrip("+-").isdigit():
         return float(digits)
     return int(yaml.SafeLoader.construct_yaml_int(loader, node))
+
+
+def _yaml_float(loader: Any, node: Any) -> float | str:
+    """YAML's float, but base 60 (`1:30.5`) is text, as in YAML 1.2 (see `_yaml_int`)."""
+    import yaml
+
+    text = str(loader.construct_scalar(node))
+    return text if ":" in text else float(yaml.SafeLoader.construct_yaml_float(loader, node))
 
 
 _YAML_MERGE = "tag:yaml.org,2002:merge"

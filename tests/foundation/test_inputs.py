@@ -79,7 +79,17 @@ def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_work():
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("1e3", 1000.0), ("-2.5E-1", -0.25), ("1.0e+2", 100.0), ("12", 12), ("'1e3'", "1e3")]
+    ("text", "value"),
+    [
+        ("1e3", 1000.0),
+        ("-2.5E-1", -0.25),
+        ("1.0e+2", 100.0),
+        ("12", 12),
+        ("'1e3'", "1e3"),
+        ("2.5", 2.5),
+        ("1:30", "1:30"),  # YAML 1.1's base 60 read `rate_rps: 1:30` as 90; 1.2 has none: text, which checks refuse
+        ("1:30.5", "1:30.5"),
+    ],
 )
 def test_yaml_reads_exponent_numbers_as_yaml_1_2_does(text, value):
     assert inputs.parse_yaml(f"v: {text}\n", "f.yaml", "file") == {"v": value}
