@@ -138,6 +138,21 @@ def workload_selector(workload: Workload, options: SloOptions) -> str:
     return options.selector.format(model=workload.model, name=workload.name)
 
 
+_FORMATTED_MATCHER = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*(=~|!~|!=|=)[ \t]*("(?:[^"\\]|\\.)*")[ \t]*,?')
+
+
+def series_labels(selector: str) -> str:
+    """The labels (without braces) of a series the promtool tests feed for a formatted `selector`.
+
+    A test series carries labels, not matchers: `=` and `=~` matchers become labels with their values (an `=~`
+    value that is a regex other than itself matches no such series, and `stoke alerts check` says so), and
+    `!=` and `!~` ones are left out (a missing label is "", which they match unless their value matches "").
+    """
+    return ",".join(
+        f"{label}={value}" for label, op, value in _FORMATTED_MATCHER.findall(selector) if op in ("=", "=~")
+    )
+
+
 def _ident(workload: Workload) -> dict[str, str]:
     return {"workload": _check_label_value(workload.name, "workload name"), "model": workload.model}
 
@@ -489,7 +504,7 @@ def rule_tests(
         # the same good count (no request lands between two SLO bounds), so each sees `ratio`.
         series: dict[str, str] = {}
         for w in workloads:
-            sel = workload_selector(w, options)
+            sel = series_labels(workload_selector(w, options))
             le = le_text(w.slo_ms)
             if le_style == "float" and "." not in le and "e" not in le:
                 le += ".0"

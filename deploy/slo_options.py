@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from foundation.errors import InputError
+from foundation.names import shown
 
 DEFAULT_HISTOGRAM = "stoke_request_latency_ms"
 DEFAULT_OBJECTIVE = 0.999
@@ -18,6 +19,20 @@ DASHBOARD_FILE = "grafana-dashboard.json"
 GRAFANA_ALERTS_FILE = "grafana-alerts.yml"
 
 _LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
+#: One Prometheus label matcher of a selector template: a label name, an operator and a double-quoted value in
+#: which {model} and {name} are replaced, {{ and }} are literal braces, and a backslash escapes one of abfnrtv\"
+#: (PromQL's escapes in a double-quoted string; a regex's \d is written \\d); no control character. Spaces
+#: and tabs may surround the name, the operator and the value.
+_MATCHER = re.compile(
+    r"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*(?:=~|!~|!=|=)[ \t]*"
+    r'"(?:[^"\\{}\x00-\x1f\x7f]|\\[abfnrtv\\"]|\{\{|\}\}|\{(?:model|name)\})*"[ \t]*'
+)
+#: What a selector template's braces may be: a placeholder or a doubled (literal) brace.
+_BRACES = re.compile(r"\{\{|\}\}|\{(?:model|name)\}")
+SELECTOR_FORM = (
+    'label="value", ...: a label name, one of = != =~ !~ and a double-quoted value, in which {model} and {name} '
+    "are replaced"
+)
 _GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
 DEFAULT_DASHBOARD_UID = "stoke-slo"
 DEFAULT_DATASOURCE_UID = "prometheus"
@@ -61,10 +76,9 @@ class SloOptions:
             raise AlertConfigError(f"histogram {self.histogram!r} is not a Prometheus metric name")
         for field_name in ("selector", "triton_selector"):
             value = getattr(self, field_name)
-            try:
-                value.format(model="m", name="n")
-            except (KeyError, IndexError, ValueError) as err:
-                raise AlertConfigError(f"{field_name} {value!r} may use only {{model}} and {{name}} ({err})") from None
+            problem = selector_problem(value)
+            if problem:
+                raise AlertConfigError(f"{field_name} {shown(value)}: {problem}", field_name)
         if not isinstance(self.pending_for, str) or not re.fullmatch(r"[1-9][0-9]{0,5}[smh]", self.pending_for):
             raise AlertConfigError(f"pending_for {self.pending_for!r} must be a duration such as 5m, 90s or 1h")
         if not isinstance(self.dashboard_uid, str) or not _GRAFANA_UID.fullmatch(self.dashboard_uid):
@@ -80,3 +94,40 @@ class SloOptions:
     @property
     def period(self) -> str:
         return f"{self.period_days}d"
+
+
+def selector_problem(selector: object) -> str:
+    """Why `selector` is not a template of Prometheus label matchers (`SloOptions.selector`); "" when it is.
+
+    The rules put it inside braces beside other matchers (`metric{SELECTOR,le=~"..."}`), so it must be one or more
+    matchers `label="value"` joined by commas (no trailing comma, no braces around it). {model} and {name} may
+    appear only inside values.
+    """
+    if not isinstance(selector, str) or not selector.strip():
+        return f"must be one or more label matchers ({SELECTOR_FORM}), got none"
+    pos = 0
+    while True:
+        match = _MATCHER.match(selector, pos)
+        if match is None:
+            break
+        pos = match.end()
+        if pos == len(selector):
+            return ""
+        if selector[pos] != ",":
+            break
+        pos += 1
+    for placeholder in re.findall(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}", _BRACES.sub("", selector)):
+        return (
+            f"may use only the placeholders {{model}} and {{name}}, got {shown('{' + placeholder + '}')} "
+            f"(a literal brace is written {{{{ or }}}})"
+        )
+    if pos == len(selector):
+        hint = "; drop the trailing comma"
+    elif selector.strip().startswith("{") and selector.strip().endswith("}"):
+        hint = "; give the matchers without the braces around them"
+    elif re.search(r"[{}]", _BRACES.sub("", selector)):
+        hint = "; a literal brace is written {{ or }}"
+    else:
+        hint = ""
+    where = f" at {shown(selector[pos:])}" if 0 < pos < len(selector) else ""
+    return f"not a list of label matchers{where} ({SELECTOR_FORM}){hint}"

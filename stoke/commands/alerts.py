@@ -19,9 +19,11 @@ from deploy.slo_options import (
     RULES_TEST_FILE,
     AlertConfigError,
     SloOptions,
+    selector_problem,
 )
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
+from foundation.names import shown
 from stoke.commands.inputs import read_plan
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
@@ -72,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--selector",
         default=SloOptions().selector,
         metavar="MATCHERS",
-        help="label matchers of a workload's series; {model} and {name} are replaced "
-        f"(default: '{SloOptions().selector}')",
+        help='label matchers of a workload\'s series, label="value" joined by commas (operators = != =~ !~); '
+        f"{{model}} and {{name}} in a value are replaced (default: '{SloOptions().selector}')",
     )
     r.add_argument(
         "--triton-selector",
@@ -115,6 +117,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _options(args: argparse.Namespace) -> SloOptions:
     if not 0 < args.objective < 100:
         raise UserError(f"--objective must be a percentage between 0 and 100 (e.g. 99.9), got {args.objective:g}")
+    for flag, value, default in (
+        ("--selector", args.selector, SloOptions().selector),
+        ("--triton-selector", args.triton_selector, SloOptions().triton_selector),
+    ):
+        problem = selector_problem(value)
+        if problem:
+            raise UserError(f"{flag} {shown(value)}: {problem}; e.g. {flag} '{default}' (the default)")
     try:
         return SloOptions(
             objective=args.objective / 100.0,

@@ -128,6 +128,40 @@ def test_objective_is_configurable():
         SloOptions(histogram="bad-name")
 
 
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "foo",
+        'a="}"',
+        "",
+        'a="b",',
+        'a="b",,c="d"',
+        '{a="b"}',
+        '{name}="x"',
+        'a="\\d"',
+        "a='b'",
+        'a="x\x00"',
+        'a="{model"',
+    ],
+)
+def test_a_selector_that_would_not_be_promql_is_refused(selector):
+    """Each was formatted into `metric_bucket{SELECTOR,le=~...}`: invalid PromQL, or Python's format error."""
+    for field in ("selector", "triton_selector"):
+        with pytest.raises(AlertConfigError, match=f"^{field} .*(label matchers|placeholders)") as caught:
+            SloOptions(**{field: selector})
+        assert caught.value.field == field and "\x00" not in str(caught.value)
+
+
+def test_selector_matchers_become_the_test_series_labels():
+    """The promtool tests feed series, which carry labels: = and =~ keep their value, != and !~ are left out."""
+    options = SloOptions(selector='job = "stoke" ,model=~"{model}",old!="{name}",b!~"x{{2}}\\\\.y",q="a\\"b"')
+    [test] = [t for t in rule_tests(WORKLOADS[:1], options)["tests"] if t["name"].startswith("fast")]
+    series = {s["series"] for s in test["input_series"]}
+    assert 'stoke_request_latency_ms_count{job="stoke",model="alexnet",q="a\\"b"}' in series
+    exprs = " ".join(r["expr"] for g in prometheus_rules(WORKLOADS[:1], options)["groups"] for r in g["rules"])
+    assert 'old!="photo-tagging",b!~"x{2}\\\\.y"' in exprs
+
+
 def test_expected_firing_follows_the_burn_table():
     assert expected_firing(0.02) == ("page", "ticket")  # 20 x budget
     assert expected_firing(0.002) == ("ticket",)  # 2 x budget

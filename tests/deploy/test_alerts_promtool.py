@@ -52,6 +52,16 @@ def test_other_objective_passes_its_own_tests(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_selector_with_every_operator_passes_its_own_tests(tmp_path: Path):
+    """!= and !~ matchers stay out of the test series (a missing label matches them), a literal =~ labels them."""
+    selector = 'job="stoke", model=~"{model}",workload!="{name}-old",canary!~"true|yes",q="a\\"b{{1}}"'
+    _write(tmp_path, render_all(FEW, SloOptions(selector=selector)))
+    check = _promtool(tmp_path, "check", "rules", RULES_FILE)
+    assert check.returncode == 0, check.stdout + check.stderr
+    result = _promtool(tmp_path, "test", "rules", RULES_TEST_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_wrong_burn_rates_make_the_unit_tests_fail(tmp_path: Path):
     files = render_all(FEW[:1])
     # a page threshold ten times too high no longer pages on the fast burn

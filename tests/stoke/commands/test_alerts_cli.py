@@ -63,7 +63,7 @@ def test_render_with_file_objective_selector_and_plan(tmp_path: Path, capsys: py
         (["--selector", 'model="{oops}"'], "selector"),
         (["--histogram", "not a metric"], "not a Prometheus metric name"),
         (["--dashboard-uid", "a/b"], "dashboard uid 'a/b' must be 1-40 characters"),
-        (["--triton-selector", 'job="{nope}"'], "triton_selector"),
+        (["--triton-selector", 'job="{nope}"'], "--triton-selector"),
         (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
     ],
 )
@@ -71,6 +71,57 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Capture
     assert main(["alerts", "render", "--out", str(tmp_path / "o"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("stoke: error:") and message in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, says",
+    [
+        ("--selector", "foo", "not a list of label matchers"),  # was written as `_bucket{foo,le=~...}`, exit 0
+        ("--selector", 'a="}"', "a literal brace is written {{ or }}"),  # was Python's format error
+        ("--selector", "{model}", "not a list of label matchers"),
+        ("--selector", 'workload="{name}",', "drop the trailing comma"),
+        ("--selector", '{workload="{name}"}', "without the braces"),
+        ("--selector", "model='{model}'", "double-quoted value"),
+        ("--selector", 'model=="{model}"', "one of = != =~ !~"),
+        ("--selector", 'job="a"  model="{model}"', "at 'model=\"{model}\"'"),
+        ("--selector", 'x="\x1b[31m"', "'x=\"\\x1b[31m\"'"),  # a control character is shown escaped
+        ("--selector", "", "got none"),
+        ("--triton-selector", 'job="{nope}"', "may use only the placeholders {model} and {name}, got '{nope}'"),
+        ("--triton-selector", "job", "not a list of label matchers"),
+    ],
+)
+def test_a_selector_that_is_not_label_matchers_is_refused_with_the_flag_and_an_example(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+):
+    assert main(["alerts", "render", "--out", str(tmp_path / "o"), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"stoke: error: {flag} ") and says in err and "\n" not in err and "\x1b" not in err
+    default = 'workload="{name}"' if flag == "--selector" else 'model="{model}",workload="{name}"'
+    assert err.endswith(f"e.g. {flag} '{default}' (the default)")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "selector, series",
+    [
+        ('job="stoke",model="{model}"', 'job="stoke",model="resnet50",le=~'),
+        (' job = "stoke" , model!="x"', ' job = "stoke" , model!="x",le=~'),
+        (
+            'model=~"{model}|x{{2}}\\\\.y",workload!~"{name}-old"',
+            'model=~"resnet50|x{2}\\\\.y",workload!~"search-old",le=~',
+        ),
+        ('job="a\\"b"', 'job="a\\"b",le=~'),
+    ],
+)
+def test_label_matchers_with_every_operator_placeholders_and_escapes_are_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], selector: str, series: str
+):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOADS_YAML)
+    assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "o"), "--selector", selector]) == 0
+    capsys.readouterr()
+    groups = yaml.safe_load((tmp_path / "o" / "prometheus-rules.yml").read_text())["groups"]
+    assert f"stoke_request_latency_ms_bucket{{{series}" in " ".join(r["expr"] for g in groups for r in g["rules"])
 
 
 def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
