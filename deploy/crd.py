@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from foundation import validate as check
+from foundation.names import shown
 from planner.solver import Workload
 from planner.workload_file import WorkloadEntry, WorkloadFileError, entry_workload
 
@@ -243,12 +244,13 @@ def _rate_value(rate: float) -> int | str:
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def kubernetes_name(name: str, what: str) -> str:
-    """`name` when it is a DNS label (a StokeWorkload's and its Service's name must be); else a clear error."""
+def kubernetes_name(name: str, what: str, fix: str = "rename the workload") -> str:
+    """`name` when it is a DNS label (a StokeWorkload's, its Service's and a namespace's name must be); else a
+    clear error naming `what` and ending with `fix`."""
     if not _DNS_LABEL.match(name):
         raise StokeWorkloadError(
-            f"{what} {name!r} is not a Kubernetes name (a DNS label: at most 63 of a-z 0-9 -, from and to a "
-            f"letter or digit); rename the workload",
+            f"{what} {shown(name)} is not a Kubernetes name (a DNS label: at most 63 of a-z 0-9 -, from and to a "
+            f"letter or digit); {fix}",
             "name",
         )
     return name

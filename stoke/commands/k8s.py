@@ -10,6 +10,9 @@ from pathlib import Path
 from foundation.errors import UserError
 from stoke.client_options import add_client_options, controller_address
 
+#: How to mend a --namespace that is not a Kubernetes name.
+NAMESPACE_FIX = "give --namespace a lower-case name, e.g. --namespace ml-serving"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from deploy.options import RenderOptions
@@ -105,7 +108,7 @@ def run_render(args: argparse.Namespace) -> int:
     for w in workloads:
         kubernetes_name(w.name, f"{args.workloads}: workload name")
     options = RenderOptions(
-        namespace=kubernetes_name(args.namespace, "--namespace"),
+        namespace=kubernetes_name(args.namespace, "--namespace", NAMESPACE_FIX),
         image=args.image,
         repository=args.repo,
         gpu_node_selector=_labels(args.gpu_node_label) or RenderOptions().gpu_node_selector,
@@ -128,7 +131,10 @@ def run_render(args: argparse.Namespace) -> int:
 
 def run_operator(args: argparse.Namespace) -> int:
     from controller.api.auth import read_token
+    from deploy.crd import kubernetes_name
     from deploy.operator import OperatorConfig, run
+
+    kubernetes_name(args.namespace, "--namespace", NAMESPACE_FIX)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = OperatorConfig(

@@ -22,6 +22,7 @@ from deploy import crd
 from deploy.manifests import render
 from deploy.options import RenderOptions
 from foundation import validate as check
+from foundation.names import shown
 from planner.workload_file import WorkloadEntry, example_workloads_path, read_workloads
 from stoke.cli import main
 
@@ -192,6 +193,19 @@ def test_a_workload_name_kubernetes_cannot_take_is_refused_with_its_file(tmp_pat
     err = capsys.readouterr().err
     assert str(wl) in err and "'Web_1' is not a Kubernetes name" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("namespace", ["Bad_NS", "-x", "a" * 64, "x\x1b[2J"])
+def test_a_namespace_kubernetes_cannot_take_is_refused_naming_the_option(tmp_path, capsys, namespace):
+    """The fix names --namespace (it said "rename the workload"), and the name is shown escaped."""
+    assert main(["k8s", "render", "-o", str(tmp_path / "out"), f"--namespace={namespace}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"stoke: error: --namespace {shown(namespace)} is not a Kubernetes name")
+    assert err.endswith("give --namespace a lower-case name, e.g. --namespace ml-serving")
+    assert "workload" not in err and "\x1b" not in err
+    assert not (tmp_path / "out").exists()
+    assert main(["k8s", "operator", f"--namespace={namespace}", "--token-file", str(tmp_path / "token")]) == 2
+    assert "give --namespace a lower-case name" in capsys.readouterr().err
 
 
 def test_rendered_prometheus_rule_holds_the_generated_alerts():
