@@ -33,7 +33,7 @@ import yaml
 
 from deploy import crd
 from deploy.alerts import SloOptions, grafana_dashboard, prometheus_rules
-from deploy.options import RenderOptions
+from deploy.options import RenderOptions, parse_image
 from foundation.files import atomic_write_text
 from planner.solver import Workload
 
@@ -499,10 +499,12 @@ def monitoring(workloads: Sequence[Workload], options: RenderOptions) -> list[di
 
 
 def kustomization(resources: Sequence[str], options: RenderOptions) -> dict[str, Any]:
-    name, _, tag = options.image.rpartition(":") if ":" in options.image.rsplit("/", 1)[-1] else (options.image, "", "")
+    name, tag, digest = parse_image(options.image)
     image: dict[str, Any] = {"name": name}
     if tag:
         image["newTag"] = tag
+    if digest:
+        image["digest"] = digest
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",

@@ -35,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workloads", metavar="FILE", help="also render StokeWorkloads and SLO rules for this workload file"
     )
     p.add_argument("--namespace", default=defaults.namespace, help="namespace (default %(default)s)")
-    p.add_argument("--image", default=defaults.image, help="stoke's container image (default %(default)s)")
+    p.add_argument(
+        "--image",
+        default=defaults.image,
+        metavar="IMAGE",
+        help="stoke's container image, [REGISTRY[:PORT]/]PATH[:TAG][@DIGEST] (default %(default)s)",
+    )
     p.add_argument(
         "--repo",
         default=defaults.repository,
@@ -101,9 +106,10 @@ def _labels(items: list[str] | None) -> tuple[tuple[str, str], ...] | None:
 def run_render(args: argparse.Namespace) -> int:
     from deploy.crd import kubernetes_name
     from deploy.manifests import render, write
-    from deploy.options import RenderOptions
+    from deploy.options import RenderOptions, parse_image
     from planner.workload_file import read_workloads
 
+    parse_image(args.image)
     workloads = read_workloads(args.workloads) if args.workloads else ()
     for w in workloads:
         kubernetes_name(w.name, f"{args.workloads}: workload name")

@@ -208,6 +208,52 @@ def test_a_namespace_kubernetes_cannot_take_is_refused_naming_the_option(tmp_pat
     assert "give --namespace a lower-case name" in capsys.readouterr().err
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    "image, says",
+    [
+        ("bad image", "holds a space or control character"),  # was written as `image: bad image`, exit 0
+        ("stoke\x1b[2J:1", "holds a space or control character"),
+        ("", "is empty"),
+        ("reg.example/Stoke:1", "has upper-case letters in its repository path"),
+        ("stoke:", "is not a container image reference"),
+        ("stoke:-1", "is not a container image reference"),
+        ("reg.example//stoke", "is not a container image reference"),
+        ("stoke@sha256:abc", "is not a container image reference"),
+        ("https://reg.example/stoke", "is not a container image reference"),
+        ("a" * 256, "has a name (before :TAG) longer than 255 characters"),
+    ],
+)
+def test_an_image_kubernetes_cannot_pull_is_refused(tmp_path, capsys, image, says):
+    assert main(["k8s", "render", "-o", str(tmp_path / "out"), f"--image={image}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"stoke: error: --image {shown(image)} {says} ([REGISTRY[:PORT]/]PATH[:TAG][@DIGEST]")
+    assert err.endswith("give one such as --image reg.example/stoke:0.1.0") and "\x1b" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "image, entry",
+    [
+        ("stoke:0.1.0", {"name": "stoke", "newTag": "0.1.0"}),
+        ("localhost:5000/team/stoke", {"name": "localhost:5000/team/stoke"}),
+        ("[::1]:5000/my_org/stoke-gpu:v1.2.3_RC-1", {"name": "[::1]:5000/my_org/stoke-gpu", "newTag": "v1.2.3_RC-1"}),
+        (f"reg.example/stoke@{DIGEST}", {"name": "reg.example/stoke", "digest": DIGEST}),
+        (f"Reg.Example:443/stoke:1.2@{DIGEST}", {"name": "Reg.Example:443/stoke", "newTag": "1.2", "digest": DIGEST}),
+    ],
+)
+def test_an_image_reference_is_taken_and_split_for_kustomize(tmp_path, capsys, image, entry):
+    """The kustomization's images entry names the repository alone (a digest's ':' is not a tag's)."""
+    out = tmp_path / "out"
+    assert main(["k8s", "render", "-o", str(out), "--image", image]) == 0
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text().split("\n", 1)[1])
+    assert kustomization["images"] == [entry]
+    pod = yaml.safe_load((out / "agent.yaml").read_text().split("\n", 1)[1])["spec"]["template"]["spec"]
+    assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {image}
+
+
 def test_rendered_prometheus_rule_holds_the_generated_alerts():
     files = render(example_workloads())
     rule = next(m for m in files["monitoring/monitoring.yaml"] if m["kind"] == "PrometheusRule")
