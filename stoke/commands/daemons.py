@@ -14,7 +14,7 @@ from typing import Any
 
 from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
-from stoke.commands.inputs import add_repo_option
+from stoke.commands.inputs import add_repo_option, check_repo_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -235,10 +235,7 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.gpu_type:
         devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
     kind = "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
-    if "://" not in args.repo and not Path(args.repo).is_dir():
-        raise UserError(
-            f"--repo {args.repo}: no such model repository; pass the path of triton_repo/ (or an s3:// URL)"
-        )
+    check_repo_dir(args.repo, "pass the path of triton_repo/ (or an s3:// URL)")
     mps = None
     if args.mps:
         if kind != "gpu":

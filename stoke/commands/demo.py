@@ -19,7 +19,7 @@ from foundation.errors import UserError
 from foundation.files import write_private_text
 from stoke.commands.control import endpoint_key, status_blocks, to_dict
 from stoke.commands.daemons import quiet_grpc, until_signal
-from stoke.commands.inputs import add_repo_option
+from stoke.commands.inputs import add_repo_option, check_repo_dir
 from stoke.live import LiveView, Tab
 from stoke.output import add_output_option, emit
 
@@ -215,10 +215,7 @@ def write_token(path: Path, token: str) -> None:
 def run_up(args: argparse.Namespace) -> int:
     quiet_grpc()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not Path(args.repo).is_dir():
-        raise UserError(
-            f"--repo {args.repo}: no such model repository; run from the stoke checkout or pass --repo PATH"
-        )
+    check_repo_dir(args.repo, "run from the stoke checkout or pass --repo PATH", urls=False)
     if args.interval <= 0:
         raise UserError(f"--interval must be a positive number of seconds, got {args.interval:g}")
     if args.seconds < 0:

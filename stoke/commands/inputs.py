@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,19 @@ def add_repo_option(p: argparse.ArgumentParser, help_text: str, *, required: boo
     else:
         group.add_argument("--repo", default="triton_repo", help=help_text)
     group.add_argument("--repository", dest="repo", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def check_repo_dir(repo: str, fix: str, *, urls: bool = True, flag: str = "--repo") -> None:
+    """A clear error unless `repo` (given with `flag`; "" for an argument) is a model repository folder (or, with
+    `urls`, a URL such as s3://bucket/path, checked where it is read). A missing path and a file are told apart."""
+    if urls and "://" in repo:
+        return
+    name = f"{flag} {inputs.shown_path(repo)}" if flag else inputs.shown_path(repo)
+    if "\0" in repo or not os.path.exists(repo):
+        raise UserError(f"{name}: model repository not found; {fix}")
+    if not os.path.isdir(repo):
+        what = "is a file, not a directory" if os.path.isfile(repo) else "exists but is not a directory"
+        raise UserError(f"{name}: {what} (a model repository is a folder); {fix}")
 
 
 def load_profile_arg(path: str | None) -> DeviceProfile | None:

@@ -13,17 +13,13 @@ from typing import Any
 from foundation import validate as check
 from foundation.errors import UserError
 from stoke.commands.daemons import interrupt_on_signals
-from stoke.commands.inputs import add_repo_option, read_plan
+from stoke.commands.inputs import add_repo_option, check_repo_dir, read_plan
 from stoke.output import add_output_option, emit
 from stoke.table import print_table
 
 
-def _check_repo(repo: str) -> None:
-    if "://" not in repo and not Path(repo).is_dir():
-        raise UserError(
-            f"--repo {repo}: model repository directory not found; give a directory holding "
-            f"<model>/config.pbtxt (e.g. triton_repo)"
-        )
+def _check_repo(repo: str, flag: str = "--repo") -> None:
+    check_repo_dir(repo, "give a directory holding <model>/config.pbtxt (e.g. triton_repo)", flag=flag)
 
 
 # --------------------------------------------------------------------------- render
@@ -204,7 +200,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     from agents.repo_store import S3Store, StoreError, open_store
 
-    _check_repo(args.repo)
+    _check_repo(args.repo, flag="")  # an argument (DIR), not --repo
     store = open_store(args.dest, endpoint_url=args.endpoint_url)
     try:
         if isinstance(store, S3Store) and args.create_bucket and not args.dry_run:

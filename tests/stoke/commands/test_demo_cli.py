@@ -36,6 +36,15 @@ def test_negative_seconds_is_refused(capsys, private_tmp):
     assert not list(private_tmp.glob("stoke-up-*"))
 
 
+def test_a_file_given_as_the_repository_is_said_to_be_no_directory(capsys, private_tmp):
+    plan = private_tmp / "plan.json"
+    plan.write_text("{}")
+    code, _, err = run(capsys, "up", "--repo", str(plan), "--seconds", "1")
+    assert code == 2 and f"--repo {plan}: is a file, not a directory" in err and "run from the stoke checkout" in err
+    code, _, err = run(capsys, "up", "--repo", str(private_tmp / "nope"), "--seconds", "1")
+    assert code == 2 and "nope: model repository not found; run from the stoke checkout" in err
+
+
 @pytest.mark.parametrize("flag", ["--workloads", "--profile"])
 def test_a_failed_start_leaves_no_temporary_directory(capsys, private_tmp, flag):
     code, _, err = run(capsys, "up", "--repo", str(DEMO_REPO), flag, str(private_tmp / "nope.yaml"))

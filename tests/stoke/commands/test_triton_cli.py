@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 
 import pytest
 
@@ -82,6 +83,17 @@ def test_bad_inputs_are_one_line_user_errors(parser, plan_file, tmp_path, demo_r
         run(parser, ["triton", "render", str(bad), "--repo", str(demo_repo_copy)])
     with pytest.raises(StokeError, match="--repo .*not found"):
         run(parser, ["triton", "render", str(plan_file), "--repo", str(tmp_path / "nope")])
+    for argv in (["render", str(plan_file), "--repo"], ["up", "--repo"]):  # a file where the folder goes
+        with pytest.raises(
+            UserError, match=rf"^--repo {re.escape(str(plan_file))}: is a file, not a directory \(a model repo"
+        ):
+            run(parser, ["triton", *argv, str(plan_file)])
+    with pytest.raises(
+        UserError, match=rf"^{re.escape(str(plan_file))}: is a file, not a directory \(a model repository is a"
+    ):
+        run(parser, ["triton", "sync", str(plan_file), str(tmp_path / "store")])
+    with pytest.raises(UserError, match=r"^--repo '/nope\\x1b\[2J': model repository not found; give a directory"):
+        run(parser, ["triton", "render", str(plan_file), "--repo", "/nope\x1b[2J"])  # shown escaped
     (demo_repo_copy / "mlp_small" / "config.pbtxt").write_text("max_batch_size: many")
     with pytest.raises(StokeError, match="mlp_small/config.pbtxt: not a valid Triton model config"):
         run(parser, ["triton", "render", str(plan_file), "--repo", str(demo_repo_copy)])
