@@ -262,8 +262,19 @@ def parse_workloads_text(text: str, source: str) -> tuple[Workload, ...]:
 
 def read_workloads(path: str | Path) -> tuple[Workload, ...]:
     """Only the workloads of a file (- = stdin); its gpu_types are not read."""
+    return read_workloads_and_type_names(path)[0]
+
+
+def read_workloads_and_type_names(path: str | Path) -> tuple[tuple[Workload, ...], tuple[str, ...]]:
+    """(the workloads of a file, the names its gpu_types give): for a command that does not plan on the file's
+    inventory (`stoke k8s render`), and says so when the file has one."""
     path = Path(path)
-    return parse_workloads_text(_read_text(path), _source(path))
+    source = _source(path)
+    data = _parse_yaml(_read_text(path), source)
+    types = data.get("gpu_types") if isinstance(data, dict) else None
+    listed = types if isinstance(types, list) else []
+    # as given (unchecked: they are only named back to the operator, escaped)
+    return parse_workloads(data, source), tuple(str(t.get("name", "?")) if isinstance(t, dict) else "?" for t in listed)
 
 
 def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile | None = None) -> WorkloadsFile:

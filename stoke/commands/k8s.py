@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from foundation.errors import UserError
+from foundation.names import shown
 from stoke.client_options import add_client_options, controller_address
 
 #: How to mend a --namespace that is not a Kubernetes name.
@@ -107,10 +108,18 @@ def run_render(args: argparse.Namespace) -> int:
     from deploy.crd import kubernetes_name
     from deploy.manifests import render, write
     from deploy.options import RenderOptions, parse_image
-    from planner.workload_file import read_workloads
+    from planner.workload_file import read_workloads_and_type_names
 
     parse_image(args.image)
-    workloads = read_workloads(args.workloads) if args.workloads else ()
+    workloads, gpu_types = read_workloads_and_type_names(args.workloads) if args.workloads else ((), ())
+    if gpu_types:  # said, not dropped silently: the cluster's inventory is what its agents register
+        print(
+            f"stoke: warning: {args.workloads}: its gpu_types ({', '.join(shown(t) for t in gpu_types[:8])}) are not "
+            "carried into the manifests: the controller plans on the devices its agents register. Give their "
+            "prices and device-name matches in controller.yaml's gpu_types, and their profiles with "
+            '`stoke profiles upload` (README, "Controller configuration")',
+            file=sys.stderr,
+        )
     for w in workloads:
         kubernetes_name(w.name, f"{args.workloads}: workload name")
     options = RenderOptions(

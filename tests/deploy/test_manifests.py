@@ -186,6 +186,21 @@ def test_render_command_writes_a_kustomize_base_and_rewrites_nothing_unchanged(t
     assert "written" not in capsys.readouterr().err.replace("unchanged", "")
 
 
+def test_a_workload_file_s_gpu_types_are_said_not_to_be_carried(tmp_path, capsys):
+    """Only the workloads become StokeWorkloads: a file's gpu_types (prices, profiles) were dropped without a word;
+    the warning names them and where they go in a cluster. A file without gpu_types says nothing."""
+    wl = tmp_path / "wl.yaml"
+    body = "workloads:\n  - {name: web, model: mlp_small, slo_ms: 50, rate_rps: 20}\n"
+    wl.write_text("gpu_types:\n  - {name: V100, price_per_hour: 3.06}\n  - {name: A100, price_per_hour: 4}\n" + body)
+    assert main(["k8s", "render", "-o", str(tmp_path / "out"), "--workloads", str(wl)]) == 0
+    err = capsys.readouterr().err
+    assert "its gpu_types ('V100', 'A100') are not carried into the manifests" in err
+    assert "controller.yaml's gpu_types" in err and "stoke profiles upload" in err
+    wl.write_text(body)
+    assert main(["k8s", "render", "-o", str(tmp_path / "out"), "--workloads", str(wl)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_workload_name_kubernetes_cannot_take_is_refused_with_its_file(tmp_path, capsys):
     wl = tmp_path / "wl.yaml"
     wl.write_text("workloads:\n  - {name: Web_1, model: mlp_small, slo_ms: 50, rate_rps: 20}\n")
