@@ -690,8 +690,8 @@ def with_profiles(plan: Plan, gpu_types: Sequence[GpuType]) -> Plan:
 def simulated_profiles(plan: Plan, given: Sequence[str], source: str) -> dict[str, DeviceProfile]:
     """{GPU type: the profile `simulate` replays it on}: `--profile FILE` (every type) or `--profile TYPE=FILE`,
     else the bundled profile of a bundled device. A profile other than the one the plan records is refused: a
-    replay on another profile reports figures the plan never promised (a plan of a slower device replayed on
-    the bundled V100 looked padded by half)."""
+    replay on another profile reports figures the plan never promised (a plan for a slower device, replayed
+    on the bundled V100, showed a p99 of 10.5 ms where it promised 26.1)."""
     from interference.profile_io import bundled_cpu_profile, bundled_profile, profile_digest
 
     types = sorted({g.gpu_type for g in plan.gpus})
@@ -1091,6 +1091,7 @@ def run_profile_verify(args: argparse.Namespace) -> int:
                 measure = TritonMeasurer(args.repo, requests=args.requests)
             except ProfilingError as err:
                 raise UserError(f"--device cpu: {err}") from None
+        _same_profiles(plan, types, args)
         problem = Problem(workloads, types)
 
         def progress(done: Any) -> None:
@@ -1126,6 +1127,22 @@ def run_profile_verify(args: argparse.Namespace) -> int:
         f"{checked.plan.gpu_count} GPU(s), the plan {status}"
     )
     return 0 if checked.holds else 1
+
+
+def _same_profiles(plan: Plan, types: Sequence[GpuType], args: argparse.Namespace) -> None:
+    """Verification re-plans on `types`' profiles: a plan that records another profile (`stoke plan --json`) is
+    refused, as `simulate` refuses it, rather than re-planned on a device it was not made for."""
+    from interference.profile_io import profile_digest
+
+    recorded = dict(plan.profiles)
+    for t in types:
+        if t.name in recorded and profile_digest(t.profile) != recorded[t.name]:
+            where = "the simulated device's (the bundled V100 profile)" if args.device == "simulated" else "--profile's"
+            raise UserError(
+                f"{args.plan}: GPU type {t.name!r} was planned with another profile than {where}; verify a plan made "
+                "with it (`stoke plan --json`)"
+                + (", or give the plan's profile with --profile" if args.device != "simulated" else "")
+            )
 
 
 # -- profile fit -----------------------------------------------------------------------------------

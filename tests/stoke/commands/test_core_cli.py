@@ -151,6 +151,9 @@ def test_simulate_replays_a_plan_on_the_profile_it_was_planned_with(capsys, tmp_
         assert replayed == pytest.approx(planned, rel=0.15), (replayed, planned)  # the bundled one gave 0.4x
     code, _, err = run(capsys, "simulate", str(plan), "--profile", f"A100={slow}")
     assert code == 2 and "has no GPU type 'A100' (its types: V100)" in err
+    # verification re-plans on the simulated device's V100 profile: not a plan made for another (refused at once)
+    code, _, err = run(capsys, "profile", "verify", str(plan))
+    assert code == 2 and "was planned with another profile than the simulated device's" in err, err
 
 
 def test_a_plan_s_recorded_profiles_round_trip_and_bad_ones_are_refused():
@@ -487,6 +490,9 @@ def test_profile_verify_measures_the_plans_points_and_replans(capsys, tmp_path):
     assert code == 0 and "round 1: measured" in out and "holds on measured points" in out
     verified = json.loads((tmp_path / "verified.json").read_text())
     assert all(w["p99_upper_ms"] <= w["slo_ms"] for g in verified["gpus"] for w in g["workloads"])
+    # it records the profile with the measured points (--profile-out's), not the bundled one it started from
+    planned = json.loads((tmp_path / "plan.json").read_text())["profiles"]["V100"]
+    assert len(verified["profiles"]["V100"]) == 64 and verified["profiles"]["V100"] != planned
 
 
 def test_plan_explain_says_which_bound_binds_and_the_domain(capsys):
