@@ -31,7 +31,13 @@ class _Format(argparse.Action):
     """Stores the format and what follows from it: ``json`` (data, not a table: json or yaml) and ``wide``."""
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
-        _set_format(namespace, self.const if self.const is not None else values)
+        fmt = self.const if self.const is not None else values
+        flag = option_string if self.const is not None else f"{option_string} {fmt}"
+        given = getattr(namespace, "_format_given", None)  # the last one would win silently: `--json -o yaml`
+        if given is not None and given[1] != fmt:
+            parser.error(f"{given[0]} and {flag} ask for two output formats; give one")
+        namespace._format_given = (flag, fmt)
+        _set_format(namespace, fmt)
 
 
 def _set_format(namespace: argparse.Namespace, fmt: str) -> None:

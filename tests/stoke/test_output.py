@@ -182,6 +182,17 @@ def test_wide_is_accepted_only_where_it_adds_columns(capsys):
     assert err.value.code == 2 and "invalid choice: 'wide'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--json", "-o", "yaml"], ["-o", "wide", "--json"], ["-o", "yaml", "-o", "json"]])
+def test_two_output_formats_are_refused_not_the_last_taken(capsys, argv):
+    with pytest.raises(SystemExit) as err:
+        main(["plan", *argv])
+    assert err.value.code == 2 and "ask for two output formats; give one" in capsys.readouterr().err
+
+
+def test_the_same_output_format_twice_is_one(capsys):
+    assert main(["plan", "--json", "-o", "json"]) == 0 and capsys.readouterr().out.startswith("{")
+
+
 @pytest.mark.slow
 def test_a_dash_reads_stdin(capsys, monkeypatch):
     plan = run(capsys, "plan", "--json")[1]
