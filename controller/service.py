@@ -113,6 +113,9 @@ def validate_workload(fields: Mapping[str, Any], where: str, initial_rps: float 
         rate_auto=auto,
         min_rps=bounds["min_rps"],
         max_rps=bounds["max_rps"],
+        arrivals=check.one_of(
+            fields.get("arrivals") or "poisson", f"{where}.arrivals", ("poisson", "constant"), error=InvalidArgument
+        ),
     )
 
 
@@ -218,6 +221,7 @@ class ControlService:
                 "slo_ms": item.slo_ms,
                 "rate_rps": "auto" if item.rate_auto else item.rate_rps,
                 "gpu_type": item.gpu_type,
+                "arrivals": item.arrivals,
                 **({"min_rps": item.min_rps, "max_rps": item.max_rps} if item.rate_auto else {}),
             }
         w = validate_workload(item, where, initial_rps)

@@ -117,7 +117,13 @@ CREATE TABLE IF NOT EXISTS loop_events (
     text TEXT NOT NULL);
 """
 #: Columns added to ``workloads`` after schema version 1 was first written (added when missing).
-_WORKLOAD_COLUMNS = {"rate_auto": "INTEGER NOT NULL DEFAULT 0", "min_rps": "REAL", "max_rps": "REAL"}
+_WORKLOAD_COLUMNS = {
+    "rate_auto": "INTEGER NOT NULL DEFAULT 0",
+    "min_rps": "REAL",
+    "max_rps": "REAL",
+    # a row stored before the controller kept it was planned as Poisson
+    "arrivals": "TEXT NOT NULL DEFAULT 'poisson'",
+}
 
 
 class DatabaseError(StokeError, RuntimeError):
@@ -463,14 +469,24 @@ class Store:
             self._written.update(w.name for w in workloads)  # before writing: a row read again is never wrong
             for w in workloads:
                 row = db.execute(
-                    "SELECT model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps FROM workloads WHERE name=?",
+                    "SELECT model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps, arrivals FROM workloads "
+                    "WHERE name=?",
                     (w.name,),
                 ).fetchone()
                 rate = float(w.rate_rps)
                 if w.rate_auto and row is not None and row[4]:
                     # an auto workload keeps the rate its demand tracker plans for (within the new bounds)
                     rate = min(max(float(row[2]), w.min_rps or 0.0), w.max_rps or math.inf)
-                values = (w.model, float(w.slo_ms), rate, w.gpu_type, int(w.rate_auto), w.min_rps, w.max_rps)
+                values = (
+                    w.model,
+                    float(w.slo_ms),
+                    rate,
+                    w.gpu_type,
+                    int(w.rate_auto),
+                    w.min_rps,
+                    w.max_rps,
+                    w.arrivals,
+                )
                 if row is None:
                     created.append(w.name)
                 elif tuple(row) == values:
@@ -480,7 +496,7 @@ class Store:
                     updated.append(w.name)
                 db.execute(
                     "INSERT OR REPLACE INTO workloads (name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, "
-                    "max_rps, updated_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "max_rps, arrivals, updated_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (w.name, *values, now),
                 )
         return created, updated, unchanged
@@ -521,6 +537,7 @@ class Store:
                     rate_auto=bool(r[5]),
                     min_rps=r[6],
                     max_rps=r[7],
+                    arrivals=r[8],
                 )
                 good.append(workload)
                 by_row[r] = workload
@@ -535,7 +552,7 @@ class Store:
         self._workloads_by_row = by_row  # only the rows stored now: a deleted workload is forgotten
         return tuple(good), tuple(bad)
 
-    _WORKLOAD_COLUMNS = "name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps"
+    _WORKLOAD_COLUMNS = "name, model, slo_ms, rate_rps, gpu_type, rate_auto, min_rps, max_rps, arrivals"
 
     def _read_workload_rows(self, db: sqlite3.Connection) -> list[tuple[Any, ...]]:
         """Every workload row in name order: the last read's, with the rows written since read again (see

@@ -267,10 +267,14 @@ def read_workloads(path: str | Path) -> tuple[Workload, ...]:
 
 def read_workloads_and_type_names(path: str | Path) -> tuple[tuple[Workload, ...], tuple[str, ...]]:
     """(the workloads of a file, the names its gpu_types give): for a command that does not plan on the file's
-    inventory (`stoke k8s render`), and says so when the file has one."""
+    inventory (`stoke k8s render`, `stoke workload apply`), and says so when the file has one."""
     path = Path(path)
-    source = _source(path)
-    data = _parse_yaml(_read_text(path), source)
+    return parse_workloads_and_type_names(_read_text(path), _source(path))
+
+
+def parse_workloads_and_type_names(text: str, source: str) -> tuple[tuple[Workload, ...], tuple[str, ...]]:
+    """`read_workloads_and_type_names` of a file's text."""
+    data = _parse_yaml(text, source)
     types = data.get("gpu_types") if isinstance(data, dict) else None
     listed = types if isinstance(types, list) else []
     # as given (unchecked: they are only named back to the operator, escaped)

@@ -88,13 +88,14 @@ def workload_fields(m: pb.Workload) -> dict[str, Any]:
     fields = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
     auto, low, high = fields.pop("rate_auto"), fields.pop("min_rps"), fields.pop("max_rps")
     fields["gpu_type"] = fields["gpu_type"] or None
+    fields["arrivals"] = fields["arrivals"] or "poisson"  # a client from before the field sends ""
     if auto:
         fields.update(rate_rps="auto", min_rps=low or None, max_rps=high or None)
     return fields
 
 
 def workload_from_pb(m: pb.Workload) -> Workload:
-    return from_pb(Workload, m)
+    return from_pb(Workload, m, arrivals=m.arrivals or "poisson")
 
 
 def assignment_to_pb(a: ModelAssignment) -> pb.Assignment:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Workload(_message.Message):
-    __slots__ = ("name", "model", "slo_ms", "rate_rps", "gpu_type", "rate_auto", "min_rps", "max_rps")
+    __slots__ = ("name", "model", "slo_ms", "rate_rps", "gpu_type", "rate_auto", "min_rps", "max_rps", "arrivals")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_MS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Workload(_message.Message):
     RATE_AUTO_FIELD_NUMBER: _ClassVar[int]
     MIN_RPS_FIELD_NUMBER: _ClassVar[int]
     MAX_RPS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo_ms: float
@@ -24,7 +25,8 @@ class Workload(_message.Message):
     rate_auto: bool
     min_rps: float
     max_rps: float
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ..., rate_auto: _Optional[bool] = ..., min_rps: _Optional[float] = ..., max_rps: _Optional[float] = ...) -> None: ...
+    arrivals: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo_ms: _Optional[float] = ..., rate_rps: _Optional[float] = ..., gpu_type: _Optional[str] = ..., rate_auto: _Optional[bool] = ..., min_rps: _Optional[float] = ..., max_rps: _Optional[float] = ..., arrivals: _Optional[str] = ...) -> None: ...
 
 class ApplyWorkloadsRequest(_message.Message):
     __slots__ = ("workloads", "dry_run")

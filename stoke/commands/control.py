@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from foundation.errors import UserError
+from foundation.names import shown
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import read_text_input
@@ -204,12 +205,17 @@ def _ago(seconds: float) -> str:
 
 
 def run_workload_apply(args: argparse.Namespace) -> int:
-    from planner.workload_file import parse_workloads_text
+    from planner.workload_file import parse_workloads_and_type_names
 
     text, source = read_text_input(args.file, "the workload file")
-    workloads = parse_workloads_text(
-        text, source
-    )  # its gpu_types are ignored: the controller's nodes are the inventory
+    workloads, gpu_types = parse_workloads_and_type_names(text, source)
+    if gpu_types:  # said, not dropped silently: the controller's nodes are the inventory
+        print(
+            f"stoke: warning: {source}: its gpu_types ({', '.join(shown(t) for t in gpu_types[:8])}) are not applied: "
+            "the controller plans on the devices its agents register, priced by its config's gpu_types "
+            "(max_count too), with the profiles uploaded to it (`stoke profiles upload`)",
+            file=sys.stderr,
+        )
     reply = _call(args, lambda c: c.apply_workloads(workloads, dry_run=args.dry_run), source=source)
     if args.json:
         emit(args, {**to_dict(reply), "dry_run": bool(args.dry_run)})
@@ -243,16 +249,30 @@ def run_workload_ls(args: argparse.Namespace) -> int:
         emit(
             args,
             [
-                {"name": w.name, "model": w.model, "slo_ms": w.slo_ms, "rate_rps": w.rate_rps, "gpu_type": w.gpu_type}
+                {
+                    "name": w.name,
+                    "model": w.model,
+                    "slo_ms": w.slo_ms,
+                    "rate_rps": w.rate_rps,
+                    "gpu_type": w.gpu_type,
+                    "arrivals": w.arrivals,
+                }
                 | ({"rate_auto": True, "min_rps": w.min_rps, "max_rps": w.max_rps} if w.rate_auto else {})
                 for w in workloads
             ],
         )
     else:
         print_table(
-            ["workload", "model", "slo_ms", "rate_rps", "gpu_type"],
+            ["workload", "model", "slo_ms", "rate_rps", "gpu_type", "arrivals"],
             [
-                [w.name, w.model, w.slo_ms, f"auto {w.rate_rps:g}" if w.rate_auto else w.rate_rps, w.gpu_type or "any"]
+                [
+                    w.name,
+                    w.model,
+                    w.slo_ms,
+                    f"auto {w.rate_rps:g}" if w.rate_auto else w.rate_rps,
+                    w.gpu_type or "any",
+                    w.arrivals,
+                ]
                 for w in workloads
             ],
         )

@@ -90,6 +90,17 @@ def test_apply_plans_and_heartbeat_delivers_assignments(svc):
     assert svc.reconcile(force=True).changed is False
 
 
+def test_a_paced_workload_is_planned_paced_by_the_controller(svc):
+    """`arrivals: constant` reaches the plan (a paced replica's p99 and cap differ from a Poisson one's); it was
+    dropped, and the controller planned every workload as Poisson while `stoke plan` planned it paced."""
+    svc.apply_workloads([wl("paced", arrivals="constant"), wl("poisson")])
+    svc.reconcile()
+    plan = svc.current_plan().plan
+    arrivals = {p.name: p.arrivals for g in plan.gpus for p in g.placements}
+    assert arrivals == {"paced": "constant", "poisson": "poisson"}
+    assert svc.apply_workloads([wl("paced")]) == ([], ["paced"], [])  # its arrivals changed: an update
+
+
 def test_bad_workload_names_field_and_stores_nothing(svc):
     with pytest.raises(InvalidArgument) as err:
         svc.apply_workloads([wl("ok"), wl("bad", slo=-3)])

@@ -62,3 +62,29 @@ def test_rows_written_through_the_store_are_read_again_and_the_rest_kept(tmp_pat
     assert fresh.workload_rows() == store.workload_rows()
     store.close()
     fresh.close()
+
+
+def test_a_paced_workload_s_arrivals_are_stored_and_a_change_of_them_is_an_update(tmp_path):
+    """The controller planned every workload as Poisson: `arrivals` was not stored (nor sent over gRPC)."""
+    store = Store(tmp_path / "s.db")
+    (w,) = fleet_workloads(1, seed=4)
+    paced = replace(w, arrivals="constant")
+    assert store.upsert_workloads([paced], 0.0) == ([w.name], [], [])
+    assert store.workloads() == (paced,)
+    assert store.upsert_workloads([w], 1.0) == ([], [w.name], [])  # back to Poisson: an update, not "unchanged"
+    assert store.workloads() == (w,)
+    store.close()
+
+
+def test_a_database_from_before_arrivals_reads_its_workloads_as_poisson(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the workloads table as the first schema wrote it
+        db.execute(
+            "CREATE TABLE workloads (name TEXT PRIMARY KEY, model TEXT NOT NULL, slo_ms REAL NOT NULL, "
+            "rate_rps REAL NOT NULL, gpu_type TEXT, updated_unix REAL NOT NULL)"
+        )
+        db.execute("INSERT INTO workloads VALUES ('web', 'alexnet', 50, 10, NULL, 0)")
+    store = Store(path)
+    (w,) = store.workloads()
+    assert (w.name, w.arrivals, w.rate_auto) == ("web", "poisson", False)
+    store.close()

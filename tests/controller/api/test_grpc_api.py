@@ -10,6 +10,7 @@ from control_helpers import cpu_profile_json
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from controller.api import convert
 from controller.api import stoke_pb2 as pb
 from controller.api.client import ControllerClient
 from controller.config import ControllerConfig, ServiceConfig
@@ -93,7 +94,16 @@ def test_flow_validation_and_metrics(client, server):
     with pytest.raises(InvalidArgument) as err:
         client.apply_raw(bad)
     assert "workloads[1].rate_rps" in str(err.value)
+    odd = pb.ApplyWorkloadsRequest(
+        workloads=[pb.Workload(name="x", model="mlp_small", slo_ms=9, rate_rps=5, arrivals="bursty")]
+    )
+    with pytest.raises(InvalidArgument, match=r"workloads\[0\].arrivals must be one of poisson, constant"):
+        client.apply_raw(odd)
     assert client.list_workloads() == []
+    # a paced workload keeps its arrivals over gRPC (they were dropped: the controller planned it as Poisson)
+    paced = Workload("paced", "mlp_small", 100, 20, arrivals="constant")
+    assert convert.workload_from_pb(convert.workload_to_pb(paced)) == paced
+    assert list(client.apply_workloads([paced], dry_run=True).created) == ["paced"]
     agent = agent_client(server, client, "n1")
     assert agent.register("n1", [NodeDevice(0, "cpu", "cpu", cores=2)]) == pytest.approx(0.2)
     reply = client.apply_workloads([Workload("web", "mlp_small", 100, 20)])

@@ -98,7 +98,20 @@ def test_workload_apply_dry_run_stores_nothing_and_reads_stdin(env, capsys, monk
     code, out, _ = run(capsys, "workload", "apply", "-f", str(good), "--dry-run", "--json")
     assert json.loads(out)["updated"] == ["web"] and json.loads(out)["dry_run"] is True
     listed = yaml.safe_load(run(capsys, "workload", "ls", "-o", "yaml")[1])
-    assert listed == [{"name": "web", "model": "mlp_small", "slo_ms": 100.0, "rate_rps": 20.0, "gpu_type": None}]
+    web = {"name": "web", "model": "mlp_small", "slo_ms": 100.0, "rate_rps": 20.0, "gpu_type": None}
+    assert listed == [web | {"arrivals": "poisson"}]
+
+
+def test_workload_apply_says_a_file_s_gpu_types_are_not_applied(env, capsys, tmp_path):
+    """The controller's nodes are its inventory: a file's gpu_types (prices, max_count) were dropped in silence."""
+    typed = tmp_path / "typed.yaml"
+    typed.write_text("gpu_types: [{name: X, price_per_hour: 1, max_count: 1}]\n" + WORKLOADS)
+    code, _, err = run(capsys, "workload", "apply", "-f", str(typed), "--dry-run")
+    assert code == 0 and "its gpu_types ('X') are not applied" in err and "max_count" in err, err
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(WORKLOADS)
+    code, _, err = run(capsys, "workload", "apply", "-f", str(plain), "--dry-run")
+    assert code == 0 and "warning" not in err
 
 
 def test_workload_apply_and_its_dry_run_refuse_what_stoke_plan_refuses(env, capsys, tmp_path):
