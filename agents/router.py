@@ -23,7 +23,7 @@ and `GRPC_ALLOWED`. Triton's model control (load, which takes files and so
 runs code, unload, the repository index, logging and trace settings,
 shared-memory registration) is stoke's alone: the agent drives it on the
 loopback ports, and an operator changes models through stoke's authenticated
-API (`stoke apply`).
+API (`stoke workload apply`).
 
 A move without a failed request: the fleet starts the new process, then
 `set_backends` switches the route (a call picks its backend and counts
@@ -122,7 +122,7 @@ HTTP_ALLOWED: tuple[tuple[frozenset[str], re.Pattern[str]], ...] = (
 REFUSAL = (
     "the workload endpoints serve inference, health, metadata and statistics only; model control "
     "(load, unload, repository index, logging, trace, shared memory) is not served here: change what "
-    "runs with stoke's authenticated API (`stoke apply`)"
+    "runs with stoke's authenticated API (`stoke workload apply`)"
 )
 
 

@@ -320,19 +320,24 @@ class ControlService:
             rows = [r for r in rows if r.gpu_type == check_name(gpu_type, "gpu_type")]
         if len(rows) != 1:
             known = ", ".join(f"{r.model}/{r.gpu_type}" for r in self.store.profile_rows()) or "none"
-            what = f"{model!r} on {gpu_type!r}" if gpu_type else f"{model!r} (give --gpu-type when it has several)"
-            raise NotFound(f"no single profile of {what}; profiled: {known}")
+            if len(rows) > 1:
+                raise NotFound(f"{model!r} has a profile on several GPU types; give --gpu-type (profiled: {known})")
+            where = f" on {gpu_type!r}" if gpu_type else ""
+            raise NotFound(f"{model!r} has no profile{where}; profiled: {known} (`stoke profiles ls`)")
         row = rows[0]
         if version < 0:
             raise invalid("version", f"must be >= 0, got {version}")
+        if resume and not row.pinned:  # nothing to resume: no event, no reset of the loop's pending confirmations
+            return rows
         try:
             if resume:
                 self.store.set_profile_state(row.gpu_type, model, row.active_version, False)
             else:
                 self.store.set_profile_state(row.gpu_type, model, version, True)
         except KeyError:
-            have = [v.version for v in self.store.profile_versions(model) if v.gpu_type == row.gpu_type]
-            raise NotFound(f"{model}/{row.gpu_type} has no version {version}; versions: 0 (fitted), {have}") from None
+            have = [0, *(v.version for v in self.store.profile_versions(model) if v.gpu_type == row.gpu_type)]
+            listed = ", ".join(f"v{v}" for v in have).replace("v0", "v0 (the fitted profile)")
+            raise NotFound(f"{model}/{row.gpu_type} has no version {version}; its versions: {listed}") from None
         self.feedback.reset(row.gpu_type, model)
         what = "recalibration resumed" if resume else f"rolled back to v{version} (pinned)"
         self.store.add_event("rollback", "", f"{model} on {row.gpu_type}: {what}", self.clock())

@@ -197,6 +197,20 @@ def to_dict(message: Any) -> dict[str, Any]:
     return fix(MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
 
 
+def status_dict(reply: Any) -> dict[str, Any]:
+    """`stoke status`'s data: a figure not known yet is null, as the table's "-" (proto3 sends 0 for it, and a
+    script read `slo_attainment: 0.0` of a pending workload as every request late)."""
+    data = to_dict(reply)
+    for w, message in zip(data.get("workloads", []), reply.workloads):
+        if not (message.replicas and message.predicted_p99_ms > 0):
+            w["predicted_p99_ms"] = w["predicted_latency_ms"] = None
+        if not message.HasField("observed_p99_ms"):
+            w["slo_attainment"] = None
+        if not message.observed:
+            w["observed_latency_ms"] = w["observed_rate_rps"] = None
+    return data
+
+
 def _ago(seconds: float) -> str:
     return f"{seconds:.1f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
@@ -501,7 +515,7 @@ def run_status(args: argparse.Namespace) -> int:
     if not args.watch:
         reply = _call(args, lambda c: c.status())
         if args.json:
-            emit(args, to_dict(reply))
+            emit(args, status_dict(reply))
         else:
             _print_blocks(status_blocks(reply, args.wide))
         return 0
@@ -521,7 +535,7 @@ def _watch_status(args: argparse.Namespace, client: Any) -> None:
             reply = _call(args, lambda c: c.status(), client=client)
             stamp = time.strftime("%H:%M:%S")
             if args.json:
-                emit(args, {"time": stamp, **to_dict(reply)})
+                emit(args, {"time": stamp, **status_dict(reply)})
             else:
                 key = endpoint_key(reply)
                 again, shown = view.terminal or shown != key, key

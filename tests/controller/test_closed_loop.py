@@ -328,9 +328,12 @@ def test_rollback_pins_the_fitted_profile_and_resume_recalibrates_again(tmp_path
     for _ in range(30):
         node.beat(factor=2.0)
     assert svc.list_profiles()[0].active_version == 0  # pinned: recalibration leaves it alone
-    with pytest.raises(NotFound, match="no version 99"):
+    with pytest.raises(NotFound, match=r"no version 99; its versions: v0 \(the fitted profile\), v1"):
         svc.rollback_profile("accel_sim", version=99)
     svc.rollback_profile("accel_sim", resume=True)
+    events = len(svc.status().loop_events)
+    svc.rollback_profile("accel_sim", resume=True)  # not pinned: nothing to resume, nothing logged
+    assert len(svc.status().loop_events) == events
     for _ in range(10):
         node.beat(factor=2.0)
     assert svc.list_profiles()[0].active_version >= 2

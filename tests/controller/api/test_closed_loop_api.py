@@ -104,4 +104,4 @@ def test_auto_workload_observations_status_and_profile_versions(server, capsys, 
     code, out, _ = cli(server, capsys, "profiles", "resume", "accel_sim", "--json")
     assert code == 0 and json.loads(out)[0]["pinned"] is False
     code, _, err = cli(server, capsys, "profiles", "rollback", "nope")
-    assert code == 2 and "no single profile of 'nope'" in err
+    assert code == 2 and "'nope' has no profile; profiled: accel_sim/CPU" in err

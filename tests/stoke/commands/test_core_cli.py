@@ -624,3 +624,21 @@ def test_files_a_command_writes_are_checked_before_it_works_and_no_folder_is_mad
     with pytest.raises(SystemExit):
         main(["plan", "--plot", str(tmp_path)])
     assert f"e.g. {tmp_path / 'out.png'}" in capsys.readouterr().err
+
+
+def test_status_json_says_null_for_figures_not_known_yet():
+    """proto3 sends 0 for a pending workload's prediction and attainment; the table shows "-", and the JSON said
+    slo_attainment 0.0 (every request late) until it said null."""
+    from controller.api import stoke_pb2 as pb
+    from stoke.commands.control import status_dict
+
+    reply = pb.StatusResponse(workloads=[pb.WorkloadStatus(name="a", model="m", slo_ms=50, state="pending")])
+    (w,) = status_dict(reply)["workloads"]
+    assert w["state"] == "pending" and w["slo_ms"] == 50
+    for key in ("predicted_p99_ms", "predicted_latency_ms", "slo_attainment", "observed_latency_ms"):
+        assert w[key] is None, key
+    served = pb.WorkloadStatus(name="b", model="m", slo_ms=50, state="serving", observed=True, observed_p99_ms=20.0)
+    served.replicas.add(share_pct=50)
+    served.predicted_p99_ms, served.slo_attainment, served.observed_latency_ms = 18.0, 1.0, 12.0
+    (w,) = status_dict(pb.StatusResponse(workloads=[served]))["workloads"]
+    assert (w["predicted_p99_ms"], w["slo_attainment"], w["observed_latency_ms"]) == (18.0, 1.0, 12.0)
