@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Any
 
 from foundation.errors import UserError
@@ -113,6 +114,12 @@ def run_report(args: argparse.Namespace) -> int:
     from foundation.files import atomic_write_text
     from stoke.report import render_report
 
+    if args.observed and args.workloads is None:  # the plan is made here, from a file, not read off the controller
+        print(
+            "stoke: warning: --observed without WORKLOADS.yaml: the report's plan is of the bundled example "
+            "workloads, beside the controller's observations; give the file you applied to compare like with like",
+            file=sys.stderr,
+        )
     plan, options, source = plan_and_alternatives(args.workloads, args.profile, args.strategy)
     observed, note = (
         _observed(args)

@@ -346,6 +346,9 @@ def _report_with_observations(env, capsys, tmp_path):
     save_profile(cpu_profile(), profile)
     code, text, err = run(capsys, "report", str(workloads), "--profile", str(profile), "--out", str(out), "--observed")
     assert code == 0, err
-    assert "observation window(s)" in text
+    assert "observation window(s)" in text and "warning" not in err
     html = out.read_text()
     assert html.count("<img ") == 4 and "observed against predicted p99 over time" in html
+    # without the file, the plan would be of the bundled example beside these observations: said
+    code, _, err = run(capsys, "report", "--out", str(out), "--observed")
+    assert code == 0 and "--observed without WORKLOADS.yaml: the report's plan is of the bundled example" in err
