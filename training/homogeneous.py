@@ -51,7 +51,8 @@ def compute_speed(spec: TrainingSpec, worker: WorkerOption, ps_bw: float) -> flo
         raise TrainingError(
             f"workers.{worker.type}.speed {worker.speed} is too high for model_mb "
             f"{spec.model_mb} at {min(worker_bandwidth(spec, worker), ps_bw)} MB/s: "
-            f"batch/speed must exceed the push+pull time"
+            f"batch/speed must exceed the push+pull time; check workers.{worker.type}.speed and gpu_batch, "
+            "job.model_mb and the network bandwidths"
         )
     return worker.batch / t_comp
 

@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from foundation import names
 from foundation import validate as check
+from foundation.errors import InputError
 from training.models import LossCurve, PsJob, SpotJob, SpotLoss, TrainingError
 
 PLAN_FORMAT_VERSION = 1
+STRATEGIES = ("spot", "homogeneous")
 
 
 @dataclass(frozen=True)
@@ -156,102 +159,216 @@ class TrainingPlan:
 
 # --------------------------------------------------------------------------- spec parsing
 
+# Bounds of a spec's numbers: generous for any real job, tight enough that a slip (a size in bytes, a deadline in
+# milliseconds, a batch of 0.5) is refused with the field named instead of planned or failing deep in a model.
+MAX_DEADLINE_S = 1e7  # about 16 weeks; also the most a revocation's recovery overhead may add
+MAX_MODEL_MB = 1e6  # 1 TB of parameters
+MAX_LOSS = 1e6
+MAX_QUOTA = 1000  # instances of one type
+MAX_PS = 64  # parameter servers
+MAX_GPU_BATCH = 1 << 20  # samples per GPU per iteration
+MAX_BATCH = 1 << 24  # samples per worker per iteration (homogeneous.reference_batch)
+MAX_SPEED = 1e9  # samples/s of one worker
+MAX_BANDWIDTH_MB_S = 1e6  # 1 TB/s
+MAX_PRICE_PER_HOUR = 1e4  # $/hour of one instance
+MAX_VCPUS = 1024
+MAX_CPU_S_PER_MB = 100.0  # homogeneous.update_cpu_s_per_mb
+MAX_BATCH_PENALTY = 100.0
+MAX_COEFFICIENT = 1e12  # fitted curve, contention and loss coefficients, in magnitude
 
-def _need(obj: Any, key: str, where: str, source: str) -> Any:
-    if not isinstance(obj, Mapping) or key not in obj:
-        raise TrainingError(
-            f"{source}: {where} lacks field {key!r}; see the bundled example (`stoke train plan` with no file uses it)"
+
+def _coefficient(value: Any, field: str, where: str, error: type[InputError]) -> float:
+    if check.number(value, field, where=where, error=error) and abs(value) > MAX_COEFFICIENT:
+        raise check.fail(
+            field, f"a number from -{MAX_COEFFICIENT:g} to {MAX_COEFFICIENT:g}", value, where=where, error=error
         )
-    return obj[key]
+    return float(value)
 
 
-def _num(
-    obj: Mapping[str, Any],
-    key: str,
-    where: str,
-    source: str,
-    *,
-    default: Any = None,
-    positive: bool = True,
-    allow_zero: bool = False,
-) -> float:
-    value = obj.get(key, default) if isinstance(obj, Mapping) else default
-    if value is None:
-        value = _need(obj, key, where, source)
-    field = f"{where}.{key}"
-    if not positive:
-        return check.number(value, field, where=source, error=TrainingError)
-    if allow_zero:
-        return check.non_negative(value, field, where=source, error=TrainingError)
-    return check.positive(value, field, where=source, error=TrainingError)
+COEFFICIENT = check.Rule(_coefficient, {"type": "number", "minimum": -MAX_COEFFICIENT, "maximum": MAX_COEFFICIENT})
+POSITIVE_COEFFICIENT = check.positive_up_to(MAX_COEFFICIENT)
+BANDWIDTH = check.positive_up_to(MAX_BANDWIDTH_MB_S, "MB/s")
+PRICE = check.non_negative_up_to(MAX_PRICE_PER_HOUR)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSection:
+    """job: what to train, to what loss, by when."""
+
+    name: str = check.setting("training-job", check.NAME, "the job's name: cluster tag, Kubernetes names")
+    target_loss: float = check.setting(rule=check.positive_up_to(MAX_LOSS), doc="training loss to reach")
+    deadline_s: float = check.setting(
+        rule=check.positive_up_to(MAX_DEADLINE_S, "seconds"), doc="seconds the training may take"
+    )
+    model_mb: float = check.setting(rule=check.positive_up_to(MAX_MODEL_MB), doc="model size in MB (S)")
+    sync: str = check.setting("asp", check.choice(("asp", "bsp")), "asp or bsp (the spot strategy is ASP only)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSection:
+    """workers.<instance type>: the profiled figures of one worker of that type."""
+
+    quota: int = check.setting(rule=check.whole_between(0, MAX_QUOTA), doc="most instances of the type (0: none)")
+    speed: float = check.setting(rule=check.positive_up_to(MAX_SPEED), doc="profiled samples/s of one worker alone")
+    gpu_batch: int = check.setting(rule=check.whole_between(1, MAX_GPU_BATCH), doc="samples per GPU per iteration")
+    network_mb_s: float | None = check.setting(None, BANDWIDTH, "network MB/s (default: the catalog's)")
+    price_per_hour: float | None = check.setting(None, PRICE, "$/hour (default: the catalog's spot or on-demand)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PsSection:
+    """ps: the parameter servers."""
+
+    type: str = check.setting("same", check.NAME, "an instance type, or 'same' (on the worker type)")
+    max_count: int = check.setting(4, check.whole_between(1, MAX_PS), "most parameter servers")
+    network_mb_s: float | None = check.setting(None, BANDWIDTH, "network MB/s (default: the catalog's)")
+    vcpus: int | None = check.setting(None, check.whole_between(1, MAX_VCPUS), "vCPUs (default: the catalog's)")
+    price_per_hour: float | None = check.setting(None, PRICE, "$/hour (default: the catalog's on-demand price)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveSection:
+    """homogeneous.curve: loss(s) = 1/(beta0*s + beta1) + beta2 (fit with `stoke train fit-loss`)."""
+
+    beta0: float = check.setting(rule=POSITIVE_COEFFICIENT)
+    beta1: float = check.setting(rule=COEFFICIENT)
+    beta2: float = check.setting(rule=COEFFICIENT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HomogeneousSection:
+    """homogeneous: the one-type model's figures."""
+
+    curve: CurveSection | None = check.setting(None, doc="the convergence curve")
+    update_cpu_s_per_mb: float = check.setting(0.0, check.non_negative_up_to(MAX_CPU_S_PER_MB))
+    batch_penalty: float = check.setting(0.0, check.non_negative_up_to(MAX_BATCH_PENALTY))
+    reference_batch: int = check.setting(0, check.whole_between(0, MAX_BATCH))
+    worker_bandwidth_mb_s: float | None = check.setting(None, BANDWIDTH, "cap on a worker's network MB/s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContentionSection:
+    """spot.contention: P(n) = min(a1*sqrt(n) + b1, 1)."""
+
+    a1: float = check.setting(rule=POSITIVE_COEFFICIENT)
+    b1: float = check.setting(rule=COEFFICIENT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotLossSection:
+    """spot.loss: loss = (g2*b_w + g3) * sqrt((r_weight*R + g4)*n) / (j + g1) + g5."""
+
+    g1: float = check.setting(rule=COEFFICIENT)
+    g2: float = check.setting(rule=COEFFICIENT)
+    g3: float = check.setting(rule=COEFFICIENT)
+    g4: float = check.setting(rule=COEFFICIENT)
+    g5: float = check.setting(rule=COEFFICIENT)
+    r_weight: float = check.setting(1.0, check.non_negative_up_to(MAX_COEFFICIENT))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotSection:
+    """spot: the heterogeneous spot model's figures."""
+
+    ps_bandwidth_mb_s: float | None = check.setting(None, BANDWIDTH, "B_ps (default: ps.network_mb_s)")
+    required_bandwidth_mb_s: float = check.setting(rule=BANDWIDTH, doc="B_req: what one worker uses alone")
+    pcie_mb_s: float = check.setting(10000.0, BANDWIDTH, "B_pcie")
+    recovery_overhead_s: float = check.setting(
+        30.0, check.non_negative_up_to(MAX_DEADLINE_S), "seconds a re-plan after a revocation adds"
+    )
+    contention: ContentionSection = check.setting(doc="the contention fit")
+    loss: SpotLossSection = check.setting(doc="the loss fit")
+
+
+def _instance_types(value: Any, field: str, where: str, error: type[InputError]) -> dict[str, Any]:
+    """workers: a non-empty mapping whose keys are instance type names (each entry is read on its own)."""
+    if not isinstance(value, Mapping) or not value:
+        raise check.fail(
+            field, "a mapping of instance type -> {quota, speed, gpu_batch}", value, where=where, error=error
+        )
+    for key in value:
+        names.check_name(key, f"{field}: instance type", where=where, error=error)
+    return {str(k).strip(): v for k, v in value.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecFile:
+    """SPEC.yaml of `stoke train plan`."""
+
+    job: JobSection = check.setting(doc="the job")
+    workers: Mapping[str, Any] = check.setting(
+        rule=check.Rule(
+            _instance_types, {"type": "object", "minProperties": 1, "additionalProperties": {"type": "object"}}
+        ),
+        doc="instance type -> its worker figures (see WorkerSection)",
+    )
+    ps: PsSection = check.setting(PsSection(), doc="the parameter servers")
+    homogeneous: HomogeneousSection = check.setting(HomogeneousSection(), doc="the homogeneous strategy's model")
+    spot: SpotSection | None = check.setting(None, doc="the spot strategy's model")
+
+
+def spec_instance_types(data: Any, source: str = "SPEC.yaml") -> list[str]:
+    """The instance types a parsed SPEC.yaml names (workers and ps.type), checked as names; for the live prices
+    that are fetched before the spec is read against its catalog."""
+    spec = check.load(SpecFile, data, where=source, error=TrainingError)
+    types = list(spec.workers)
+    return types if spec.ps.type == "same" else [*types, spec.ps.type]
 
 
 def spec_from_dict(data: Any, catalog: Catalog, source: str = "SPEC.yaml", *, market: str = "spot") -> TrainingSpec:
     """Build a `TrainingSpec` from the parsed SPEC.yaml.
 
-    `market` picks the worker price: "spot" (catalog spot price) or
-    "on_demand"; a `price_per_hour` in the spec overrides either.
+    Every level refuses a key it does not know (a misspelt key would otherwise fall back to its default),
+    and every number has the bounds above. `market` picks the worker price: "spot" (catalog spot price)
+    or "on_demand"; a `price_per_hour` in the spec overrides either.
     """
     if not isinstance(data, Mapping):
         raise TrainingError(f"{source}: the spec must be a mapping with 'job', 'workers' and 'ps'")
-    job = _need(data, "job", "spec", source)
-    name = str(job.get("name", "training-job")) if isinstance(job, Mapping) else "training-job"
-    target = _num(job, "target_loss", "job", source)
-    deadline = _num(job, "deadline_s", "job", source)
-    model_mb = _num(job, "model_mb", "job", source)
-    sync = str(job.get("sync", "asp"))
-    if sync not in ("asp", "bsp"):
-        raise TrainingError(f"{source}: job.sync must be 'asp' or 'bsp', got {sync!r}")
-    workers = _workers(_need(data, "workers", "spec", source), catalog, source, market)
-    for section in ("ps", "homogeneous", "spot"):
-        if data.get(section) is not None and not isinstance(data[section], Mapping):
-            raise TrainingError(
-                f"{source}: {section} must be a mapping of keys (e.g. ps: {{type: m5.xlarge}}), got {data[section]!r}"
-            )
-    ps = _ps(data.get("ps", {}) or {}, catalog, source)
-    homo = data.get("homogeneous", {}) or {}
-    spot_raw = data.get("spot")
-    cap = homo.get("worker_bandwidth_mb_s")
+    spec = check.load(SpecFile, data, where=source, error=TrainingError)
+    job = spec.job
+    workers = _workers(spec.workers, catalog, source, market)
+    if all(w.quota == 0 for w in workers):
+        raise TrainingError(
+            f"{source}: workers: every instance type has quota 0, so no worker may run; "
+            "give at least one workers.<type>.quota >= 1"
+        )
+    ps = _ps(spec.ps, catalog, source)
+    homo = spec.homogeneous
     return TrainingSpec(
-        name=name,
-        target_loss=target,
-        deadline_s=deadline,
-        model_mb=model_mb,
+        name=job.name,
+        target_loss=job.target_loss,
+        deadline_s=job.deadline_s,
+        model_mb=job.model_mb,
         workers=workers,
         ps=ps,
-        sync=sync,
-        curve=_curve(homo["curve"], source) if "curve" in homo else None,
-        update_cpu_s_per_mb=_num(homo, "update_cpu_s_per_mb", "homogeneous", source, default=0.0, allow_zero=True),
-        batch_penalty=_num(homo, "batch_penalty", "homogeneous", source, default=0.0, allow_zero=True),
-        reference_batch=int(_num(homo, "reference_batch", "homogeneous", source, default=0, allow_zero=True)),
-        worker_bandwidth_cap_mb_s=None if cap is None else _num(homo, "worker_bandwidth_mb_s", "homogeneous", source),
-        spot=None if spot_raw is None else _spot(spot_raw, model_mb, target, ps, source),
-        recovery_overhead_s=_num(spot_raw or {}, "recovery_overhead_s", "spot", source, default=30.0, allow_zero=True),
+        sync=job.sync,
+        curve=None if homo.curve is None else _curve(homo.curve, source),
+        update_cpu_s_per_mb=homo.update_cpu_s_per_mb,
+        batch_penalty=homo.batch_penalty,
+        reference_batch=homo.reference_batch,
+        worker_bandwidth_cap_mb_s=homo.worker_bandwidth_mb_s,
+        spot=None if spec.spot is None else _spot(spec.spot, job, workers, ps, source),
+        recovery_overhead_s=30.0 if spec.spot is None else spec.spot.recovery_overhead_s,
     )
 
 
-def _workers(raw: Any, catalog: Catalog, source: str, market: str) -> tuple[WorkerOption, ...]:
+def _workers(raw: Mapping[str, Any], catalog: Catalog, source: str, market: str) -> tuple[WorkerOption, ...]:
     """workers: {instance type: {quota, speed, gpu_batch, price_per_hour?, network_mb_s?}}."""
-    if not isinstance(raw, Mapping) or not raw:
-        raise TrainingError(f"{source}: workers must map instance type -> {{quota, speed, gpu_batch}}")
     workers = []
-    for type_name, w in raw.items():
+    for type_name, entry in raw.items():
         where = f"workers.{type_name}"
-        inst = catalog.get(str(type_name), f"{source}: {where}")
-        quota = _num(w, "quota", where, source, allow_zero=True)
-        if quota != int(quota):
-            raise TrainingError(f"{source}: {where}.quota must be a whole number, got {quota!r}")
-        gpu_batch = _num(w, "gpu_batch", where, source)
+        inst = catalog.get(type_name, f"{source}: {where}")
+        w = check.load(WorkerSection, entry, where=source, error=TrainingError, prefix=where + ".")
         default_price = inst.spot_per_hour if market == "spot" else inst.on_demand_per_hour
         workers.append(
             WorkerOption(
-                type=str(type_name),
-                quota=int(quota),
-                speed=_num(w, "speed", where, source),
-                batch=int(gpu_batch) * inst.gpus,
+                type=type_name,
+                quota=w.quota,
+                speed=w.speed,
+                batch=w.gpu_batch * inst.gpus,
                 gpus=inst.gpus,
-                network_mb_s=_num(w, "network_mb_s", where, source, default=inst.network_mb_s),
-                price_per_hour=_num(w, "price_per_hour", where, source, default=default_price, allow_zero=True),
+                network_mb_s=inst.network_mb_s if w.network_mb_s is None else w.network_mb_s,
+                price_per_hour=default_price if w.price_per_hour is None else w.price_per_hour,
                 on_demand_per_hour=inst.on_demand_per_hour,
                 vcpus=inst.vcpus,
             )
@@ -259,50 +376,57 @@ def _workers(raw: Any, catalog: Catalog, source: str, market: str) -> tuple[Work
     return tuple(workers)
 
 
-def _ps(raw: Mapping[str, Any], catalog: Catalog, source: str) -> PsOption:
+def _ps(raw: PsSection, catalog: Catalog, source: str) -> PsOption:
     """ps: {type: same | an instance type, max_count?, network_mb_s?, vcpus?, price_per_hour?}."""
-    ps_type = str(raw.get("type", "same"))
-    max_count = int(_num(raw, "max_count", "ps", source, default=4))
-    if ps_type == "same":
-        return PsOption(type="same", max_count=max_count, network_mb_s=0.0, vcpus=0, price_per_hour=0.0)
-    inst = catalog.get(ps_type, f"{source}: ps.type")
+    if raw.type == "same":
+        return PsOption(type="same", max_count=raw.max_count, network_mb_s=0.0, vcpus=0, price_per_hour=0.0)
+    inst = catalog.get(raw.type, f"{source}: ps.type")
     return PsOption(
-        type=ps_type,
-        max_count=max_count,
-        network_mb_s=_num(raw, "network_mb_s", "ps", source, default=inst.network_mb_s),
-        vcpus=int(_num(raw, "vcpus", "ps", source, default=inst.vcpus)),
-        price_per_hour=_num(raw, "price_per_hour", "ps", source, default=inst.on_demand_per_hour, allow_zero=True),
+        type=raw.type,
+        max_count=raw.max_count,
+        network_mb_s=inst.network_mb_s if raw.network_mb_s is None else raw.network_mb_s,
+        vcpus=inst.vcpus if raw.vcpus is None else raw.vcpus,
+        price_per_hour=inst.on_demand_per_hour if raw.price_per_hour is None else raw.price_per_hour,
     )
 
 
-def _curve(raw: Any, source: str) -> LossCurve:
-    """homogeneous.curve: {beta0, beta1, beta2}."""
-    beta0 = _num(raw, "beta0", "homogeneous.curve", source)
-    beta1 = _num(raw, "beta1", "homogeneous.curve", source, positive=False)
-    beta2 = _num(raw, "beta2", "homogeneous.curve", source, positive=False)
+def _curve(raw: CurveSection, source: str) -> LossCurve:
     try:  # the model's own checks do not know the file
-        return LossCurve(beta0=beta0, beta1=beta1, beta2=beta2)
+        return LossCurve(beta0=raw.beta0, beta1=raw.beta1, beta2=raw.beta2)
     except TrainingError as err:
         raise TrainingError(f"{source}: homogeneous.curve: {err}") from None
 
 
-def _spot(raw: Any, model_mb: float, target: float, ps: PsOption, source: str) -> SpotJob:
-    """spot: {ps_bandwidth_mb_s?, required_bandwidth_mb_s, pcie_mb_s?, contention: {a1, b1}, loss: {g1..g5}}."""
-    loss = _need(raw, "loss", "spot", source)
-    contention = _need(raw, "contention", "spot", source)
-    numbers = dict(
-        ps_bw_mb_s=_num(
-            raw, "ps_bandwidth_mb_s", "spot", source, default=ps.network_mb_s if ps.network_mb_s > 0 else None
-        ),
-        required_bw_mb_s=_num(raw, "required_bandwidth_mb_s", "spot", source),
-        pcie_bw_mb_s=_num(raw, "pcie_mb_s", "spot", source, default=10000.0),
-        a1=_num(contention, "a1", "spot.contention", source),
-        b1=_num(contention, "b1", "spot.contention", source, positive=False),
-    )
-    g = {k: _num(loss, k, "spot.loss", source, positive=False) for k in ("g1", "g2", "g3", "g4", "g5")}
-    r_weight = _num(loss, "r_weight", "spot.loss", source, default=1.0, allow_zero=True)
+def _spot(raw: SpotSection, job: JobSection, workers: tuple[WorkerOption, ...], ps: PsOption, source: str) -> SpotJob:
+    ps_bw = raw.ps_bandwidth_mb_s if raw.ps_bandwidth_mb_s is not None else ps.network_mb_s
+    if not ps_bw:
+        raise TrainingError(
+            f"{source}: spot lacks field 'ps_bandwidth_mb_s'; add it (ps.type 'same' names no instance to take "
+            "the PS bandwidth from)"
+        )
+    # The model's convention (training.models): a worker's profiled time per iteration (batch/speed) includes
+    # pushing and pulling the model at B_req, 2*S/B_req; what is left is its compute time, which must be > 0.
+    push_pull = 2 * job.model_mb / raw.required_bandwidth_mb_s
+    for w in workers:
+        if w.batch / w.speed <= push_pull:
+            raise TrainingError(
+                f"{source}: workers.{w.type}: gpu_batch x {w.gpus} GPU(s) / speed = {w.batch / w.speed:.4g} s per "
+                f"iteration must exceed the push and pull of the model it includes, 2 x job.model_mb / "
+                f"spot.required_bandwidth_mb_s = {push_pull:.4g} s; check workers.{w.type}.speed and gpu_batch, "
+                "job.model_mb and spot.required_bandwidth_mb_s"
+            )
+    c, g = raw.contention, raw.loss
     try:  # the model's own checks do not know the file
-        return SpotJob(model_mb=model_mb, loss=SpotLoss(**g, r_weight=r_weight), target_loss=target, **numbers)
+        return SpotJob(
+            model_mb=job.model_mb,
+            ps_bw_mb_s=ps_bw,
+            required_bw_mb_s=raw.required_bandwidth_mb_s,
+            pcie_bw_mb_s=raw.pcie_mb_s,
+            a1=c.a1,
+            b1=c.b1,
+            loss=SpotLoss(g1=g.g1, g2=g.g2, g3=g.g3, g4=g.g4, g5=g.g5, r_weight=g.r_weight),
+            target_loss=job.target_loss,
+        )
     except TrainingError as err:
         raise TrainingError(f"{source}: spot: {err}") from None
 
@@ -346,6 +470,12 @@ def training_plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
     }
 
 
+def _need(obj: Any, key: str, where: str, source: str) -> Any:
+    if not isinstance(obj, Mapping) or key not in obj:
+        raise TrainingError(f"{source}: {where} lacks field {key!r}; re-plan with `stoke train plan --json`")
+    return obj[key]
+
+
 def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPlan:
     """Inverse of `training_plan_to_dict`; raises TrainingError naming the field, its value and the fix."""
     fix = "re-plan with `stoke train plan --json`"
@@ -368,7 +498,11 @@ def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPla
                 fix=fix,
             )
         return tuple(
-            (str(t), check.whole(c, f"{key}.{t}", where=source, error=TrainingError, fix=fix)) for t, c in value.items()
+            (
+                names.check_name(t, f"{key}: instance type", where=source, error=TrainingError),
+                check.whole(c, f"{key}.{t}", where=source, error=TrainingError, fix=fix),
+            )
+            for t, c in value.items()
         )
 
     def num(key: str, default: float = math.inf) -> float:
@@ -385,21 +519,25 @@ def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPla
     details = data.get("details") or {}
     if not isinstance(details, Mapping):
         raise check.fail("details", "a mapping", details, where=source, error=TrainingError, fix=fix)
+
+    def name(key: str, default: str) -> str:  # printed, a cluster tag and part of Kubernetes names
+        return names.check_name(data.get(key, default), key, where=source, error=TrainingError)
+
     return TrainingPlan(
-        strategy=str(data.get("strategy", "spot")),
-        job=str(data.get("job", "training-job")),
+        strategy=check.one_of(data.get("strategy", "spot"), "strategy", STRATEGIES, where=source, error=TrainingError),
+        job=name("job", "training-job"),
         feasible=bool(_need(data, "feasible", "plan", source)),
         counts=counts("counts", _need(data, "counts", "plan", source)),
-        ps_type=str(data.get("ps_type", "")),
+        ps_type="" if not data.get("ps_type") else name("ps_type", ""),
         ps_count=whole("ps_count"),
         predicted_time_s=num("predicted_time_s"),
         predicted_cost=num("predicted_cost"),
         deadline_s=num("deadline_s"),
         target_loss=num("target_loss", 0.0),
-        bottleneck=str(data.get("bottleneck", "")),
-        reason=str(data.get("reason", "")),
+        bottleneck=names.clean_text(str(data.get("bottleneck", "")), 80),  # text the commands print
+        reason=names.clean_text(str(data.get("reason", "")), 1000),
         details=dict(details),
         existing=counts("existing", data.get("existing") or {}),
         candidates=whole("candidates"),
-        search=str(data.get("search", "")),
+        search=names.clean_text(str(data.get("search", "")), 80),
     )

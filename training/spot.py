@@ -259,6 +259,10 @@ def _infeasible_reason(
 ) -> str:
     """Say by how much the fastest cluster within the quota misses the deadline."""
     batch, comp, gpus, price = per_type
+    if n_min > n_cap and not lower.sum():  # nothing runs: the quotas (less the revoked) allow no worker
+        return (
+            "no worker may be launched: the quotas, less any revoked instances, allow none; raise workers.<type>.quota"
+        )
     if n_min > n_cap:
         return (
             f"the {n_min} instances already running exceed the {n_cap} workers the contention model "

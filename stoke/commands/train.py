@@ -186,20 +186,15 @@ def _load_spec(
     cache=None,
 ):
     from training import readers
-    from training.spec import spec_from_dict
+    from training.spec import spec_from_dict, spec_instance_types
 
     data, source = readers.read_spec(path)
     if prices == "live":
         from training.cloud import CloudError, PriceSource, make_clients
 
+        types = spec_instance_types(data, source)  # the spec's keys and names are checked before any request
         ec2, pricing = make_clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
-        types = None
-        if isinstance(data, dict) and isinstance(data.get("workers"), dict):
-            types = list(data["workers"])
-            ps_type = (data.get("ps") or {}).get("type", "same") if isinstance(data.get("ps"), dict) else "same"
-            if ps_type != "same":
-                types.append(str(ps_type))
         try:
             catalog = src.live(types)
         except CloudError as err:
@@ -266,9 +261,11 @@ def run_plan(args: argparse.Namespace) -> int:
         cache=args.price_cache,
     )
     if args.deadline is not None or args.loss is not None:
-        for flag, value in (("--deadline", args.deadline), ("--loss", args.loss)):
+        from training.spec import MAX_DEADLINE_S, MAX_LOSS
+
+        for flag, value, maximum in (("--deadline", args.deadline, MAX_DEADLINE_S), ("--loss", args.loss, MAX_LOSS)):
             if value is not None:
-                check.positive(value, flag, error=UserError)
+                check.positive(value, flag, error=UserError, maximum=maximum)
         spec = with_overrides(spec, deadline_s=args.deadline, target_loss=args.loss)
     plan = _solve(spec, args.strategy, args.search)
     body = training_plan_to_dict(plan)

@@ -204,3 +204,119 @@ def test_spot_plans_need_a_real_parameter_server_type(fixture_spec):
     same = dataclasses.replace(fixture_spec, ps=dataclasses.replace(fixture_spec.ps, type="same"))
     with pytest.raises(TrainingError, match="ps.type"):
         provision_spot(same)
+
+
+# --------------------------------------------------------------------------- SPEC.yaml checks
+
+
+def _fixture_data() -> dict:
+    return readers.read_spec(None)[0]
+
+
+def _load(data: dict):
+    return spec_from_dict(data, readers.offline_catalog(), "SPEC.yaml")
+
+
+@pytest.mark.parametrize(
+    ("path", "known"),
+    [
+        ("colour", "homogeneous, job, ps, spot, workers"),
+        ("job.colour", "deadline_s, model_mb, name, sync, target_loss"),
+        ("workers.p3.2xlarge.colour", "gpu_batch, network_mb_s, price_per_hour, quota, speed"),
+        ("ps.colour", "max_count, network_mb_s, price_per_hour, type, vcpus"),
+        ("spot.recovery_overhead", "contention, loss, pcie_mb_s, ps_bandwidth_mb_s, recovery_overhead_s"),
+        ("spot.contention.a2", "a1, b1"),
+        ("spot.loss.g6", "g1, g2, g3, g4, g5, r_weight"),
+        ("homogeneous.curve.beta3", "beta0, beta1, beta2"),
+        ("homogeneous.batch_penality", "batch_penalty, curve, reference_batch"),
+    ],
+)
+def test_an_unknown_or_misspelt_key_is_refused_at_every_level(path, known):
+    """A misspelt key used to fall back to its default silently (recovery_overhead: 300 planned with 30 s)."""
+    data = _fixture_data()
+    *parents, key = path.split(".") if not path.startswith("workers.") else ["workers", "p3.2xlarge", "colour"]
+    node = data
+    for part in parents:
+        node = node[part]
+    node[key] = 300
+    with pytest.raises(
+        TrainingError, match=r"^SPEC.yaml: unknown key '" + path.replace(".", r"\.") + "'; known keys: "
+    ) as err:
+        _load(data)
+    assert known in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("workers", "p3.2xlarge", "gpu_batch"), 0.5, "workers.p3.2xlarge.gpu_batch must be a whole number >= 1"),
+        (("workers", "p3.2xlarge", "gpu_batch"), 0, "workers.p3.2xlarge.gpu_batch must be a whole number >= 1"),
+        (("workers", "p3.2xlarge", "quota"), 2.5, "workers.p3.2xlarge.quota must be a whole number >= 0 up to 1,000"),
+        (("workers", "p3.2xlarge", "quota"), 10**6, "workers.p3.2xlarge.quota must be a whole number >= 0 up to 1,000"),
+        (("job", "model_mb"), 1e12, "job.model_mb must be a positive number up to 1e+06, got 1000000000000.0"),
+        (("job", "deadline_s"), 1e10, "job.deadline_s must be a positive number of seconds up to 1e+07"),
+        (("ps", "max_count"), 2.5, "ps.max_count must be a whole number >= 1 up to 64"),
+        (("spot", "recovery_overhead_s"), -1, "spot.recovery_overhead_s must be a number >= 0 up to 1e+07"),
+        (("spot", "loss", "g1"), 1e300, "spot.loss.g1 must be a number from -1e+12 to 1e+12"),
+        (("job", "sync"), "ssp", "job.sync must be one of asp, bsp"),
+    ],
+)
+def test_every_number_is_checked_with_its_field_named(where, value, message):
+    data = _fixture_data()
+    node = data
+    for part in where[:-1]:
+        node = node[part]
+    node[where[-1]] = value
+    with pytest.raises(TrainingError) as err:
+        _load(data)
+    assert str(err.value).startswith("SPEC.yaml: " + message), err.value
+    assert "2*S/B_req" not in str(err.value)
+
+
+def test_a_spot_section_that_leaves_no_compute_time_names_the_fields():
+    """batch/speed must exceed the push and pull at B_req: said at load, not by the model's formula."""
+    data = _fixture_data()
+    data["job"]["model_mb"] = 1000
+    with pytest.raises(TrainingError) as err:
+        _load(data)
+    text = str(err.value)
+    assert text.startswith("SPEC.yaml: workers.p3.2xlarge: ") and "job.model_mb" in text
+    assert "spot.required_bandwidth_mb_s" in text and "2*S/B_req" not in text
+
+
+def test_quota_zero_everywhere_is_refused_instead_of_blaming_running_instances():
+    data = _fixture_data()
+    for w in data["workers"].values():
+        w["quota"] = 0
+    with pytest.raises(TrainingError, match=r"^SPEC.yaml: workers: every instance type has quota 0"):
+        _load(data)
+
+
+def test_a_revoked_out_quota_is_not_blamed_on_running_instances(fixture_spec):
+    revoked = {w.type: w.quota for w in fixture_spec.workers}
+    plan = provision_spot(fixture_spec, SpotState(revoked=revoked, replan=True))
+    assert not plan.feasible and "already running" not in plan.reason and "quota" in plan.reason
+
+
+@pytest.mark.parametrize("name", ["a/b\x1b[31mX", "a b", "..", "-x", 5])
+def test_job_and_instance_type_names_follow_the_name_rule(name):
+    data = _fixture_data()
+    data["job"]["name"] = name
+    with pytest.raises(TrainingError, match=r"^SPEC.yaml: job.name must be a name") as err:
+        _load(data)
+    assert "\x1b" not in str(err.value)
+    data = _fixture_data()
+    data["workers"] = {name: data["workers"]["p3.2xlarge"]}
+    with pytest.raises(TrainingError, match=r"^SPEC.yaml: workers: instance type must be a name") as err:
+        _load(data)
+    assert "\x1b" not in str(err.value)
+
+
+def test_a_plan_json_with_unsafe_names_is_refused(tmp_path):
+    from training.spec import training_plan_from_dict, training_plan_to_dict
+
+    body = training_plan_to_dict(provision_spot(_load(_fixture_data())))
+    for key, value in (("job", "a/b\x1b[31mX"), ("counts", {"a/b\x1b[31mX": 1}), ("strategy", "other")):
+        with pytest.raises(TrainingError, match=rf"^PLAN.json: {key}") as err:
+            training_plan_from_dict({**body, key: value})
+        assert "\x1b" not in str(err.value)
