@@ -150,6 +150,11 @@ def provision_spot(
             "the spot strategy runs one on-demand parameter server beside spot workers of "
             "several types; give ps.type an instance type (e.g. m5.xlarge) instead of 'same'"
         )
+    if spec.sync != "asp":
+        raise TrainingError(
+            f"job.sync is {spec.sync!r}, but the spot strategy models asynchronous (ASP) training only: "
+            "set job.sync: asp, or plan BSP with --strategy homogeneous"
+        )
     state = state or SpotState()
     job = spec.spot
     names = [w.type for w in spec.workers]

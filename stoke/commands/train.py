@@ -203,7 +203,13 @@ def _load_spec(
     else:
         catalog, notes = readers.offline_catalog(), []
     market = "spot" if strategy == "spot" else "on_demand"
-    return spec_from_dict(data, catalog, source, market=market), catalog, notes
+    spec = spec_from_dict(data, catalog, source, market=market)
+    if strategy == "spot" and spec.sync != "asp":  # the README: spot mixes instance types with ASP only
+        raise UserError(
+            f"{source}: job.sync is {spec.sync!r}, but the spot strategy plans asynchronous (ASP) training only; "
+            "plan BSP with --strategy homogeneous, or set job.sync: asp"
+        )
+    return spec, catalog, notes
 
 
 def _solve(spec, strategy: str, search: str = "auto") -> TrainingPlan:

@@ -312,6 +312,37 @@ def test_job_and_instance_type_names_follow_the_name_rule(name):
     assert "\x1b" not in str(err.value)
 
 
+def test_the_spot_strategy_refuses_a_bsp_job(fixture_spec):
+    import dataclasses
+
+    with pytest.raises(TrainingError, match=r"job.sync is 'bsp'.*ASP.*--strategy homogeneous"):
+        provision_spot(dataclasses.replace(fixture_spec, sync="bsp"))
+
+
+def test_cli_plan_refuses_bsp_with_spot_and_bad_specs_in_one_line(capsys, tmp_path):
+    import yaml
+
+    from stoke.cli import main
+
+    data = _fixture_data()
+    data["job"]["sync"] = "bsp"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["train", "plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}: job.sync is 'bsp'" in err and "--strategy homogeneous" in err and err.count("\n") == 1
+    assert main(["train", "plan", str(spec), "--strategy", "homogeneous", "--json"]) == 0
+    capsys.readouterr()
+    data["job"]["sync"] = "asp"
+    data["spot"]["recovery_overhead"] = 300
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["train", "plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'spot.recovery_overhead'" in err and "recovery_overhead_s" in err
+    assert main(["train", "plan", "--deadline", "1e12"]) == 2
+    assert "--deadline must be a positive number up to 1e+07" in capsys.readouterr().err
+
+
 def test_a_plan_json_with_unsafe_names_is_refused(tmp_path):
     from training.spec import training_plan_from_dict, training_plan_to_dict
 
