@@ -41,11 +41,12 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, InvalidRegionError
 
 from foundation.aws import aws_failure
 from foundation.errors import StokeError
 from foundation.files import atomic_write_text
+from foundation.names import shown
 from training.readers import catalog_from_dict, catalog_to_dict, offline_catalog
 from training.spec import Catalog, TrainingPlan, TrainingSpec, with_overrides
 from training.spot import SpotState, provision_spot
@@ -78,10 +79,20 @@ def _utcnow_iso(clock: Callable[[], float]) -> str:
 
 
 def make_clients(region: str, endpoint_url: str | None = None) -> tuple[Any, Any]:
-    """(ec2, pricing) boto3 clients; `endpoint_url` points both at a test server (moto)."""
+    """(ec2, pricing) boto3 clients; `endpoint_url` points both at a test server (moto).
+
+    A region or endpoint botocore refuses before any request (``InvalidRegionError``, "Invalid endpoint")
+    is a `CloudError` with reason "region" or "endpoint"."""
     config = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=20)
-    ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
-    pricing = boto3.client("pricing", region_name=PRICING_REGION, endpoint_url=endpoint_url, config=config)
+    try:
+        ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        pricing = boto3.client("pricing", region_name=PRICING_REGION, endpoint_url=endpoint_url, config=config)
+    except InvalidRegionError:
+        raise CloudError(f"region {shown(region)} is not an AWS region name", reason="region") from None
+    except ValueError:  # botocore: "Invalid endpoint: URL" (also for an empty region)
+        if endpoint_url is None:
+            raise CloudError(f"region {shown(region)} is not an AWS region name", reason="region") from None
+        raise CloudError(f"endpoint URL {shown(endpoint_url)} is not a URL", reason="endpoint") from None
     return ec2, pricing
 
 

@@ -17,14 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import sys
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
+from foundation.names import check_name, shown
 from stoke.output import add_output_file_option, add_output_option, emit, writing
 from stoke.progress import Progress
 from stoke.table import print_table
@@ -190,10 +193,10 @@ def _load_spec(
 
     data, source = readers.read_spec(path)
     if prices == "live":
-        from training.cloud import CloudError, PriceSource, make_clients
+        from training.cloud import CloudError, PriceSource
 
         types = spec_instance_types(data, source)  # the spec's keys and names are checked before any request
-        ec2, pricing = make_clients(region, endpoint_url)
+        ec2, pricing = _clients(region, endpoint_url)
         src = PriceSource(ec2=ec2, pricing=pricing, region=region, cache_path=cache)
         try:
             catalog = src.live(types)
@@ -336,11 +339,46 @@ def run_fit_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+#: An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, ...
+_REGION = re.compile(r"[a-z]{2}(?:-[a-z]+)+-[0-9]+")
+REGION_FIX = "give an AWS region name such as --region us-east-1"
+ENDPOINT_FIX = "give an http(s) URL such as --endpoint-url http://127.0.0.1:5000, or leave it out for AWS"
+
+
+def _clients(region: str, endpoint_url: str | None):
+    """(ec2, pricing) clients, once --region and --endpoint-url are checked (botocore refuses a bad one with a
+    traceback, before any request)."""
+    from training.cloud import CloudError, make_clients
+
+    if not _REGION.fullmatch(region):
+        raise UserError(f"--region {shown(region)} is not an AWS region name; {REGION_FIX}")
+    if endpoint_url is not None:
+        parts = urlsplit(endpoint_url)
+        try:
+            parts.port  # noqa: B018 (raises on a port that is not a number from 0 to 65535)
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() or not c.isprintable() for c in endpoint_url)
+        ):
+            raise UserError(f"--endpoint-url {shown(endpoint_url)} is not an http(s) URL; {ENDPOINT_FIX}")
+    try:
+        return make_clients(region, endpoint_url)
+    except CloudError as err:
+        raise _cloud_error(err) from None
+
+
 def _cloud_error(err: Exception) -> UserError:
     """An EC2 failure as a one-line stoke error (exit 2) that ends with what to do."""
     from foundation.aws import AWS_CREDENTIALS_FIX
 
-    if getattr(err, "reason", "") == "credentials":
+    if getattr(err, "reason", "") == "region":
+        fix = REGION_FIX
+    elif getattr(err, "reason", "") == "endpoint":
+        fix = ENDPOINT_FIX
+    elif getattr(err, "reason", "") == "credentials":
         fix = AWS_CREDENTIALS_FIX
     elif getattr(err, "reason", "") == "metadata":
         fix = (
@@ -353,10 +391,16 @@ def _cloud_error(err: Exception) -> UserError:
 
 
 def _launcher(args: argparse.Namespace, plan: TrainingPlan):
-    from training.cloud import DEFAULT_IMAGE, SpotLauncher, make_clients
+    from training.cloud import DEFAULT_IMAGE, SpotLauncher
 
-    ec2, _ = make_clients(args.region, args.endpoint_url)
-    return SpotLauncher(ec2, args.cluster or plan.job, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
+    cluster = _cluster(args) or plan.job
+    ec2, _ = _clients(args.region, args.endpoint_url)
+    return SpotLauncher(ec2, cluster, image_id=getattr(args, "image", None) or DEFAULT_IMAGE)
+
+
+def _cluster(args: argparse.Namespace) -> str | None:
+    """--cluster, checked: it is a tag value and is printed."""
+    return None if args.cluster is None else check_name(args.cluster, "--cluster", error=UserError)
 
 
 def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
@@ -393,10 +437,11 @@ def run_terminate(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan) if args.cluster is None else None
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
-        from training.cloud import SpotLauncher, make_clients
+        from training.cloud import SpotLauncher
 
-        ec2, _ = make_clients(args.region, args.endpoint_url)
-        launcher = SpotLauncher(ec2, args.cluster)
+        cluster = check_name(args.cluster, "--cluster", error=UserError)  # a tag value, printed
+        ec2, _ = _clients(args.region, args.endpoint_url)
+        launcher = SpotLauncher(ec2, cluster)
     try:
         report = launcher.terminate()
     except CloudError as err:

@@ -346,3 +346,38 @@ def test_cli_watch_without_instance_metadata_is_a_stoke_error_with_the_fix(
             proxy.server_close()
     finally:
         assert main(["train", "terminate", *args]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--prices", "live", "--endpoint-url", "notaurl"], "--endpoint-url 'notaurl' is not an http(s) URL"),
+        (["plan", "--prices", "live", "--region", "bad region"], "--region 'bad region' is not an AWS region name"),
+        (["launch", "PLAN", "--region", "bad region"], "--region 'bad region' is not an AWS region name"),
+        (["launch", "PLAN", "--endpoint-url", "notaurl"], "--endpoint-url 'notaurl' is not an http(s) URL"),
+        (["launch", "PLAN", "--endpoint-url", "http://127.0.0.1:99999"], "is not an http(s) URL"),
+        (["terminate", "--cluster", "x", "--region", "US_EAST"], "--region 'US_EAST' is not an AWS region name"),
+        (["terminate", "--cluster", "a/b\x1b[31mX"], "--cluster must be a name"),
+    ],
+)
+def test_bad_cloud_options_are_one_line_errors_before_any_request(capsys, tmp_path, monkeypatch, argv, message):
+    """botocore refuses these with a traceback (ValueError: Invalid endpoint, InvalidRegionError)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    plan = tmp_path / "plan.json"
+    assert main(["train", "plan", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["train", *[str(plan) if a == "PLAN" else a for a in argv]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err and "\x1b" not in err
+
+
+def test_make_clients_turns_botocore_option_errors_into_cloud_errors():
+    from training.cloud import CloudError
+
+    with pytest.raises(CloudError, match="region 'bad region' is not an AWS region name") as err:
+        make_clients("bad region")
+    assert err.value.reason == "region"
+    with pytest.raises(CloudError, match="endpoint URL 'notaurl' is not a URL") as err:
+        make_clients("us-east-1", "notaurl")
+    assert err.value.reason == "endpoint"
