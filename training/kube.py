@@ -24,6 +24,12 @@ StatefulSet, and the workers one per instance type, each pod:
 - resolvable before it is ready (``publishNotReadyAddresses``): TensorFlow
   tasks look each other up while starting.
 
+Object names are ``JOB-ps`` and ``JOB-worker-TYPE``, TYPE the instance type with
+``.`` written ``-`` (``p3.2xlarge``: ``worker-p3-2xlarge``). Nothing else is
+rewritten: a job name or instance type that gives no Kubernetes name, or two
+types that give the same one, are refused (`kube_names`), since a silently
+mangled name can collide with another job's objects (``a_b`` and ``a.b``).
+
 `validate_manifests` checks what `stoke train render` relies on; the tests also
 load every object into the official ``kubernetes`` client models.
 """
@@ -33,6 +39,8 @@ from __future__ import annotations
 import json
 import re
 from typing import TYPE_CHECKING, Any
+
+from foundation.names import shown
 
 if TYPE_CHECKING:  # an annotation only: the CLI reads this module's defaults without loading numpy
     from training.spec import TrainingPlan
@@ -59,9 +67,85 @@ TASK_PRELUDE = (
 )
 
 
-def _dns(name: str) -> str:
-    out = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
-    return out[:50] or "job"
+#: Longest StatefulSet name: its pods carry a ``controller-revision-hash`` label of the name, a dash and a
+#: 10-character hash, and a label value holds at most 63 characters.
+STATEFULSET_NAME_MAX = 52
+K8S_NAME_RULE = "a DNS label: a-z 0-9 -, from and to a letter or digit"
+_QUANTITY = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+#: A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters; a label value.
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"(?:{_LABEL_NAME})?")
+
+
+def _error(message: str) -> Exception:
+    from training.models import TrainingError  # here: importing the models loads numpy
+
+    return TrainingError(message)
+
+
+def _suggest(name: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40] or "job"
+
+
+def kube_names(plan: TrainingPlan) -> tuple[str, dict[str, str]]:
+    """(the job's name in object names, {instance type: its worker group}), or `TrainingError` naming what
+    gives no Kubernetes name and how to mend it (see the module docstring)."""
+    job = plan.job
+    if not NAME_RE.match(job):
+        raise _error(
+            f"job name {shown(job)} is not a Kubernetes name ({K8S_NAME_RULE}); rename job.name in the spec, "
+            f"e.g. {_suggest(job)!r}, and re-plan"
+        )
+    groups: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for itype, count in plan.counts:
+        if count <= 0:
+            continue
+        group = "worker-" + itype.replace(".", "-")
+        if not NAME_RE.match(group):
+            raise _error(
+                f"instance type {shown(itype)} gives no Kubernetes name ({shown(group)} is not {K8S_NAME_RULE}, "
+                "with '.' written '-'); plan with catalog instance types such as p3.2xlarge"
+            )
+        if group in seen:
+            raise _error(
+                f"instance types {shown(seen[group])} and {shown(itype)} give the same Kubernetes name {group!r}; "
+                "keep one of them in the spec and re-plan"
+            )
+        seen[group] = itype
+        groups[itype] = group
+    longest = max([f"{job}-ps", *(f"{job}-{g}" for g in groups.values())], key=len)
+    if len(longest) > STATEFULSET_NAME_MAX:
+        raise _error(
+            f"job name {job!r} makes the StatefulSet name {longest!r} of {len(longest)} characters, over the "
+            f"{STATEFULSET_NAME_MAX} a StatefulSet's pods can carry; shorten job.name in the spec "
+            f"to at most {len(job) - len(longest) + STATEFULSET_NAME_MAX} characters and re-plan"
+        )
+    return job, groups
+
+
+def memory_problem(memory: str) -> str:
+    """Why `memory` is not a memory request (a positive Kubernetes quantity); "" when it is."""
+    match = _QUANTITY.fullmatch(memory) if isinstance(memory, str) else None
+    if match is None:
+        return "give a Kubernetes quantity such as 8Gi (Ki Mi Gi Ti: powers of 1024; k M G T: of 1000)"
+    if match["suffix"] == "m":
+        return "the suffix m means thousandths of a byte; give Mi or Gi, e.g. 512Mi"
+    if float(match["number"]) == 0:
+        return "give a quantity above 0, such as 8Gi"
+    return ""
+
+
+def spot_label_problem(key: str, value: str) -> str:
+    """Why (key, value) is not a node label; "" when it is."""
+    if not _LABEL_KEY.fullmatch(key):
+        return (
+            "the key must be a label key: [PREFIX/]NAME, NAME up to 63 of A-Z a-z 0-9 - _ . (alphanumeric at the ends)"
+        )
+    if not _LABEL_VALUE.fullmatch(value):
+        return "the value must be a label value: up to 63 of A-Z a-z 0-9 - _ . (alphanumeric at the ends)"
+    return ""
 
 
 def _hosts(job: str, group: str, count: int, namespace: str) -> list[str]:
@@ -87,7 +171,7 @@ def render_manifests(
     `vcpus_per_type` come from the instance catalog (unknown types: 1 GPU,
     1 CPU); `spot_label` is the node label of spot capacity (None: none).
     """
-    job = _dns(plan.job)
+    job, group_names = kube_names(plan)
     gpus_per_type = gpus_per_type or {}
     vcpus_per_type = vcpus_per_type or {}
     worker_args = list(command or DEFAULT_WORKER_COMMAND)
@@ -98,7 +182,7 @@ def render_manifests(
     offset = 0
     for itype, count in plan.counts:
         if count > 0:
-            groups.append((f"worker-{_dns(itype)}", "worker", count, gpus_per_type.get(itype, 1), itype, offset))
+            groups.append((group_names[itype], "worker", count, gpus_per_type.get(itype, 1), itype, offset))
             offset += count
     cluster = {
         "ps": _hosts(job, "ps", ps_count, namespace),
@@ -182,9 +266,6 @@ def render_manifests(
     return objects
 
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-
-
 def validate_manifests(objects: list[dict[str, Any]]) -> list[str]:
     """Structural problems (empty when the manifests are well formed and complete)."""
     problems = []
@@ -228,7 +309,7 @@ def validate_manifests(objects: list[dict[str, Any]]) -> list[str]:
                 problems.append(f"{where}: container {c.get('name')!r} has no resource requests")
             for part in ("requests", "limits"):
                 for resource, value in resources.get(part, {}).items():
-                    if not isinstance(value, str) or not _QUANTITY.match(value):
+                    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
                         problems.append(
                             f"{where}: {part}.{resource} must be a quoted quantity such as '2' or '8Gi', got {value!r}"
                         )

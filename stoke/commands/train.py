@@ -524,19 +524,21 @@ def _block_dumper() -> type:
 def run_render(args: argparse.Namespace) -> int:
     import yaml
 
+    from deploy.crd import kubernetes_name
+    from deploy.options import parse_image
     from training import readers
-    from training.kube import render_manifests, validate_manifests
+    from training.kube import memory_problem, render_manifests, spot_label_problem, validate_manifests
 
-    plan = _load_plan(args.plan)
-    if not plan.feasible:
-        raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
-    catalog = readers.offline_catalog()
-    gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
-    vcpus = {name: t.vcpus for name, t in catalog.types.items()}
+    # the options first: each is refused with its own fix, not found malformed in the rendered objects
+    parse_image(args.image)
+    kubernetes_name(args.namespace, "--namespace", "give --namespace a lower-case name, e.g. --namespace training")
+    problem = memory_problem(args.memory)
+    if problem:
+        raise UserError(f"--memory {shown(args.memory)}: {problem}")
     try:
         command = shlex.split(args.command)
     except ValueError as err:
-        raise UserError(f"--command {args.command!r}: {err}; quote it as one shell word list") from None
+        raise UserError(f"--command {shown(args.command)}: {err}; quote it as one shell word list") from None
     if not command:
         raise UserError("--command is empty; give the training program each worker runs, e.g. 'python train.py'")
     if args.spot_label == "none":
@@ -544,8 +546,19 @@ def run_render(args: argparse.Namespace) -> int:
     else:
         key, sep, value = args.spot_label.partition("=")
         if not (sep and key and value):
-            raise UserError(f"--spot-label {args.spot_label!r}: give KEY=VALUE, e.g. karpenter.sh/capacity-type=spot")
+            raise UserError(
+                f"--spot-label {shown(args.spot_label)}: give KEY=VALUE, e.g. karpenter.sh/capacity-type=spot"
+            )
+        problem = spot_label_problem(key, value)
+        if problem:
+            raise UserError(f"--spot-label {shown(args.spot_label)}: {problem}; e.g. karpenter.sh/capacity-type=spot")
         spot_label = (key, value)
+    plan = _load_plan(args.plan)
+    if not plan.feasible:
+        raise UserError(f"{args.plan or 'bundled plan'}: plan is infeasible ({plan.reason}); nothing to render")
+    catalog = readers.offline_catalog()
+    gpus = {t: catalog.types[t].gpus for t, _ in plan.counts if t in catalog.types}
+    vcpus = {name: t.vcpus for name, t in catalog.types.items()}
     objects = render_manifests(
         plan,
         image=args.image,

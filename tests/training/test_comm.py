@@ -125,7 +125,7 @@ def test_profile_errors_name_the_field():
 def _plan() -> TrainingPlan:
     return TrainingPlan(
         strategy="spot",
-        job="ResNet110 CIFAR",
+        job="resnet110-cifar",
         feasible=True,
         counts=(("p3.2xlarge", 2), ("g4dn.4xlarge", 0), ("g3.8xlarge", 3)),
         ps_type="m5.xlarge",

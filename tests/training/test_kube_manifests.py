@@ -7,6 +7,7 @@ capacity, and every pod's TF_CONFIG, computed by the real /bin/sh prelude, names
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ MODELS = {"Service": V1Service, "StatefulSet": V1StatefulSet}
 def _plan(strategy: str = "spot") -> TrainingPlan:
     return TrainingPlan(
         strategy=strategy,
-        job="ResNet110 CIFAR",
+        job="resnet110-cifar",
         feasible=True,
         counts=(("p3.2xlarge", 2), ("g4dn.4xlarge", 0), ("g3.8xlarge", 3)),
         ps_type="m5.xlarge",
@@ -172,8 +173,49 @@ def test_cli_render_options_and_errors(tmp_path, capsys):
     for argv, message in (
         (["--spot-label", "spot"], "--spot-label 'spot': give KEY=VALUE"),
         (["--command", ""], "--command is empty"),
-        (["--memory", "lots"], "must be a quoted quantity"),
+        (["--memory", "lots"], "--memory 'lots': give a Kubernetes quantity such as 8Gi"),
+        (["--memory", "8GB"], "--memory '8GB': give a Kubernetes quantity such as 8Gi"),
+        (["--memory", "512m"], "--memory '512m': the suffix m means thousandths of a byte"),
+        (["--memory", "0"], "--memory '0': give a quantity above 0"),
+        (["--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a Kubernetes name"),
+        (["--image", "bad image"], "--image 'bad image' holds a space"),
+        (["--spot-label", "a b=spot"], "--spot-label 'a b=spot': the key must be a label key"),
+        (["--spot-label", "k=a b"], "--spot-label 'k=a b': the value must be a label value"),
     ):
         assert main(["train", "render", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("job", "counts", "message"),
+    [
+        ("a_b", (("p3.2xlarge", 1),), "job name 'a_b' is not a Kubernetes name (a DNS label"),
+        ("ResNet", (("p3.2xlarge", 1),), "rename job.name in the spec, e.g. 'resnet', and re-plan"),
+        ("job", (("a.b", 1), ("a-b", 1)), "instance types 'a.b' and 'a-b' give the same Kubernetes name 'worker-a-b'"),
+        ("job", (("a_b", 1),), "instance type 'a_b' gives no Kubernetes name"),
+        ("j" * 40, (("p3.2xlarge", 1),), "over the 52 a StatefulSet's pods can carry; shorten job.name"),
+    ],
+)
+def test_names_that_give_no_kubernetes_name_are_refused_not_mangled(job, counts, message):
+    """`a_b` and `a.b` used to be both rendered as `a-b`: one job's objects replaced the other's."""
+    from training.models import TrainingError
+
+    plan = dataclasses.replace(_plan(), job=job, counts=counts)
+    with pytest.raises(TrainingError) as err:
+        _render(plan)
+    assert message in str(err.value)
+
+
+def test_cli_render_refuses_a_plan_whose_job_gives_no_kubernetes_name(tmp_path, capsys):
+    from training.spec import training_plan_to_dict
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(training_plan_to_dict(dataclasses.replace(_plan(), job="a_b"))))
+    assert main(["train", "render", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "job name 'a_b' is not a Kubernetes name" in err and err.count("\n") == 1
+    path.write_text(json.dumps(training_plan_to_dict(dataclasses.replace(_plan(), job="a/b\x1b[31mX"))))
+    assert main(["train", "render", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "job must be a name" in err and "\x1b" not in err
