@@ -217,6 +217,14 @@ class LocalStore(RepoStore):
         except FileNotFoundError:
             raise StoreError(f"{source}: cannot read (no such file)") from None
 
+    def sync(self, local_dir: str | os.PathLike[str], *, dry_run: bool = False) -> SyncReport:
+        _refuse_overlap(local_dir, self.root)
+        return super().sync(local_dir, dry_run=dry_run)
+
+    def download(self, local_dir: str | os.PathLike[str]) -> SyncReport:
+        _refuse_overlap(self.root, local_dir)
+        return super().download(local_dir)
+
     def delete(self, path: str) -> None:
         target = self.root / _check_rel(path)
         target.unlink(missing_ok=True)
@@ -227,6 +235,8 @@ class LocalStore(RepoStore):
 
 
 _S3_URL = re.compile(r"^s3://(?P<rest>.+)$")
+#: An S3 endpoint: http(s)://host[:port][/path] (a bracketed IPv6 host too).
+_ENDPOINT_URL = re.compile(r"https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?(?:/[^\s]*)?")
 
 
 def parse_s3_url(url: str, endpoint_url: str | None = None) -> tuple[str, str, str | None]:
@@ -269,6 +279,12 @@ class S3Store(RepoStore):
         max_concurrency: int = 4,
     ) -> None:
         self.bucket, self.prefix, self.endpoint_url = parse_s3_url(url, endpoint_url)
+        if self.endpoint_url is not None and not _ENDPOINT_URL.fullmatch(self.endpoint_url):
+            # botocore raises a bare ValueError ("Invalid endpoint") for it: a traceback at the command line
+            raise StoreError(
+                f"endpoint {self.endpoint_url!r} is not an http(s) URL; give e.g. --endpoint-url "
+                "http://127.0.0.1:9000 (or AWS_ENDPOINT_URL), or leave it out for AWS"
+            )
         self.url = url
         self.client: Any = client or boto3.client("s3", endpoint_url=self.endpoint_url)
         # memory in flight per transfer is about max_concurrency x multipart_chunksize, whatever the file size
@@ -354,8 +370,23 @@ class S3Store(RepoStore):
             raise StoreError(f"{self.url}/{path}: cannot delete ({err})", aws_failure(err)) from None
 
 
+def _refuse_overlap(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """A copy from `source` into `target` makes `target` hold exactly `source`'s files, deleting the rest: when one
+    folder holds the other, that deletes the source's own files (a sync of triton_repo/mlp_small into triton_repo
+    left 2 of its 15 files)."""
+    a, b = Path(source).resolve(), Path(target).resolve()
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        raise StoreError(
+            f"{source} and {target} overlap (one holds the other): making {target} hold exactly {source}'s files "
+            "would delete files of the repository itself; give a destination outside it"
+        )
+
+
 def open_store(url: str, *, endpoint_url: str | None = None) -> RepoStore:
-    """`S3Store` for ``s3://...``, else `LocalStore`."""
+    """`S3Store` for ``s3://...``, `LocalStore` for a path; another URL scheme is refused (it was taken for a
+    folder: `gs://bucket/p` wrote ./gs:/bucket/p)."""
     if url.startswith("s3://"):
         return S3Store(url, endpoint_url=endpoint_url)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url):
+        raise StoreError(f"{url!r}: only s3:// URLs and local directories are model repository stores")
     return LocalStore(url)

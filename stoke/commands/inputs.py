@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from foundation import inputs
 from foundation.errors import UserError
+from foundation.names import shown
 
 if TYPE_CHECKING:
     from interference.profile import DeviceProfile
@@ -62,8 +63,10 @@ def add_repo_option(p: argparse.ArgumentParser, help_text: str, *, required: boo
 def check_repo_dir(repo: str, fix: str, *, urls: bool = True, flag: str = "--repo") -> None:
     """A clear error unless `repo` (given with `flag`; "" for an argument) is a model repository folder (or, with
     `urls`, a URL such as s3://bucket/path, checked where it is read). A missing path and a file are told apart."""
+    if urls and repo.startswith("s3://"):
+        return  # checked where it is read
     if urls and "://" in repo:
-        return
+        raise UserError(f"{flag + ' ' if flag else ''}{shown(repo)}: only s3:// URLs and local directories; {fix}")
     name = f"{flag} {inputs.shown_path(repo)}" if flag else inputs.shown_path(repo)
     if "\0" in repo or not os.path.exists(repo):
         raise UserError(f"{name}: model repository not found; {fix}")

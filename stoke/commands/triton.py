@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from foundation import inputs
 from foundation import validate as check
 from foundation.errors import UserError
 from stoke.commands.daemons import interrupt_on_signals
@@ -201,7 +202,18 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from agents.repo_store import S3Store, StoreError, open_store
 
     _check_repo(args.repo, flag="")  # an argument (DIR), not --repo
-    store = open_store(args.dest, endpoint_url=args.endpoint_url)
+    repo = Path(args.repo)
+    if (repo / "config.pbtxt").is_file() or not any(repo.glob("*/config.pbtxt")):
+        # the store is made to hold exactly DIR's files: a model's own folder would replace the whole repository
+        raise UserError(
+            f"{inputs.shown_path(args.repo)}: not a model repository (it holds no <model>/config.pbtxt"
+            + (", and is itself a model's folder" if (repo / "config.pbtxt").is_file() else "")
+            + "); give the folder that holds the models, e.g. triton_repo"
+        )
+    try:
+        store = open_store(args.dest, endpoint_url=args.endpoint_url)
+    except StoreError as err:
+        raise UserError(str(err)) from None
     try:
         if isinstance(store, S3Store) and args.create_bucket and not args.dry_run:
             store.create_bucket()

@@ -109,6 +109,29 @@ def test_sync_to_a_directory(parser, demo_repo_copy, tmp_path, capsys):
     assert "already in sync" in capsys.readouterr().out
 
 
+def test_sync_refuses_what_would_delete_the_repository_or_miss_the_store(parser, demo_repo_copy, tmp_path):
+    """A sync makes DEST hold exactly DIR's files: a model's own folder synced into its repository deleted 13 of
+    its 15 files, and a destination inside DIR was filled with a copy of DIR while its own files went. A URL other
+    than s3:// was taken for a folder (gs://bucket/p wrote ./gs:/bucket/p); a bad --endpoint-url was a traceback.
+    Each is refused before anything is written."""
+    before = sorted(p.relative_to(demo_repo_copy) for p in demo_repo_copy.rglob("*"))
+    refusals = [
+        ([str(demo_repo_copy / "mlp_small"), str(demo_repo_copy)], "not a model repository (it holds no <model>/"),
+        ([str(demo_repo_copy), str(demo_repo_copy / "mlp_small")], "overlap (one holds the other)"),
+        ([str(demo_repo_copy), str(demo_repo_copy / "mirror")], "overlap (one holds the other)"),
+        ([str(demo_repo_copy), str(demo_repo_copy)], "overlap (one holds the other)"),
+        ([str(demo_repo_copy), "gs://bucket/p"], "only s3:// URLs and local directories"),
+        ([str(demo_repo_copy), "s3://b/p", "--endpoint-url", "notaurl"], "is not an http(s) URL"),
+    ]
+    for argv, message in refusals:
+        with pytest.raises(StokeError, match=re.escape(message)):
+            run(parser, ["triton", "sync", *argv])
+    assert sorted(p.relative_to(demo_repo_copy) for p in demo_repo_copy.rglob("*")) == before
+    assert not (tmp_path / "gs:").exists()
+    with pytest.raises(UserError, match="only s3:// URLs and local directories"):
+        run(parser, ["triton", "up", "--repo", "gs://bucket/p"])
+
+
 def _plan_of(path, gpus):
     """A plan file with the given GPUs, each a list of (workload, share_pct)."""
     plan = Plan(
