@@ -24,7 +24,15 @@ from stoke.commands.inputs import (
     read_text_input,
     source_name,
 )
-from stoke.output import PLOT_SUFFIXES, add_output_file_option, add_output_option, emit, output_path, writing
+from stoke.output import (
+    FORMATS,
+    PLOT_SUFFIXES,
+    add_output_file_option,
+    add_output_option,
+    emit,
+    output_path,
+    writing,
+)
 from stoke.plan_table import LOCAL, p99_cell, plan_table
 from stoke.table import render_table
 
@@ -1050,6 +1058,13 @@ def run_profile_verify(args: argparse.Namespace) -> int:
 
     if args.plan_out and args.profile_out and Path(args.plan_out).resolve() == Path(args.profile_out).resolve():
         raise UserError(f"--plan-out and --profile-out both name {args.plan_out}; give two files")
+    for flag, out in (("--plan-out", args.plan_out), ("--profile-out", args.profile_out)):
+        if out and args.plan != "-" and Path(out).resolve() == Path(args.plan).resolve():
+            raise UserError(f"{flag} {out} is the plan being verified; write to another file (it would be replaced)")
+        if out in FORMATS:  # `--plan-out json` meant the format: a file named json is written
+            raise UserError(
+                f"{flag} {out}: {out!r} is an output format here; give a file (./{out} for one of that name)"
+            )
     plan = read_plan(args.plan)
     if not plan.gpus:
         raise UserError(f"{args.plan}: the plan places no workload; nothing to verify")

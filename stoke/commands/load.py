@@ -23,7 +23,7 @@ from foundation.errors import UserError
 from foundation.files import atomic_write_text
 from foundation.names import check_name
 from planner.bounds import MAX_SLO_MS
-from stoke.output import add_output_option, emit
+from stoke.output import add_output_option, emit, output_path
 from stoke.table import print_table
 
 #: Columns of a step, in the table, the CSV and the JSON (client figures, then Triton's split).
@@ -119,7 +119,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", choices=("constant", "poisson"), default="poisson", help="open-loop arrivals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1, help="samples per request")
-    p.add_argument("--csv", metavar="FILE", help="also write the steps as CSV")
+    # checked before the sweep: a path that cannot be written lost a whole run's results at the end
+    p.add_argument("--csv", metavar="FILE", type=output_path((".csv",)), help="also write the steps as CSV")
     p.add_argument(
         "--metrics-port",
         type=int,

@@ -546,6 +546,16 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, argv, messag
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_verify_never_writes_over_the_plan_it_verifies_nor_to_a_file_named_as_a_format(capsys, tmp_path):
+    code, out, _ = run(capsys, "plan", "--json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    code, _, err = run(capsys, "profile", "verify", str(plan), "--profile-out", str(plan))
+    assert code == 2 and "is the plan being verified" in err and json.loads(plan.read_text()) == json.loads(out)
+    code, _, err = run(capsys, "profile", "verify", str(plan), "--plan-out", "json")
+    assert code == 2 and "'json' is an output format here; give a file (./json" in err
+
+
 def test_a_device_or_fifo_is_not_replaced_by_an_output(capsys, tmp_path):
     # a write goes through a temp file and a rename: as root, --plan-out /dev/null would replace /dev/null
     fifo = tmp_path / "fifo"

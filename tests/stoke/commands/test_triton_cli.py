@@ -281,3 +281,10 @@ def test_sync_to_a_missing_bucket_names_create_bucket(parser, demo_repo_copy, mo
 def test_sync_without_aws_credentials_says_how_to_configure_them(parser, demo_repo_copy, no_aws_credentials):
     with pytest.raises(UserError, match="Unable to locate credentials.*; configure AWS credentials.*AWS_PROFILE"):
         run(parser, ["triton", "sync", str(demo_repo_copy), "s3://b/m", "--endpoint-url", "http://127.0.0.1:9"])
+
+
+def test_load_checks_its_csv_path_before_the_sweep(parser, tmp_path, capsys):
+    """--csv was written after the whole sweep: a path that could not be written lost every result."""
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["load", "--url", "127.0.0.1:1", "--model", "m", "--csv", str(tmp_path / "no" / "x.csv")])
+    assert exit_.value.code == 2 and "does not exist; create it first" in capsys.readouterr().err
