@@ -86,6 +86,12 @@ class SloOptions:
                 f"dashboard uid {self.dashboard_uid!r} must be 1-40 characters of "
                 f"[a-zA-Z0-9_-], e.g. {DEFAULT_DASHBOARD_UID!r}"
             )
+        # Grafana's datasource uids follow the same rule; '' (or a quote, a newline) went into every alert rule
+        if not isinstance(self.datasource_uid, str) or not _GRAFANA_UID.fullmatch(self.datasource_uid):
+            raise AlertConfigError(
+                f"datasource uid {shown(self.datasource_uid)} must be 1-40 characters of [a-zA-Z0-9_-] (the last "
+                f"part of the datasource's URL in Grafana), e.g. {DEFAULT_DATASOURCE_UID!r}"
+            )
 
     @property
     def error_budget(self) -> float:

@@ -147,10 +147,13 @@ def run_render(args: argparse.Namespace) -> int:
     workloads = load_workloads_file(args.workloads).workloads
     plan = read_plan(args.plan) if args.plan else None
     if plan is not None:
-        unknown = sorted({p.name for _, p in plan.placements()} - {w.name for w in workloads})
+        models = {w.name: w.model for w in workloads}
+        # a name the file gives another model is a plan of other workloads (cpu-demo.yaml reuses the example's names)
+        unknown = sorted({p.name for _, p in plan.placements() if models.get(p.name) != p.model})
         if unknown:
             raise UserError(
-                f"{args.plan}: plan places workloads not in the workload file ({', '.join(unknown)}); "
+                f"{args.plan}: plan places workloads not in the workload file, or with another model "
+                f"({', '.join(unknown)}); "
                 f"render with the workload file the plan was made from"
             )
     try:

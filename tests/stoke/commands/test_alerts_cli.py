@@ -134,7 +134,17 @@ def test_bad_workload_file_and_foreign_plan(tmp_path: Path, capsys: pytest.Captu
     plan = Plan("stoke", (GpuPlan("V100", 3.06, (Placement("other", "vgg19", 40, 10, 50, 1, 0, 9, 30),)),))
     (tmp_path / "p.json").write_text(json.dumps(plan_to_dict(plan)))
     assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "o"), "--plan", str(tmp_path / "p.json")]) == 2
-    assert "plan places workloads not in the workload file (other)" in capsys.readouterr().err
+    assert "plan places workloads not in the workload file, or with another model (other)" in capsys.readouterr().err
+    # a plan of other workloads under the same names (examples/cpu-demo.yaml reuses the example's): refused too
+    name = yaml.safe_load(WORKLOADS_YAML)["workloads"][0]["name"]
+    other = Plan("stoke", (GpuPlan("V100", 3.06, (Placement(name, "not_its_model", 40, 10, 50, 1, 0, 9, 30),)),))
+    (tmp_path / "p.json").write_text(json.dumps(plan_to_dict(other)))
+    assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "o"), "--plan", str(tmp_path / "p.json")]) == 2
+    assert f"or with another model ({name})" in capsys.readouterr().err
+    # a datasource uid Grafana cannot have went into every alert rule ('' included)
+    for uid in ("", "a b", 'x"y'):
+        assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "o"), "--datasource-uid", uid]) == 2
+        assert "datasource uid" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     assert main(["alerts", "render", str(wl), "--out", str(tmp_path / "file")]) == 2
     assert "not a folder" in capsys.readouterr().err
