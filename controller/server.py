@@ -6,7 +6,9 @@ The configuration (`stoke controller --config FILE`) is declared in
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +38,28 @@ SERVICES = ("", "stoke.v1.StokeController", "stoke.v1.AgentGateway")
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
+def bind_problem(address: str) -> str:
+    """Why `address` (HOST:PORT) cannot be listened on, in a few words, from a bind of our own: gRPC says only
+    "Failed to bind"."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, ValueError, OverflowError) as err:
+        return f"{host} is not an address of this machine: {getattr(err, 'strerror', None) or err}"
+    family, kind, proto, _, sockaddr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(sockaddr)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return "the port is in use: another controller, or another program, listens there"
+        if err.errno == errno.EADDRNOTAVAIL:
+            return f"{host} is not an address of this machine"
+        return err.strerror or str(err)
+    return "gRPC could not bind it"
+
+
 class ControllerServer:
     """Everything of one controller process; `start()` then `stop()`."""
 
@@ -60,28 +84,40 @@ class ControllerServer:
                 config.listen,
             )
         self.store = Store(config.db, reserve_bytes=config.service.observations.reserve_mib * 2**20)
-        self.backups = BackupSchedule(
-            self.store, config.backup_dir or f"{config.db}.backups", config.backup_interval_s, config.backup_keep
-        )
-        self.metrics = ControllerMetrics()
-        self.service = ControlService(self.store, config.service, clock=clock, solver=solver, observer=self.metrics)
-        self.metrics.attach(self.service, self.backups)
-        self._upload_profiles()
-        interceptors = (
-            [AuthInterceptor(Verifier(token, self.service.agent_key, self.service.token_generation))] if token else []
-        )
-        self.grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stoke-rpc"),
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
-        )
-        self.port = self._serve_grpc()
-        self.address = f"{config.listen.rsplit(':', 1)[0]}:{self.port}"
+        try:
+            self.backups = BackupSchedule(
+                self.store, config.backup_dir or f"{config.db}.backups", config.backup_interval_s, config.backup_keep
+            )
+            self.metrics = ControllerMetrics()
+            self.service = ControlService(self.store, config.service, clock=clock, solver=solver, observer=self.metrics)
+            self.metrics.attach(self.service, self.backups)
+            self._upload_profiles()
+            self.grpc = self._grpc_server(token, max_workers)
+            self.port = self._serve_grpc()
+            self.address = f"{config.listen.rsplit(':', 1)[0]}:{self.port}"
+        except BaseException:  # a port in use, a bad profile: nothing of this process stays open
+            self.store.close()
+            raise
         self.metrics_port = 0
         self._metrics_server: Any = None
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile_loop, name="stoke-reconcile", daemon=True)
         self._watch = threading.Thread(target=self._watch_clock, name="stoke-clock", daemon=True)
+
+    def _grpc_server(self, token: str | None, max_workers: int) -> Any:
+        interceptors = (
+            [AuthInterceptor(Verifier(token, self.service.agent_key, self.service.token_generation))] if token else []
+        )
+        return grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stoke-rpc"),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                # gRPC sets SO_REUSEPORT by default: a second controller on a port in use would bind too and
+                # share the port with the first (each connection going to either) instead of being refused
+                ("grpc.so_reuseport", 0),
+            ],
+        )
 
     def _upload_profiles(self) -> None:
         for source in self.config.profiles:
@@ -109,12 +145,19 @@ class ControllerServer:
         )
         reflection.enable_server_reflection(names, self.grpc)
         tls = self.config.tls
-        if tls is not None:
-            port = self.grpc.add_secure_port(self.config.listen, server_credentials(tls.cert, tls.key))
-        else:
-            port = self.grpc.add_insecure_port(self.config.listen)
+        try:
+            if tls is not None:
+                port = self.grpc.add_secure_port(self.config.listen, server_credentials(tls.cert, tls.key))
+            else:
+                port = self.grpc.add_insecure_port(self.config.listen)
+        except RuntimeError:  # grpcio >= 1.5x raises "Failed to bind to address ..." instead of returning 0
+            port = 0
         if not port:
-            raise ConfigError(f"cannot listen on {self.config.listen} (in use?); change listen in the config", "listen")
+            problem = bind_problem(self.config.listen)
+            fix = "stop what listens there, or change" if problem.startswith("the port is in use") else "change"
+            raise ConfigError(
+                f"cannot listen on {self.config.listen} ({problem}); {fix} listen in the config (or --listen)", "listen"
+            )
         return port
 
     def start(self) -> ControllerServer:

@@ -172,3 +172,26 @@ def test_gpu_type_match_is_a_substring_of_the_name_or_the_device_kind():
     assert config.gpu_type_for(NodeDevice(0, "AMD EPYC 7B13", "cpu")) == "cpu-2core"
     assert config.gpu_type_for(NodeDevice(0, "Tesla V100-SXM2-16GB", "gpu")) == "V100"
     assert config.gpu_type_for(NodeDevice(0, "NVIDIA H200", "gpu")) == "NVIDIA-H200"  # "cpu" claims no GPU
+
+
+@pytest.mark.slow
+def test_a_second_controller_on_a_port_in_use_is_refused_and_the_first_keeps_serving(tmp_path, capsys):
+    # the probe: gRPC's default SO_REUSEPORT let a second controller bind the first one's port and "listen" too
+    from stoke.cli import main
+
+    (tmp_path / "a.yaml").write_text("listen: 127.0.0.1:0\nmetrics_listen: ''\ndb: a.db\n")
+    first = ControllerServer(load_config(tmp_path / "a.yaml")).start()
+    try:
+        (tmp_path / "b.yaml").write_text(f"listen: {first.address}\nmetrics_listen: ''\ndb: b.db\n")
+        with pytest.raises(ConfigError) as err:
+            ControllerServer(load_config(tmp_path / "b.yaml"))
+        assert err.value.field == "listen"
+        assert f"cannot listen on {first.address} (the port is in use" in str(err.value)
+        assert "change listen in the config (or --listen)" in str(err.value)
+        code = main(["controller", "--listen", first.address, "--metrics-listen", "", "--db", str(tmp_path / "c.db")])
+        assert code == 2 and f"cannot listen on {first.address}" in capsys.readouterr().err
+        with ControllerClient(first.address, timeout_s=5) as client:  # the first is untouched
+            for _ in range(20):  # every new connection reaches it, none a second server
+                assert client.list_workloads() == []
+    finally:
+        first.stop()
