@@ -7,13 +7,16 @@ The configuration (`stoke controller --config FILE`) is declared in
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -60,6 +63,38 @@ def bind_problem(address: str) -> str:
     return "gRPC could not bind it"
 
 
+def lock_database(db: str) -> IO[str] | None:
+    """Hold ``DB.lock`` (an exclusive `fcntl.flock`) while the returned file stays open, so a second controller
+    on the same database is refused: two reconcile loops would plan over each other's writes. The kernel drops
+    the lock when the process ends, however it ends (a kill -9 leaves no stale lock). None for ":memory:"."""
+    if db == ":memory:":
+        return None
+    path = Path(f"{db}.lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    except OSError as err:
+        raise ConfigError(
+            f"{path}: cannot open the database's lock file ({err.strerror}); make the database's directory "
+            "writable by the controller, or point db at another path",
+            "db",
+        ) from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = handle.read().strip()
+        handle.close()
+        raise ConfigError(
+            f"{db}: another controller uses this database ({'pid ' + holder if holder.isdigit() else 'it'} holds "
+            f"{path}); stop it first, or give this one another db (--db)",
+            "db",
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 class ControllerServer:
     """Everything of one controller process; `start()` then `stop()`."""
 
@@ -74,16 +109,13 @@ class ControllerServer:
         self.config = config
         token = read_token(config.token_file)
         self.auth = token is not None
-        if not self.auth:
-            log.warning(
-                "no token (token_file / $STOKE_TOKEN): the API is open to anyone who can reach %s", config.listen
-            )
-        elif config.tls is None and not is_loopback(config.listen):
-            log.warning(
-                "tokens travel in clear text: %s is not a loopback address and TLS is off; set tls in the config",
-                config.listen,
-            )
-        self.store = Store(config.db, reserve_bytes=config.service.observations.reserve_mib * 2**20)
+        self._lock = lock_database(config.db)  # first: a second controller touches nothing of the first one's
+        try:
+            self.store = Store(config.db, reserve_bytes=config.service.observations.reserve_mib * 2**20)
+        except BaseException:
+            self._unlock()
+            raise
+        self._warn_about_auth()
         try:
             self.backups = BackupSchedule(
                 self.store, config.backup_dir or f"{config.db}.backups", config.backup_interval_s, config.backup_keep
@@ -97,12 +129,23 @@ class ControllerServer:
             self.address = f"{config.listen.rsplit(':', 1)[0]}:{self.port}"
         except BaseException:  # a port in use, a bad profile: nothing of this process stays open
             self.store.close()
+            self._unlock()
             raise
         self.metrics_port = 0
         self._metrics_server: Any = None
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile_loop, name="stoke-reconcile", daemon=True)
         self._watch = threading.Thread(target=self._watch_clock, name="stoke-clock", daemon=True)
+
+    def _warn_about_auth(self) -> None:
+        listen = self.config.listen
+        if not self.auth:
+            log.warning("no token (token_file / $STOKE_TOKEN): the API is open to anyone who can reach %s", listen)
+        elif self.config.tls is None and not is_loopback(listen):
+            log.warning(
+                "tokens travel in clear text: %s is not a loopback address and TLS is off; set tls in the config",
+                listen,
+            )
 
     def _grpc_server(self, token: str | None, max_workers: int) -> Any:
         interceptors = (
@@ -264,3 +307,9 @@ class ControllerServer:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.store.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None

@@ -186,7 +186,14 @@ def run_controller(args: argparse.Namespace) -> int:
         heartbeat_interval_s=args.heartbeat_interval,
     )
     if args.action == "recover":
-        return recover_database(config.db, config.backup_dir)
+        from controller.server import lock_database
+
+        lock = lock_database(config.db)  # refused while a controller runs on it
+        try:
+            return recover_database(config.db, config.backup_dir)
+        finally:
+            if lock is not None:
+                lock.close()
     server = ControllerServer(config).start()
     print(
         f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})", flush=True

@@ -195,3 +195,28 @@ def test_a_second_controller_on_a_port_in_use_is_refused_and_the_first_keeps_ser
                 assert client.list_workloads() == []
     finally:
         first.stop()
+
+
+@pytest.mark.slow
+def test_a_second_controller_on_the_same_database_is_refused_until_the_first_stops(tmp_path, capsys):
+    import os
+
+    from stoke.cli import main
+
+    (tmp_path / "a.yaml").write_text("listen: 127.0.0.1:0\nmetrics_listen: ''\ndb: c.db\n")
+    first = ControllerServer(load_config(tmp_path / "a.yaml")).start()
+    try:
+        with pytest.raises(ConfigError) as err:
+            ControllerServer(load_config(tmp_path / "a.yaml"))  # its own free port, the same database
+        db = tmp_path / "c.db"
+        assert err.value.field == "db"
+        assert f"{db}: another controller uses this database (pid {os.getpid()} holds {db}.lock)" in str(err.value)
+        assert "stop it first, or give this one another db (--db)" in str(err.value)
+        # a recovery while the controller runs would rename the database under it
+        assert main(["controller", "recover", "--db", str(db)]) == 2
+        assert "another controller uses this database" in capsys.readouterr().err
+        with ControllerClient(first.address, timeout_s=5) as client:
+            assert client.list_workloads() == []
+    finally:
+        first.stop()
+    ControllerServer(load_config(tmp_path / "a.yaml")).stop()  # the lock went with the first controller
