@@ -228,16 +228,55 @@ STRINGS = Rule(
 )
 
 
-def _address(value: Any, field: str, where: str, error: E, allow_empty: bool) -> str:
+#: Largest TCP port.
+PORT_MAX = 65535
+#: A port from 0 to 65535 in decimal, without leading zeros (as the loader reads it).
+_PORT_PATTERN = r"(0|[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+
+
+def address(
+    value: Any,
+    field: str,
+    *,
+    where: str = "",
+    error: E = InputError,
+    any_port: bool = False,
+    allow_empty: bool = False,
+    fix: str = "",
+) -> str:
+    """HOST:PORT with a port from 1 to `PORT_MAX` (from 0 with `any_port`: a listen address, 0 = any free
+    port); "" with `allow_empty` (off). A missing, non-numeric or out-of-range port is said as such."""
     if allow_empty and value in ("", None):
         return ""
-    if not isinstance(value, str) or ":" not in value or not value.rsplit(":", 1)[1].isdigit():
-        raise fail(field, "HOST:PORT" + (' or "" (off)' if allow_empty else ""), value, where=where, error=error)
-    return value
+    low = 0 if any_port else 1
+    requirement = f"HOST:PORT with a port from {low} to {PORT_MAX}" + (" (0 = any free port)" if any_port else "")
+    requirement += ' or "" (off)' if allow_empty else ""
+    problem = ""
+    if not isinstance(value, str):
+        problem = "not text"
+    else:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port:
+            problem = "the port is missing"
+        elif not host and not any_port:
+            problem = "the host is missing"
+        elif not (port.isascii() and port.isdigit()) or (port != "0" and port.startswith("0")):
+            problem = f"{shown(port)} is not a port number"
+        elif not low <= int(port) <= PORT_MAX:
+            problem = f"port {int(port)} is out of range"
+    if problem:
+        raise fail(field, requirement, value, where=where, error=error, fix=problem + (f"; {fix}" if fix else ""))
+    return str(value)
 
 
-ADDRESS = Rule(lambda v, f, w, e: _address(v, f, w, e, False), {"type": "string", "pattern": r"^.+:[0-9]+$"})
-ADDRESS_OR_OFF = Rule(lambda v, f, w, e: _address(v, f, w, e, True), {"type": "string", "pattern": r"^(.+:[0-9]+)?$"})
+ADDRESS = Rule(
+    lambda v, f, w, e: address(v, f, where=w, error=e, any_port=True),
+    {"type": "string", "pattern": f"^.+:{_PORT_PATTERN}$"},
+)
+ADDRESS_OR_OFF = Rule(
+    lambda v, f, w, e: address(v, f, where=w, error=e, any_port=True, allow_empty=True),
+    {"type": "string", "pattern": f"^(.+:{_PORT_PATTERN})?$"},
+)
 
 
 def choice(options: Sequence[str]) -> Rule:

@@ -16,6 +16,9 @@ import argparse
 import os
 from typing import Any
 
+from foundation import validate as check
+from foundation.errors import UserError
+
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
 ENV_CONTROLLER = "STOKE_CONTROLLER"
 ENV_TOKEN = "STOKE_TOKEN"
@@ -35,8 +38,18 @@ def add_client_options(p: argparse.ArgumentParser, *, group_title: str = "contro
 
 
 def controller_address(args: argparse.Namespace) -> str:
-    """--controller, else $STOKE_CONTROLLER, else the default; also stored back in ``args.controller``."""
-    address = getattr(args, "controller", None) or os.environ.get(ENV_CONTROLLER) or DEFAULT_CONTROLLER
+    """--controller, else $STOKE_CONTROLLER, else the default; also stored back in ``args.controller``.
+
+    Checked up front (HOST:PORT, a port from 1 to 65535): gRPC would take "localhost" or "host:99999" and only
+    say later that nothing listens there."""
+    given = getattr(args, "controller", None)
+    address = given or os.environ.get(ENV_CONTROLLER) or DEFAULT_CONTROLLER
+    check.address(
+        address,
+        "--controller" if given else f"${ENV_CONTROLLER}",
+        error=UserError,
+        fix=f"the controller listens on port {DEFAULT_CONTROLLER.rsplit(':', 1)[1]} unless its listen says otherwise",
+    )
     args.controller = address
     return address
 

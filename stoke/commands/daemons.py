@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from foundation import validate as check
 from foundation.errors import UserError
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.inputs import add_repo_option, check_repo_dir
@@ -237,6 +238,15 @@ def run_agent(args: argparse.Namespace) -> int:
             f"--sli-pooled-windows must be from 1 to {MAX_POOLED_WINDOWS}, got {args.sli_pooled_windows}; "
             "pass the controller's recalibration.recent_windows (10 by default)"
         )
+    controller_address(args)  # a bad --controller or --metrics-port before anything starts
+    check.whole(
+        args.metrics_port,
+        "--metrics-port",
+        minimum=-1,
+        maximum=check.PORT_MAX,
+        error=UserError,
+        fix="0 = any, -1 = off",
+    )
     node_id = agent_node_id(args)
     devices = local_devices(args.device)
     if args.gpu_type:

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from foundation import validate as check
 from foundation.errors import UserError
 from foundation.names import shown
 from stoke.client_options import add_client_options, controller_address
@@ -150,6 +151,7 @@ def run_operator(args: argparse.Namespace) -> int:
     from deploy.operator import OperatorConfig, run
 
     kubernetes_name(args.namespace, "--namespace", NAMESPACE_FIX)
+    check.address(args.bootstrap_listen, "--bootstrap-listen", error=UserError, any_port=True, allow_empty=True)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = OperatorConfig(

@@ -58,6 +58,8 @@ def test_the_committed_json_schema_is_generated_from_the_config_classes():
         ("listne: x\n", False),
         ("strategy: magic\n", False),
         ("tls: {cert: a.pem}\n", False),
+        ("listen: 127.0.0.1:99999\n", False),
+        ("metrics_listen: 127.0.0.1:0\n", True),
     ],
 )
 def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, valid):
@@ -84,6 +86,9 @@ def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, val
         ("tls: {cert: a.pem}\n", "tls lacks field 'key'"),
         ("gpu_types:\n  - {name: V100, price_per_hour: -2}\n", "gpu_types[0].price_per_hour"),
         ("listen: nowhere\n", "listen"),
+        # the probe: an out-of-range port started the controller on a random one (gRPC wraps it)
+        ("listen: 127.0.0.1:99999\n", "listen must be HOST:PORT with a port from 0 to 65535"),
+        ("metrics_listen: 127.0.0.1:65536\n", "metrics_listen must be HOST:PORT"),
         ("strategy: magic\n", "strategy"),
         (
             "listen: 127.0.0.1:0\nlisten: 0.0.0.0:0\n",
@@ -97,6 +102,23 @@ def test_config_errors_name_file_and_field(tmp_path, text, field):
     with pytest.raises(ConfigError) as err:
         load_config(cfg)
     assert str(cfg) in str(err.value) and field in str(err.value)
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--metrics-listen"])
+def test_an_out_of_range_port_on_the_command_line_is_refused_naming_the_flag(tmp_path, capsys, monkeypatch, flag):
+    # the probe: --metrics-listen 127.0.0.1:99999 ended in OverflowError's traceback after gRPC had started
+    import threading
+
+    from stoke.cli import main
+
+    stopped = threading.Event()
+    stopped.set()  # a controller that starts anyway stops at once instead of serving until Ctrl-C
+    monkeypatch.setattr("stoke.commands.daemons.until_signal", lambda: stopped)
+
+    assert main(["controller", flag, "127.0.0.1:99999", "--db", str(tmp_path / "c.db")]) == 2
+    err = capsys.readouterr().err
+    assert "command line (--db, " + flag in err and "port 99999 is out of range" in err
+    assert "Traceback" not in err and not (tmp_path / "c.db").exists()
 
 
 @pytest.mark.slow

@@ -72,7 +72,16 @@ def test_load_takes_defaults_converts_and_resolves_paths(tmp_path):
     "data, message",
     [
         ({"lissen": "x"}, "c.yaml: unknown key 'lissen'; known keys: interval_s, items, listen, mode, timeout_s"),
-        ({"listen": "nope"}, "c.yaml: listen must be HOST:PORT, got 'nope'"),
+        (
+            {"listen": "nope"},
+            "c.yaml: listen must be HOST:PORT with a port from 0 to 65535 (0 = any free port), got 'nope'; "
+            "the port is missing",
+        ),
+        (
+            {"listen": "127.0.0.1:99999"},
+            "c.yaml: listen must be HOST:PORT with a port from 0 to 65535 (0 = any free port), got "
+            "'127.0.0.1:99999'; port 99999 is out of range",
+        ),
         ({"mode": "c"}, "c.yaml: mode must be one of a, b, got 'c'"),
         ({"interval_s": 0}, "c.yaml: interval_s must be a positive number of seconds, got 0"),
         ({"items": [{"path": 3}]}, "c.yaml: items[0].path must be a non-empty string, got 3"),
@@ -85,6 +94,42 @@ def test_load_names_file_field_value(data, message):
     with pytest.raises(FileError) as err:
         check.load(Outer, data, where="c.yaml", error=FileError)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("localhost", "the port is missing"),
+        ("localhost:", "the port is missing"),
+        (":50051", "the host is missing"),
+        ("h:http", "'http' is not a port number"),
+        ("h:080", "'080' is not a port number"),
+        ("h:\u00b2", "is not a port number"),  # str.isdigit() says yes to a superscript two
+        ("127.0.0.1:99999", "port 99999 is out of range"),
+        ("127.0.0.1:0", "port 0 is out of range"),  # a client cannot connect to "any" port
+        (50051, "not text"),
+    ],
+)
+def test_an_address_names_what_is_wrong_with_it(value, problem):
+    with pytest.raises(InputError) as err:
+        check.address(value, "--controller")
+    assert str(err.value).startswith("--controller must be HOST:PORT with a port from 1 to 65535, got ")
+    assert problem in str(err.value) and err.value.field == "--controller"
+
+
+def test_a_listen_address_takes_port_0_and_the_schema_refuses_what_the_loader_does():
+    import jsonschema
+
+    assert check.address("127.0.0.1:0", "listen", any_port=True) == "127.0.0.1:0"
+    assert check.address("[::1]:65535", "x") == "[::1]:65535" and check.address("", "x", allow_empty=True) == ""
+    schema = check.json_schema(Outer)
+    for value in ("127.0.0.1:0", "h:1", "h:9470", "h:65535", "h:65536", "h:99999", "h:080", "h:", "h", "h:-1"):
+        try:
+            check.load(Outer, {"listen": value}, where="c.yaml")
+            loader_ok = True
+        except InputError:
+            loader_ok = False
+        assert jsonschema.Draft202012Validator(schema).is_valid({"listen": value}) == loader_ok, value
 
 
 def test_json_schema_follows_the_declarations():

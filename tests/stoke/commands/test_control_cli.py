@@ -144,6 +144,38 @@ def test_a_controller_that_is_down_is_one_plain_line_with_the_fix(capsys, monkey
             assert raw not in line, line
 
 
+@pytest.mark.parametrize(
+    "address, problem",
+    [
+        ("localhost", "the port is missing"),  # was "nothing listens on that port"
+        ("127.0.0.1:99999", "port 99999 is out of range"),  # was "nothing listens on that port"
+        ("127.0.0.1:0", "port 0 is out of range"),
+        ("127.0.0.1:http", "'http' is not a port number"),
+    ],
+)
+def test_a_malformed_controller_address_is_refused_before_any_call(capsys, monkeypatch, tmp_path, address, problem):
+    monkeypatch.delenv("STOKE_CONTROLLER", raising=False)
+    agent = ["agent", "--device", "cpu", "--repo", str(ROOT / "triton_repo"), "--workdir", str(tmp_path / "w")]
+    for argv in (["status"], ["workload", "ls"], agent, ["k8s", "operator"]):
+        code, _, err = run(capsys, *argv, "--controller", address)
+        assert code == 2 and err.startswith(
+            f"stoke: error: --controller must be HOST:PORT with a port from 1 to 65535, got {address!r}; {problem}"
+        ), (argv, err)
+        assert "unreachable" not in err and "controller listens on port 50051" in err
+    monkeypatch.setenv("STOKE_CONTROLLER", address)
+    code, _, err = run(capsys, "status")
+    assert code == 2 and "$STOKE_CONTROLLER must be HOST:PORT" in err and problem in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_out_of_range_ports_of_the_agent_and_the_operator_are_refused_naming_the_flag(capsys, tmp_path):
+    argv = ["agent", "--controller", "127.0.0.1:1", "--device", "cpu", "--workdir", str(tmp_path / "w")]
+    code, _, err = run(capsys, *argv, "--metrics-port", "99999")  # was OverflowError's traceback
+    assert code == 2 and "--metrics-port must be a whole number >= -1 up to 65,535, got 99999" in err
+    code, _, err = run(capsys, "k8s", "operator", "--controller", "127.0.0.1:1", "--bootstrap-listen", "0.0.0.0:70000")
+    assert code == 2 and "--bootstrap-listen must be HOST:PORT" in err and "port 70000 is out of range" in err
+
+
 def test_an_agent_given_the_user_token_fails_at_once_with_the_fix(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("STOKE_TOKEN", raising=False)
     user = tmp_path / "token"
