@@ -48,7 +48,7 @@ class ConfigError(InputError):
 class GpuTypeConfig:
     """A GPU type the controller prices and recognises by device name."""
 
-    name: str = check.setting(rule=check.TEXT, doc="GPU type name, as profiles and workloads name it")
+    name: str = check.setting(rule=check.NAME, doc="GPU type name, as profiles and workloads name it")
     price_per_hour: float = check.setting(0.0, check.NON_NEGATIVE, "price of one device of this type per hour")
     match: tuple[str, ...] = check.setting(
         (),
@@ -204,7 +204,7 @@ class ServiceConfig:
     gpu_types: tuple[GpuTypeConfig, ...] = check.setting(
         (GpuTypeConfig("CPU", 0.10, ("cpu",)),), doc="prices, and how device names map to GPU types"
     )
-    cpu_gpu_type: str = check.setting("CPU", check.TEXT, "GPU type of CPU devices no `match` claims")
+    cpu_gpu_type: str = check.setting("CPU", check.NAME, "GPU type of CPU devices no `match` claims")
     failed_device_block_s: float = check.setting(
         120.0, check.POSITIVE_SECONDS, "a device where every assignment failed to start leaves the inventory this long"
     )
@@ -237,6 +237,31 @@ class ServiceConfig:
                 f"heartbeat_interval_s ({self.heartbeat_interval_s:g})",
                 "heartbeat_timeout_s",
             )
+        self._check_gpu_types()
+
+    def _check_gpu_types(self) -> None:
+        """One entry per GPU type, and a `match` string claims devices for one type only: with two, the first
+        listed won silently (a price or a match given twice is ambiguous, not a refinement)."""
+        first_name: dict[str, int] = {}
+        first_match: dict[str, int] = {}
+        for i, t in enumerate(self.gpu_types):
+            if t.name in first_name:
+                j = first_name[t.name]
+                raise ConfigError(
+                    f"gpu_types[{i}].name {t.name!r} repeats gpu_types[{j}].name; give each GPU type one entry "
+                    "(its price and every match string)",
+                    f"gpu_types[{i}].name",
+                )
+            first_name[t.name] = i
+            for m in dict.fromkeys(m.lower() for m in t.match):  # matching ignores case
+                if m in first_match:
+                    j = first_match[m]
+                    raise ConfigError(
+                        f"gpu_types[{i}].match {m!r} is also in gpu_types[{j}].match: devices it matches would be "
+                        f"{self.gpu_types[j].name}, never {t.name}; keep it in one of the two",
+                        f"gpu_types[{i}].match",
+                    )
+                first_match[m] = i
 
     def gpu_type_for(self, device: NodeDevice) -> str:
         if device.gpu_type:

@@ -59,6 +59,8 @@ def test_the_committed_json_schema_is_generated_from_the_config_classes():
         ("strategy: magic\n", False),
         ("tls: {cert: a.pem}\n", False),
         ("listen: 127.0.0.1:99999\n", False),
+        ('gpu_types: [{name: "a/b"}]\n', False),
+        ('cpu_gpu_type: "a b"\n', False),
         ("metrics_listen: 127.0.0.1:0\n", True),
     ],
 )
@@ -90,6 +92,17 @@ def test_the_schema_accepts_and_refuses_what_the_loader_does(tmp_path, text, val
         ("listen: 127.0.0.1:99999\n", "listen must be HOST:PORT with a port from 0 to 65535"),
         ("metrics_listen: 127.0.0.1:65536\n", "metrics_listen must be HOST:PORT"),
         ("strategy: magic\n", "strategy"),
+        # GPU type names follow the one name rule; one entry per type; a match string claims for one type only
+        ('cpu_gpu_type: "a b"\n', "cpu_gpu_type must be a name of 1-128 characters"),
+        ('gpu_types: [{name: "a/b"}]\n', "gpu_types[0].name must be a name of"),
+        (
+            "gpu_types: [{name: V100, price_per_hour: 3}, {name: V100, price_per_hour: 1}]\n",
+            "gpu_types[1].name 'V100' repeats gpu_types[0].name; give each GPU type one entry",
+        ),
+        (
+            "gpu_types: [{name: A, match: [tesla]}, {name: B, match: [p4, Tesla]}]\n",
+            "gpu_types[1].match 'tesla' is also in gpu_types[0].match: devices it matches would be A, never B",
+        ),
         (
             "listen: 127.0.0.1:0\nlisten: 0.0.0.0:0\n",
             "line 2: key 'listen' repeated (at the top level, first at line 1)",
