@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,7 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_grpc_core() -> None:
+    """gRPC's C core writes its own log lines to stderr (a failed TLS handshake: an INFO line of
+    ssl_transport_security.cc before stoke's message says the same in plain words): keep its errors only, unless
+    the user set GRPC_VERBOSITY. Read when grpc is first imported, so before any command runs."""
+    if not os.environ.get("GRPC_VERBOSITY"):
+        os.environ["GRPC_VERBOSITY"] = "ERROR"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_grpc_core()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -68,10 +68,23 @@ def unavailable_error(address: str, detail: str, tls: bool) -> Unavailable:
     return Unavailable(f"controller at {address} is unreachable: {unreachable_reason(detail)}")
 
 
+#: The reason given when the controller's host name does not resolve (its fix is the name, not starting it).
+UNRESOLVED = "its host name does not resolve"
 #: gRPC's UNAVAILABLE details (substrings) -> the same in an operator's words (checked against grpcio 1.6x).
 _UNREACHABLE_REASONS = (
     (("Connection refused",), "nothing listens on that port"),
-    (("DNS resolution failed", "Name or service not known", "Could not resolve"), "its host name does not resolve"),
+    (
+        # grpcio 1.8x: "errors resolving HOST:PORT: [... address lookup failed for HOST:PORT: Domain name not found]"
+        (
+            "DNS resolution failed",
+            "Name or service not known",
+            "Could not resolve",
+            "errors resolving",
+            "lookup failed",
+            "Domain name not found",
+        ),
+        UNRESOLVED,
+    ),
     (("Deadline Exceeded", "deadline", "Timeout occurred", "timed out"), "no answer in time"),
     (("No route to host", "Network is unreachable"), "no route to that host"),
     (("Socket closed", "Connection reset", "Broken pipe"), "it closed the connection"),

@@ -127,6 +127,7 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "", 
     """Call the controller; its refusals become one line that says what to do (the fix depends on the call).
 
     `client`: an open client to use (and leave open); by default one is opened for this call."""
+    from controller.api.client import UNRESOLVED
     from controller.messages import (
         ApiError,
         FailedPrecondition,
@@ -143,6 +144,10 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any], source: str = "", 
     except TlsMismatch as err:  # reached, but TLS on one side only: the message says what to pass
         raise UserError(str(err)) from None
     except Unavailable as err:
+        if UNRESOLVED in str(err):  # a mistyped name: starting a controller would not help
+            raise UserError(
+                f"{err}; check the host name in --controller HOST:PORT (or $STOKE_CONTROLLER), or give an IP address"
+            ) from None
         raise UserError(
             f"{err}; start it (`stoke controller`), or point at the running one with --controller HOST:PORT "
             f"(or $STOKE_CONTROLLER)"

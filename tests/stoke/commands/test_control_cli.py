@@ -168,6 +168,34 @@ def test_a_malformed_controller_address_is_refused_before_any_call(capsys, monke
     assert not (tmp_path / "w").exists()
 
 
+def test_a_name_that_does_not_resolve_is_said_as_such_with_its_fix(capsys, monkeypatch):
+    from controller.api.client import unreachable_reason
+
+    # grpcio 1.8x's detail for an unknown name; it read "it did not answer"
+    detail = (
+        "errors resolving nosuchhost.invalid:50051: [field:hostname lookup error:address lookup failed for "
+        "nosuchhost.invalid:50051: Domain name not found]"
+    )
+    assert unreachable_reason(detail) == "its host name does not resolve"
+    monkeypatch.delenv("STOKE_CONTROLLER", raising=False)
+    code, _, err = run(capsys, "status", "--controller", "nosuchhost.invalid:50051")  # .invalid never resolves
+    if "no answer in time" in err:
+        pytest.skip("no DNS resolver answers on this machine")
+    assert code == 2 and "controller at nosuchhost.invalid:50051 is unreachable: its host name does not resolve" in err
+    assert "check the host name in --controller HOST:PORT" in err and "start it" not in err
+
+
+def test_tls_against_a_plaintext_controller_is_stoke_s_one_line_without_grpc_s_log(env):
+    # the probe: gRPC's C core wrote "I1203 ... ssl_transport_security.cc ... Handshake failed" before stoke's line
+    quiet = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stoke", "status", "--tls"], cwd=ROOT, env=quiet, capture_output=True, text=True
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("stoke: error: ") and "did not complete a TLS handshake" in lines[0]
+
+
 def test_out_of_range_ports_of_the_agent_and_the_operator_are_refused_naming_the_flag(capsys, tmp_path):
     argv = ["agent", "--controller", "127.0.0.1:1", "--device", "cpu", "--workdir", str(tmp_path / "w")]
     code, _, err = run(capsys, *argv, "--metrics-port", "99999")  # was OverflowError's traceback
