@@ -211,8 +211,12 @@ class ControllerServer:
                 self._metrics_server, _ = self.metrics.serve(host, int(port))
             except OSError as err:
                 self.grpc.stop(0)
+                self.store.close()
+                self._unlock()
                 raise ConfigError(
-                    f"cannot serve metrics on {self.config.metrics_listen} ({err.strerror}); change metrics_listen"
+                    f"cannot serve metrics on {self.config.metrics_listen} ({err.strerror or err}); change "
+                    "metrics_listen in the config (or --metrics-listen; '' turns metrics off)",
+                    "metrics_listen",
                 ) from None
             self.metrics_port = self._metrics_server.server_port
         for name in SERVICES:
@@ -220,13 +224,21 @@ class ControllerServer:
         self._loop.start()
         self._watch.start()
         log.info(
-            "controller on %s (auth %s, tls %s), metrics on %s",
+            "controller on %s (auth %s, tls %s), %s",
             self.address,
             "on" if self.auth else "off",
             "on" if self.config.tls else "off",
-            self.metrics_port or "off",
+            self.metrics_said,
         )
         return self
+
+    @property
+    def metrics_said(self) -> str:
+        """Where the /metrics endpoint serves, in words for the startup lines: "metrics on URL" or "metrics off"."""
+        if not self._metrics_server:
+            return "metrics off"
+        host = self.config.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
+        return f"metrics on http://{host}:{self.metrics_port}/metrics"
 
     def _watch_clock(self) -> None:
         """Notice when this process did not run (SIGSTOP, suspend): see `NodeRegistry.watch_clock`."""

@@ -196,9 +196,7 @@ def run_controller(args: argparse.Namespace) -> int:
             if lock is not None:
                 lock.close()
     server = ControllerServer(config).start()
-    print(
-        f"stoke controller listening on {server.address} (metrics on port {server.metrics_port or 'off'})", flush=True
-    )
+    print(f"stoke controller listening on {server.address} ({server.metrics_said})", flush=True)
     stop = until_signal()
     stop.wait()
     server.stop()

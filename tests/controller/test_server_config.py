@@ -255,3 +255,33 @@ def test_a_second_controller_on_the_same_database_is_refused_until_the_first_sto
     finally:
         first.stop()
     ControllerServer(load_config(tmp_path / "a.yaml")).stop()  # the lock went with the first controller
+
+
+@pytest.mark.slow
+def test_the_startup_lines_say_where_metrics_are_served_or_that_they_are_off(tmp_path, capsys, caplog, monkeypatch):
+    # the probe: with metrics off, the lines read "(metrics on port off)" and "metrics on off"
+    import threading
+
+    from stoke.cli import main
+
+    stopped = threading.Event()
+    stopped.set()  # the controller stops as soon as it has started
+    monkeypatch.setattr("stoke.commands.daemons.until_signal", lambda: stopped)
+    base = ["controller", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.db")]
+    with caplog.at_level(logging.INFO, logger="stoke.controller"):
+        assert main([*base, "--metrics-listen", ""]) == 0
+    assert "(metrics off)" in capsys.readouterr().out and "), metrics off" in caplog.text
+    assert "on off" not in caplog.text
+    assert main([*base, "--metrics-listen", "127.0.0.1:0"]) == 0
+    out = capsys.readouterr().out
+    assert "(metrics on http://127.0.0.1:" in out and "/metrics)" in out and ":0/metrics" not in out
+    # a port in use for metrics: the field and the fix, and nothing left listening or locked
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main([*base, "--metrics-listen", f"127.0.0.1:{port}"]) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main([*base, "--metrics-listen", ""]) == 0  # the database is free again
