@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 
 from foundation import validate as check
 from foundation.errors import UserError
+from foundation.names import check_name, shown
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.inputs import add_repo_option, check_repo_dir
 
@@ -176,7 +178,7 @@ def run_controller(args: argparse.Namespace) -> int:
     from controller.config import load_config
     from controller.server import ControllerServer
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(
         args.config,
         listen=args.listen,
@@ -230,7 +232,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from agents.triton import TritonFleet
     from controller.messages import MAX_POOLED_WINDOWS
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not 1 <= args.sli_pooled_windows <= MAX_POOLED_WINDOWS:
         raise UserError(
             f"--sli-pooled-windows must be from 1 to {MAX_POOLED_WINDOWS}, got {args.sli_pooled_windows}; "
@@ -246,6 +248,7 @@ def run_agent(args: argparse.Namespace) -> int:
         fix="0 = any, -1 = off",
     )
     node_id = agent_node_id(args)
+    _check_agent_options(args, node_id)
     devices = local_devices(args.device)
     if args.gpu_type:
         devices = tuple(replace(d, gpu_type=args.gpu_type) for d in devices)
@@ -355,6 +358,36 @@ def open_router(bind: str, advertise: str | None, ports: str) -> Any:
             f"127.0.0.1, or 0.0.0.0 for every interface"
         ) from None
     return Router(bind, advertise, port_range)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: A host name or an address, as --advertise names one (a bracketed IPv6 address too).
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")
+MAX_READY_TIMEOUT_S = 3600.0
+
+
+def log_level(value: str) -> str:
+    """--log-level as `logging` takes it, or a clear error (logging raised ValueError: a traceback)."""
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise UserError(f"--log-level {shown(value)}: give one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
+
+
+def _check_agent_options(args: argparse.Namespace, node_id: str) -> None:
+    """What the agent would otherwise find wrong only once started (retrying forever, or echoing escapes)."""
+    check_name(node_id, "--node-id", error=UserError)
+    if args.gpu_type:
+        check_name(args.gpu_type, "--gpu-type", error=UserError)
+    check.positive(args.ready_timeout, "--ready-timeout", error=UserError, maximum=MAX_READY_TIMEOUT_S, unit="seconds")
+    if args.advertise is not None and not _HOST.fullmatch(args.advertise):
+        raise UserError(f"--advertise {shown(args.advertise)}: not a host name or address; e.g. --advertise node-1.lan")
+    for url in args.sli_metrics:
+        if not re.fullmatch(r"https?://[^\s/]+(?:/\S*)?", url):
+            raise UserError(
+                f"--sli-metrics {shown(url)}: not an http(s) /metrics URL; e.g. http://127.0.0.1:9400/metrics"
+            )
+    if args.workdir and Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+        raise UserError(f"--workdir {shown(args.workdir)}: exists and is not a folder; give a folder (it is created)")
 
 
 def agent_node_id(args: argparse.Namespace) -> str:

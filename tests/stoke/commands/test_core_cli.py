@@ -652,3 +652,25 @@ def test_status_json_says_null_for_figures_not_known_yet():
     served.predicted_p99_ms, served.slo_attainment, served.observed_latency_ms = 18.0, 1.0, 12.0
     (w,) = status_dict(pb.StatusResponse(workloads=[served]))["workloads"]
     assert (w["predicted_p99_ms"], w["slo_attainment"], w["observed_latency_ms"]) == (18.0, 1.0, 12.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--ready-timeout", "0"], "--ready-timeout must be a positive number of seconds"),
+        (["--ready-timeout", "nan"], "--ready-timeout must be a positive number of seconds"),
+        (["--node-id", "a/b"], "--node-id must be a name"),
+        (["--node-id", "n\x1b[31m"], "got 'n\\x1b[31m'"),  # shown escaped, not echoed raw
+        (["--gpu-type", "a/b"], "--gpu-type must be a name"),
+        (["--advertise", "a b/c"], "not a host name or address"),
+        (["--sli-metrics", "s3://x/y"], "not an http(s) /metrics URL"),
+        (["--log-level", "FOO"], "--log-level 'FOO': give one of debug"),
+    ],
+)
+def test_the_agent_refuses_bad_options_before_it_starts_anything(capsys, monkeypatch, tmp_path, extra, message):
+    """Each started an agent that retried forever (or raised a traceback) instead of a one-line error."""
+    monkeypatch.delenv("STOKE_TOKEN", raising=False)
+    argv = ["agent", "--controller", "127.0.0.1:1", "--device", "cpu", "--workdir", str(tmp_path / "w"), *extra]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err and "\x1b" not in err, err
+    assert not (tmp_path / "w").exists()
