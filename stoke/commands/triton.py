@@ -13,6 +13,7 @@ from typing import Any
 from foundation import inputs
 from foundation import validate as check
 from foundation.errors import UserError
+from foundation.names import shown
 from stoke.commands.daemons import interrupt_on_signals
 from stoke.commands.inputs import add_repo_option, check_repo_dir, read_plan
 from stoke.output import add_output_option, emit
@@ -32,6 +33,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     _check_repo(args.repo)
     plan = read_plan(args.plan)
+    cpu_types = sorted({g.gpu_type for g in plan.gpus if "cpu" in g.gpu_type.lower()})
+    if args.device_kind == "gpu" and cpu_types:  # as the controller's default gpu_types match device names
+        print(
+            f"stoke: warning: the plan's {', '.join(cpu_types)} looks like a CPU device type, and the configs are "
+            "rendered KIND_GPU; give --device-kind cpu if it is",
+            file=sys.stderr,
+        )
     if args.dry_run:
         configs = plan_configs(plan, args.repo, args.device_kind, latency_histogram=args.latency_histogram)
         diffs = {path: diff for path, config in configs.items() if (diff := config_diff(path, config))}
@@ -133,9 +141,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
         wanted = set(args.models.split(","))
+        missing = sorted(wanted - {a.model for a in assignments} - {a.workload for a in assignments})
+        if missing:  # a typo beside a good name was dropped in silence
+            have = sorted({a.model for a in assignments} | {a.workload for a in assignments})
+            raise UserError(
+                f"--models: {', '.join(shown(m) for m in missing)} not in the plan or repository; "
+                f"choose from {', '.join(have[:12])}"
+            )
         assignments = [a for a in assignments if a.model in wanted or a.workload in wanted]
-        if not assignments:
-            raise UserError(f"--models {args.models}: none of these models/workloads is in the plan or repository")
     if args.plan:
         _refuse_overcommit(args, assignments)
     mps = None
@@ -270,7 +283,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device-kind",
         choices=("cpu", "gpu"),
         default="gpu",
-        help="KIND_GPU with the plan's GPU index, or KIND_CPU (default gpu)",
+        help="KIND_GPU with the plan's GPU index, or KIND_CPU (default gpu; a plan made with a CPU profile, such "
+        "as examples/cpu-demo.yaml's, needs cpu)",
     )
     p.add_argument(
         "--latency-histogram",
@@ -290,9 +304,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: every model, each on the whole machine)",
     )
     p.add_argument("--models", help="comma-separated models/workloads to serve (default all)")
-    p.add_argument("--device-kind", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument(
+        "--device-kind",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="serve on this machine's CPU cores (default), or its GPUs under MPS (starts the MPS daemon)",
+    )
     p.add_argument("--workdir", help="where logs and the backend directory go (default a temp dir)")
-    p.add_argument("--ready-timeout", type=float, default=30.0, help="seconds to wait for each server")
+    p.add_argument(
+        "--ready-timeout", type=float, default=30.0, help="seconds to wait for each server (default %(default)s)"
+    )
     p.add_argument("--seconds", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     add_output_option(p)
     p.set_defaults(run=cmd_up)

@@ -288,3 +288,20 @@ def test_load_checks_its_csv_path_before_the_sweep(parser, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args(["load", "--url", "127.0.0.1:1", "--model", "m", "--csv", str(tmp_path / "no" / "x.csv")])
     assert exit_.value.code == 2 and "does not exist; create it first" in capsys.readouterr().err
+
+
+def test_up_refuses_a_model_name_it_does_not_have_beside_one_it_has(parser, demo_repo_copy):
+    """`--models mlp_small,typo` served mlp_small and dropped the typo without a word."""
+    with pytest.raises(UserError, match=r"--models: 'typo' not in the plan or repository; choose from .*mlp_small"):
+        run(parser, ["triton", "up", "--repo", str(demo_repo_copy), "--models", "mlp_small,typo"])
+
+
+def test_render_warns_when_a_cpu_plan_is_rendered_for_gpus(parser, demo_repo_copy, tmp_path, capsys):
+    """A plan of examples/cpu-demo.yaml rendered without --device-kind cpu wrote KIND_GPU configs in silence."""
+    cpu = Plan("t", (GpuPlan("cpu-2core", 0.1, (Placement("web", "mlp_small", 40.0, 30.0, 50.0, 2, 0.0, 1.0, 60.0),)),))
+    (tmp_path / "cpu.json").write_text(json.dumps(plan_to_dict(cpu)))
+    argv = ["triton", "render", str(tmp_path / "cpu.json"), "--repo", str(demo_repo_copy), "--dry-run"]
+    assert run(parser, argv) == 0
+    assert "cpu-2core looks like a CPU device type" in capsys.readouterr().err
+    assert run(parser, [*argv, "--device-kind", "cpu"]) == 0
+    assert "warning" not in capsys.readouterr().err
