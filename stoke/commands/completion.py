@@ -2,7 +2,7 @@
 
 The script is generated from stoke's own argparse parser by shtab and is
 static: pressing TAB runs no Python (stoke's imports take about a second),
-so regenerate it after upgrading stoke. Install it, e.g.::
+so regenerate it after upgrading stoke. Install it, e.g.:
 
     stoke completion bash > ~/.local/share/bash-completion/completions/stoke
     stoke completion zsh > "${fpath[1]}/_stoke"
