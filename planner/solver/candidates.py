@@ -410,6 +410,37 @@ def replica_memory_mib(cache: PointCache, item: Item) -> float:
     return cache.profile.gpu.context_mib + cache.profile.model(item.workload.model).memory_mib(item.batch)
 
 
+def memory_fits_table(cache: PointCache, model: str) -> NDArray[Any]:
+    """Which batches 1..MAX_BATCH of `model` fit the GPU's memory alone (context + weights + activations), shape
+    (MAX_BATCH,): every batch where the GPU type records no memory."""
+    gpu, m = cache.profile.gpu, cache.profile.model(model)
+    batches = np.arange(1, MAX_BATCH + 1, dtype=float)
+    if not gpu.memory_mib:
+        return np.ones(MAX_BATCH, dtype=bool)
+    return np.asarray(gpu.context_mib + m.weights_mib + m.activation_mib * batches <= gpu.memory_mib + EPS)
+
+
+def memory_refusal(
+    workload: Workload,
+    cache: PointCache,
+    batch: int = 1,
+    fix: str = "use a GPU type with more memory, or a smaller model",
+) -> ProblemError | None:
+    """Why one replica of `workload` at `batch` (default the smallest) cannot fit the GPU type's memory even
+    alone, or None when it fits (or the GPU type records no memory)."""
+    gpu, m = cache.profile.gpu, cache.profile.model(workload.model)
+    need = gpu.context_mib + m.memory_mib(batch)
+    if not gpu.memory_mib or need <= gpu.memory_mib + EPS:
+        return None
+    at = "its smallest batch, 1" if batch == 1 else f"batch {batch}"
+    return ProblemError(
+        f"workload {workload.name!r} does not fit a {cache.gpu_type.name}'s memory even alone: a replica of model "
+        f"{workload.model!r} needs {need:,.0f} MiB ({gpu.context_mib:,.0f} MiB context + {m.weights_mib:,.0f} MiB "
+        f"weights + {m.activation_mib * batch:,.0f} MiB activations at {at}) but the {cache.gpu_type.name} has "
+        f"{gpu.memory_mib:,.0f} MiB; {fix}"
+    )
+
+
 def fits_memory(cache: PointCache, items: Sequence[Item]) -> bool:
     """The replicas fit the GPU's memory and its MPS client limit (limits not recorded are not checked)."""
     gpu = cache.profile.gpu

@@ -29,6 +29,7 @@ from planner.solver.candidates import (
     Target,
     allowed_types,
     colocate,
+    memory_refusal,
     min_share_solo,
     reject,
     to_placement,
@@ -57,6 +58,9 @@ def igniter_batch(cache: PointCache, model: str, half_slo_ms: float, rate_rps: f
 
 
 def igniter_items(workload: Workload, cache: PointCache) -> list[Item]:
+    refusal = memory_refusal(workload, cache)  # not even batch 1 fits: say memory, not the SLO
+    if refusal is not None:
+        raise refusal
     half = workload.slo_ms / 2.0
     items: list[Item] = []
     residual = workload.rate_rps
@@ -128,7 +132,10 @@ def solve_igniter(problem: Problem) -> Plan:
             )
         fitted = colocate(cache, [item])
         if fitted is None:
-            raise reject(
+            fix = (
+                "use a GPU type with more memory, or the stoke strategy (iGniter's rule sizes batches by the SLO alone)"
+            )
+            raise memory_refusal(item.workload, cache, item.batch, fix) or reject(
                 item.workload, cache, item.target.latency_budget_ms, "half the SLO (iGniter's inference target)"
             )
         packing.open_bin(gpu_type, [item], fitted[0])

@@ -67,6 +67,8 @@ from planner.solver.candidates import (
     PointCache,
     allowed_types,
     colocate,
+    memory_fits_table,
+    memory_refusal,
     smallest_latency_ms,
     to_placement,
     with_replicas,
@@ -175,6 +177,9 @@ def _p99(
     """
     latency, throughput = cache.upper_table(model) if options.error_bound else cache.solo_table(model)
     outside = np.zeros(latency.shape, dtype=bool) if options.extrapolate else ~cache.domain_table(model)
+    fits = memory_fits_table(cache, model)  # a batch whose replica overflows the GPU's memory is no candidate
+    if not fits.all():
+        outside = outside | ~fits[:, None]
     if columns is not None:
         latency, throughput = latency[:, columns[0] : columns[1]], throughput[:, columns[0] : columns[1]]
         outside = outside[:, columns[0] : columns[1]]
@@ -375,7 +380,11 @@ def full_gpu_capacity(workload: Workload, cache: PointCache, options: StokeOptio
 
 
 def rejection(workload: Workload, cache: PointCache, options: StokeOptions) -> ProblemError:
-    """Why no replica of `workload` can meet its SLO on this GPU type, naming the term that fails."""
+    """Why no replica of `workload` can meet its SLO on this GPU type, naming the term that fails (first memory:
+    a replica too big for the GPU even at batch 1 meets no SLO there)."""
+    refusal = memory_refusal(workload, cache)
+    if refusal is not None:
+        return refusal
     budget = budget_ms(workload, options)
     floor = smallest_latency_ms(cache, workload.model)
     where = f"workload {workload.name!r} cannot meet its SLO of {workload.slo_ms:g} ms on a {cache.gpu_type.name}"
@@ -579,8 +588,12 @@ def _place(packing: Packing, item: Item, gpu_type: str) -> bool:
     if not packing.can_open(gpu_type):
         return False
     fitted = colocate(packing.caches[gpu_type], [item])
-    if fitted is None:  # cannot happen: min_share was checked alone
-        raise ProblemError(f"workload {item.workload.name!r} does not fit a whole {gpu_type}")
+    if fitted is None:  # candidates fit alone (their share met the SLO, their batch the memory): a guard
+        cache = packing.caches[gpu_type]
+        raise memory_refusal(item.workload, cache, item.batch) or ProblemError(
+            f"workload {item.workload.name!r} does not fit a whole {gpu_type} at batch {item.batch} and "
+            f"{item.min_share:g}% (its candidate alone); report this as a bug with the workloads and profile"
+        )
     packing.open_bin(gpu_type, [item], fitted[0])
     return True
 

@@ -282,6 +282,33 @@ def test_a_memory_heavy_model_gets_gpus_of_its_own_and_explain_says_memory_binds
     assert light.gpu_count == 1  # the same workloads with the bundled figures share one GPU
 
 
+def _with_memory(memory_mib):
+    from interference.profile import DeviceProfile
+
+    profile = bundled_profile()
+    return GpuType("V100", 3.06, DeviceProfile(replace(profile.gpu, memory_mib=memory_mib), profile.models))
+
+
+@pytest.mark.parametrize("strategy", ["stoke", "igniter", "ffd"])
+def test_a_model_too_big_for_the_gpu_memory_is_refused_naming_memory(strategy):
+    # 500 MiB context + 548 MiB weights + 60 MiB activations (vgg19 at batch 1) > 1000 MiB
+    with pytest.raises(ProblemError) as err:
+        solve(Problem((Workload("big", "vgg19", 100, 40),), (_with_memory(1000.0),)), strategy)
+    message = str(err.value)
+    assert "workload 'big' does not fit a V100's memory" in message
+    assert "needs 1,108 MiB (500 MiB context + 548 MiB weights + 60 MiB activations at its smallest batch" in message
+    assert "the V100 has 1,000 MiB; use a GPU type with more memory" in message
+
+
+def test_stoke_picks_a_batch_that_fits_the_memory_and_igniter_names_the_batch_that_does_not():
+    # resnet50: 500 + 98 + 40 x batch MiB; 700 MiB holds batches 1 and 2 only
+    workloads = (Workload("vs", "resnet50", 100, 200),)
+    plan = solve(Problem(workloads, (_with_memory(700.0),)), "stoke")  # was "does not fit a whole V100"
+    assert all(p.batch <= 2 and p.memory_mib <= 700 for _, p in plan.placements())
+    with pytest.raises(ProblemError, match=r"needs 998 MiB .*400 MiB activations at batch 10\).*stoke strategy"):
+        solve(Problem(workloads, (_with_memory(700.0),)), "igniter")
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
