@@ -11,3 +11,7 @@ MAX_BATCH = 32
 #: Most device memory one figure may name (MiB): 1 TiB, above any GPU's. Profiles (weights, activations, the
 #: per-process context), GPU types and plans (memory per replica) are bounded alike.
 MAX_MEMORY_MIB = 1024.0 * 1024.0
+#: Most MPS clients a profile may record (48 on Volta and later; 0 = not recorded).
+MAX_CLIENTS = 4096
+#: Most kernels one inference may launch (ssd launches 93).
+MAX_KERNELS = 1_000_000

@@ -24,6 +24,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from foundation import validate as check
 from foundation.errors import InputError
+from interference import raw_layout
 from interference.latency import predict_gpu
 from interference.least_squares import bounded_least_squares
 from interference.profile import (
@@ -44,11 +45,9 @@ from interference.profile import (
 if TYPE_CHECKING:
     from interference.profiling import ProfileSession
 
-#: Grid of the solo profile: rows are batch sizes, columns MPS shares (percent).
-GRID_BATCHES = (1, 16, 32)
-GRID_SHARES = (10, 50, 100)
-#: (batch, share) of the three L2-utilisation points, in the order stored.
-L2_POINTS = ((1, 10), (16, 50), (32, 100))
+#: Grid of the solo profile: rows are batch sizes, columns MPS shares (percent); (batch, share) of the three
+#: L2-utilisation points, in the order stored (the raw layout's: `interference.raw_layout`).
+GRID_BATCHES, GRID_SHARES, L2_POINTS = raw_layout.GRID_BATCHES, raw_layout.GRID_SHARES, raw_layout.L2_POINTS
 K_NAMES = ("k1", "k2", "k3", "k4", "k5")
 #: The quantile of the in-sample |relative residual| that sets a fit's error floor (`FitDomain.floor`).
 ERROR_QUANTILE = 0.9
@@ -245,9 +244,7 @@ def active_points(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> tup
 
 def fit_model(section: Mapping[str, Any], name: str, gpu: GpuProfile) -> ModelProfile:
     """Model coefficients on one GPU type from its raw section (see module doc)."""
-    kernels = _field(section, name, "kernel")
-    if not isinstance(kernels, int) or kernels < 1:
-        raise RawProfileError(f"section {name!r} field 'kernel' must be a positive integer, got {kernels!r}")
+    kernels = int(_field(section, name, "kernel"))  # a whole number >= 1 (`raw_layout`; 20.0 reads as 20)
     idle_solo = float(_field(section, name, "idletime_1"))
     power = _grid(section, name, "power")
     freq = _grid(section, name, "frequency")
@@ -386,6 +383,12 @@ class InterferenceModel(BaseEstimator):
     def fit(self, raw: Mapping[str, Mapping[str, Any]], y: None = None) -> InterferenceModel:
         if "hardware" not in raw:
             raise RawProfileError("raw profile has no 'hardware' section; add the GPU measurements")
+        for section, values in raw.items():  # `parse_raw` checked a file's already, at its lines
+            problem = raw_layout.section_problem(section) or next(
+                (p for key, value in values.items() if (p := raw_layout.key_problem(section, key, value))), ""
+            )
+            if problem:
+                raise RawProfileError(problem)
         gpu = fit_gpu(raw["hardware"], self.gpu_name)
         models = {name: fit_model(section, name, gpu) for name, section in sorted(raw.items()) if name != "hardware"}
         if not models:

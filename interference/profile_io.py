@@ -21,7 +21,8 @@ from foundation import validate as check
 from foundation.errors import InputError
 from foundation.files import atomic_write_text
 from foundation.names import shown
-from interference.bounds import MAX_MEMORY_MIB
+from interference import raw_layout
+from interference.bounds import MAX_CLIENTS, MAX_KERNELS, MAX_MEMORY_MIB
 from interference.profile import (
     DOMAIN_MAX_BATCH,
     MAX_ACTIVE_MS,
@@ -56,20 +57,46 @@ def read_raw(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
 
 
 def parse_raw(text: str, path: str) -> dict[str, dict[str, Any]]:
-    """`read_raw` of text already read (`path` names it in errors)."""
+    """`read_raw` of text already read (`path` names it in errors).
+
+    Every section name, key and value is checked here, at its line (`interference.raw_layout`): an unknown key,
+    a key given again on another line, or a value outside its rule is refused before anything is fitted.
+    """
     layout = 'each line must be {"section": {"key": value}}'
     sections: dict[str, dict[str, Any]] = {}
+    lines_of: dict[tuple[str, str], int] = {}  # (section, key) -> the line that gave it
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        record = inputs.parse_json(line, f"{path}:{number}", "raw record", error=ProfileFileError, fix=layout)
+        where = f"{path}:{number}"
+        record = inputs.parse_json(line, where, "raw record", error=ProfileFileError, fix=layout)
         if not isinstance(record, dict) or not all(isinstance(v, dict) for v in record.values()):
-            raise ProfileFileError(f"{path}:{number}: {layout}")
+            raise ProfileFileError(f"{where}: {layout}")
         for section, values in record.items():
+            if problem := raw_layout.section_problem(section):
+                raise ProfileFileError(f"{where}: {problem}")
+            for key, value in values.items():
+                if problem := raw_layout.key_problem(section, key, value):
+                    raise ProfileFileError(f"{where}: {problem}")
+                first = lines_of.setdefault((section, key), number)
+                if first != number and key not in raw_layout.IGNORED_KEYS:
+                    raise ProfileFileError(
+                        f"{where}: section {shown(section)} key {shown(key)} is given again (first on line {first}); "
+                        "give each key once (the lines of a section are merged, so the last would win unseen)"
+                    )
             sections.setdefault(section, {}).update(values)
     if not sections:
         raise ProfileFileError(f"{path}: raw profile is empty")
+    hardware = sections.get(raw_layout.HARDWARE, {})
+    memory, context = hardware.get("memory_mib", 0), hardware.get("context_mib", 0)
+    if memory and context > memory:
+        raise ProfileFileError(
+            f"{path}:{lines_of[(raw_layout.HARDWARE, 'context_mib')]}: section 'hardware' key 'context_mib' "
+            f"({context:,.10g} MiB) exceeds its 'memory_mib' ({memory:,.10g} MiB, line "
+            f"{lines_of[(raw_layout.HARDWARE, 'memory_mib')]}): no replica would fit the device, so every plan "
+            "would fail; correct either (context_mib: what one process takes on the device; memory_mib: its total)"
+        )
     return sections
 
 
@@ -104,10 +131,6 @@ _NON_NEGATIVE = {"serving_p99_ms", "beyond_sli_p99_ms"}
 MAX_SERVING_P99_MS = 60000.0
 #: Device memory figures (MiB; 0 = not recorded): at most 1 TiB, more than any device has.
 _MEMORY = {"memory_mib", "context_mib", "weights_mib", "activation_mib"}
-#: Most MPS clients a profile may record (48 on Volta and later; 0 = not recorded).
-MAX_CLIENTS = 4096
-#: Most kernels one inference may launch (ssd launches 93).
-MAX_KERNELS = 1_000_000
 #: `stoke profile run` output, which `stoke profile fit` turns into a profile (`interference.profiling`).
 MEASUREMENTS_FORMAT = "stoke-measurements"
 _FIT = "refit the profile with `stoke profile fit`"

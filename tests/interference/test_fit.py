@@ -97,3 +97,75 @@ def test_raw_reader_reports_the_bad_line(tmp_path):
     path.write_text('{"hardware": {"unit": 2.5}}\n{not json}\n')
     with pytest.raises(ProfileFileError, match=r"raw.jsonl:2: not valid JSON"):
         read_raw(path)
+
+
+BAD_RAW = {  # a line appended to the bundled raw file (line 71) -> what the error must say
+    "misspelt key": (
+        '{"hardware": {"memory_mb": 16160}}',
+        "section 'hardware' has unknown key 'memory_mb' (did you mean 'memory_mib'?)",
+    ),
+    "repeated key": (
+        '{"alexnet": {"kernel": 9999}}',
+        "section 'alexnet' key 'kernel' is given again (first on line 62)",
+    ),
+    "fractional count": (
+        '{"hardware": {"max_clients": 4.5}}',
+        "key 'max_clients' must be a whole number from 0 to 4,096, got 4.5",
+    ),
+    "percentage": ('{"vgg19": {"l2cache": 1600}}', "key 'l2cache' must be a percentage above 0, up to 100, got 1600"),
+    "boolean kernels": (
+        '{"ssd": {"kernel": true}}',
+        "section 'ssd' key 'kernel' must be a whole number of kernels from 1",
+    ),
+    "negative idle time": (
+        '{"ssd": {"idletime_1": -0.03}}',
+        "section 'ssd' key 'idletime_1' must be a number of ms from 0",
+    ),
+    "ragged grid": (
+        '{"bert": {"gpulatency": [[3.6, 0.93], [16.7, 3.6, 2.0], [32, 7, 4]]}}',
+        "key 'gpulatency' must be a 3x3 grid [batch 1, 16, 32][share 10, 50, 100%]",
+    ),
+    "huge latency": (
+        '{"bert": {"gpulatency": [[1e300, 0.93, 0.7], [16.7, 3.6, 2.0], [32, 7, 4]]}}',
+        "(item [0][0] is 1e+300)",
+    ),
+    "path in a name": ('{"alex/net": {"kernel": 3}}', "section 'alex/net' is neither 'hardware' nor a model name"),
+    "dot-dot name": ('{"..": {"kernel": 3}}', "section '..' is neither"),
+    "empty name": ('{"": {"kernel": 3}}', "section '' is neither"),
+    "escape in a name": ('{"a\\u001b[31m": {"kernel": 3}}', "section 'a\\x1b[31m' is neither"),
+}
+
+
+@pytest.mark.parametrize("line,message", BAD_RAW.values(), ids=BAD_RAW.keys())
+def test_raw_keys_and_values_are_checked_at_their_line_before_fitting(tmp_path, line, message):
+    path = tmp_path / "raw.jsonl"
+    path.write_text(bundled_raw_path().read_text() + line + "\n")
+    with pytest.raises(ProfileFileError) as err:
+        read_raw(path)
+    assert str(err.value).startswith(f"{path}:71: ") and message in str(err.value)
+    assert "\x1b" not in str(err.value)
+
+
+def test_raw_ignored_keys_stay_accepted_and_context_above_memory_is_refused(tmp_path):
+    text = bundled_raw_path().read_text()
+    path = tmp_path / "raw.jsonl"
+    path.write_text(text + '{"ssd": {"htddur": [1, 2], "power_2": "n/a"}}\n')  # README: ignored, whatever they hold
+    assert read_raw(path)["ssd"]["htddur"] == [1, 2]
+    path.write_text(text.replace('"context_mib": 500', '"context_mib": 20000'))
+    with pytest.raises(
+        ProfileFileError,
+        match=r"raw.jsonl:66: section 'hardware' key 'context_mib' \(20,000 MiB\) "
+        r"exceeds its 'memory_mib' \(16,160 MiB, line 66\)",
+    ):
+        read_raw(path)
+
+
+def test_raw_sections_given_as_data_are_checked_too(raw):
+    from interference.profile import MAX_ACTIVE_MS
+    from interference.raw_layout import MAX_MS
+
+    assert MAX_MS == MAX_ACTIVE_MS  # raw times are bounded as the fitted ones (raw_layout loads no numpy)
+    broken = {k: dict(v) for k, v in raw.items()}
+    broken["alexnet"]["kernel"] = True  # once: the fitted profile's reader named 'kernels' and said "refit"
+    with pytest.raises(RawProfileError, match=r"section 'alexnet' key 'kernel' must be a whole number of kernels"):
+        InterferenceModel().fit(broken)

@@ -674,3 +674,17 @@ def test_the_agent_refuses_bad_options_before_it_starts_anything(capsys, monkeyp
     code, _, err = run(capsys, *argv)
     assert code == 2 and message in err and "\x1b" not in err, err
     assert not (tmp_path / "w").exists()
+
+
+def test_profile_fit_refuses_a_bad_raw_key_at_its_line_and_plan_names_memory(capsys, tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(bundled_raw_path().read_text() + '{"hardware": {"memory_mb": 16160}}\n')
+    code, _, err = run(capsys, "profile", "fit", str(raw), "-o", str(tmp_path / "p.json"))
+    assert code == 2 and f"{raw}:71: section 'hardware' has unknown key 'memory_mb'" in err
+    assert not (tmp_path / "p.json").exists()
+    # a GPU with 1000 MiB: vgg19 needs 500 MiB of context + 548 of weights + 60 of activations at batch 1
+    raw.write_text(bundled_raw_path().read_text().replace('"memory_mib": 16160', '"memory_mib": 1000'))
+    assert run(capsys, "profile", "fit", str(raw), "-o", str(tmp_path / "p.json"))[0] == 0
+    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "p.json"), "--explain", "visual-similar")
+    assert code == 2 and "does not fit a V100's memory even alone" in err and "needs 1,108 MiB" in err
+    assert "does not fit a whole" not in err
