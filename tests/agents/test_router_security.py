@@ -122,7 +122,7 @@ def test_model_control_is_refused_over_http_and_grpc_and_inference_still_passes(
         for method, path, body in refused:
             status, text = http(ep.http + path, method, body)
             assert status == 403, (method, path, status, text)
-            assert "stoke apply" in text and "model control" in text
+            assert "stoke workload apply" in text and "model control" in text
 
         # gRPC: PERMISSION_DENIED, the same advice
         client = grpcclient.InferenceServerClient(ep.grpc)
@@ -139,7 +139,9 @@ def test_model_control_is_refused_over_http_and_grpc_and_inference_still_passes(
         for attempt in attempts:
             with pytest.raises(InferenceServerException) as err:
                 attempt()
-            assert err.value.status() == "StatusCode.PERMISSION_DENIED" and "stoke apply" in err.value.message()
+            assert (
+                err.value.status() == "StatusCode.PERMISSION_DENIED" and "stoke workload apply" in err.value.message()
+            )
 
         # what clients need passes, both protocols
         assert client.is_server_live() and client.is_model_ready("tiny_echo")
