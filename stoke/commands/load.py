@@ -15,13 +15,14 @@ import argparse
 import csv
 import io
 import math
+import re
 import sys
 from typing import Any
 
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
-from foundation.names import check_name
+from foundation.names import check_name, shown
 from planner.bounds import MAX_SLO_MS
 from stoke.output import add_output_option, emit, output_path
 from stoke.table import print_table
@@ -188,6 +189,15 @@ def cmd_load(args: argparse.Namespace) -> int:
     from agents.loadgen import LoadError, LoadGenerator, TritonClients, run_concurrency, run_rate_blocking, server_split
     from stoke.progress import Progress
 
+    # Triton's endpoint: HOST:PORT (an http:// or https:// in front is dropped, as the HTTP endpoints print it);
+    # checked before any connection: gRPC went to port 443 without a port, and 99999 wrapped to another port
+    endpoint = re.sub(r"^https?://", "", args.url)
+    if "://" in endpoint or "/" in endpoint:
+        raise UserError(
+            f"--url {shown(args.url)}: give Triton's endpoint as HOST:PORT, without a path or another scheme "
+            "(e.g. --url 127.0.0.1:8001)"
+        )
+    check.address(endpoint, "--url", error=UserError, fix="e.g. --url 127.0.0.1:8001 (Triton's gRPC port)")
     check_name(args.model, "--model", error=UserError)
     if args.workload is not None:
         check_name(args.workload, "--workload", error=UserError)

@@ -305,3 +305,17 @@ def test_render_warns_when_a_cpu_plan_is_rendered_for_gpus(parser, demo_repo_cop
     assert "cpu-2core looks like a CPU device type" in capsys.readouterr().err
     assert run(parser, [*argv, "--device-kind", "cpu"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("localhost:99999", "port 99999 is out of range"),  # it wrapped to port 34463: another server answered
+        ("host", "the port is missing"),  # gRPC went to port 443
+        ("127.0.0.1:8001/path", "without a path or another scheme"),
+        ("s3://x/y", "without a path or another scheme"),
+    ],
+)
+def test_load_checks_its_url_before_connecting(parser, url, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        run(parser, ["load", "--url", url, "--model", "m", "--rate", "1", "--seconds", "1"])
