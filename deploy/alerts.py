@@ -138,7 +138,21 @@ def workload_selector(workload: Workload, options: SloOptions) -> str:
     return options.selector.format(model=workload.model, name=workload.name)
 
 
-_FORMATTED_MATCHER = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*(=~|!~|!=|=)[ \t]*("(?:[^"\\]|\\.)*")[ \t]*,?')
+_FORMATTED_MATCHER = re.compile(
+    r"[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*(=~|!~|!=|=)[ \t]*"
+    r'("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`)[ \t]*,?'
+)
+
+
+def _double_quoted(value: str) -> str:
+    """A PromQL string value ("...", '...' or `...`) as a double-quoted one, the form a test series' label takes."""
+    if value.startswith('"'):
+        return value
+    if value.startswith("'"):  # its escapes are PromQL's too, but for \' (a quote) and " (which needs one)
+        inner = value[1:-1].replace("\\'", "'").replace('"', '\\"')
+    else:  # a raw string: every backslash and quote is literal
+        inner = value[1:-1].replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{inner}"'
 
 
 def series_labels(selector: str) -> str:
@@ -149,7 +163,9 @@ def series_labels(selector: str) -> str:
     `!=` and `!~` ones are left out (a missing label is "", which they match unless their value matches "").
     """
     return ",".join(
-        f"{label}={value}" for label, op, value in _FORMATTED_MATCHER.findall(selector) if op in ("=", "=~")
+        f"{label}={_double_quoted(value)}"
+        for label, op, value in _FORMATTED_MATCHER.findall(selector)
+        if op in ("=", "=~")
     )
 
 

@@ -25,13 +25,16 @@ _LABEL_VALUE = re.compile(r'^[^"\\\n]*$')
 #: and tabs may surround the name, the operator and the value.
 _MATCHER = re.compile(
     r"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*(?:=~|!~|!=|=)[ \t]*"
-    r'"(?:[^"\\{}\x00-\x1f\x7f]|\\[abfnrtv\\"]|\{\{|\}\}|\{(?:model|name)\})*"[ \t]*'
+    r'(?:"(?:[^"\\{}\x00-\x1f\x7f]|\\[abfnrtv\\"]|\{\{|\}\}|\{(?:model|name)\})*"'
+    # PromQL also takes a single-quoted value (its escapes, with \' for a quote) and a raw backtick one
+    r"|'(?:[^'\\{}\x00-\x1f\x7f]|\\[abfnrtv\\']|\{\{|\}\}|\{(?:model|name)\})*'"
+    r"|`(?:[^`{}\x00-\x1f\x7f]|\{\{|\}\}|\{(?:model|name)\})*`)[ \t]*"
 )
 #: What a selector template's braces may be: a placeholder or a doubled (literal) brace.
 _BRACES = re.compile(r"\{\{|\}\}|\{(?:model|name)\}")
 SELECTOR_FORM = (
-    'label="value", ...: a label name, one of = != =~ !~ and a double-quoted value, in which {model} and {name} '
-    "are replaced"
+    'label="value", ...: a label name, one of = != =~ !~ and a quoted value ("...", \'...\' or `...`), in which '
+    "{model} and {name} are replaced"
 )
 _GRAFANA_UID = re.compile(r"[a-zA-Z0-9_-]{1,40}")
 DEFAULT_DASHBOARD_UID = "stoke-slo"

@@ -177,6 +177,21 @@ MAX_BATCH_PENALTY = 100.0
 MAX_COEFFICIENT = 1e12  # fitted curve, contention and loss coefficients, in magnitude
 
 
+#: EC2 tag values are at most 256 characters.
+MAX_TAG_CHARS = 256
+
+
+def cluster_tag(value: Any, field: str, *, where: str = "", error: type[InputError] = InputError) -> str:
+    """A cluster's name as its instances are tagged (`stoke-cluster`): printable text of 1-256 characters. Looser
+    than the name rule new specs follow: a cluster an earlier stoke launched under any job name must still be
+    found and terminated."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TAG_CHARS or not value.isprintable():
+        raise check.fail(
+            field, f"printable text of 1-{MAX_TAG_CHARS} characters (an EC2 tag value)", value, where=where, error=error
+        )
+    return value
+
+
 def _coefficient(value: Any, field: str, where: str, error: type[InputError]) -> float:
     if check.number(value, field, where=where, error=error) and abs(value) > MAX_COEFFICIENT:
         raise check.fail(
@@ -525,7 +540,9 @@ def training_plan_from_dict(data: Any, source: str = "PLAN.json") -> TrainingPla
 
     return TrainingPlan(
         strategy=check.one_of(data.get("strategy", "spot"), "strategy", STRATEGIES, where=source, error=TrainingError),
-        job=name("job", "training-job"),
+        # a tag value, not held to the name rule here: a plan of an earlier stoke took any job name and tagged its
+        # instances with it, and `train terminate PLAN` must still find them (render checks Kubernetes' rule)
+        job=cluster_tag(data.get("job", "training-job"), "job", where=source, error=TrainingError),
         feasible=bool(_need(data, "feasible", "plan", source)),
         counts=counts("counts", _need(data, "counts", "plan", source)),
         ps_type="" if not data.get("ps_type") else name("ps_type", ""),

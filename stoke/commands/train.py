@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from foundation import validate as check
 from foundation.errors import UserError
 from foundation.files import atomic_write_text
-from foundation.names import check_name, shown
+from foundation.names import shown
 from stoke.output import add_output_file_option, add_output_option, emit, writing
 from stoke.progress import Progress
 from stoke.table import print_table
@@ -350,7 +350,9 @@ def _clients(region: str, endpoint_url: str | None):
     traceback, before any request)."""
     from training.cloud import CloudError, make_clients
 
-    if not _REGION.fullmatch(region):
+    # AWS's pattern; an EC2-compatible endpoint names its regions its own way (RegionOne): there botocore's own
+    # check (a CloudError below, not a traceback) is the one that applies
+    if endpoint_url is None and not _REGION.fullmatch(region):
         raise UserError(f"--region {shown(region)} is not an AWS region name; {REGION_FIX}")
     if endpoint_url is not None:
         parts = urlsplit(endpoint_url)
@@ -400,7 +402,9 @@ def _launcher(args: argparse.Namespace, plan: TrainingPlan):
 
 def _cluster(args: argparse.Namespace) -> str | None:
     """--cluster, checked: it is a tag value and is printed."""
-    return None if args.cluster is None else check_name(args.cluster, "--cluster", error=UserError)
+    from training.spec import cluster_tag
+
+    return None if args.cluster is None else cluster_tag(args.cluster, "--cluster", error=UserError)
 
 
 def _spot_plan_only(plan: TrainingPlan, path: str | None, command: str) -> None:
@@ -438,8 +442,9 @@ def run_terminate(args: argparse.Namespace) -> int:
     launcher = _launcher(args, plan) if plan else None
     if launcher is None:
         from training.cloud import SpotLauncher
+        from training.spec import cluster_tag
 
-        cluster = check_name(args.cluster, "--cluster", error=UserError)  # a tag value, printed
+        cluster = cluster_tag(args.cluster, "--cluster", error=UserError)  # a tag value (printable), printed
         ec2, _ = _clients(args.region, args.endpoint_url)
         launcher = SpotLauncher(ec2, cluster)
     try:

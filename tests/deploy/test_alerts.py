@@ -139,7 +139,7 @@ def test_objective_is_configurable():
         '{a="b"}',
         '{name}="x"',
         'a="\\d"',
-        "a='b'",
+        "a='b",  # an unclosed single-quoted value (a closed one is PromQL's too, and accepted)
         'a="x\x00"',
         'a="{model"',
     ],
@@ -160,6 +160,15 @@ def test_selector_matchers_become_the_test_series_labels():
     assert 'stoke_request_latency_ms_count{job="stoke",model="alexnet",q="a\\"b"}' in series
     exprs = " ".join(r["expr"] for g in prometheus_rules(WORKLOADS[:1], options)["groups"] for r in g["rules"])
     assert 'old!="photo-tagging",b!~"x{2}\\\\.y"' in exprs
+
+
+def test_single_quoted_and_raw_selector_values_are_accepted_and_fed_double_quoted():
+    """PromQL takes '...' and `...` values too (a selector of them rendered and passed `alerts check` before the
+    matcher check refused them); a test series' labels carry them double-quoted."""
+    options = SloOptions(selector="job='stoke',model=~`{model}`,q='a\\'b\"c',r=`x\\y`")
+    [test] = [t for t in rule_tests(WORKLOADS[:1], options)["tests"] if t["name"].startswith("fast")]
+    series = {s["series"] for s in test["input_series"]}
+    assert 'stoke_request_latency_ms_count{job="stoke",model="alexnet",q="a\'b\\"c",r="x\\\\y"}' in series, series
 
 
 def test_expected_firing_follows_the_burn_table():

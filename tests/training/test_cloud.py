@@ -357,7 +357,7 @@ def test_cli_watch_without_instance_metadata_is_a_stoke_error_with_the_fix(
         (["launch", "PLAN", "--endpoint-url", "notaurl"], "--endpoint-url 'notaurl' is not an http(s) URL"),
         (["launch", "PLAN", "--endpoint-url", "http://127.0.0.1:99999"], "is not an http(s) URL"),
         (["terminate", "--cluster", "x", "--region", "US_EAST"], "--region 'US_EAST' is not an AWS region name"),
-        (["terminate", "--cluster", "a/b\x1b[31mX"], "--cluster must be a name"),
+        (["terminate", "--cluster", "a/b\x1b[31mX"], "--cluster must be printable text of 1-256 characters"),
     ],
 )
 def test_bad_cloud_options_are_one_line_errors_before_any_request(capsys, tmp_path, monkeypatch, argv, message):

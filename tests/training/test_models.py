@@ -351,3 +351,15 @@ def test_a_plan_json_with_unsafe_names_is_refused(tmp_path):
         with pytest.raises(TrainingError, match=rf"^PLAN.json: {key}") as err:
             training_plan_from_dict({**body, key: value})
         assert "\x1b" not in str(err.value)
+
+
+def test_a_plan_an_earlier_stoke_wrote_under_any_job_name_is_still_read_for_terminate():
+    """An earlier stoke took any job name and tagged the cluster's instances with it: a plan of `ResNet 110 (run 2)`
+    must still be read, or `train terminate PLAN` could never stop those instances. Unprintable text is refused."""
+    from training.spec import training_plan_from_dict, training_plan_to_dict
+
+    body = training_plan_to_dict(provision_spot(_load(_fixture_data())))
+    assert training_plan_from_dict({**body, "job": "ResNet 110 (run 2)"}).job == "ResNet 110 (run 2)"
+    for bad in ("", "a\x1b[31m", "x" * 257, 5):
+        with pytest.raises(TrainingError, match="printable text of 1-256 characters"):
+            training_plan_from_dict({**body, "job": bad})

@@ -81,7 +81,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Capture
         ("--selector", "{model}", "not a list of label matchers"),
         ("--selector", 'workload="{name}",', "drop the trailing comma"),
         ("--selector", '{workload="{name}"}', "without the braces"),
-        ("--selector", "model='{model}'", "double-quoted value"),
+        ("--selector", "model={model}", "a quoted value"),
         ("--selector", 'model=="{model}"', "one of = != =~ !~"),
         ("--selector", 'job="a"  model="{model}"', "at 'model=\"{model}\"'"),
         ("--selector", 'x="\x1b[31m"', "'x=\"\\x1b[31m\"'"),  # a control character is shown escaped
