@@ -89,9 +89,12 @@ def lock_database(db: str) -> IO[str] | None:
             f"{path}); stop it first, or give this one another db (--db)",
             "db",
         ) from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+    try:  # the pid is only for the message above: a disk too full to take it does not stop the controller
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+    except OSError:
+        pass
     return handle
 
 

@@ -295,9 +295,11 @@ def load_workloads_file(path: str | Path | None = None, profile: DeviceProfile |
     base_dir = Path.cwd() if str(path) == STDIN else path.parent
     spec = _spec(data, source, base_dir)
     gpu_types = _gpu_types(spec, source)
-    if profile is not None and spec.gpu_types is None:
+    pinned = {w.gpu_type for w in spec.workloads if w.gpu_type}
+    if profile is not None and spec.gpu_types is None and pinned <= {profile.gpu.name}:
         # the one default type is the profile's device: an A100 profile planned as "V100" labels (and prices) an
-        # A100 plan as a V100 one; the default price stays (give gpu_types for the device's own)
+        # A100 plan as a V100 one; the default price stays (give gpu_types for the device's own). A file whose
+        # workloads pin the default type by name keeps it (the CLI warns that the names differ)
         gpu_types = (GpuType(name=profile.gpu.name, price_per_hour=DEFAULT_GPU_PRICE, profile=profile),)
     elif profile is not None:
         gpu_types = tuple(replace(g, profile=profile) for g in gpu_types)

@@ -32,12 +32,17 @@ class _Format(argparse.Action):
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
         fmt = self.const if self.const is not None else values
-        flag = option_string if self.const is not None else f"{option_string} {fmt}"
-        given = getattr(namespace, "_format_given", None)  # the last one would win silently: `--json -o yaml`
-        if given is not None and given[1] != fmt:
-            parser.error(f"{given[0]} and {flag} ask for two output formats; give one")
-        namespace._format_given = (flag, fmt)
-        _set_format(namespace, fmt)
+        _choose_format(parser, namespace, fmt, option_string if self.const is not None else f"{option_string} {fmt}")
+
+
+def _choose_format(parser: Any, namespace: argparse.Namespace, fmt: str, flag: str) -> None:
+    """Set the format `flag` asks for; a second, different one is refused (the last won silently: `--json -o
+    yaml`, and `train plan -o yaml --json` where -o may also name the file)."""
+    given = getattr(namespace, "_format_given", None)
+    if given is not None and given[1] != fmt:
+        parser.error(f"{given[0]} and {flag} ask for two output formats; give one")
+    namespace._format_given = (flag, fmt)
+    _set_format(namespace, fmt)
 
 
 def _set_format(namespace: argparse.Namespace, fmt: str) -> None:
@@ -96,7 +101,7 @@ class _FileOrFormat(argparse.Action):
                     f"an output format; give the file (e.g. {option_string} {self.metavar or 'FILE'}, or "
                     f"{option_string} ./{values} for a file named {values})"
                 )
-            _set_format(namespace, values)
+            _choose_format(parser, namespace, values, f"{option_string} {values}")
             setattr(namespace, self.dest, None)
             return
         try:  # checked here, not as the option's type: `-o json` is the format even beside a folder named json

@@ -1100,13 +1100,15 @@ def run_profile_verify(args: argparse.Namespace) -> int:
                     f"{profile_path} --json`)"
                 )
             types = (GpuType(kinds[0], plan.gpus[0].price_per_hour, profile),)
+            _same_profiles(plan, types, args)  # before the measurer prepares its Triton folder
             from agents.profiler import ProfilingError, TritonMeasurer
 
             try:
                 measure = TritonMeasurer(args.repo, requests=args.requests)
             except ProfilingError as err:
                 raise UserError(f"--device cpu: {err}") from None
-        _same_profiles(plan, types, args)
+        if args.device == "simulated":
+            _same_profiles(plan, types, args)
         problem = Problem(workloads, types)
 
         def progress(done: Any) -> None:

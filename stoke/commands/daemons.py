@@ -362,7 +362,7 @@ def open_router(bind: str, advertise: str | None, ports: str) -> Any:
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 #: A host name or an address, as --advertise names one (a bracketed IPv6 address too).
-_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")  # '_': compose names
 MAX_READY_TIMEOUT_S = 3600.0
 
 

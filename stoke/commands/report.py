@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out",
         default=DEFAULT_REPORT,
         metavar="FILE.html",
-        type=output_path((".html", ".htm")),  # checked before planning; a missing folder is not created
+        type=output_path(),  # checked before planning; a missing folder is not created
         help="report file (default %(default)s)",
     )
     p.add_argument(

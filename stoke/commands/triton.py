@@ -140,7 +140,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     _check_repo(args.repo)
     assignments = assignments_from_plan(read_plan(args.plan)) if args.plan else _default_assignments(args.repo)
     if args.models:
-        wanted = set(args.models.split(","))
+        wanted = {m.strip() for m in args.models.split(",") if m.strip()}  # `a,b,` is a and b
         missing = sorted(wanted - {a.model for a in assignments} - {a.workload for a in assignments})
         if missing:  # a typo beside a good name was dropped in silence
             have = sorted({a.model for a in assignments} | {a.workload for a in assignments})

@@ -122,3 +122,19 @@ def test_a_name_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path):
     path.write_text("workloads:\n  - {name: yes, model: vgg19, slo_ms: 60, rate_rps: 100}\n")
     with pytest.raises(WorkloadFileError, match=r"name must be a name, got the boolean True; quote it"):
         load_workloads_file(path)
+
+
+def test_a_profile_for_a_file_whose_workloads_pin_the_default_type_keeps_its_name(tmp_path):
+    """A file without gpu_types plans on the --profile's device, but not when its workloads name the default type:
+    `gpu_type: V100` beside an A100 profile planned before, and must still (the CLI warns the names differ)."""
+    from dataclasses import replace as with_
+
+    from interference.profile_io import bundled_profile
+
+    a100 = bundled_profile()
+    a100 = with_(a100, gpu=with_(a100.gpu, name="A100"))
+    path = tmp_path / "w.yaml"
+    path.write_text("workloads:\n  - {name: a, model: vgg19, slo_ms: 60, rate_rps: 100, gpu_type: V100}\n")
+    assert [g.name for g in load_workloads_file(path, a100).gpu_types] == ["V100"]
+    path.write_text(GOOD)
+    assert [g.name for g in load_workloads_file(path, a100).gpu_types] == ["A100"]

@@ -189,6 +189,14 @@ def test_two_output_formats_are_refused_not_the_last_taken(capsys, argv):
     assert err.value.code == 2 and "ask for two output formats; give one" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--json", "-o", "yaml"], ["-o", "yaml", "--json"], ["--format", "yaml", "--json"]])
+def test_two_output_formats_are_refused_where_o_may_name_a_file(capsys, argv):
+    """`train plan -o FILE` reads a bare format name as the format: there too the last one won silently."""
+    with pytest.raises(SystemExit) as err:
+        main(["train", "plan", *argv])
+    assert err.value.code == 2 and "ask for two output formats; give one" in capsys.readouterr().err
+
+
 def test_the_same_output_format_twice_is_one(capsys):
     assert main(["plan", "--json", "-o", "json"]) == 0 and capsys.readouterr().out.startswith("{")
 
