@@ -215,7 +215,12 @@ def test_cli_render_refuses_a_plan_whose_job_gives_no_kubernetes_name(tmp_path, 
     assert main(["train", "render", str(path)]) == 2
     err = capsys.readouterr().err
     assert "job name 'a_b' is not a Kubernetes name" in err and err.count("\n") == 1
+    # a plan's job is a cluster's tag, any printable text (an earlier stoke took any name): render refuses what
+    # Kubernetes cannot take, and the plan reader what cannot be printed
+    path.write_text(json.dumps(training_plan_to_dict(dataclasses.replace(_plan(), job="ResNet 110 (run 2)"))))
+    assert main(["train", "render", str(path)]) == 2
+    assert "job name 'ResNet 110 (run 2)' is not a Kubernetes name" in capsys.readouterr().err
     path.write_text(json.dumps(training_plan_to_dict(dataclasses.replace(_plan(), job="a/b\x1b[31mX"))))
     assert main(["train", "render", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "job must be a name" in err and "\x1b" not in err
+    assert "job must be printable text" in err and "\x1b" not in err
