@@ -255,11 +255,6 @@ def _source(path: Path) -> str:
     return "<stdin>" if str(path) == STDIN else inputs.shown_path(path)
 
 
-def parse_workloads_text(text: str, source: str) -> tuple[Workload, ...]:
-    """Only the workloads of a file's text (its gpu_types are not read: a controller's nodes are the inventory)."""
-    return parse_workloads(_parse_yaml(text, source), source)
-
-
 def read_workloads(path: str | Path) -> tuple[Workload, ...]:
     """Only the workloads of a file (- = stdin); its gpu_types are not read."""
     return read_workloads_and_type_names(path)[0]

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from foundation.errors import UserError
-from foundation.names import shown
 from stoke.client_options import add_client_options, connect, controller_address
 from stoke.commands.daemons import interrupt_on_signals
-from stoke.commands.inputs import read_text_input
+from stoke.commands.inputs import read_text_input, warn_unused_gpu_types
 from stoke.live import Block, LiveView, Tab
 from stoke.output import add_output_option, emit
 from stoke.plan_table import REMOTE, plan_table
@@ -228,13 +227,9 @@ def run_workload_apply(args: argparse.Namespace) -> int:
 
     text, source = read_text_input(args.file, "the workload file")
     workloads, gpu_types = parse_workloads_and_type_names(text, source)
-    if gpu_types:  # said, not dropped silently: the controller's nodes are the inventory
-        print(
-            f"stoke: warning: {source}: its gpu_types ({', '.join(shown(t) for t in gpu_types[:8])}) are not applied: "
-            "the controller plans on the devices its agents register, priced by its config's gpu_types "
-            "(max_count too), with the profiles uploaded to it (`stoke profiles upload`)",
-            file=sys.stderr,
-        )
+    fix = ", priced by its config's gpu_types (max_count too), with the profiles uploaded to it "
+    fix += "(`stoke profiles upload`)"
+    warn_unused_gpu_types(source, gpu_types, "applied", fix)
     reply = _call(args, lambda c: c.apply_workloads(workloads, dry_run=args.dry_run), source=source)
     if args.json:
         emit(args, {**to_dict(reply), "dry_run": bool(args.dry_run)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from foundation import inputs
@@ -73,6 +74,17 @@ def check_repo_dir(repo: str, fix: str, *, urls: bool = True, flag: str = "--rep
     if not os.path.isdir(repo):
         what = "is a file, not a directory" if os.path.isfile(repo) else "exists but is not a directory"
         raise UserError(f"{name}: {what} (a model repository is a folder); {fix}")
+
+
+def warn_unused_gpu_types(source: str, gpu_types: Sequence[str], fate: str, fix: str) -> None:
+    """Say (not drop in silence) that a workload file's gpu_types are not used where the controller's nodes are the
+    inventory (`workload apply`, `k8s render`): `fate` is what they are not, `fix` where they go instead."""
+    if gpu_types:
+        print(
+            f"stoke: warning: {source}: its gpu_types ({', '.join(shown(t) for t in gpu_types[:8])}) are not {fate}: "
+            f"the controller plans on the devices its agents register{fix}",
+            file=sys.stderr,
+        )
 
 
 def load_profile_arg(path: str | None) -> DeviceProfile | None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from foundation import validate as check
 from foundation.errors import UserError
-from foundation.names import shown
 from stoke.client_options import add_client_options, controller_address
+from stoke.commands.inputs import warn_unused_gpu_types
 
 #: How to mend a --namespace that is not a Kubernetes name.
 NAMESPACE_FIX = "give --namespace a lower-case name, e.g. --namespace ml-serving"
@@ -113,14 +113,13 @@ def run_render(args: argparse.Namespace) -> int:
 
     parse_image(args.image)
     workloads, gpu_types = read_workloads_and_type_names(args.workloads) if args.workloads else ((), ())
-    if gpu_types:  # said, not dropped silently: the cluster's inventory is what its agents register
-        print(
-            f"stoke: warning: {args.workloads}: its gpu_types ({', '.join(shown(t) for t in gpu_types[:8])}) are not "
-            "carried into the manifests: the controller plans on the devices its agents register. Give their "
-            "prices and device-name matches in controller.yaml's gpu_types, and their profiles with "
-            '`stoke profiles upload` (README, "Controller configuration")',
-            file=sys.stderr,
-        )
+    warn_unused_gpu_types(
+        args.workloads,
+        gpu_types,
+        "carried into the manifests",
+        ". Give their prices and device-name matches in controller.yaml's gpu_types, and their profiles with "
+        '`stoke profiles upload` (README, "Controller configuration")',
+    )
     for w in workloads:
         kubernetes_name(w.name, f"{args.workloads}: workload name")
     options = RenderOptions(
